@@ -1,0 +1,3 @@
+from rlrun.cli import app
+
+app()

@@ -1,0 +1,104 @@
+"""The `rlrun` command line: parse, call one library function, render. Errors become messages
+and documented exit codes here, and only here; tracebacks only with --debug.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.table import Table
+
+from rlrun.errors import ExitCode, Interrupted, ProcessFailed, RlrunError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Launch and supervise asynchronous GRPO/GSPO training runs.")
+console = Console()
+err_console = Console(stderr=True)
+
+OVERRIDES_HELP = "Hydra overrides, e.g. recipe=math_grpo trainer.max_train_steps=50 run.dir=runs/mine"
+
+
+@app.callback()
+def _root() -> None:
+    """rlrun: launch and supervise asynchronous GRPO/GSPO training runs."""
+
+
+def _fail(exc: BaseException, debug: bool) -> None:
+    if debug:
+        err_console.print_exception()
+    if isinstance(exc, RlrunError):
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        if isinstance(exc, ProcessFailed) and exc.log_tail:
+            err_console.print(f"[dim]last lines of {exc.process}'s log:[/]\n{exc.log_tail}", highlight=False, markup=False)
+        raise typer.Exit(int(exc.exit_code))
+    err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}\nRerun with --debug for the traceback and report it.")
+    raise typer.Exit(int(ExitCode.INTERNAL))
+
+
+def _sigterm_as_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def train(
+    overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and the processes; start nothing."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Compose the config, start Redis, vLLM, the trainer and the actor, and supervise them to the end."""
+    from rlrun import launch
+    from rlrun.config import compose
+    from rlrun.live import LiveView
+
+    overrides = list(overrides or [])
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        cfg, resolved = compose(overrides)
+        if dry_run:
+            _print_dry_run(cfg, resolved, launch)
+            return
+        run_dir = launch.create_run(cfg, resolved, overrides)
+        console.print(f"run directory: [bold]{run_dir.root}[/]")
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        with LiveView(console) as view:
+            reason = launch.train(cfg, run_dir, on_tick=view.update)
+        last = launch.summary(run_dir)["last_metrics"]
+        console.print(f"[bold green]finished:[/] {reason}")
+        if last:
+            console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
+        console.print(f"metrics: {run_dir.metrics}\nevents:  {run_dir.events}")
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted:[/] every process of the run was stopped.")
+        raise typer.Exit(int(Interrupted.exit_code))
+    except typer.Exit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the one place errors become messages
+        _fail(exc, debug)
+
+
+def _print_dry_run(cfg, resolved: str, launch) -> None:
+    from rlrun.rundir import RunDir
+
+    console.print(Syntax(resolved, "yaml", theme="ansi_dark", background_color="default"))
+    run_dir = RunDir(launch.run_root(cfg))
+    table = Table(title=f"processes rlrun would start (run directory {run_dir.root})")
+    for column in ("name", "command", "notable env", "log"):
+        table.add_column(column, overflow="fold")
+    for spec in launch.plan_specs(cfg, run_dir):
+        table.add_row(spec.name, " ".join(spec.argv), " ".join(f"{k}={v}" for k, v in spec.env.items()), str(spec.log_path))
+    console.print(table)
+    console.print("[dim]ports marked 0 are chosen when the run starts; nothing was started.[/]")
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,110 @@
+"""When is training really finished? One pure rule per trainer backend.
+
+Plain data in (what the supervisor observed of the trainer), a `Verdict` out (finished or not,
+and why, for the log). Knows nothing about processes, Redis or torch: the supervisor gathers the
+observation, this module only judges it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BACKENDS = ("hf", "fast_llm")
+
+
+@dataclass(frozen=True)
+class TrainerObservation:
+    samples_processed: int  # samples the trainer has consumed so far
+    trainer_exit_code: int | None  # None while the trainer is running
+    training_done_event: bool  # the hf trainer's own training_done event was seen
+    last_step: int  # last completed optimizer step the trainer reported
+    training_finished_seen: bool = False  # fast_llm: `training_finished` seen on its events stream
+    last_checkpoint_step: int | None = None  # fast_llm: step of the last complete (`ok`) checkpoint
+    last_weights_ready_step: int | None = None  # fast_llm: step of the last `weights_ready` event
+
+
+@dataclass(frozen=True)
+class HfTarget:
+    max_train_steps: int  # optimizer steps the run must take
+    train_batch_size: int  # samples per forward/backward pass
+    gradient_accumulation_passes: int  # passes per optimizer step
+
+    @property
+    def samples_target(self) -> int:
+        """Samples the trainer consumes over the whole run."""
+        return self.max_train_steps * self.train_batch_size * self.gradient_accumulation_passes
+
+
+@dataclass(frozen=True)
+class Verdict:
+    finished: bool  # training reached its end and the trainer stopped cleanly
+    reason: str  # one line for the log, saying why
+
+
+def _not_exited_cleanly(obs: TrainerObservation) -> Verdict | None:
+    if obs.trainer_exit_code is None:
+        return Verdict(False, f"trainer still running (last step {obs.last_step})")
+    if obs.trainer_exit_code != 0:
+        code, step = obs.trainer_exit_code, obs.last_step
+        return Verdict(False, f"trainer exited with code {code} (last step {step})")
+    return None
+
+
+def hf_finished(target: HfTarget, obs: TrainerObservation) -> Verdict:
+    """The hf backend's rule: the trainer exited 0 **and** it either consumed the target number
+    of samples (max_train_steps × train_batch_size × gradient_accumulation_passes) or sent its
+    own `training_done` event.
+
+    The exit code is required in both cases: reaching the sample count while the trainer is
+    still running (saving its last checkpoint) is not yet the end, and a crash after the target
+    is a failure to report, not a completion.
+    """
+    early = _not_exited_cleanly(obs)
+    if early is not None:
+        return early
+    n, goal = obs.samples_processed, target.samples_target
+    if n >= goal:
+        return Verdict(True, f"trainer exited 0 after {n} of {goal} samples")
+    if obs.training_done_event:
+        return Verdict(True, f"trainer exited 0 after training_done ({n} of {goal} samples)")
+    return Verdict(False, f"trainer exited 0 after {n} of {goal} samples, no training_done event")
+
+
+def fast_llm_finished(train_iters: int, obs: TrainerObservation) -> Verdict:
+    """The fast_llm backend's rule: `training_finished` seen **and** the trainer exited 0 **and**
+    the last complete checkpoint or the last `weights_ready` step reached `train_iters`.
+
+    Samples are not counted: Fast-LLM overshoots `docs_per_step`, so a sample count would say
+    "done" several steps early. `training_finished` is also sent after SIGINT/SIGTERM, so on its
+    own it proves nothing: at an earlier step the verdict is "interrupted at step k of N".
+    A step beyond `train_iters` (the target lowered on resume) counts as reached.
+    """
+    early = _not_exited_cleanly(obs)
+    if early is not None:
+        return early
+    if not obs.training_finished_seen:
+        return Verdict(False, "trainer exited 0 without a training_finished event")
+    steps = [s for s in (obs.last_checkpoint_step, obs.last_weights_ready_step) if s is not None]
+    if any(s >= train_iters for s in steps):
+        return Verdict(True, f"training_finished at step {max(steps)} of {train_iters} and exit 0")
+    reached = max(steps) if steps else obs.last_step
+    return Verdict(False, f"interrupted at step {reached} of {train_iters}")
+
+
+def is_finished(
+    backend: str,
+    obs: TrainerObservation,
+    *,
+    hf_target: HfTarget | None = None,
+    train_iters: int | None = None,
+) -> Verdict:
+    """The verdict of `backend`'s rule: "hf" needs `hf_target`, "fast_llm" needs `train_iters`."""
+    if backend == "hf":
+        if hf_target is None:
+            raise ValueError("the hf completion rule needs hf_target.")
+        return hf_finished(hf_target, obs)
+    if backend == "fast_llm":
+        if train_iters is None:
+            raise ValueError("the fast_llm completion rule needs train_iters.")
+        return fast_llm_finished(train_iters, obs)
+    raise ValueError(f"unknown trainer backend '{backend}': expected one of {', '.join(BACKENDS)}.")

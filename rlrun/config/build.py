@@ -1,0 +1,137 @@
+"""Plain data (from Hydra or a saved YAML file) → the typed `RunConfig`, and the invariants.
+
+Every error names the field by its dotted path and says what would be accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, Union
+
+from rlrun.config.schema import RunConfig
+from rlrun.errors import ConfigError
+
+
+def from_dict(cls: type, data: Any, path: str = "") -> Any:
+    """Build dataclass `cls` from a nested dict, checking every key and type."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config section '{path or '<root>'}' must be a mapping, got {data!r}.")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        where = f"under '{path}'" if path else "at the top level"
+        raise ConfigError(
+            f"unknown config key '{_join(path, unknown[0])}'. Valid keys {where}: "
+            f"{', '.join(names)}. Check the spelling of the override."
+        )
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"config key '{_join(path, f.name)}' is required but missing.")
+            continue
+        kwargs[f.name] = _convert(hints[f.name], data[f.name], _join(path, f.name))
+    return cls(**kwargs)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, path)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(
+                f"{path}={value!r} is not a valid choice. Valid choices: "
+                f"{', '.join(repr(c) for c in choices)}."
+            )
+        return value
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path} must be a list, got {value!r}.")
+        return [_convert(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path} must be true or false, got {value!r}.")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path} must be an integer, got {value!r}.")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path} must be a number, got {value!r}.")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path} must be a string, got {value!r}.")
+        return value
+    raise TypeError(f"unsupported config type {tp!r} at {path}")  # a schema bug, not user input
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check the invariants that span fields and roles; raise ConfigError naming field and fix."""
+    problems: list[str] = []
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            problems.append(message)
+
+    t, a, act = cfg.trainer, cfg.algo, cfg.actor
+    need(t.max_train_steps >= 1, f"trainer.max_train_steps must be at least 1 (got {t.max_train_steps}).")
+    need(t.train_batch_size >= 1, f"trainer.train_batch_size must be at least 1 (got {t.train_batch_size}).")
+    need(
+        t.gradient_accumulation_passes >= 1,
+        f"trainer.gradient_accumulation_passes must be at least 1 (got {t.gradient_accumulation_passes}).",
+    )
+    need(a.group_size >= 2, f"algo.group_size must be at least 2: advantages compare samples of a group (got {a.group_size}).")
+    if a.group_size >= 1 and t.train_batch_size >= 1:
+        need(
+            t.train_batch_size % a.group_size == 0,
+            f"trainer.train_batch_size ({t.train_batch_size}) must be a multiple of algo.group_size "
+            f"({a.group_size}) so that every pass holds whole groups.",
+        )
+    need(t.lr > 0, f"trainer.lr must be positive (got {t.lr}).")
+    need(len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas), f"trainer.betas must be two numbers in [0, 1) (got {t.betas}).")
+    need(t.grad_clip > 0, f"trainer.grad_clip must be positive (got {t.grad_clip}).")
+    need(t.checkpoint_every >= 1, f"trainer.checkpoint_every must be at least 1 (got {t.checkpoint_every}).")
+    need(t.keep_checkpoints >= 1, f"trainer.keep_checkpoints must be at least 1 (got {t.keep_checkpoints}).")
+    need(a.clip_eps_low > 0 and a.clip_eps_high > 0, "algo.clip_eps_low and algo.clip_eps_high must be positive.")
+    need(act.max_new_tokens >= 1, f"actor.max_new_tokens must be at least 1 (got {act.max_new_tokens}).")
+    need(act.temperature > 0, f"actor.temperature must be positive (got {act.temperature}).")
+    need(act.max_steps_ahead >= 0, f"actor.max_steps_ahead must be 0 or more (got {act.max_steps_ahead}).")
+    need(act.max_concurrent_groups >= 1, "actor.max_concurrent_groups must be at least 1.")
+    need(
+        act.max_new_tokens < cfg.model.max_model_len,
+        f"actor.max_new_tokens ({act.max_new_tokens}) must be below model.max_model_len "
+        f"({cfg.model.max_model_len}) to leave room for the prompt.",
+    )
+    need(cfg.inference.num_servers >= 1, "inference.num_servers must be at least 1.")
+    need(0 < cfg.inference.gpu_memory_utilization <= 1, "inference.gpu_memory_utilization must be in (0, 1].")
+    need(cfg.model.source == "tiny" or bool(cfg.model.path), f"model.path must be set when model.source={cfg.model.source}.")
+    need(
+        cfg.model.source != "tiny" or cfg.dataset.name == "arithmetic",
+        "model=tiny has a character vocabulary made for dataset=arithmetic; choose a real model for "
+        f"dataset={cfg.dataset.name}.",
+    )
+    for host, key in ((cfg.inference.host, "inference.host"), (cfg.streams.host, "streams.host")):
+        need(
+            host in ("127.0.0.1", "localhost", "::1") or cfg.world.kind != "local",
+            f"{key}={host}: with world=local servers listen on loopback only (127.0.0.1).",
+        )
+    if problems:
+        raise ConfigError("invalid configuration: " + " ".join(problems))

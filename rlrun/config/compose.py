@@ -1,0 +1,109 @@
+"""Hydra composition under typer, and the saved resolved config.
+
+`compose(overrides)` is the only place Hydra is used: it returns a validated `RunConfig` plus
+the resolved YAML text that is saved in the run directory. Children load that file back with
+`load_resolved`, so any role can be rerun by hand from its run directory.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from rlrun.config.build import from_dict, validate
+from rlrun.config.schema import RunConfig
+from rlrun.errors import ConfigError
+
+GROUPS = ("recipe", "trainer", "inference", "streams", "model", "dataset", "world")
+
+
+def conf_dir() -> Path:
+    """The shipped `conf/` folder (next to the package in a source checkout)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent.parent / "conf", here.parent / "conf"):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise ConfigError(f"cannot find rlrun's conf/ folder near {here}; reinstall rlrun from its source tree.")
+
+
+def group_options(group: str, root: Path | None = None) -> list[str]:
+    folder = (root or conf_dir()) / group
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def compose(overrides: list[str], root: Path | None = None) -> tuple[RunConfig, str]:
+    """Compose conf/ with the user's overrides → (validated config, resolved YAML text)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    root = root or conf_dir()
+    _check_group_choices(overrides, root)
+    try:
+        with initialize_config_dir(config_dir=str(root), version_base="1.3", job_name="rlrun"):
+            composed = hydra_compose(config_name="config", overrides=list(overrides))
+        data = OmegaConf.to_container(composed, resolve=True)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(_explain(exc, overrides, root)) from None
+    cfg = from_dict(RunConfig, data)
+    validate(cfg)
+    return cfg, yaml.safe_dump(data, sort_keys=False)
+
+
+def load_resolved(path: Path) -> RunConfig:
+    """Load a run's saved resolved config (no Hydra involved)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the run's config {path}: {exc}") from None
+    cfg = from_dict(RunConfig, data)
+    validate(cfg)
+    return cfg
+
+
+def _check_group_choices(overrides: list[str], root: Path) -> None:
+    """Name the valid choices for `group=option` before Hydra gives its longer message."""
+    for item in overrides:
+        match = re.fullmatch(r"([+~]*)(\w+)=(.*)", item)
+        if not match or match.group(2) not in GROUPS:
+            continue
+        group, option = match.group(2), match.group(3)
+        choices = group_options(group, root)
+        if option not in choices:
+            raise ConfigError(
+                f"unknown {group} '{option}' in '{item}'. Valid choices for {group}: "
+                f"{', '.join(choices)}. Example: rlrun train {group}={choices[0] if choices else '...'}"
+            )
+
+
+def _explain(exc: Exception, overrides: list[str], root: Path) -> str:
+    text = str(exc)
+    key = re.search(r"Could not override '([\w.]+)'", text) or re.search(r"Key '(\w+)' is not in struct", text)
+    if key:
+        return _unknown_key_message(key.group(1), overrides, root)
+    if "Could not find" in text or "Available options" in text:
+        return "configuration error: " + " ".join(text.split())
+    return f"invalid override ({', '.join(overrides) or 'none'}): {' '.join(text.split())}"
+
+
+def _unknown_key_message(dotted: str, overrides: list[str], root: Path) -> str:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(root), version_base="1.3", job_name="rlrun"):
+        base = OmegaConf.to_container(hydra_compose(config_name="config"), resolve=False)
+    parent, _, leaf = dotted.rpartition(".")
+    node = base
+    for part in parent.split(".") if parent else []:
+        node = node.get(part, {}) if isinstance(node, dict) else {}
+    valid = ", ".join(node) if isinstance(node, dict) else "(none)"
+    where = f"under '{parent}'" if parent else "at the top level"
+    return (
+        f"unknown config key '{dotted}'. Valid keys {where}: {valid}. Check the spelling; "
+        f"`rlrun train --dry-run` prints the whole resolved config."
+    )

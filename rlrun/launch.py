@@ -1,0 +1,202 @@
+"""`rlrun train` as a library call: prepare the run directory, build the specs, supervise, stop.
+
+    run_dir = create_run(cfg, resolved_yaml, overrides)
+    reason = train(cfg, run_dir, on_tick=...)
+
+The CLI renders; this module decides. The completion rule of the trainer backend (a pure
+function in `rlrun.completion`) is fed by what the trainer publishes in Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import yaml
+
+from rlrun import completion
+from rlrun.config import RunConfig
+from rlrun.errors import ConfigError, EnvironmentProblem, ProcessFailed
+from rlrun.inference.server import base_url
+from rlrun.roles import Endpoints, build_specs
+from rlrun.rundir import RunDir
+from rlrun.streams import names
+from rlrun.streams import server as redis_server
+from rlrun.supervisor import EventLog, ProcessSpec, ProcessStatus, Supervisor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the live view shows of training, read from the trainer's published state."""
+
+    step: int = 0
+    max_train_steps: int = 0
+    samples: int = 0
+    reward_mean: Optional[float] = None
+    policy_version: int = 0
+    groups_published: int = 0
+
+
+def run_root(cfg: RunConfig) -> Path:
+    name = cfg.run.name or f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(cfg.run.dir).expanduser() if cfg.run.dir else Path(cfg.run.runs_root) / name
+
+
+def create_run(cfg: RunConfig, resolved_yaml: str, overrides: list[str], root: Optional[Path] = None) -> RunDir:
+    run_dir = RunDir((root or run_root(cfg)).resolve())
+    run_dir.create({"kind": "rlrun-run", "recipe": cfg.recipe, "created": time.time(), "overrides": overrides})
+    run_dir.config.write_text(resolved_yaml)
+    run_dir.overrides.write_text(yaml.safe_dump(list(overrides)))
+    run_dir.write_state(status="created")
+    return run_dir
+
+
+def model_path(cfg: RunConfig, build: bool) -> str:
+    """The folder (or hub id) vLLM and the trainer load. Builds the tiny model if asked to."""
+    m = cfg.model
+    if m.source == "tiny":
+        from rlrun.models.tiny import TinyBuild, ensure_tiny_model
+
+        args = dict(seed=cfg.run.seed, warm_start_steps=m.warm_start_steps, max_operand=cfg.dataset.max_operand, max_model_len=m.max_model_len)
+        if not build:
+            return str(Path(m.cache_dir).expanduser() / TinyBuild(**args).folder_name())
+        return str(ensure_tiny_model(Path(m.cache_dir), **args))
+    if m.source == "path":
+        path = Path(m.path).expanduser()
+        if not (path / "config.json").is_file():
+            what = "does not exist" if not path.exists() else "is not a Hugging Face model folder (no config.json)"
+            raise ConfigError(f"model.path={m.path} {what}. Point model.path at a folder saved with save_pretrained, or use model=tiny.")
+        return str(path.resolve())
+    return m.path  # a hub id: vLLM and transformers fetch it
+
+
+def plan_endpoints(cfg: RunConfig, pick_port: Callable[[str], int]) -> Endpoints:
+    if cfg.streams.url:
+        redis_url, redis_port = cfg.streams.url, None
+    else:
+        redis_port = pick_port(cfg.streams.host)
+        redis_url = redis_server.redis_url(cfg.streams.host, redis_port)
+    vllm_urls = [base_url(cfg.inference.host, pick_port(cfg.inference.host)) for _ in range(cfg.inference.num_servers)]
+    return Endpoints(redis_url=redis_url, redis_port=redis_port, vllm_urls=vllm_urls)
+
+
+def plan_specs(cfg: RunConfig, run_dir: RunDir) -> list[ProcessSpec]:
+    """The specs `train` would start (for --dry-run): ports are placeholders, nothing is built."""
+    endpoints = plan_endpoints(cfg, pick_port=lambda host: 0)
+    return build_specs(cfg, run_dir, endpoints, model_path(cfg, build=False))
+
+
+def check_dependencies(cfg: RunConfig) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise EnvironmentProblem(
+            "vLLM is not installed in this environment. Install the inference stack: "
+            "pip install 'rlrun[cpu]' on a laptop, or 'rlrun[gpu]' on GPU machines."
+        )
+    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
+        raise EnvironmentProblem("torch and transformers are needed by the trainer: pip install 'rlrun[cpu]' (or 'rlrun[gpu]').")
+
+
+def train(cfg: RunConfig, run_dir: RunDir, on_tick: Optional[Callable[[list[ProcessStatus], Progress], None]] = None) -> str:
+    """Run the whole job; return why it finished. Raises ProcessFailed / KeyboardInterrupt."""
+    check_dependencies(cfg)
+    path = model_path(cfg, build=True)
+    endpoints = plan_endpoints(cfg, redis_server.pick_free_port)
+    if endpoints.redis_port is not None:
+        redis_server.write_server_config(run_dir, endpoints.redis_port, cfg.streams.host, cfg.streams.appendfsync)
+    specs = build_specs(cfg, run_dir, endpoints, path)
+    events = EventLog(run_dir.events, clock=time.time)
+    progress = ProgressReader(endpoints.redis_url, run_dir)
+    tick = (lambda processes: on_tick(processes, progress.read(cfg))) if on_tick else None
+    supervisor = Supervisor(specs, events, poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick)
+    run_dir.write_state(status="running", supervisor_pid=os.getpid(), started_at=time.time(), model_path=path)
+    status = "failed"
+    try:
+        supervisor.start_all()
+        reason = supervisor.watch(completion_check(cfg, progress))
+        status = "finished"
+        return reason
+    except KeyboardInterrupt:
+        status = "interrupted"
+        events.emit("interrupted")
+        raise
+    finally:
+        supervisor.stop_all()
+        if on_tick:
+            on_tick(supervisor.processes, progress.read(cfg))
+        run_dir.write_state(status=status, stopped_at=time.time())
+        events.emit("run_stopped", status=status)
+
+
+class ProgressReader:
+    """Reads the trainer's and actor's published state; tolerant of Redis being down."""
+
+    def __init__(self, url: str, run_dir: RunDir) -> None:
+        self._url, self._run_dir = url, run_dir
+        self._client = None
+
+    def trainer_state(self) -> dict:
+        return self._hash(names.TRAINER_STATE)
+
+    def read(self, cfg: RunConfig) -> Progress:
+        t, a = self._hash(names.TRAINER_STATE), self._hash(names.ACTOR_STATE)
+        reward = t.get("reward_mean")
+        return Progress(
+            step=int(t.get("step", 0)),
+            max_train_steps=cfg.trainer.max_train_steps,
+            samples=int(t.get("samples_processed", 0)),
+            reward_mean=float(reward) if reward is not None else None,
+            policy_version=int(t.get("policy_version", 0)),
+            groups_published=int(a.get("groups_published", 0)),
+        )
+
+    def _hash(self, key: str) -> dict:
+        try:
+            if self._client is None:
+                password = self._run_dir.redis_password.read_text().strip()
+                self._client = redis_server.connect(self._url, password)
+            return self._client.hgetall(key) or {}
+        except Exception:  # Redis not up yet, or restarting: show nothing rather than fail
+            self._client = None
+            return {}
+
+
+def completion_check(cfg: RunConfig, progress: ProgressReader):
+    """The supervisor's completion predicate for this run's trainer backend."""
+    target = completion.HfTarget(cfg.trainer.max_train_steps, cfg.trainer.train_batch_size, cfg.trainer.gradient_accumulation_passes)
+
+    def check(exits: dict[str, Optional[int]]) -> tuple[bool, str]:
+        state = progress.trainer_state()
+        obs = completion.TrainerObservation(
+            samples_processed=int(state.get("samples_processed", 0)),
+            trainer_exit_code=exits.get("trainer"),
+            training_done_event=state.get("training_done") == "1",
+            last_step=int(state.get("step", 0)),
+        )
+        verdict = completion.is_finished(cfg.trainer.backend, obs, hf_target=target)
+        if not verdict.finished and exits.get("trainer") == 0:
+            raise ProcessFailed(
+                f"the trainer exited 0 but the completion rule says training is not finished: {verdict.reason}",
+                process="trainer",
+            )
+        return verdict.finished, verdict.reason
+
+    return check
+
+
+def summary(run_dir: RunDir) -> dict:
+    """The last metrics record and where things are, for the end-of-run message."""
+    last = {}
+    if run_dir.metrics.is_file():
+        lines = run_dir.metrics.read_text().splitlines()
+        if lines:
+            last = json.loads(lines[-1])
+    return {"run_dir": str(run_dir.root), "last_metrics": last}

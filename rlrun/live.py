@@ -1,0 +1,71 @@
+"""What a person sees while a run is going: a live table on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+
+from rlrun.launch import Progress
+from rlrun.supervisor import ProcessStatus
+
+
+def process_table(processes: list[ProcessStatus], now: Optional[float] = None) -> Table:
+    now = time.monotonic() if now is None else now
+    table = Table(title="rlrun processes", expand=False)
+    for column in ("process", "pid", "state", "uptime", "log"):
+        table.add_column(column)
+    colours = {"ready": "green", "starting": "yellow", "failed": "red", "exited": "cyan", "stopped": "dim"}
+    for p in processes:
+        uptime = f"{now - p.started_at:.0f}s" if p.started_at and p.state.value in ("starting", "ready") else "-"
+        state = p.state.value
+        table.add_row(p.name, str(p.pid or "-"), f"[{colours.get(state, 'white')}]{state}[/]", uptime, str(p.spec.log_path))
+    return table
+
+
+def progress_line(progress: Progress) -> str:
+    reward = f"{progress.reward_mean:.3f}" if progress.reward_mean is not None else "-"
+    return (
+        f"step {progress.step}/{progress.max_train_steps}  samples {progress.samples}  "
+        f"reward {reward}  policy v{progress.policy_version}  groups {progress.groups_published}"
+    )
+
+
+class LiveView:
+    """A rich Live display on a terminal; one line per change otherwise (logs, CI)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._live: Optional[Live] = None
+        self._last_line = ""
+        self._last_states: dict[str, str] = {}
+
+    def __enter__(self) -> "LiveView":
+        if self.console.is_terminal:
+            self._live = Live(console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+
+    def update(self, processes: list[ProcessStatus], progress: Progress) -> None:
+        if self._live is not None:
+            bar = ProgressBar(total=max(progress.max_train_steps, 1), completed=progress.step, width=50)
+            self._live.update(Group(process_table(processes), bar, progress_line(progress)))
+            return
+        states = {p.name: p.state.value for p in processes}
+        for name, state in states.items():
+            if self._last_states.get(name) != state:
+                pid = next(p.pid for p in processes if p.name == name)
+                self.console.print(f"[process] {name} {state} pid={pid or '-'}", highlight=False)
+        self._last_states = states
+        line = progress_line(progress)
+        if line != self._last_line and progress.step > 0:
+            self.console.print(f"[train] {line}", highlight=False)
+            self._last_line = line

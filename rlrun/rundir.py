@@ -1,0 +1,142 @@
+"""The run directory: the one place that names every path a run writes.
+
+Everything a run produces lives under one directory, so a run can be inspected, resumed or
+deleted as a unit. Nothing else in rlrun builds paths into a run directory by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlrun.errors import RunDirError
+
+MARKER = "rlrun-run.json"  # present in every run directory; its absence means "not a run"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    # --- what the launcher writes once -------------------------------------------------------
+    @property
+    def marker(self) -> Path:
+        return self.root / MARKER
+
+    @property
+    def config(self) -> Path:
+        """The resolved config every process of the run reads (YAML)."""
+        return self.root / "config.yaml"
+
+    @property
+    def overrides(self) -> Path:
+        """The user's command-line overrides that produced `config`."""
+        return self.root / "overrides.yaml"
+
+    @property
+    def secrets(self) -> Path:
+        return self.root / "secrets"
+
+    @property
+    def redis_password(self) -> Path:
+        return self.secrets / "redis.password"
+
+    # --- services ----------------------------------------------------------------------------
+    @property
+    def redis_dir(self) -> Path:
+        """Redis data (AOF) and its config file (which holds the password: mode 0600)."""
+        return self.root / "redis"
+
+    @property
+    def redis_conf(self) -> Path:
+        return self.redis_dir / "redis.conf"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def log(self, process: str, attempt: int = 0) -> Path:
+        """One log file per process and start attempt."""
+        suffix = "" if attempt == 0 else f".{attempt}"
+        return self.logs / f"{process}{suffix}.log"
+
+    # --- trainer outputs ---------------------------------------------------------------------
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step_{step:06d}"
+
+    @property
+    def weights(self) -> Path:
+        """Weights handed to vLLM after each optimizer step, one folder per policy version."""
+        return self.root / "weights"
+
+    def weights_version(self, version: int) -> Path:
+        return self.weights / f"v{version:06d}"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def events(self) -> Path:
+        """Structured supervisor events (one JSON object a line)."""
+        return self.root / "events.jsonl"
+
+    @property
+    def state(self) -> Path:
+        """Small run-state file read by `rlrun resume` and `rlrun inspect-checkpoint`."""
+        return self.root / "state.json"
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def is_run(self) -> bool:
+        return self.marker.is_file()
+
+    def create(self, info: dict) -> None:
+        """Create a fresh run directory; refuse one that holds another run or is not writable."""
+        if self.is_run():
+            raise RunDirError(
+                f"{self.root} already holds a run ({self.marker.name} is there). Use "
+                f"`rlrun resume {self.root}` to continue it, or choose another directory with "
+                f"run.dir=PATH."
+            )
+        if self.root.exists() and any(self.root.iterdir()):
+            raise RunDirError(
+                f"{self.root} exists and is not empty, and it is not an rlrun run. Choose an empty "
+                f"or new directory with run.dir=PATH."
+            )
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(self.root, 0o700)
+            for folder in (self.logs, self.redis_dir, self.checkpoints, self.weights):
+                folder.mkdir(exist_ok=True)
+            self.secrets.mkdir(exist_ok=True, mode=0o700)
+            self.marker.write_text(json.dumps(info, indent=2) + "\n")
+        except OSError as exc:
+            raise RunDirError(
+                f"cannot create the run directory {self.root}: {exc.strerror}. Choose a writable "
+                f"location with run.dir=PATH."
+            ) from exc
+
+    def write_secret(self, path: Path, value: str) -> None:
+        """Write a secret readable by the owner only (created 0600, never world-readable)."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(value)
+
+    def read_state(self) -> dict:
+        if not self.state.is_file():
+            return {}
+        return json.loads(self.state.read_text())
+
+    def write_state(self, **fields) -> None:
+        """Merge `fields` into state.json atomically (write a temporary file, then rename)."""
+        state = self.read_state()
+        state.update(fields)
+        tmp = self.state.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.state)

@@ -1,0 +1,37 @@
+"""What the supervisor is given: process specs, and the states a process goes through.
+
+A spec is plain data built by the roles (`rlrun/roles.py`); the supervisor knows nothing about
+what a process does — only how to start it, when it is ready, and how to stop it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Callable, Optional
+
+Probe = Callable[[], bool]  # True when the process is ready; must not raise, must return quickly
+
+
+class ProcessState(str, Enum):
+    PENDING = "pending"  # not started yet
+    STARTING = "starting"  # spawned, readiness probe not yet passing
+    READY = "ready"  # readiness probe passed (or the process has none)
+    EXITED = "exited"  # exited with code 0 where that is expected (its work is done)
+    FAILED = "failed"  # exited unexpectedly, or never became ready
+    STOPPING = "stopping"  # SIGTERM sent, waiting for the grace period
+    STOPPED = "stopped"  # stopped by the supervisor
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    name: str  # short and unique: "redis", "vllm-0", "trainer", "actor"
+    argv: list[str]  # never through a shell
+    log_path: Path  # stdout and stderr go here, never to an unread pipe
+    env: dict[str, str] = field(default_factory=dict)  # added to the child's environment
+    cwd: Optional[Path] = None
+    ready: Optional[Probe] = None  # None: ready as soon as it runs
+    ready_timeout_s: float = 120.0
+    stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
+    finishes: bool = False  # True: exit 0 means its work is done; False: a service, any exit is a failure

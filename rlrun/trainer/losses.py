@@ -1,0 +1,143 @@
+"""Policy-gradient losses: GRPO and GSPO as a thin pair over one shared clipped surrogate.
+
+Owns the maths only: per-token log-probs from logits, importance ratios against the behaviour
+(vLLM) log-probs, the PPO-style clipped surrogate and how it is aggregated. Knows nothing about
+batching, optimizers, Redis or the actor. Import it only where torch is wanted.
+
+Aggregation conventions:
+- GRPO: token-level ratio, loss averaged over all completion tokens of the batch (DAPO-style
+  token mean: sum over masked tokens / number of masked tokens), so every token weighs the same
+  whatever the length of its sequence.
+- GSPO: one length-normalised ratio per sequence, loss averaged over the sequences that have at
+  least one completion token.
+An empty selection (no completion tokens at all) gives a loss of 0 that is still part of the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+ALGOS = ("grpo", "gspo")
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    loss: Tensor  # scalar to call backward() on
+    clip_fraction: float  # share of tokens (grpo) / sequences (gspo) whose gradient the clip zeroed
+    mean_ratio: float  # mean importance ratio over the same tokens (grpo) or sequences (gspo)
+
+
+def clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float
+) -> tuple[Tensor, Tensor]:
+    """Per-element loss -min(r·A, clip(r, 1-eps_low, 1+eps_high)·A) and where clipping is active.
+
+    `ratio` and `advantages` broadcast together. The clipped mask is True where the clipped term
+    is the one chosen by the min with a constant value, i.e. the gradient is zero because of the
+    clip: r > 1+eps_high with A > 0, or r < 1-eps_low with A < 0.
+    """
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    with torch.no_grad():
+        is_clipped = ((advantages > 0) & (ratio > 1.0 + clip_eps_high)) | (
+            (advantages < 0) & (ratio < 1.0 - clip_eps_low)
+        )
+    return loss, is_clipped
+
+
+def grpo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps_low: float,
+    clip_eps_high: float,
+) -> LossOutput:
+    """GRPO: token ratio exp(logp_t - old_t), clipped surrogate, mean over all completion tokens.
+
+    Shapes: logprobs, old_logprobs, mask [B, T]; advantages [B]. Tokens with mask 0 (prompt,
+    padding) contribute neither to the value nor to the gradient, whatever their log-probs.
+    """
+    m = mask.to(logprobs.dtype)
+    keep = m > 0
+    log_ratio = torch.where(keep, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    ratio = torch.exp(log_ratio)
+    per_token, is_clipped = clipped_surrogate(
+        ratio, advantages[:, None], clip_eps_low, clip_eps_high
+    )
+    n_tokens = m.sum()
+    denom = n_tokens.clamp(min=1.0)
+    loss = (per_token * m).sum() / denom
+    with torch.no_grad():
+        clip_fraction = float((is_clipped & keep).sum() / denom)
+        mean_ratio = float((ratio * m).sum() / denom)
+    return LossOutput(loss=loss, clip_fraction=clip_fraction, mean_ratio=mean_ratio)
+
+
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps_low: float,
+    clip_eps_high: float,
+) -> LossOutput:
+    """GSPO (Zheng et al. 2025): sequence ratio s_i = exp(mean_t (logp_t - old_t)) over the
+    completion tokens of sequence i, clipped surrogate per sequence, mean over sequences.
+
+    Shapes: logprobs, old_logprobs, mask [B, T]; advantages [B]. Sequences without completion
+    tokens are left out of the mean.
+    """
+    m = mask.to(logprobs.dtype)
+    keep = m > 0
+    log_ratio = torch.where(keep, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    lengths = m.sum(dim=1)
+    seq_ratio = torch.exp(log_ratio.sum(dim=1) / lengths.clamp(min=1.0))
+    per_seq, is_clipped = clipped_surrogate(seq_ratio, advantages, clip_eps_low, clip_eps_high)
+    has_tokens = (lengths > 0).to(logprobs.dtype)
+    denom = has_tokens.sum().clamp(min=1.0)
+    loss = (per_seq * has_tokens).sum() / denom
+    with torch.no_grad():
+        clip_fraction = float((is_clipped & (lengths > 0)).sum() / denom)
+        mean_ratio = float((seq_ratio * has_tokens).sum() / denom)
+    return LossOutput(loss=loss, clip_fraction=clip_fraction, mean_ratio=mean_ratio)
+
+
+def policy_loss(
+    algo: str,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps_low: float,
+    clip_eps_high: float,
+) -> LossOutput:
+    """The loss of `algo` ("grpo" or "gspo"); ValueError for any other name."""
+    if algo == "grpo":
+        fn = grpo_loss
+    elif algo == "gspo":
+        fn = gspo_loss
+    else:
+        raise ValueError(f"unknown policy loss '{algo}': expected one of {', '.join(ALGOS)}.")
+    return fn(logprobs, old_logprobs, advantages, mask, clip_eps_low, clip_eps_high)
+
+
+def completion_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
+    """Log-prob of each next token: out[b, t] = log p(input_ids[b, t+1] | logits[b, t]).
+
+    logits [B, T, V], input_ids [B, T] → [B, T-1], float32. Works one sequence at a time and
+    never materialises the full [B, T, V] log-softmax (nor a float32 copy of bf16 logits).
+    """
+    targets = input_ids[:, 1:]
+    rows = []
+    for b in range(logits.shape[0]):
+        row = logits[b, :-1].float()  # [T-1, V]
+        picked = row.gather(-1, targets[b].unsqueeze(-1)).squeeze(-1)
+        rows.append(picked - torch.logsumexp(row, dim=-1))
+    if not rows:
+        return logits.new_zeros((0, max(logits.shape[1] - 1, 0)), dtype=torch.float32)
+    return torch.stack(rows)

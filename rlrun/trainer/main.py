@@ -1,0 +1,285 @@
+"""The hf trainer process: `python -m rlrun.trainer.main --run-dir RUN --redis-url URL ...`.
+
+`Trainer.train()` reads like its table of contents: resume from the last complete checkpoint,
+then per step take one batch of groups from Redis, one optimizer step, push the weights to vLLM,
+publish progress, and checkpoint every N steps; finally announce `training_done`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from rlrun.config import RunConfig, load_resolved
+from rlrun.inference.admin import VllmAdmin
+from rlrun.rollouts import Group, MalformedGroup
+from rlrun.rundir import RunDir
+from rlrun.streams import names
+from rlrun.streams.codec import decode, encode
+from rlrun.streams.server import connect
+from rlrun.trainer import checkpoint
+from rlrun.trainer.checkpoint import TrainerState
+
+log = logging.getLogger("rlrun.trainer")
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, run_dir: RunDir, redis, model_path: str, vllm: VllmAdmin) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.cfg, self.run_dir, self.redis, self.vllm = cfg, run_dir, redis, vllm
+        torch.manual_seed(cfg.run.seed)
+        torch.set_num_threads(cfg.trainer.threads)
+        self.device = torch.device(cfg.trainer.device)
+        self.state = TrainerState(step=0, samples_processed=0, policy_version=0, config_hash=config_hash(run_dir))
+        resume_from = checkpoint.latest_complete(run_dir.checkpoints)
+        source = str(resume_from) if resume_from else model_path
+        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, cfg.model.dtype)).to(self.device)
+        self.model.train()
+        t = cfg.trainer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay
+        )
+        if resume_from:
+            checkpoint.load_optimizer(self.optimizer, resume_from)
+            self.state = checkpoint.read_state(resume_from)
+            log.info("resumed from %s at step %d", resume_from, self.state.step)
+        self.bad_messages = 0
+
+    # --- the loop ------------------------------------------------------------------------------
+    def train(self) -> None:
+        self._ensure_consumer_group()
+        if self.state.step > 0:  # vLLM must serve the weights of the checkpoint we resumed from
+            self._push_weights()
+        self._publish_state(ready=1)
+        while self.state.step < self.cfg.trainer.max_train_steps:
+            started = time.monotonic()
+            groups, message_ids = self._next_batch()
+            metrics = self._optimizer_step(groups)
+            self.state = TrainerState(
+                step=self.state.step + 1,
+                samples_processed=self.state.samples_processed + sum(len(g.samples) for g in groups),
+                policy_version=self.state.policy_version + 1,
+                config_hash=self.state.config_hash,
+            )
+            self._push_weights()
+            self.redis.xack(names.GROUPS_STREAM, names.TRAINER_GROUP, *message_ids)
+            metrics["step_time_s"] = round(time.monotonic() - started, 4)
+            self._record(metrics, groups)
+            if self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
+                self._save_checkpoint()
+        self._announce_done()
+
+    def _is_last_step(self) -> bool:
+        return self.state.step >= self.cfg.trainer.max_train_steps
+
+    # --- input ---------------------------------------------------------------------------------
+    def _ensure_consumer_group(self) -> None:
+        import redis
+
+        try:
+            self.redis.xgroup_create(names.GROUPS_STREAM, names.TRAINER_GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _next_batch(self) -> tuple[list[Group], list[str]]:
+        """Block until one optimizer step's worth of whole groups has arrived."""
+        wanted = self.cfg.groups_per_step
+        groups: list[Group] = []
+        ids: list[str] = []
+        while len(groups) < wanted:
+            reply = self.redis.xreadgroup(
+                names.TRAINER_GROUP, "trainer", {names.GROUPS_STREAM: ">"}, count=wanted - len(groups), block=1000
+            )
+            for _stream, messages in reply or []:
+                for message_id, fields in messages:
+                    ids.append(message_id)
+                    try:
+                        group = Group.from_dict(decode(fields.get("data", "")))
+                    except (MalformedGroup, ValueError) as exc:
+                        self.bad_messages += 1
+                        log.warning("rejected message %s on %s: %s", message_id, names.GROUPS_STREAM, exc)
+                        continue
+                    if len(group.samples) != self.cfg.algo.group_size:
+                        self.bad_messages += 1
+                        log.warning("rejected group %s: %d samples, expected %d", group.group_id, len(group.samples), self.cfg.algo.group_size)
+                        continue
+                    groups.append(group)
+        return groups, ids
+
+    # --- the step ------------------------------------------------------------------------------
+    def _optimizer_step(self, groups: list[Group]) -> dict:
+        import torch
+
+        from rlrun.trainer.losses import completion_logprobs, policy_loss
+
+        samples = [(g.prompt_ids, s) for g in groups for s in g.samples]
+        passes = self.cfg.trainer.gradient_accumulation_passes
+        per_pass = self.cfg.trainer.train_batch_size
+        self.optimizer.zero_grad(set_to_none=True)
+        losses, clip_fractions, ratios = [], [], []
+        for start in range(0, len(samples), per_pass):
+            batch = collate(samples[start : start + per_pass], self.device)
+            logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logprobs = completion_logprobs(logits, batch["input_ids"])
+            out = policy_loss(
+                self.cfg.algo.name,
+                logprobs,
+                batch["old_logprobs"][:, 1:],
+                batch["advantages"],
+                batch["mask"][:, 1:],
+                self.cfg.algo.clip_eps_low,
+                self.cfg.algo.clip_eps_high,
+            )
+            (out.loss / passes).backward()
+            losses.append(float(out.loss))
+            clip_fractions.append(out.clip_fraction)
+            ratios.append(out.mean_ratio)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
+        self.optimizer.step()
+        return {
+            "loss": sum(losses) / len(losses),
+            "clip_fraction": sum(clip_fractions) / len(clip_fractions),
+            "mean_ratio": sum(ratios) / len(ratios),
+            "grad_norm": float(grad_norm),
+        }
+
+    # --- weights to vLLM -----------------------------------------------------------------------
+    def _push_weights(self) -> None:
+        """Save this version's weights, then pause (abort in-flight), reload and resume vLLM."""
+        version = self.state.policy_version
+        target = self.run_dir.weights_version(version)
+        tmp = target.with_name(f".tmp-{target.name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.model.save_pretrained(tmp, safe_serialization=True)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        self.vllm.pause()
+        try:
+            self.vllm.reload_weights(str(target))
+            self.redis.set(names.POLICY_VERSION, version)
+        finally:
+            self.vllm.resume()
+        for old in sorted(self.run_dir.weights.glob("v*")):
+            if old != target:
+                shutil.rmtree(old, ignore_errors=True)
+
+    # --- progress, checkpoints -----------------------------------------------------------------
+    def _record(self, metrics: dict, groups: list[Group]) -> None:
+        rewards = [s.reward for g in groups for s in g.samples]
+        versions = [v for g in groups for s in g.samples for v in s.versions]
+        record = {
+            "step": self.state.step,
+            "samples": self.state.samples_processed,
+            "policy_version": self.state.policy_version,
+            "reward_mean": round(sum(rewards) / len(rewards), 4),
+            "reward_std": round(_std(rewards), 4),
+            "tokens": sum(len(s.completion_ids) for g in groups for s in g.samples),
+            # how many versions behind the weights that trained on them the tokens were sampled
+            "policy_lag_max": (self.state.policy_version - 1 - min(versions)) if versions else 0,
+            "bad_messages": self.bad_messages,
+            "time": round(time.time(), 3),
+            **{k: round(v, 6) if isinstance(v, float) else v for k, v in metrics.items()},
+        }
+        with open(self.run_dir.metrics, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        self._publish_state(reward_mean=record["reward_mean"])
+        self.redis.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", **record})}, maxlen=10_000)
+        log.info(
+            "step %d/%d samples=%d reward=%.3f loss=%.4f clip=%.3f %.2fs",
+            self.state.step, self.cfg.trainer.max_train_steps, self.state.samples_processed,
+            record["reward_mean"], record["loss"], record["clip_fraction"], record["step_time_s"],
+        )  # fmt: skip
+
+    def _publish_state(self, **extra) -> None:
+        self.redis.hset(
+            names.TRAINER_STATE,
+            mapping={
+                "step": self.state.step,
+                "samples_processed": self.state.samples_processed,
+                "policy_version": self.state.policy_version,
+                "max_train_steps": self.cfg.trainer.max_train_steps,
+                "updated_at": time.time(),
+                **extra,
+            },
+        )
+
+    def _save_checkpoint(self) -> None:
+        path = self.run_dir.checkpoint(self.state.step)
+        checkpoint.save(self.model, self.optimizer, self.state, path, keep=self.cfg.trainer.keep_checkpoints)
+        self._publish_state(last_checkpoint_step=self.state.step)
+        log.info("checkpoint %s", path)
+
+    def _announce_done(self) -> None:
+        self._publish_state(training_done=1)
+        self.redis.xadd(
+            names.TRAINER_EVENTS,
+            {"event": encode({"type": "training_done", "step": self.state.step, "samples": self.state.samples_processed})},
+        )
+        log.info("training done at step %d", self.state.step)
+
+
+def collate(samples, device) -> dict:
+    """Pad prompt+completion sequences; mask and old log-probs are aligned with input_ids."""
+    import torch
+
+    length = max(len(p) + len(s.completion_ids) for p, s in samples)
+    n = len(samples)
+    input_ids = torch.zeros((n, length), dtype=torch.long)
+    attention = torch.zeros((n, length), dtype=torch.long)
+    mask = torch.zeros((n, length), dtype=torch.float32)
+    old = torch.zeros((n, length), dtype=torch.float32)
+    advantages = torch.zeros(n, dtype=torch.float32)
+    for row, (prompt, sample) in enumerate(samples):
+        seq = list(prompt) + list(sample.completion_ids)
+        input_ids[row, : len(seq)] = torch.tensor(seq)
+        attention[row, : len(seq)] = 1
+        mask[row, len(prompt) : len(seq)] = 1.0
+        old[row, len(prompt) : len(seq)] = torch.tensor(sample.logprobs, dtype=torch.float32)
+        advantages[row] = sample.advantage
+    return {
+        "input_ids": input_ids.to(device),
+        "attention_mask": attention.to(device),
+        "mask": mask.to(device),
+        "old_logprobs": old.to(device),
+        "advantages": advantages.to(device),
+    }
+
+
+def config_hash(run_dir: RunDir) -> str:
+    return hashlib.sha256(run_dir.config.read_bytes()).hexdigest()[:12]
+
+
+def _std(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlrun::trainer")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--vllm-url", action="append", default=[])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run_dir = RunDir(args.run_dir)
+    cfg = load_resolved(run_dir.config)
+    redis = connect(args.redis_url, run_dir.redis_password.read_text().strip())
+    vllm = VllmAdmin(args.vllm_url)
+    try:
+        Trainer(cfg, run_dir, redis, args.model_path, vllm).train()
+    finally:
+        vllm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
