@@ -63,9 +63,9 @@ class LiveView:
         for name, state in states.items():
             if self._last_states.get(name) != state:
                 pid = next(p.pid for p in processes if p.name == name)
-                self.console.print(f"[process] {name} {state} pid={pid or '-'}", highlight=False)
+                self.console.print(f"[process] {name} {state} pid={pid or '-'}", highlight=False, markup=False)
         self._last_states = states
         line = progress_line(progress)
         if line != self._last_line and progress.step > 0:
-            self.console.print(f"[train] {line}", highlight=False)
+            self.console.print(f"[train] {line}", highlight=False, markup=False)
             self._last_line = line

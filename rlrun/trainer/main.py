@@ -139,7 +139,7 @@ class Trainer:
                 self.cfg.algo.clip_eps_high,
             )
             (out.loss / passes).backward()
-            losses.append(float(out.loss))
+            losses.append(out.loss.detach().item())
             clip_fractions.append(out.clip_fraction)
             ratios.append(out.mean_ratio)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
@@ -184,6 +184,7 @@ class Trainer:
             "tokens": sum(len(s.completion_ids) for g in groups for s in g.samples),
             # how many versions behind the weights that trained on them the tokens were sampled
             "policy_lag_max": (self.state.policy_version - 1 - min(versions)) if versions else 0,
+            "behaviour_version_max": max(versions) if versions else 0,  # newest version vLLM sampled with
             "bad_messages": self.bad_messages,
             "time": round(time.time(), 3),
             **{k: round(v, 6) if isinstance(v, float) else v for k, v in metrics.items()},

