@@ -15,7 +15,8 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad command line, unknown recipe/option/key, invalid config value
     ENVIRONMENT = 3  # something the run needs is missing or busy: a package, a binary, a model, a port
     RUN_DIR = 4  # the run directory cannot be used: it holds another run, is not a run, not writable
-    PROCESS_FAILED = 5  # a process of the run failed; everything was stopped
+    PROCESS_FAILED = 5  # a process of the run failed and its policy does not restart it; all stopped
+    RESTARTS_EXHAUSTED = 6  # a process kept failing: its restart budget is spent; all stopped
     INTERRUPTED = 130  # stopped by Ctrl-C / SIGTERM; everything was stopped in order
 
 
@@ -44,6 +45,10 @@ class ProcessFailed(RlrunError):
         super().__init__(message)
         self.process = process
         self.log_tail = log_tail
+
+
+class RestartsExhausted(ProcessFailed):
+    exit_code = ExitCode.RESTARTS_EXHAUSTED
 
 
 class Interrupted(RlrunError):

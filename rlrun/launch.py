@@ -74,7 +74,15 @@ def model_path(cfg: RunConfig, build: bool) -> str:
             what = "does not exist" if not path.exists() else "is not a Hugging Face model folder (no config.json)"
             raise ConfigError(f"model.path={m.path} {what}. Point model.path at a folder saved with save_pretrained, or use model=tiny.")
         return str(path.resolve())
-    return m.path  # a hub id: vLLM and transformers fetch it
+    try:  # a hub id: fetched once into the Hugging Face cache, then served from that folder
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(m.path)
+    except Exception as exc:  # noqa: BLE001 - any failure means "cannot get the model"
+        raise EnvironmentProblem(
+            f"cannot fetch model {m.path!r} from the Hugging Face hub ({exc}). Download it where the hub is "
+            f"reachable and use model.source=path model.path=FOLDER."
+        ) from None
 
 
 def plan_endpoints(cfg: RunConfig, pick_port: Callable[[str], int]) -> Endpoints:
@@ -105,22 +113,38 @@ def check_dependencies(cfg: RunConfig) -> None:
         raise EnvironmentProblem("torch and transformers are needed by the trainer: pip install 'rlrun[cpu]' (or 'rlrun[gpu]').")
 
 
+PORT_ATTEMPTS = 3  # a service losing its port to another process at start gets new ports
+
+
 def train(cfg: RunConfig, run_dir: RunDir, on_tick: Optional[Callable[[list[ProcessStatus], Progress], None]] = None) -> str:
     """Run the whole job; return why it finished. Raises ProcessFailed / KeyboardInterrupt."""
     check_dependencies(cfg)
     path = model_path(cfg, build=True)
-    endpoints = plan_endpoints(cfg, redis_server.pick_free_port)
-    if endpoints.redis_port is not None:
-        redis_server.write_server_config(run_dir, endpoints.redis_port, cfg.streams.host, cfg.streams.appendfsync)
-    specs = build_specs(cfg, run_dir, endpoints, path)
+    if not run_dir.current_weights.exists():
+        run_dir.point_current_weights(Path(path))  # vLLM starts from the base model
     events = EventLog(run_dir.events, clock=time.time)
-    progress = ProgressReader(endpoints.redis_url, run_dir)
-    tick = (lambda processes: on_tick(processes, progress.read(cfg))) if on_tick else None
-    supervisor = Supervisor(specs, events, poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick)
     run_dir.write_state(status="running", supervisor_pid=os.getpid(), started_at=time.time(), model_path=path)
     status = "failed"
+    supervisor: Optional[Supervisor] = None
+    progress: Optional[ProgressReader] = None
     try:
-        supervisor.start_all()
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            # Ports are picked free, but another program may bind one before our server does:
+            # such a start is retried on fresh ports (nothing depends on the old ones yet).
+            endpoints = plan_endpoints(cfg, redis_server.pick_free_port)
+            if endpoints.redis_port is not None:
+                redis_server.write_server_config(run_dir, endpoints.redis_port, cfg.streams.host, cfg.streams.appendfsync)
+            progress = ProgressReader(endpoints.redis_url, run_dir)
+            tick = _ticker(on_tick, progress, cfg)
+            supervisor = Supervisor(build_specs(cfg, run_dir, endpoints, path), events, poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick)
+            try:
+                supervisor.start_all()
+                break
+            except ProcessFailed as exc:
+                if attempt == PORT_ATTEMPTS or "address already in use" not in exc.log_tail.lower():
+                    raise
+                events.emit("port_taken", process=exc.process, attempt=attempt)
+                supervisor.stop_all()
         reason = supervisor.watch(completion_check(cfg, progress))
         status = "finished"
         return reason
@@ -129,11 +153,18 @@ def train(cfg: RunConfig, run_dir: RunDir, on_tick: Optional[Callable[[list[Proc
         events.emit("interrupted")
         raise
     finally:
-        supervisor.stop_all()
-        if on_tick:
-            on_tick(supervisor.processes, progress.read(cfg))
+        if supervisor is not None:
+            supervisor.stop_all()
+            if on_tick and progress is not None:
+                on_tick(supervisor.processes, progress.read(cfg))
         run_dir.write_state(status=status, stopped_at=time.time())
         events.emit("run_stopped", status=status)
+
+
+def _ticker(on_tick, progress: "ProgressReader", cfg: RunConfig):
+    if on_tick is None:
+        return None
+    return lambda processes: on_tick(processes, progress.read(cfg))
 
 
 class ProgressReader:
@@ -162,7 +193,7 @@ class ProgressReader:
         try:
             if self._client is None:
                 password = self._run_dir.redis_password.read_text().strip()
-                self._client = redis_server.connect(self._url, password)
+                self._client = redis_server.connect(self._url, password, socket_timeout=2.0, reconnect_s=0)
             return self._client.hgetall(key) or {}
         except Exception:  # Redis not up yet, or restarting: show nothing rather than fail
             self._client = None

@@ -1,20 +1,28 @@
 """The processes of a run as supervisor specs: Redis → vLLM servers → trainer → actor.
 
-Each role's command line, environment, log file and readiness probe are decided here, from the
-typed config; the supervisor only ever sees the resulting specs.
+Each role's command line, environment, log file, readiness and liveness probes and restart
+policy are decided here, from the typed config; the supervisor only ever sees the specs.
+
+Liveness: Redis answers PING; vLLM answers /health; the trainer and the actor write a heartbeat
+(time and pid) into their state hash in Redis from their main loops.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 
 from rlrun.config import RunConfig
+from rlrun.config.schema import RoleSupervision
 from rlrun.inference import server as vllm_server
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server
 from rlrun.supervisor import ProcessSpec
+from rlrun.supervisor.policy import RestartPolicy
+
+HEARTBEAT_FRESH_S = 5.0  # a heartbeat older than this is "no sign of life" for this poll
 
 
 @dataclass(frozen=True)
@@ -30,9 +38,59 @@ def child_env(threads: int) -> dict[str, str]:
     return {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
 
 
+def restart_policy(role: RoleSupervision) -> RestartPolicy:
+    return RestartPolicy(
+        restart=role.restart,
+        max_restarts=role.max_restarts,
+        window_s=role.window_s,
+        backoff_initial_s=role.backoff_initial_s,
+        backoff_max_s=max(role.backoff_max_s, role.backoff_initial_s),
+        healthy_after_s=role.healthy_after_s,
+    )
+
+
+class RedisProbe:
+    """Probes that read the run's Redis, with one lazily (re)connected client. Never raise."""
+
+    def __init__(self, url: str, run_dir: RunDir) -> None:
+        self._url, self._run_dir = url, run_dir
+        self._client = None
+
+    def _password(self) -> str | None:
+        try:
+            return self._run_dir.redis_password.read_text().strip()
+        except OSError:
+            return None
+
+    def ping(self, pid: int = 0) -> bool:
+        return redis_server.ping(self._url, self._password())
+
+    def heartbeat(self, key: str, pid: int, max_age_s: float = HEARTBEAT_FRESH_S) -> bool:
+        """True when process `pid` wrote a heartbeat into hash `key` less than max_age_s ago."""
+        state = self._hgetall(key)
+        try:
+            return int(state.get("pid", -1)) == pid and time.time() - float(state.get("heartbeat", 0)) < max_age_s
+        except ValueError:
+            return False
+
+    def marker(self, key: str, field: str, pid: int) -> bool:
+        """True when process `pid` set `field` = its pid in hash `key` (a readiness marker)."""
+        return self._hgetall(key).get(field) == str(pid)
+
+    def _hgetall(self, key: str) -> dict:
+        try:
+            if self._client is None:
+                self._client = redis_server.connect(self._url, self._password(), socket_timeout=2.0, reconnect_s=0)
+            return self._client.hgetall(key) or {}
+        except Exception:  # not reachable means "no", never an exception in the supervisor
+            self._client = None
+            return {}
+
+
 def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str) -> list[ProcessSpec]:
-    grace = cfg.supervisor.stop_grace_s
-    password = _password_reader(run_dir)
+    sup = cfg.supervisor
+    grace = sup.stop_grace_s
+    probe = RedisProbe(endpoints.redis_url, run_dir)
     specs: list[ProcessSpec] = []
     if endpoints.redis_port is not None:
         binary = redis_server.find_server_binary(cfg.streams.server)
@@ -41,9 +99,12 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
                 name="redis",
                 argv=redis_server.server_argv(binary, run_dir),
                 log_path=run_dir.log("redis"),
-                ready=lambda: redis_server.ping(endpoints.redis_url, password()),
-                ready_timeout_s=cfg.supervisor.ready_timeout_s,
+                ready=probe.ping,
+                alive=probe.ping,
+                ready_timeout_s=sup.ready_timeout_s,
                 stop_grace_s=grace,
+                restart=restart_policy(sup.redis),
+                stall_timeout_s=sup.redis.stall_timeout_s,
             )
         )
     for i, url in enumerate(endpoints.vllm_urls):
@@ -51,12 +112,16 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
         specs.append(
             ProcessSpec(
                 name=f"vllm-{i}",
-                argv=vllm_server.server_argv(cfg.inference, cfg.model, model_path, port),
+                # Started (and restarted) from the newest weights the trainer published.
+                argv=vllm_server.server_argv(cfg.inference, cfg.model, str(run_dir.current_weights), port, tokenizer=model_path),
                 env=vllm_server.server_env(cfg.inference),
                 log_path=run_dir.log(f"vllm-{i}"),
-                ready=lambda url=url: vllm_server.healthy(url),
+                ready=lambda pid, url=url: vllm_server.healthy(url),
+                alive=lambda pid, url=url: vllm_server.healthy(url),
                 ready_timeout_s=cfg.inference.ready_timeout_s,
                 stop_grace_s=grace,
+                restart=restart_policy(sup.vllm),
+                stall_timeout_s=sup.vllm.stall_timeout_s,
             )
         )
     common = ["--run-dir", str(run_dir.root), "--redis-url", endpoints.redis_url, "--model-path", model_path]
@@ -67,10 +132,13 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
             argv=[sys.executable, "-m", "rlrun.trainer.main", *common, *vllm_args],
             env=child_env(cfg.trainer.threads),
             log_path=run_dir.log("trainer"),
-            ready=lambda: _hash_field(endpoints.redis_url, password(), names.TRAINER_STATE, "ready") == "1",
-            ready_timeout_s=cfg.supervisor.ready_timeout_s,
+            ready=lambda pid: probe.marker(names.TRAINER_STATE, "ready_pid", pid),
+            alive=lambda pid: probe.heartbeat(names.TRAINER_STATE, pid),
+            ready_timeout_s=sup.ready_timeout_s,
             stop_grace_s=grace,
             finishes=True,
+            restart=restart_policy(sup.trainer),
+            stall_timeout_s=sup.trainer.stall_timeout_s,
         )
     )
     specs.append(
@@ -79,29 +147,11 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
             argv=[sys.executable, "-m", "rlrun.actor.main", *common, *vllm_args],
             env=child_env(1),
             log_path=run_dir.log("actor"),
+            alive=lambda pid: probe.heartbeat(names.ACTOR_STATE, pid),
             stop_grace_s=grace,
             finishes=True,
+            restart=restart_policy(sup.actor),
+            stall_timeout_s=sup.actor.stall_timeout_s,
         )
     )
     return specs
-
-
-def _password_reader(run_dir: RunDir):
-    def read() -> str | None:
-        try:
-            return run_dir.redis_password.read_text().strip()
-        except OSError:
-            return None
-
-    return read
-
-
-def _hash_field(url: str, password: str | None, key: str, field: str) -> str | None:
-    try:
-        client = redis_server.connect(url, password)
-        try:
-            return client.hget(key, field)
-        finally:
-            client.close()
-    except Exception:  # a probe never raises: not reachable means not ready
-        return None

@@ -75,6 +75,19 @@ class RunDir:
         """Weights handed to vLLM after each optimizer step, one folder per policy version."""
         return self.root / "weights"
 
+    @property
+    def current_weights(self) -> Path:
+        """A symlink to the newest complete weights folder (the base model before the first
+        step): vLLM servers are started and restarted from it, so a restart serves the policy."""
+        return self.weights / "current"
+
+    def point_current_weights(self, target: Path) -> None:
+        """Make `current_weights` point at `target`, atomically (a new link renamed over the old)."""
+        tmp = self.weights / ".current.tmp"
+        tmp.unlink(missing_ok=True)
+        os.symlink(os.path.abspath(target), tmp)
+        os.replace(tmp, self.current_weights)
+
     def weights_version(self, version: int) -> Path:
         return self.weights / f"v{version:06d}"
 

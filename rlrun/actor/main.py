@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import random
 import time
 from pathlib import Path
@@ -41,15 +42,18 @@ class Actor:
         self.cursor = 0  # prompts handed out so far
         self.order = list(range(len(task.problems)))
         self._failure: BaseException | None = None
+        self._last_heartbeat = 0.0
         self.counters = {"groups_published": 0, "tokens_generated": 0, "samples_continued": 0, "request_errors": 0}
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
+        self._restore_progress()
         limits = httpx.Limits(max_connections=self.cfg.actor.max_concurrent_groups * self.cfg.algo.group_size)
         async with httpx.AsyncClient(limits=limits, timeout=self.cfg.actor.request_timeout_s) as client:
             running: set[asyncio.Task] = set()
             while not self._training_done():
-                if len(running) >= self.cfg.actor.max_concurrent_groups or not self._room_for_another_group():
+                self._heartbeat()
+                if len(running) >= self.cfg.actor.max_concurrent_groups or not self._room_for_another_group(len(running)):
                     await asyncio.sleep(0.05)
                     continue
                 task = asyncio.create_task(self._group(client, self.cursor))
@@ -57,6 +61,7 @@ class Actor:
                 task.add_done_callback(running.discard)
                 task.add_done_callback(self._note_failure)
                 self.cursor += 1
+                self.redis.hset(names.ACTOR_STATE, "cursor", self.cursor)  # a restart neither skips nor repeats prompts
                 if self._failure is not None:
                     raise self._failure
             for task in running:
@@ -74,11 +79,26 @@ class Actor:
     def _training_done(self) -> bool:
         return self._trainer().get("training_done") == "1"
 
-    def _room_for_another_group(self) -> bool:
-        """Back-pressure: groups for at most `max_steps_ahead` steps beyond the trainer's next."""
+    def _restore_progress(self) -> None:
+        state = self.redis.hgetall(names.ACTOR_STATE) or {}
+        self.cursor = int(state.get("cursor", 0))
+        self.counters["groups_published"] = int(state.get("groups_published", 0))
+
+    def _heartbeat(self) -> None:
+        now = time.time()
+        if now - self._last_heartbeat >= 1.0:
+            self.redis.hset(names.ACTOR_STATE, mapping={"pid": os.getpid(), "heartbeat": now})
+            self._last_heartbeat = now
+
+    def _room_for_another_group(self, in_flight: int) -> bool:
+        """Back-pressure: groups for at most `max_steps_ahead` steps beyond the trainer's next.
+
+        Counted as published + in flight (not prompts handed out), so groups lost with a
+        crashed actor do not leave the trainer waiting for data that never comes.
+        """
         step = int(self._trainer().get("step", 0))
         allowed = (step + 1 + self.cfg.actor.max_steps_ahead) * self.cfg.groups_per_step
-        return self.cursor < allowed
+        return self.counters["groups_published"] + in_flight < allowed
 
     def _problem_index(self, cursor: int) -> int:
         """A fresh seeded permutation of the problems for every pass over the data."""
@@ -149,9 +169,13 @@ class Actor:
                 for s, r, a in zip(samples, rewards, advantages)
             ],
         )
-        self.redis.xadd(names.GROUPS_STREAM, {"data": encode(group.to_dict())})
+        with self.redis.pipeline(transaction=True) as tx:  # the message and its count land together
+            tx.xadd(names.GROUPS_STREAM, {"data": encode(group.to_dict())})
+            tx.hincrby(names.ACTOR_STATE, "groups_published", 1)
+            tx.execute()
         self.counters["groups_published"] += 1
-        self.redis.hset(names.ACTOR_STATE, mapping={**self.counters, "cursor": self.cursor, "updated_at": time.time()})
+        others = {k: v for k, v in self.counters.items() if k != "groups_published"}
+        self.redis.hset(names.ACTOR_STATE, mapping=others)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -107,11 +107,28 @@ class WorldConfig:
 
 
 @dataclass(frozen=True)
+class RoleSupervision:
+    """How one role is restarted and watched (`supervisor.<role>.*`)."""
+
+    restart: bool = True  # False: the first failure stops the run
+    max_restarts: int = 3  # at most this many restarts within window_s, then the run stops
+    window_s: float = 600.0
+    backoff_initial_s: float = 1.0  # delay before the first restart; doubles per consecutive failure
+    backoff_max_s: float = 30.0  # cap on that delay
+    healthy_after_s: float = 60.0  # up this long: the backoff starts again from backoff_initial_s
+    stall_timeout_s: float = 60.0  # no sign of life (heartbeat, health check) this long: a stall
+
+
+@dataclass(frozen=True)
 class SupervisorConfig:
     stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
-    poll_interval_s: float = 0.5  # how often exits and completion are checked
+    poll_interval_s: float = 0.5  # how often exits, liveness and completion are checked
     ready_timeout_s: float = 120.0  # default readiness deadline (vLLM has its own)
     live_view: bool = True  # rich live table when stdout is a terminal
+    redis: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its AOF
+    vllm: RoleSupervision = field(default_factory=RoleSupervision)  # restarted alone, with the latest weights
+    trainer: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its last complete checkpoint
+    actor: RoleSupervision = field(default_factory=RoleSupervision)  # restarted alone; replays its journal
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,11 @@ class VllmAdmin:
             self._post(f"{url}/resume")
 
     def reload_weights(self, weights_path: str) -> None:
-        """Load `weights_path` (a complete folder) and drop the prefix cache.
+        """Load `weights_path` (a complete folder) into every server and drop its prefix cache.
 
-        The prefix cache holds KV computed with the old weights: left in place, the first token
-        after a cached prompt is sampled from a mix of old and new weights, and its log-prob no
-        longer matches the trainer's (measured: 0.2 nats off after a perturbation). The pause's
-        own cache clearing does not cover it on vLLM 0.32.
+        Cached KV blocks were computed with the old weights; reusing them after the update would
+        mix two policies in one sample. (Tied embeddings are a separate trap: vLLM 0.32 reloads
+        only one of the tied matrices, which is why the tiny model is untied.)
         """
         body = {"method": "reload_weights", "kwargs": {"weights_path": weights_path}}
         for url in self._urls:

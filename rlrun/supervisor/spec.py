@@ -11,12 +11,17 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable, Optional
 
-Probe = Callable[[], bool]  # True when the process is ready; must not raise, must return quickly
+from rlrun.supervisor.policy import RestartPolicy
+
+# A probe is given the pid of the attempt it checks (so a restarted process is not taken for
+# ready on the strength of its predecessor's marker). It must not raise and must return quickly.
+Probe = Callable[[int], bool]
 
 
 class ProcessState(str, Enum):
     PENDING = "pending"  # not started yet
     STARTING = "starting"  # spawned, readiness probe not yet passing
+    BACKOFF = "backoff"  # failed; waiting out the backoff before its restart
     READY = "ready"  # readiness probe passed (or the process has none)
     EXITED = "exited"  # exited with code 0 where that is expected (its work is done)
     FAILED = "failed"  # exited unexpectedly, or never became ready
@@ -35,3 +40,6 @@ class ProcessSpec:
     ready_timeout_s: float = 120.0
     stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
     finishes: bool = False  # True: exit 0 means its work is done; False: a service, any exit is a failure
+    restart: RestartPolicy = field(default_factory=lambda: RestartPolicy(restart=False))
+    alive: Optional[Probe] = None  # liveness: True while it shows life (heartbeat, health check)
+    stall_timeout_s: float = 60.0  # `alive` false this long while ready: stalled, killed, restarted

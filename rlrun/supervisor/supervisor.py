@@ -1,9 +1,15 @@
-"""The supervisor: start processes in order, watch them, decide nothing about RL, stop in order.
+"""The supervisor: start processes in order, watch them, restart what fails, stop in order.
 
-It is given process specs and a completion predicate; it starts each spec once the previous one
-is ready, polls exits and the predicate, and stops everything in reverse order — SIGTERM to the
-process group, a grace period, SIGKILL, then a sweep of any descendant that escaped its group.
-The operating system (spawner, clock, sleep) is injected so the logic is tested with fakes.
+It is given process specs and a completion predicate and knows nothing about RL. Each process
+goes through an explicit state machine
+
+    pending → starting → ready → exited            (a finishing role's exit 0)
+                 │          └──→ failed/stalled → backoff → starting (restart, per its policy)
+                 └─ (dies or not ready in time) ─┘
+    any → stopping → stopped                        (orderly stop, reverse start order)
+
+and every transition is written as a structured event. The operating system (spawner, clock,
+sleep) is injected, so the logic is tested with fakes.
 """
 
 from __future__ import annotations
@@ -15,12 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from rlrun.errors import ProcessFailed
+from rlrun.errors import ProcessFailed, RestartsExhausted
 from rlrun.supervisor.events import EventLog
 from rlrun.supervisor.local import Handle, LocalSpawner, Spawner, kill_pids
+from rlrun.supervisor.policy import ExitInfo, ExitKind, RestartTracker, classify_exit
 from rlrun.supervisor.spec import ProcessSpec, ProcessState
 
 log = logging.getLogger(__name__)
+
+RUNNING = (ProcessState.STARTING, ProcessState.READY)
 
 
 @dataclass
@@ -28,10 +37,15 @@ class ProcessStatus:
     """What the supervisor knows of one process, as shown in the live view."""
 
     spec: ProcessSpec
+    tracker: RestartTracker
     state: ProcessState = ProcessState.PENDING
     pid: Optional[int] = None
+    attempt: int = 0  # 0 for the first start, n for the n-th restart
     started_at: Optional[float] = None
+    last_alive: Optional[float] = None  # when the liveness probe last said yes
+    restart_at: Optional[float] = None
     exit_code: Optional[int] = None
+    last_failure: str = ""
     handle: Optional[Handle] = field(default=None, repr=False)
     known_descendants: set[int] = field(default_factory=set, repr=False)
 
@@ -39,9 +53,18 @@ class ProcessStatus:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def log_path(self) -> Path:
+        return attempt_log(self.spec.log_path, self.attempt)
 
-# The completion predicate: given the exit codes so far (None while running), is the run done?
-# It returns (finished, reason).
+
+def attempt_log(base: Path, attempt: int) -> Path:
+    """logs/vllm-0.log for the first start, logs/vllm-0.1.log for the first restart, ..."""
+    return base if attempt == 0 else base.with_name(f"{base.stem}.{attempt}{base.suffix}")
+
+
+# The completion predicate: given exit codes of processes whose work is done (None otherwise),
+# is the run finished, and why?
 CompletionCheck = Callable[[dict[str, Optional[int]]], tuple[bool, str]]
 Tick = Callable[[list[ProcessStatus]], None]
 
@@ -61,7 +84,7 @@ class Supervisor:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"process names must be unique: {names}")
-        self.processes = [ProcessStatus(spec) for spec in specs]
+        self.processes = [ProcessStatus(spec, RestartTracker(spec.restart)) for spec in specs]
         self._events = events
         self._spawner = spawner or LocalSpawner()
         self._clock = clock
@@ -69,21 +92,36 @@ class Supervisor:
         self._poll = poll_interval_s
         self._on_tick = on_tick or (lambda _: None)
 
+    def status(self, name: str) -> ProcessStatus:
+        return next(p for p in self.processes if p.name == name)
+
     # --- the three phases ----------------------------------------------------------------------
     def start_all(self) -> None:
-        """Start every process in order, each gated on the readiness of the one before."""
+        """Start every process in order, each gated on the readiness of the one before.
+
+        A failure during the first start is not retried: it is almost always configuration
+        (a missing model, a bad flag) and a retry would only hide it.
+        """
         for proc in self.processes:
-            self._start(proc)
-            self._wait_ready(proc)
+            self._spawn(proc)
+            while proc.state is ProcessState.STARTING:
+                self._advance_starting(proc, self._clock(), first_start=True)
+                if proc.state is ProcessState.STARTING:
+                    self._on_tick(self.processes)
+                    self._sleep(self._poll)
 
     def watch(self, is_finished: CompletionCheck) -> str:
-        """Poll until the completion predicate says done; raise ProcessFailed on a failure."""
+        """Watch and restart until the completion predicate says done.
+
+        Raises ProcessFailed when a process fails and its policy does not restart it, and
+        RestartsExhausted when it keeps failing past its restart budget.
+        """
         while True:
-            self._reap()
+            now = self._clock()
             for proc in self.processes:
-                if proc.state is ProcessState.FAILED:
-                    raise self._failure(proc, f"exited with {describe_exit(proc.exit_code)}")
-            finished, reason = is_finished({p.name: p.exit_code for p in self.processes})
+                self._advance(proc, now)
+            done = {p.name: p.exit_code if p.state is ProcessState.EXITED else None for p in self.processes}
+            finished, reason = is_finished(done)
             if finished:
                 self._events.emit("run_finished", reason=reason)
                 return reason
@@ -95,55 +133,116 @@ class Supervisor:
         for proc in reversed(self.processes):
             self._stop(proc)
 
-    # --- one process ---------------------------------------------------------------------------
-    def _start(self, proc: ProcessStatus) -> None:
-        proc.handle = self._spawner.spawn(proc.spec)
+    # --- the state machine of one process ------------------------------------------------------
+    def _advance(self, proc: ProcessStatus, now: float) -> None:
+        if proc.state is ProcessState.STARTING:
+            self._advance_starting(proc, now)
+        elif proc.state is ProcessState.READY:
+            self._advance_ready(proc, now)
+        elif proc.state is ProcessState.BACKOFF and now >= (proc.restart_at or 0):
+            self._spawn(proc)
+
+    def _advance_starting(self, proc: ProcessStatus, now: float, first_start: bool = False) -> None:
+        code = self._reap(proc)
+        if code is not None:
+            # A dead process fails fast, not after the readiness timeout.
+            info = classify_exit(code, finishes=proc.spec.finishes)
+            self._fail(proc, info, now, f"{info.description} before it was ready", retry=not first_start)
+        elif proc.spec.ready is None or proc.spec.ready(proc.pid):
+            proc.state = ProcessState.READY
+            proc.last_alive = now
+            self._events.emit("process_ready", process=proc.name, pid=proc.pid, after_s=round(now - proc.started_at, 2))
+        elif now - proc.started_at > proc.spec.ready_timeout_s:
+            self._kill_attempt(proc)
+            info = ExitInfo(ExitKind.STALLED, None, f"was not ready within {proc.spec.ready_timeout_s:.0f} s")
+            self._fail(proc, info, now, info.description, retry=not first_start)
+
+    def _advance_ready(self, proc: ProcessStatus, now: float) -> None:
+        code = self._reap(proc)
+        if code is not None:
+            info = classify_exit(code, finishes=proc.spec.finishes)
+            if info.kind is ExitKind.DONE:
+                proc.state = ProcessState.EXITED
+                self._events.emit("process_exited", process=proc.name, pid=proc.pid, exit=info.description)
+                return
+            self._fail(proc, info, now, info.description)
+            return
+        if proc.spec.alive is None:
+            return
+        if proc.spec.alive(proc.pid):
+            proc.last_alive = now
+            return
+        last = proc.last_alive if proc.last_alive is not None else now
+        if now - last > proc.spec.stall_timeout_s:
+            quiet = now - last
+            self._events.emit("process_stalled", process=proc.name, pid=proc.pid, quiet_s=round(quiet, 1))
+            self._kill_attempt(proc)
+            info = classify_exit(None, finishes=proc.spec.finishes, stalled=True, stalled_for_s=round(quiet))
+            self._fail(proc, info, now, info.description)
+
+    def _fail(self, proc: ProcessStatus, info: ExitInfo, now: float, what: str, retry: bool = True) -> None:
+        proc.state = ProcessState.FAILED
+        proc.last_failure = what
+        self._sweep(proc)
+        if not retry:
+            self._events.emit("process_failed", process=proc.name, pid=proc.pid, reason=what, action="stop_run")
+            raise self._error(ProcessFailed, proc, f"{what} during the run's start")
+        decision = proc.tracker.on_failure(now, info)
+        self._events.emit(
+            "process_failed", process=proc.name, pid=proc.pid, reason=what, action=decision.action,
+            delay_s=decision.delay_s, restarts_used=decision.restarts_used, budget=decision.budget,
+        )  # fmt: skip
+        if decision.action == "give_up":
+            budget_spent = info.kind is not ExitKind.CONFIG_ERROR and proc.spec.restart.restart
+            error = RestartsExhausted if budget_spent else ProcessFailed
+            raise self._error(error, proc, decision.reason)
+        proc.state = ProcessState.BACKOFF
+        proc.restart_at = now + decision.delay_s
+
+    def _spawn(self, proc: ProcessStatus) -> None:
+        if proc.handle is not None:  # a restart: a new attempt, a new log file
+            proc.attempt += 1
+        spec = proc.spec
+        proc.handle = self._spawner.spawn(spec if proc.attempt == 0 else _with_log(spec, proc.log_path))
         proc.pid = proc.handle.pid
         proc.started_at = self._clock()
+        proc.exit_code = None
+        proc.restart_at = None
+        proc.known_descendants = set()
         proc.state = ProcessState.STARTING
-        self._events.emit("process_started", process=proc.name, pid=proc.pid, log=str(proc.spec.log_path))
+        proc.tracker.on_started(proc.started_at)
+        kind = "process_started" if proc.attempt == 0 else "process_restarted"
+        self._events.emit(kind, process=proc.name, pid=proc.pid, attempt=proc.attempt, log=str(proc.log_path))
 
-    def _wait_ready(self, proc: ProcessStatus) -> None:
-        probe = proc.spec.ready
-        deadline = self._clock() + proc.spec.ready_timeout_s
-        while True:
-            self._reap_one(proc)
-            if proc.state is ProcessState.FAILED or proc.state is ProcessState.EXITED:
-                # A dead process fails fast, not after the readiness timeout.
-                raise self._failure(proc, f"exited with {describe_exit(proc.exit_code)} before it was ready")
-            if probe is None or probe():
-                proc.state = ProcessState.READY
-                self._events.emit("process_ready", process=proc.name, after_s=round(self._clock() - proc.started_at, 2))
-                return
-            if self._clock() > deadline:
-                proc.state = ProcessState.FAILED
-                raise self._failure(proc, f"was not ready within {proc.spec.ready_timeout_s:.0f} s")
-            self._on_tick(self.processes)
-            self._sleep(self._poll)
-
-    def _reap(self) -> None:
-        for proc in self.processes:
-            self._reap_one(proc)
-
-    def _reap_one(self, proc: ProcessStatus) -> None:
-        if proc.handle is None or proc.state not in (ProcessState.STARTING, ProcessState.READY):
-            return
+    def _reap(self, proc: ProcessStatus) -> Optional[int]:
         proc.known_descendants.update(proc.handle.descendants())
         code = proc.handle.poll()
-        if code is None:
-            return
-        proc.exit_code = code
-        expected = code == 0 and proc.spec.finishes
-        proc.state = ProcessState.EXITED if expected else ProcessState.FAILED
-        self._events.emit("process_exited", process=proc.name, exit=describe_exit(code), expected=expected)
+        if code is not None:
+            proc.exit_code = code
+        return code
+
+    def _kill_attempt(self, proc: ProcessStatus) -> None:
+        """SIGKILL the current attempt's whole group (a stalled or hung process)."""
+        proc.known_descendants.update(proc.handle.descendants())
+        proc.handle.signal_group(signal.SIGKILL)
+        while proc.handle.poll() is None:
+            self._sleep(0.05)
+        proc.exit_code = proc.handle.poll()
+
+    def _sweep(self, proc: ProcessStatus) -> None:
+        """Kill what an attempt left behind: its group, and descendants that left the group."""
+        proc.handle.signal_group(signal.SIGKILL)
+        swept = kill_pids(sorted(proc.known_descendants))
+        if swept:
+            self._events.emit("descendants_swept", process=proc.name, pids=swept)
 
     def _stop(self, proc: ProcessStatus) -> None:
         if proc.handle is None:
             return
-        if proc.state in (ProcessState.STARTING, ProcessState.READY):
+        if proc.state in RUNNING:
             proc.known_descendants.update(proc.handle.descendants())
             proc.state = ProcessState.STOPPING
-            self._events.emit("process_stopping", process=proc.name, signal="SIGTERM")
+            self._events.emit("process_stopping", process=proc.name, pid=proc.pid, signal="SIGTERM")
             proc.handle.signal_group(signal.SIGTERM)
             deadline = self._clock() + proc.spec.stop_grace_s
             while proc.handle.poll() is None and self._clock() < deadline:
@@ -155,20 +254,20 @@ class Supervisor:
                     self._sleep(0.05)
             proc.exit_code = proc.handle.poll()
             proc.state = ProcessState.STOPPED
+        elif proc.state is ProcessState.BACKOFF:
+            proc.state = ProcessState.STOPPED
         # Descendants that left the group (or outlived a crashed parent) are swept even when the
         # process itself had already exited.
-        proc.handle.signal_group(signal.SIGKILL)
-        swept = kill_pids(sorted(proc.known_descendants))
-        if swept:
-            self._events.emit("descendants_swept", process=proc.name, pids=swept)
+        self._sweep(proc)
 
-    def _failure(self, proc: ProcessStatus, what: str) -> ProcessFailed:
-        self._events.emit("process_failed", process=proc.name, reason=what)
-        tail = log_tail(proc.spec.log_path)
-        hint = " It may have been killed by the OOM killer." if proc.exit_code == -signal.SIGKILL else ""
-        return ProcessFailed(
-            f"process '{proc.name}' {what}.{hint} Its log: {proc.spec.log_path}", process=proc.name, log_tail=tail
-        )
+    def _error(self, cls: type[ProcessFailed], proc: ProcessStatus, why: str) -> ProcessFailed:
+        return cls(f"process '{proc.name}' {why}. Its log: {proc.log_path}", process=proc.name, log_tail=log_tail(proc.log_path))
+
+
+def _with_log(spec: ProcessSpec, path: Path) -> ProcessSpec:
+    from dataclasses import replace
+
+    return replace(spec, log_path=path)
 
 
 def describe_exit(code: Optional[int]) -> str:

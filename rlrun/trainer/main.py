@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ from rlrun.trainer import checkpoint
 from rlrun.trainer.checkpoint import TrainerState
 
 log = logging.getLogger("rlrun.trainer")
+
+VLLM_WAIT_S = 600.0  # a weight update waits this long for a restarting vLLM server
 
 
 class Trainer:
@@ -51,13 +54,17 @@ class Trainer:
             self.state = checkpoint.read_state(resume_from)
             log.info("resumed from %s at step %d", resume_from, self.state.step)
         self.bad_messages = 0
+        # Groups consumed since the last checkpoint stay pending in the consumer group until a
+        # checkpoint covers them: a trainer restarted from that checkpoint reads them again.
+        self.unacked: list[str] = []
+        self._replay_pending = True
 
     # --- the loop ------------------------------------------------------------------------------
     def train(self) -> None:
         self._ensure_consumer_group()
         if self.state.step > 0:  # vLLM must serve the weights of the checkpoint we resumed from
             self._push_weights()
-        self._publish_state(ready=1)
+        self._publish_state(ready_pid=os.getpid(), training_done=0)
         while self.state.step < self.cfg.trainer.max_train_steps:
             started = time.monotonic()
             groups, message_ids = self._next_batch()
@@ -69,7 +76,7 @@ class Trainer:
                 config_hash=self.state.config_hash,
             )
             self._push_weights()
-            self.redis.xack(names.GROUPS_STREAM, names.TRAINER_GROUP, *message_ids)
+            self.unacked.extend(message_ids)
             metrics["step_time_s"] = round(time.monotonic() - started, 4)
             self._record(metrics, groups)
             if self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
@@ -95,9 +102,15 @@ class Trainer:
         groups: list[Group] = []
         ids: list[str] = []
         while len(groups) < wanted:
+            self._heartbeat()
+            # After a restart, first the groups delivered to us but not covered by a checkpoint.
+            start = "0" if self._replay_pending else ">"
             reply = self.redis.xreadgroup(
-                names.TRAINER_GROUP, "trainer", {names.GROUPS_STREAM: ">"}, count=wanted - len(groups), block=1000
+                names.TRAINER_GROUP, "trainer", {names.GROUPS_STREAM: start}, count=wanted - len(groups), block=1000
             )
+            if self._replay_pending and not any(messages for _s, messages in reply or []):
+                self._replay_pending = False
+                continue
             for _stream, messages in reply or []:
                 for message_id, fields in messages:
                     ids.append(message_id)
@@ -161,15 +174,35 @@ class Trainer:
         self.model.save_pretrained(tmp, safe_serialization=True)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
+        self._until_vllm_answers(lambda: self._reload_all(str(target), version))
+        self.run_dir.point_current_weights(target)  # a restarted vLLM starts from these
+        keep = {target.name, f"v{version - 1:06d}"}  # the previous one may still be loading somewhere
+        for old in self.run_dir.weights.glob("v*"):
+            if old.name not in keep:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _reload_all(self, path: str, version: int) -> None:
         self.vllm.pause()
         try:
-            self.vllm.reload_weights(str(target))
+            self.vllm.reload_weights(path)
             self.redis.set(names.POLICY_VERSION, version)
         finally:
             self.vllm.resume()
-        for old in sorted(self.run_dir.weights.glob("v*")):
-            if old != target:
-                shutil.rmtree(old, ignore_errors=True)
+
+    def _until_vllm_answers(self, action) -> None:
+        """Retry a weight update while a vLLM server is down (the supervisor restarts it)."""
+        import httpx
+
+        deadline = time.monotonic() + VLLM_WAIT_S
+        while True:
+            try:
+                return action()
+            except (httpx.HTTPError, RuntimeError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("weight update waits for vLLM: %s", exc)
+                self._heartbeat()
+                time.sleep(2.0)
 
     # --- progress, checkpoints -----------------------------------------------------------------
     def _record(self, metrics: dict, groups: list[Group]) -> None:
@@ -199,6 +232,9 @@ class Trainer:
             record["reward_mean"], record["loss"], record["clip_fraction"], record["step_time_s"],
         )  # fmt: skip
 
+    def _heartbeat(self) -> None:
+        self.redis.hset(names.TRAINER_STATE, mapping={"pid": os.getpid(), "heartbeat": time.time()})
+
     def _publish_state(self, **extra) -> None:
         self.redis.hset(
             names.TRAINER_STATE,
@@ -207,7 +243,8 @@ class Trainer:
                 "samples_processed": self.state.samples_processed,
                 "policy_version": self.state.policy_version,
                 "max_train_steps": self.cfg.trainer.max_train_steps,
-                "updated_at": time.time(),
+                "pid": os.getpid(),
+                "heartbeat": time.time(),
                 **extra,
             },
         )
@@ -215,6 +252,9 @@ class Trainer:
     def _save_checkpoint(self) -> None:
         path = self.run_dir.checkpoint(self.state.step)
         checkpoint.save(self.model, self.optimizer, self.state, path, keep=self.cfg.trainer.keep_checkpoints)
+        if self.unacked:  # the checkpoint now covers these groups
+            self.redis.xack(names.GROUPS_STREAM, names.TRAINER_GROUP, *self.unacked)
+            self.unacked = []
         self._publish_state(last_checkpoint_step=self.state.step)
         log.info("checkpoint %s", path)
 

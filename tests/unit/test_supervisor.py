@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rlrun.errors import ProcessFailed
+from rlrun.errors import ProcessFailed, RestartsExhausted
 from rlrun.supervisor import EventLog, ProcessSpec, ProcessState, Supervisor
+from rlrun.supervisor.policy import RestartPolicy
 
 
 class FakeClock:
@@ -74,8 +75,8 @@ def test_starts_in_order_each_gated_on_readiness(tmp_path):
     ready_after = {"redis": 1.0, "vllm": 3.0}
     clock = FakeClock()
     specs = [
-        spec("redis", tmp_path, ready=lambda: clock.now >= ready_after["redis"]),
-        spec("vllm", tmp_path, ready=lambda: clock.now >= ready_after["vllm"]),
+        spec("redis", tmp_path, ready=lambda pid: clock.now >= ready_after["redis"]),
+        spec("vllm", tmp_path, ready=lambda pid: clock.now >= ready_after["vllm"]),
         spec("actor", tmp_path),
     ]
     sup, spawner, events, _ = make(specs, clock)
@@ -91,7 +92,7 @@ def test_starts_in_order_each_gated_on_readiness(tmp_path):
 
 def test_a_process_that_dies_before_ready_fails_fast_not_after_timeout(tmp_path):
     (tmp_path / "vllm.log").write_text("line 1\nImportError: no vllm\n")
-    specs = [spec("vllm", tmp_path, ready=lambda: False, ready_timeout_s=300)]
+    specs = [spec("vllm", tmp_path, ready=lambda pid: False, ready_timeout_s=300)]
     sup, spawner, events, clock = make(specs)
     original = spawner.spawn
 
@@ -110,7 +111,7 @@ def test_a_process_that_dies_before_ready_fails_fast_not_after_timeout(tmp_path)
 
 
 def test_readiness_timeout_is_a_failure(tmp_path):
-    sup, _, _, clock = make([spec("vllm", tmp_path, ready=lambda: False, ready_timeout_s=10)])
+    sup, _, _, clock = make([spec("vllm", tmp_path, ready=lambda pid: False, ready_timeout_s=10)])
     with pytest.raises(ProcessFailed, match="not ready within 10 s"):
         sup.start_all()
     assert 10 <= clock.now <= 11
@@ -137,7 +138,7 @@ def test_a_service_exiting_even_with_0_is_a_failure(tmp_path):
     sup, spawner, events, _ = make([spec("redis", tmp_path), spec("trainer", tmp_path, finishes=True)])
     sup.start_all()
     spawner.handles["redis"].exit_code = 0
-    with pytest.raises(ProcessFailed, match="'redis' exited with code 0"):
+    with pytest.raises(ProcessFailed, match="'redis' exited with code 0 although it is a service"):
         sup.watch(lambda exits: (False, "not yet"))
 
 
@@ -145,7 +146,7 @@ def test_sigkill_death_mentions_the_oom_killer(tmp_path):
     sup, spawner, _, _ = make([spec("trainer", tmp_path, finishes=True)])
     sup.start_all()
     spawner.handles["trainer"].exit_code = -signal.SIGKILL
-    with pytest.raises(ProcessFailed, match="signal SIGKILL.*OOM killer"):
+    with pytest.raises(ProcessFailed, match="killed by SIGKILL .possibly the OOM killer"):
         sup.watch(lambda exits: (False, "not yet"))
 
 
@@ -176,3 +177,88 @@ def test_stop_before_start_touches_nothing(tmp_path):
 def test_duplicate_names_are_refused(tmp_path):
     with pytest.raises(ValueError, match="unique"):
         make([spec("a", tmp_path), spec("a", tmp_path)])
+
+
+RESTARTING = RestartPolicy(restart=True, max_restarts=2, window_s=100, backoff_initial_s=1, backoff_factor=2, backoff_max_s=10, healthy_after_s=50)
+
+
+def crash(spawner, name, code=1):
+    spawner.handles[name].exit_code = code
+
+
+def run_until(sup, clock, condition, limit_s=60):
+    """Drive watch() until `condition()` holds (the completion predicate is our hook)."""
+    return sup.watch(lambda exits: (condition() or clock.now > limit_s, "stop"))
+
+
+def test_a_crashed_process_is_restarted_alone_after_its_backoff_with_a_new_log(tmp_path):
+    specs = [spec("redis", tmp_path), spec("actor", tmp_path, restart=RESTARTING)]
+    sup, spawner, events, clock = make(specs)
+    sup.start_all()
+    first_actor, redis_handle = spawner.handles["actor"], spawner.handles["redis"]
+    crash(spawner, "actor")
+    crashed_at = clock.now
+    run_until(sup, clock, lambda: sup.status("actor").state is ProcessState.READY and sup.status("actor").attempt == 1)
+    actor = sup.status("actor")
+    assert spawner.handles["actor"] is not first_actor and spawner.handles["redis"] is redis_handle
+    restarted = [e for e in events.recorded if e["event"] == "process_restarted"]
+    assert len(restarted) == 1 and restarted[0]["process"] == "actor"
+    assert restarted[0]["time"] - crashed_at >= 1.0  # waited out the 1 s backoff
+    assert actor.log_path == tmp_path / "actor.1.log"
+    failed = [e for e in events.recorded if e["event"] == "process_failed"][0]
+    assert failed["action"] == "restart" and failed["restarts_used"] == 1 and failed["budget"] == 2
+
+
+def test_a_process_crashing_at_every_start_spends_its_budget_and_stops_the_run(tmp_path):
+    sup, spawner, events, clock = make([spec("redis", tmp_path), spec("actor", tmp_path, restart=RESTARTING)])
+    sup.start_all()
+    original = spawner.spawn
+
+    def spawn_crashing(s):
+        handle = original(s)
+        if s.name == "actor":
+            handle.exit_code = 1
+        return handle
+
+    spawner.spawn = spawn_crashing
+    crash(spawner, "actor")
+    with pytest.raises(RestartsExhausted, match="'actor' exited with code 1.*2 restarts within 100 s used up") as info:
+        run_until(sup, clock, lambda: False)
+    assert info.value.exit_code == 6
+    delays = [e["delay_s"] for e in events.recorded if e["event"] == "process_failed" and e["action"] == "restart"]
+    assert delays == [1, 2]  # exponential backoff
+    sup.stop_all()
+    assert sup.status("redis").state is ProcessState.STOPPED
+
+
+def test_a_config_error_exit_is_never_retried(tmp_path):
+    sup, spawner, events, clock = make([spec("trainer", tmp_path, finishes=True, restart=RESTARTING)])
+    sup.start_all()
+    crash(spawner, "trainer", code=2)
+    with pytest.raises(ProcessFailed, match="not retried") as info:
+        run_until(sup, clock, lambda: False)
+    assert not isinstance(info.value, RestartsExhausted)
+    assert [e["event"] for e in events.recorded].count("process_restarted") == 0
+
+
+def test_a_process_without_signs_of_life_is_killed_as_stalled_and_restarted(tmp_path):
+    alive = {"value": True}
+    specs = [spec("vllm", tmp_path, restart=RESTARTING, alive=lambda pid: alive["value"], stall_timeout_s=10)]
+    sup, spawner, events, clock = make(specs)
+    sup.start_all()
+    stalled_handle = spawner.handles["vllm"]
+    alive["value"] = False  # e.g. SIGSTOPped: /health no longer answers
+    went_quiet = clock.now
+    run_until(sup, clock, lambda: sup.status("vllm").attempt == 1)
+    stall = next(e for e in events.recorded if e["event"] == "process_stalled")
+    assert 10 <= stall["time"] - went_quiet <= 11  # detected within its timeout (+ one poll)
+    assert ("signal", stalled_handle.pid, "SIGKILL") in spawner.log
+    failed = next(e for e in events.recorded if e["event"] == "process_failed")
+    assert "stalled: no progress" in failed["reason"] and failed["action"] == "restart"
+
+
+def test_first_start_failures_are_not_retried(tmp_path):
+    sup, spawner, events, clock = make([spec("vllm", tmp_path, restart=RESTARTING, ready=lambda pid: False, ready_timeout_s=5)])
+    with pytest.raises(ProcessFailed, match="during the run's start"):
+        sup.start_all()
+    assert "process_restarted" not in [e["event"] for e in events.recorded]

@@ -1,0 +1,157 @@
+"""The replay plan: what to do with every sample of the journal's open groups after a restart.
+
+A pure function over records (no Redis, no clock). For each open group, per sample:
+
+- `keep`: the sample is finished; its tokens are used as they are.
+- `continue`: the sample holds a prefix; generate again with `prompt + prefix` as the prompt and
+  `max_tokens = max_new_tokens - len(prefix)`. The prefix's token ids, logprobs and policy
+  versions are kept exactly.
+- `finish_length`: the sample holds a prefix that spends its whole budget; it is finished locally
+  with reason "length", without a request.
+- `restart`: the sample holds no tokens, or its prefix is stale (its OLDEST token was produced by
+  a policy older than `current_version - max_prefix_staleness`): the prefix is dropped (and
+  counted, never trained on silently) and the sample is generated from the prompt alone.
+
+Delivered groups are skipped: the trainer already has them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Optional
+
+from rlrun.journal.records import GroupRecord, SampleRecord
+
+
+class Action(StrEnum):
+    KEEP = "keep"
+    CONTINUE = "continue"
+    FINISH_LENGTH = "finish_length"
+    RESTART = "restart"
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    index: int
+    action: Action
+    prefix_token_ids: list[int]  # tokens kept (all of them for keep/finish_length; none for restart)
+    prefix_logprobs: list[float]
+    prefix_versions: list[int]
+    max_tokens: int  # tokens the next request may generate (0 for keep/finish_length)
+    finish_reason: Optional[str] = None  # keep: the recorded reason; finish_length: "length"
+    dropped_tokens: int = 0  # restart: tokens of a stale prefix that were dropped
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    group_id: str
+    cursor: int
+    prompt_index: int
+    prompt_ids: list[int]
+    group_size: int
+    max_new_tokens: int
+    samples: list[SamplePlan]
+
+    @property
+    def to_generate(self) -> list[SamplePlan]:
+        """The samples that need a request (continue or restart)."""
+        return [s for s in self.samples if s.action in (Action.CONTINUE, Action.RESTART)]
+
+
+@dataclass
+class ReplayCounters:
+    groups_planned: int = 0  # open groups in the plan
+    groups_skipped_delivered: int = 0
+    samples_kept: int = 0  # finished before the restart
+    samples_continued: int = 0
+    samples_finished_length: int = 0  # budget already spent: finished locally as "length"
+    samples_restarted: int = 0  # no tokens, or a stale prefix dropped
+    prefixes_dropped_stale: int = 0
+    tokens_reused: int = 0  # tokens kept by keep, continue and finish_length
+    tokens_dropped_stale: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    groups: list[GroupPlan]  # open groups, in cursor order
+    counters: ReplayCounters = field(default_factory=ReplayCounters)
+
+
+def plan_replay(
+    groups: list[GroupRecord], *, current_version: int, max_prefix_staleness: int
+) -> ReplayPlan:
+    """The replay plan for `groups` when vLLM serves policy `current_version`.
+
+    A prefix is stale when its oldest token's version is below
+    `current_version - max_prefix_staleness`.
+    """
+    if max_prefix_staleness < 0:
+        raise ValueError(f"max_prefix_staleness must be >= 0, got {max_prefix_staleness}")
+    oldest_allowed = current_version - max_prefix_staleness
+    counters = ReplayCounters()
+    planned = []
+    for group in sorted(groups, key=lambda g: g.cursor):
+        if group.state == "delivered":
+            counters.groups_skipped_delivered += 1
+            continue
+        samples = [_plan_sample(s, group.max_new_tokens, oldest_allowed, counters) for s in group.samples]
+        counters.groups_planned += 1
+        planned.append(
+            GroupPlan(
+                group_id=group.group_id,
+                cursor=group.cursor,
+                prompt_index=group.prompt_index,
+                prompt_ids=list(group.prompt_ids),
+                group_size=group.group_size,
+                max_new_tokens=group.max_new_tokens,
+                samples=samples,
+            )
+        )
+    return ReplayPlan(groups=planned, counters=counters)
+
+
+def _plan_sample(
+    sample: SampleRecord, budget: int, oldest_allowed: int, counters: ReplayCounters
+) -> SamplePlan:
+    held = len(sample.token_ids)
+
+    def kept(action: Action, max_tokens: int, finish_reason: Optional[str]) -> SamplePlan:
+        counters.tokens_reused += held
+        return SamplePlan(
+            index=sample.index,
+            action=action,
+            prefix_token_ids=list(sample.token_ids),
+            prefix_logprobs=list(sample.logprobs),
+            prefix_versions=list(sample.versions),
+            max_tokens=max_tokens,
+            finish_reason=finish_reason,
+        )
+
+    if sample.state == "finished":
+        counters.samples_kept += 1
+        return kept(Action.KEEP, 0, sample.finish_reason)
+    dropped = 0
+    if held and max(sample.versions) < oldest_allowed:
+        counters.prefixes_dropped_stale += 1
+        counters.tokens_dropped_stale += held
+        dropped = held
+    elif held and held >= budget:
+        counters.samples_finished_length += 1
+        return kept(Action.FINISH_LENGTH, 0, "length")
+    elif held:
+        counters.samples_continued += 1
+        return kept(Action.CONTINUE, budget - held, None)
+    counters.samples_restarted += 1
+    return SamplePlan(
+        index=sample.index,
+        action=Action.RESTART,
+        prefix_token_ids=[],
+        prefix_logprobs=[],
+        prefix_versions=[],
+        max_tokens=budget,
+        dropped_tokens=dropped,
+    )

@@ -1,0 +1,398 @@
+"""The token journal's records: typed, versioned JSON (never pickle), with clear refusals.
+
+Three kinds of record live here:
+
+- `SampleRecord` and `GroupRecord`: what the journal knows about one sample and one group, the
+  input of the replay plan (`rlrun.journal.plan`) and what `Journal.load_open_groups` returns.
+- `GroupHeader`: the immutable part of a group (prompt, size, budget), written once when the
+  group is opened.
+- `LogEntry`: one entry of a group's append-only token log in Redis: an `append` of a batch of
+  one sample's tokens (ids, sampled-token logprobs, the policy version that produced them) at a
+  stated offset, or a `reset` that drops a sample's tokens before it is generated again.
+
+Every record carries `"schema_version"`; a reader refuses a version it does not know. Parsing
+raises `CorruptRecord` (a ValueError) saying what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+SCHEMA_VERSION = 1
+
+SAMPLE_STATES = ("pending", "generating", "finished", "delivered")
+GROUP_STATES = ("open", "delivered")
+FINAL_REASONS = ("stop", "length")  # finish reasons that end a sample; "abort" does not
+_EXCERPT = 80
+
+
+class CorruptRecord(ValueError):
+    """A journal record that is not valid JSON of a known schema version and shape."""
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _excerpt(text: str) -> str:
+    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "…"
+
+
+def dumps(record: dict) -> str:
+    """Compact JSON; NaN and infinities are refused (they are not JSON)."""
+    try:
+        return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        raise CorruptRecord(f"cannot encode the record as JSON: {exc}") from exc
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads(raw: str | bytes, kind: str) -> dict:
+    """The JSON object in `raw`, checked to be a `kind` record of this schema version."""
+    if isinstance(raw, (bytes, bytearray)):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CorruptRecord(f"{kind} record is not UTF-8 text: {exc}") from exc
+    if not isinstance(raw, str):
+        raise CorruptRecord(f"{kind} record is {type(raw).__name__}, expected JSON text")
+    try:
+        data = json.loads(raw, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise CorruptRecord(f"{kind} record is not JSON ({exc}): {_excerpt(raw)}") from exc
+    if not isinstance(data, dict):
+        raise CorruptRecord(f"{kind} record is a JSON {type(data).__name__}, expected an object")
+    return data
+
+
+def _check_header(data: dict, kind: str) -> None:
+    version = data.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        raise CorruptRecord(
+            f"{kind} record has unknown schema_version {version!r} "
+            f"(this rlrun reads version {SCHEMA_VERSION})"
+        )
+    if data.get("kind") != kind:
+        raise CorruptRecord(f"expected a {kind} record, got kind {data.get('kind')!r}")
+
+
+def _field(data: dict, name: str, kind: str) -> Any:
+    if name not in data:
+        raise CorruptRecord(f"{kind} record has no {name!r}")
+    return data[name]
+
+
+def _int(value: Any, what: str, minimum: int | None = 0) -> int:
+    if type(value) is not int:  # bool is an int in Python: `true` must not pass
+        raise CorruptRecord(f"{what} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise CorruptRecord(f"{what} must be >= {minimum}, got {value}")
+    return value
+
+
+def _str(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise CorruptRecord(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _int_list(value: Any, what: str) -> list[int]:
+    if not isinstance(value, list) or any(type(v) is not int or v < 0 for v in value):
+        raise CorruptRecord(f"{what} must be a list of integers >= 0")
+    return value
+
+
+def _float_list(value: Any, what: str) -> list[float]:
+    if not isinstance(value, list) or any(
+        type(v) not in (int, float) or not math.isfinite(v) for v in value
+    ):
+        raise CorruptRecord(f"{what} must be a list of finite numbers")
+    return [float(v) for v in value]
+
+
+def _check_aligned(token_ids: list, logprobs: list, versions: list, what: str) -> None:
+    if not (len(token_ids) == len(logprobs) == len(versions)):
+        raise CorruptRecord(
+            f"{what}: token_ids, logprobs and versions differ in length "
+            f"({len(token_ids)}, {len(logprobs)}, {len(versions)})"
+        )
+
+
+# --- samples and groups ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """One sample of a group: the tokens it holds so far and where it stands."""
+
+    group_id: str
+    index: int  # position in its group
+    state: str  # pending | generating | finished | delivered
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # sampled-token logprob, one per token
+    versions: list[int] = field(default_factory=list)  # policy version that produced each token
+    finish_reason: Optional[str] = None  # "stop" | "length" once finished, else None
+
+    def __post_init__(self) -> None:
+        what = f"sample {self.group_id!r}#{self.index}"
+        _str(self.group_id, "group_id")
+        _int(self.index, f"{what}: index")
+        if self.state not in SAMPLE_STATES:
+            raise CorruptRecord(f"{what}: unknown state {self.state!r} (one of {SAMPLE_STATES})")
+        _check_aligned(self.token_ids, self.logprobs, self.versions, what)
+        if self.state == "pending" and self.token_ids:
+            raise CorruptRecord(f"{what}: pending but holds {len(self.token_ids)} tokens")
+        if self.state == "finished" and self.finish_reason not in FINAL_REASONS:
+            raise CorruptRecord(
+                f"{what}: finished with finish_reason {self.finish_reason!r} "
+                f"(one of {FINAL_REASONS})"
+            )
+        if self.state in ("pending", "generating") and self.finish_reason is not None:
+            raise CorruptRecord(f"{what}: {self.state} but has finish_reason {self.finish_reason!r}")
+        if self.state == "delivered" and self.finish_reason not in (None, *FINAL_REASONS):
+            raise CorruptRecord(f"{what}: delivered with finish_reason {self.finish_reason!r}")
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("finished", "delivered")
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "sample",
+            "group_id": self.group_id,
+            "index": self.index,
+            "state": self.state,
+            "token_ids": list(self.token_ids),
+            "logprobs": list(self.logprobs),
+            "versions": list(self.versions),
+            "finish_reason": self.finish_reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "SampleRecord":
+        if not isinstance(data, dict):
+            raise CorruptRecord(f"sample record must be a JSON object, got {type(data).__name__}")
+        _check_header(data, "sample")
+        group_id = _str(_field(data, "group_id", "sample"), "sample group_id")
+        index = _int(_field(data, "index", "sample"), "sample index")
+        what = f"sample {group_id!r}#{index}"
+        finish_reason = data.get("finish_reason")
+        if finish_reason is not None and not isinstance(finish_reason, str):
+            raise CorruptRecord(f"{what}: finish_reason must be a string or null")
+        return cls(
+            group_id=group_id,
+            index=index,
+            state=_field(data, "state", "sample"),
+            token_ids=_int_list(_field(data, "token_ids", "sample"), f"{what}: token_ids"),
+            logprobs=_float_list(_field(data, "logprobs", "sample"), f"{what}: logprobs"),
+            versions=_int_list(_field(data, "versions", "sample"), f"{what}: versions"),
+            finish_reason=finish_reason,
+        )
+
+    def to_json(self) -> str:
+        return dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> "SampleRecord":
+        return cls.from_dict(loads(raw, "sample"))
+
+
+@dataclass(frozen=True)
+class GroupHeader:
+    """The part of a group fixed when it is opened."""
+
+    group_id: str  # ours: "<run>/<cursor>"
+    cursor: int  # position in the prompt order (0 = first group handed out)
+    prompt_index: int  # index into the problem set
+    prompt_ids: list[int]
+    group_size: int
+    max_new_tokens: int  # completion budget of every sample
+
+    def __post_init__(self) -> None:
+        what = f"group {self.group_id!r}"
+        _str(self.group_id, "group_id")
+        _int(self.cursor, f"{what}: cursor")
+        _int(self.prompt_index, f"{what}: prompt_index")
+        _int_list(self.prompt_ids, f"{what}: prompt_ids")
+        _int(self.group_size, f"{what}: group_size", minimum=1)
+        _int(self.max_new_tokens, f"{what}: max_new_tokens", minimum=1)
+
+    def to_dict(self) -> dict:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "group_header",
+            "group_id": self.group_id,
+            "cursor": self.cursor,
+            "prompt_index": self.prompt_index,
+            "prompt_ids": list(self.prompt_ids),
+            "group_size": self.group_size,
+            "max_new_tokens": self.max_new_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, kind: str = "group_header") -> "GroupHeader":
+        if not isinstance(data, dict):
+            raise CorruptRecord(f"{kind} record must be a JSON object, got {type(data).__name__}")
+        _check_header(data, kind)
+        return cls(
+            group_id=_str(_field(data, "group_id", kind), f"{kind} group_id"),
+            cursor=_int(_field(data, "cursor", kind), f"{kind} cursor"),
+            prompt_index=_int(_field(data, "prompt_index", kind), f"{kind} prompt_index"),
+            prompt_ids=_int_list(_field(data, "prompt_ids", kind), f"{kind} prompt_ids"),
+            group_size=_int(_field(data, "group_size", kind), f"{kind} group_size", minimum=1),
+            max_new_tokens=_int(
+                _field(data, "max_new_tokens", kind), f"{kind} max_new_tokens", minimum=1
+            ),
+        )
+
+    def to_json(self) -> str:
+        return dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> "GroupHeader":
+        return cls.from_dict(loads(raw, "group_header"))
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """A group of samples for one prompt, as the journal holds it."""
+
+    group_id: str
+    cursor: int
+    prompt_index: int
+    prompt_ids: list[int]
+    group_size: int
+    max_new_tokens: int
+    state: str  # open | delivered
+    samples: list[SampleRecord]
+
+    def __post_init__(self) -> None:
+        GroupHeader(**header_fields(self))  # validates the fixed part
+        what = f"group {self.group_id!r}"
+        if self.state not in GROUP_STATES:
+            raise CorruptRecord(f"{what}: unknown state {self.state!r} (one of {GROUP_STATES})")
+        if self.state == "open" and len(self.samples) != self.group_size:
+            raise CorruptRecord(
+                f"{what}: open with {len(self.samples)} samples, expected {self.group_size}"
+            )
+        for position, sample in enumerate(self.samples):
+            if not isinstance(sample, SampleRecord):
+                raise CorruptRecord(f"{what}: sample {position} is not a SampleRecord")
+            if sample.index != position or sample.group_id != self.group_id:
+                raise CorruptRecord(
+                    f"{what}: sample at position {position} is {sample.group_id!r}#{sample.index}"
+                )
+            if (sample.state == "delivered") != (self.state == "delivered"):
+                raise CorruptRecord(f"{what} is {self.state} but sample {position} is {sample.state}")
+
+    @property
+    def header(self) -> GroupHeader:
+        return GroupHeader(**header_fields(self))
+
+    @classmethod
+    def from_header(cls, header: GroupHeader, state: str, samples: list[SampleRecord]) -> "GroupRecord":
+        return cls(**header_fields(header), state=state, samples=samples)
+
+    def to_dict(self) -> dict:
+        return {
+            **self.header.to_dict(),
+            "kind": "group",
+            "state": self.state,
+            "samples": [sample.to_dict() for sample in self.samples],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "GroupRecord":
+        header = GroupHeader.from_dict(data, kind="group")
+        samples = _field(data, "samples", "group")
+        if not isinstance(samples, list):
+            raise CorruptRecord(f"group {header.group_id!r}: samples must be a list")
+        return cls.from_header(
+            header,
+            state=_field(data, "state", "group"),
+            samples=[SampleRecord.from_dict(sample) for sample in samples],
+        )
+
+    def to_json(self) -> str:
+        return dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> "GroupRecord":
+        return cls.from_dict(loads(raw, "group"))
+
+
+def header_fields(header: GroupHeader | GroupRecord) -> dict:
+    """The fields a group's header and its record share."""
+    return {
+        "group_id": header.group_id,
+        "cursor": header.cursor,
+        "prompt_index": header.prompt_index,
+        "prompt_ids": header.prompt_ids,
+        "group_size": header.group_size,
+        "max_new_tokens": header.max_new_tokens,
+    }
+
+
+# --- the token log -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One entry of a group's token log: `append` tokens to a sample at `offset`, or `reset` it.
+
+    An append's tokens were all produced by one policy version (`version`).
+    """
+
+    kind: str  # "append" | "reset"
+    index: int
+    offset: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    version: int = 0
+
+    def to_json(self) -> str:
+        if self.kind == "reset":
+            return dumps({"schema_version": SCHEMA_VERSION, "kind": "reset", "index": self.index})
+        return dumps(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "kind": "append",
+                "index": self.index,
+                "offset": self.offset,
+                "token_ids": self.token_ids,
+                "logprobs": self.logprobs,
+                "version": self.version,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> "LogEntry":
+        data = loads(raw, "log entry")
+        kind = data.get("kind")
+        if kind not in ("append", "reset"):
+            raise CorruptRecord(f"log entry has unknown kind {kind!r} (append or reset)")
+        _check_header(data, kind)
+        index = _int(_field(data, "index", kind), f"{kind} index")
+        if kind == "reset":
+            return cls(kind="reset", index=index)
+        what = f"append to sample {index}"
+        token_ids = _int_list(_field(data, "token_ids", kind), f"{what}: token_ids")
+        logprobs = _float_list(_field(data, "logprobs", kind), f"{what}: logprobs")
+        if len(token_ids) != len(logprobs):
+            raise CorruptRecord(
+                f"{what}: token_ids and logprobs differ in length ({len(token_ids)}, {len(logprobs)})"
+            )
+        return cls(
+            kind="append",
+            index=index,
+            offset=_int(_field(data, "offset", kind), f"{what}: offset"),
+            token_ids=token_ids,
+            logprobs=logprobs,
+            version=_int(_field(data, "version", kind), f"{what}: version"),
+        )

@@ -1,0 +1,561 @@
+"""The token journal in Redis: groups, their samples' tokens, the prompt cursor, delivery marks.
+
+Every operation that changes the journal is one small Lua script, so it is atomic on the server
+and in the AOF (a script's writes are logged as one MULTI/EXEC block, which a truncated AOF
+drops whole). Appends name the offset they expect, so a retried or out-of-order append is
+rejected and never stored twice; delivery publishes a group to the trainer's stream and marks it
+delivered in the same script, so no replay publishes it twice and no crash loses it.
+
+Key layout (all under `prefix`, "rlrun:journal:" by default; one Redis per run):
+
+    <prefix>cursor            string  groups opened so far = the next prompt cursor
+    <prefix>open              zset    group_id -> cursor, groups not yet delivered
+    <prefix>delivered         zset    group_id -> cursor, delivered markers (see trim_delivered)
+    <prefix>group:<group_id>  hash    header (GroupHeader JSON), state (open|delivered), size,
+                                      cursor, and per sample i: "<i>:state"
+                                      (pending|generating|finished), "<i>:len", "<i>:finish";
+                                      once delivered only state, cursor and stream_id remain
+    <prefix>log:<group_id>    list    the group's append-only token log (LogEntry JSON: appends
+                                      and resets); deleted on delivery, the stream message holds
+                                      everything the trainer needs
+
+The hash holds what the scripts check (lengths, states); the log holds the tokens. Reading a
+group folds its log and checks it against the hash: a sample whose log is unreadable or
+disagrees with its length is reported as corrupt and read as holding no tokens (so the replay
+plan restarts it), never trained on.
+
+This module knows nothing about HTTP, vLLM or RL maths.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import redis
+
+from rlrun.journal.records import (
+    FINAL_REASONS,
+    CorruptRecord,
+    GroupHeader,
+    GroupRecord,
+    LogEntry,
+    SampleRecord,
+)
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "rlrun:journal:"
+OPEN_GROUP_ATTEMPTS = 8  # cursor compare-and-set retries before giving up (another writer)
+_TRIM_BATCH = 500
+
+
+# --- key names ---------------------------------------------------------------------------------
+
+
+def cursor_key(prefix: str = KEY_PREFIX) -> str:
+    return f"{prefix}cursor"
+
+
+def open_key(prefix: str = KEY_PREFIX) -> str:
+    return f"{prefix}open"
+
+
+def delivered_key(prefix: str = KEY_PREFIX) -> str:
+    return f"{prefix}delivered"
+
+
+def group_key(group_id: str, prefix: str = KEY_PREFIX) -> str:
+    return f"{prefix}group:{group_id}"
+
+
+def log_key(group_id: str, prefix: str = KEY_PREFIX) -> str:
+    return f"{prefix}log:{group_id}"
+
+
+# --- errors and results ------------------------------------------------------------------------
+
+
+class JournalError(Exception):
+    """An operation the journal refuses."""
+
+
+class UnknownGroup(JournalError):
+    """The group is not in the journal (never opened, or its delivered marker was trimmed)."""
+
+
+class NotFinished(JournalError):
+    """A group cannot be delivered while some of its samples are unfinished."""
+
+
+class CursorConflict(JournalError):
+    """Another writer kept moving the prompt cursor: two actors share one journal."""
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """The answer to an append or a finish.
+
+    `reason`: "ok"; "duplicate" (the offset is behind the sample: already stored), "gap" (the
+    offset is beyond it), "length_mismatch" (finish: the sample holds another length),
+    "finished" (the sample is finished: nothing more is appended), "delivered", "unknown".
+    `length` is the sample's length after the call (0 for unknown or delivered groups).
+    """
+
+    accepted: bool
+    length: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Append:
+    """One batch of one sample's tokens, all produced by policy `version`."""
+
+    group_id: str
+    index: int
+    expected_offset: int  # the sample's length before these tokens
+    token_ids: Sequence[int]
+    logprobs: Sequence[float]
+    version: int
+
+
+class LoadResult(NamedTuple):
+    groups: list[GroupRecord]  # open groups, in cursor order
+    corrupt: list[tuple[str, str]]  # (key, reason) for every corrupt record met
+
+
+# --- scripts -----------------------------------------------------------------------------------
+
+# CAS on the cursor: the group for cursor n is written in the same step that moves the cursor to
+# n + 1, so a crash leaves either both or neither.
+# KEYS: cursor, group hash, open zset. ARGV: n, group_id, header JSON, group size.
+_OPEN_GROUP = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if cur ~= tonumber(ARGV[1]) then return {'conflict', cur} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'exists', cur} end
+local size = tonumber(ARGV[4])
+local fields = {'header', ARGV[3], 'state', 'open', 'size', ARGV[4], 'cursor', ARGV[1]}
+for i = 0, size - 1 do
+  fields[#fields + 1] = i .. ':state'
+  fields[#fields + 1] = 'pending'
+  fields[#fields + 1] = i .. ':len'
+  fields[#fields + 1] = '0'
+end
+redis.call('HSET', KEYS[2], unpack(fields))
+redis.call('ZADD', KEYS[3], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[1], cur + 1)
+return {'ok', cur}
+"""
+
+# A batch of appends, each checked on its own against its sample's length.
+# KEYS: (group hash, group log) per append. ARGV: (index, expected offset, n, entry) per append.
+_APPEND = """
+local out = {}
+for a = 1, #KEYS / 2 do
+  local h, lg = KEYS[2 * a - 1], KEYS[2 * a]
+  local i = ARGV[4 * a - 3]
+  local off, n = tonumber(ARGV[4 * a - 2]), tonumber(ARGV[4 * a - 1])
+  local st = redis.call('HMGET', h, 'state', i .. ':state', i .. ':len')
+  local status, len = 'ok', 0
+  if not st[1] then status = 'unknown'
+  elseif st[1] ~= 'open' then status = 'delivered'
+  elseif not st[2] then status = 'unknown'
+  else
+    len = tonumber(st[3])
+    if st[2] == 'finished' then status = 'finished'
+    elseif off < len then status = 'duplicate'
+    elseif off > len then status = 'gap'
+    elseif n > 0 then
+      redis.call('RPUSH', lg, ARGV[4 * a])
+      len = len + n
+      redis.call('HSET', h, i .. ':len', len, i .. ':state', 'generating')
+    end
+  end
+  out[#out + 1] = status
+  out[#out + 1] = len
+end
+return out
+"""
+
+# KEYS: group hash. ARGV: index, finish reason, expected length.
+_FINISH = """
+local i = ARGV[1]
+local st = redis.call('HMGET', KEYS[1], 'state', i .. ':state', i .. ':len', i .. ':finish')
+if not st[1] then return {'unknown', 0} end
+if st[1] ~= 'open' then return {'delivered', 0} end
+if not st[2] then return {'unknown', 0} end
+local len = tonumber(st[3])
+if len ~= tonumber(ARGV[3]) then return {'length_mismatch', len} end
+if st[2] == 'finished' then
+  if st[4] == ARGV[2] then return {'ok', len} end
+  return {'finished', len}
+end
+redis.call('HSET', KEYS[1], i .. ':state', 'finished', i .. ':finish', ARGV[2])
+return {'ok', len}
+"""
+
+# KEYS: group hash, group log. ARGV: index, reset entry.
+_RESET = """
+local i = ARGV[1]
+local st = redis.call('HMGET', KEYS[1], 'state', i .. ':state')
+if not st[1] then return 'unknown' end
+if st[1] ~= 'open' then return 'delivered' end
+if not st[2] then return 'unknown' end
+redis.call('RPUSH', KEYS[2], ARGV[2])
+redis.call('HSET', KEYS[1], i .. ':state', 'pending', i .. ':len', '0')
+redis.call('HDEL', KEYS[1], i .. ':finish')
+return 'ok'
+"""
+
+# Publish and mark delivered in one step. KEYS: group hash, group log, open zset, delivered
+# zset, stream. ARGV: group_id, message.
+_DELIVER = """
+local st = redis.call('HMGET', KEYS[1], 'state', 'size', 'cursor', 'stream_id')
+if not st[1] then return {'unknown', ''} end
+if st[1] == 'delivered' then return {'delivered', st[4] or ''} end
+local size = tonumber(st[2])
+local names = {}
+for i = 0, size - 1 do names[#names + 1] = i .. ':state' end
+local states = redis.call('HMGET', KEYS[1], unpack(names))
+local unfinished = {}
+for i = 1, size do
+  if states[i] ~= 'finished' then unfinished[#unfinished + 1] = tostring(i - 1) end
+end
+if #unfinished > 0 then return {'unfinished', table.concat(unfinished, ',')} end
+local id = redis.call('XADD', KEYS[5], '*', 'data', ARGV[2])
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('HSET', KEYS[1], 'state', 'delivered', 'cursor', st[3], 'stream_id', id)
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZADD', KEYS[4], st[3], ARGV[1])
+return {'ok', id}
+"""
+
+
+# --- the journal -------------------------------------------------------------------------------
+
+
+class Journal:
+    """The run's token journal, on a client made by `rlrun.streams.server.connect`.
+
+    One actor writes a journal at a time (the supervisor guarantees it); a second writer is
+    detected by the cursor's compare-and-set and by rejected appends, never silently merged.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str = KEY_PREFIX) -> None:
+        if not client.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError("the journal needs a client with decode_responses=True (see connect)")
+        self.client = client
+        self.prefix = prefix
+        self._open_group = client.register_script(_OPEN_GROUP)
+        self._append = client.register_script(_APPEND)
+        self._finish = client.register_script(_FINISH)
+        self._reset = client.register_script(_RESET)
+        self._deliver = client.register_script(_DELIVER)
+
+    # --- key names for this journal --------------------------------------------------------------
+    def group_key(self, group_id: str) -> str:
+        return group_key(group_id, self.prefix)
+
+    def log_key(self, group_id: str) -> str:
+        return log_key(group_id, self.prefix)
+
+    # --- the prompt cursor -----------------------------------------------------------------------
+    def cursor(self) -> int:
+        """Groups opened so far: the cursor the next `open_group` hands out."""
+        return int(self.client.get(cursor_key(self.prefix)) or 0)
+
+    def open_group(
+        self,
+        prompt_index_for: Callable[[int], int],
+        prompt_ids_for: Callable[[int], list[int]],
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        run: str,
+    ) -> GroupRecord:
+        """Hand out the next prompt: a new group `"<run>/<cursor>"` with every sample pending.
+
+        `prompt_index_for(cursor)` names the problem, `prompt_ids_for(prompt_index)` tokenizes
+        it. The cursor is read, the prompt computed, then one script moves the cursor and writes
+        the group only if the cursor has not moved meanwhile (compare-and-set). So a crash at any
+        point leaves either the cursor unmoved and no group, or both: a restart neither skips
+        nor repeats a prompt, and there is never a cursor without its group to replay.
+        """
+        for _ in range(OPEN_GROUP_ATTEMPTS):
+            cursor = self.cursor()
+            prompt_index = prompt_index_for(cursor)
+            header = GroupHeader(
+                group_id=f"{run}/{cursor}",
+                cursor=cursor,
+                prompt_index=prompt_index,
+                prompt_ids=[int(t) for t in prompt_ids_for(prompt_index)],
+                group_size=group_size,
+                max_new_tokens=max_new_tokens,
+            )
+            status, current = self._open_group(
+                keys=[cursor_key(self.prefix), self.group_key(header.group_id), open_key(self.prefix)],
+                args=[cursor, header.group_id, header.to_json(), group_size],
+            )
+            if status == "ok":
+                samples = [SampleRecord(header.group_id, i, "pending") for i in range(group_size)]
+                return GroupRecord.from_header(header, state="open", samples=samples)
+            if status == "exists":
+                raise JournalError(
+                    f"group {header.group_id} is already in the journal although the cursor is "
+                    f"{current}: the journal's keys were edited by hand, or two runs share one "
+                    f"run name and Redis."
+                )
+            log.warning("prompt cursor moved from %d to %s while opening a group; retrying", cursor, current)
+        raise CursorConflict(
+            f"the prompt cursor kept moving while opening a group ({OPEN_GROUP_ATTEMPTS} tries): "
+            f"another actor is writing this journal ({self.prefix}). Stop it."
+        )
+
+    # --- tokens ----------------------------------------------------------------------------------
+    def append(
+        self,
+        group_id: str,
+        index: int,
+        expected_offset: int,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        version: int,
+    ) -> WriteResult:
+        """Append tokens to a sample if it holds exactly `expected_offset` tokens (else nothing
+        is stored and the result says why and how many it holds). Marks it generating."""
+        return self.append_many([Append(group_id, index, expected_offset, token_ids, logprobs, version)])[0]
+
+    def append_many(self, appends: Sequence[Append]) -> list[WriteResult]:
+        """Several appends in one round trip and one atomic step, each accepted or rejected on
+        its own (in order: two appends to one sample chain)."""
+        if not appends:
+            return []
+        keys: list[str] = []
+        args: list[object] = []
+        for item in appends:
+            entry = _append_entry(item)
+            keys += [self.group_key(item.group_id), self.log_key(item.group_id)]
+            args += [item.index, item.expected_offset, len(entry.token_ids), entry.to_json()]
+        reply = self._append(keys=keys, args=args)
+        return [
+            WriteResult(accepted=reply[k] == "ok", length=int(reply[k + 1]), reason=reply[k])
+            for k in range(0, len(reply), 2)
+        ]
+
+    def finish(self, group_id: str, index: int, finish_reason: str, expected_length: int) -> WriteResult:
+        """Mark a sample finished ("stop" or "length") if it holds `expected_length` tokens.
+        Repeating the same finish is accepted (a retry); another reason is rejected."""
+        if finish_reason not in FINAL_REASONS:
+            raise ValueError(
+                f"finish_reason {finish_reason!r} does not end a sample (one of {FINAL_REASONS}); "
+                f"an aborted sample stays generating and is continued from its prefix"
+            )
+        status, length = self._finish(keys=[self.group_key(group_id)], args=[index, finish_reason, expected_length])
+        return WriteResult(accepted=status == "ok", length=int(length), reason=status)
+
+    def reset(self, group_id: str, index: int) -> None:
+        """Drop a sample's tokens (its prefix was stale, or corrupt) before it is generated again:
+        it is pending with length 0. Raises UnknownGroup, or JournalError once delivered."""
+        entry = LogEntry(kind="reset", index=index)
+        status = self._reset(keys=[self.group_key(group_id), self.log_key(group_id)], args=[index, entry.to_json()])
+        if status == "unknown":
+            raise UnknownGroup(f"cannot reset sample {index} of {group_id}: no such open group or sample")
+        if status == "delivered":
+            raise JournalError(f"cannot reset sample {index} of {group_id}: the group is delivered")
+
+    # --- delivery --------------------------------------------------------------------------------
+    def deliver(self, group_id: str, stream: str, message: str) -> str | None:
+        """Publish `message` (field `data`) to `stream` and mark the group delivered, atomically;
+        its token log is deleted and a small delivered marker stays. Returns the stream id, or
+        None when the group was already delivered (it is never published twice). Raises
+        NotFinished if a sample is unfinished, UnknownGroup if the group is not in the journal."""
+        status, detail = self._deliver(
+            keys=[
+                self.group_key(group_id),
+                self.log_key(group_id),
+                open_key(self.prefix),
+                delivered_key(self.prefix),
+                stream,
+            ],
+            args=[group_id, message],
+        )
+        if status == "ok":
+            return detail
+        if status == "delivered":
+            return None
+        if status == "unfinished":
+            raise NotFinished(f"cannot deliver {group_id}: samples {detail} are not finished")
+        raise UnknownGroup(f"cannot deliver {group_id}: it is not in the journal")
+
+    def delivered_id(self, group_id: str) -> str | None:
+        """The stream id a delivered group was published under; None if not delivered (or its
+        marker was trimmed)."""
+        state, stream_id = self.client.hmget(self.group_key(group_id), "state", "stream_id")
+        return stream_id if state == "delivered" else None
+
+    def trim_delivered(self, keep_last: int) -> int:
+        """Delete the delivered markers of groups older than the last `keep_last` cursors;
+        returns how many were deleted."""
+        if keep_last < 0:
+            raise ValueError(f"keep_last must be >= 0, got {keep_last}")
+        below = self.cursor() - keep_last
+        deleted = 0
+        while True:
+            old = self.client.zrangebyscore(delivered_key(self.prefix), "-inf", f"({below}", start=0, num=_TRIM_BATCH)
+            if not old:
+                return deleted
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.delete(*(self.group_key(g) for g in old))
+                pipe.zrem(delivered_key(self.prefix), *old)
+                pipe.execute()
+            deleted += len(old)
+
+    # --- reading back ----------------------------------------------------------------------------
+    def load_open_groups(self) -> LoadResult:
+        """Every open group, read in one consistent snapshot, in cursor order.
+
+        Tolerant: a corrupt group header is reported and the group left out; a corrupt sample
+        is reported and read as pending with no tokens (the plan restarts it; the actor resets
+        it in the journal before generating it again).
+        """
+        group_ids = self.client.zrange(open_key(self.prefix), 0, -1)
+        groups: list[GroupRecord] = []
+        corrupt: list[tuple[str, str]] = []
+        if not group_ids:
+            return LoadResult(groups, corrupt)
+        with self.client.pipeline(transaction=True) as pipe:
+            for group_id in group_ids:
+                pipe.hgetall(self.group_key(group_id))
+                pipe.lrange(self.log_key(group_id), 0, -1)
+            replies = pipe.execute()
+        for k, group_id in enumerate(group_ids):
+            fields, entries = replies[2 * k], replies[2 * k + 1]
+            try:
+                group, problems = fold_group(group_id, fields, entries)
+            except CorruptRecord as exc:
+                corrupt.append((self.group_key(group_id), str(exc)))
+                continue
+            corrupt += [(self.log_key(group_id), reason) for reason in problems]
+            groups.append(group)
+        groups.sort(key=lambda g: g.cursor)
+        return LoadResult(groups, corrupt)
+
+    def load_group(self, group_id: str) -> GroupRecord | None:
+        """One open group, strictly: raises CorruptRecord if any of it is corrupt. None when the
+        group is delivered or not in the journal."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self.group_key(group_id))
+            pipe.lrange(self.log_key(group_id), 0, -1)
+            fields, entries = pipe.execute()
+        if not fields or fields.get("state") == "delivered":
+            return None
+        group, problems = fold_group(group_id, fields, entries)
+        if problems:
+            raise CorruptRecord(f"group {group_id}: " + "; ".join(problems))
+        return group
+
+
+def _append_entry(item: Append) -> LogEntry:
+    if len(item.token_ids) != len(item.logprobs):
+        raise ValueError(
+            f"append to {item.group_id}#{item.index}: {len(item.token_ids)} token ids but "
+            f"{len(item.logprobs)} logprobs"
+        )
+    if item.expected_offset < 0 or item.index < 0 or item.version < 0:
+        raise ValueError(f"append to {item.group_id}#{item.index}: negative index, offset or version")
+    return LogEntry(
+        kind="append",
+        index=item.index,
+        offset=item.expected_offset,
+        token_ids=[int(t) for t in item.token_ids],
+        logprobs=[float(p) for p in item.logprobs],
+        version=int(item.version),
+    )
+
+
+# --- folding a group's hash and log into a record (pure) ---------------------------------------
+
+
+def fold_group(group_id: str, fields: dict[str, str], entries: list[str]) -> tuple[GroupRecord, list[str]]:
+    """The open group held by its hash `fields` and token log `entries`, and the problems met.
+
+    Raises CorruptRecord when the group itself cannot be read (no hash, bad header, not open).
+    A sample whose log entries are unreadable, out of order, or disagree with its recorded
+    length or state is returned pending with no tokens, and the reason listed in the problems.
+    """
+    if not fields:
+        raise CorruptRecord(f"group {group_id} is listed as open but has no record")
+    if "header" not in fields:
+        raise CorruptRecord(f"group {group_id} has no header")
+    header = GroupHeader.from_json(fields["header"])
+    if header.group_id != group_id:
+        raise CorruptRecord(f"group {group_id}: its header names {header.group_id}")
+    if fields.get("state") != "open":
+        raise CorruptRecord(f"group {group_id} is listed as open but its state is {fields.get('state')!r}")
+    size = header.group_size
+    tokens: list[list[int]] = [[] for _ in range(size)]
+    logprobs: list[list[float]] = [[] for _ in range(size)]
+    versions: list[list[int]] = [[] for _ in range(size)]
+    bad: list[str | None] = [None] * size
+    problems: list[str] = []
+
+    for position, raw in enumerate(entries):
+        try:
+            entry = LogEntry.from_json(raw)
+        except CorruptRecord as exc:
+            # An entry that names no sample is reported and skipped: if it was one of ours, the
+            # offsets after it or the recorded lengths no longer agree, and that sample is caught.
+            index = _index_of(raw)
+            if index is not None and 0 <= index < size:
+                bad[index] = bad[index] or f"log entry {position}: {exc}"
+            else:
+                problems.append(f"log entry {position}: {exc}; skipped")
+            continue
+        i = entry.index
+        if not 0 <= i < size:
+            problems.append(f"log entry {position} names sample {i} of a group of {size}; ignored")
+            continue
+        if entry.kind == "reset":
+            tokens[i], logprobs[i], versions[i], bad[i] = [], [], [], None
+            continue
+        if bad[i]:
+            continue
+        if entry.offset != len(tokens[i]):
+            bad[i] = f"log entry {position} appends at offset {entry.offset} to a sample of {len(tokens[i])} tokens"
+            continue
+        tokens[i] += entry.token_ids
+        logprobs[i] += entry.logprobs
+        versions[i] += [entry.version] * len(entry.token_ids)
+
+    samples = []
+    for i in range(size):
+        state, length, finish = fields.get(f"{i}:state"), fields.get(f"{i}:len"), fields.get(f"{i}:finish")
+        reason = bad[i]
+        if reason is None and (length is None or not length.isdigit() or int(length) != len(tokens[i])):
+            reason = f"the log holds {len(tokens[i])} tokens but the recorded length is {length!r}"
+        sample = None
+        if reason is None:
+            try:
+                sample = SampleRecord(
+                    group_id, i, state, tokens[i], logprobs[i], versions[i],
+                    finish if state == "finished" else None,
+                )
+            except CorruptRecord as exc:
+                reason = str(exc)
+        if sample is None:
+            problems.append(f"sample {i}: {reason}")
+            sample = SampleRecord(group_id, i, "pending")
+        samples.append(sample)
+    return GroupRecord.from_header(header, state="open", samples=samples), problems
+
+
+def _index_of(raw: str) -> int | None:
+    """The sample index an unreadable log entry names, if it names one."""
+    try:
+        index = json.loads(raw).get("index")
+    except (ValueError, AttributeError):
+        return None
+    return index if type(index) is int else None

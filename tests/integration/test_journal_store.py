@@ -1,0 +1,320 @@
+"""The token journal against a real Redis: idempotent appends, exactly-once delivery, the prompt
+cursor, survival across Redis restarts (AOF), corrupt records, trimming."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rlrun.journal import Append, CorruptRecord, Journal, NotFinished, UnknownGroup, plan_replay
+from rlrun.journal.records import SampleRecord
+from rlrun.journal.store import cursor_key, delivered_key, open_key
+from rlrun.rundir import RunDir
+from rlrun.streams.server import connect, managed_server
+
+pytestmark = pytest.mark.timeout(120)
+
+STREAM = "rlrun:groups"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    run = RunDir(tmp_path_factory.mktemp("journal") / "run")
+    run.create({"name": "journal-test"})
+    with managed_server(run) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    c = connect(server.url, server.password)
+    yield c
+    for key in c.scan_iter("*"):  # FLUSHALL is disabled on the run's server
+        c.delete(key)
+    c.close()
+
+
+@pytest.fixture
+def journal(client):
+    return Journal(client)
+
+
+def _open(journal: Journal, size=2, budget=8, run="run"):
+    return journal.open_group(lambda c: 100 + c, lambda p: [p, p + 1], group_size=size, max_new_tokens=budget, run=run)
+
+
+def _dump(client) -> dict:
+    """Every key of the journal with its full contents."""
+    out = {}
+    for key in sorted(client.scan_iter("*")):
+        kind = client.type(key)
+        if kind == "string":
+            out[key] = client.get(key)
+        elif kind == "hash":
+            out[key] = client.hgetall(key)
+        elif kind == "list":
+            out[key] = client.lrange(key, 0, -1)
+        elif kind == "zset":
+            out[key] = client.zrange(key, 0, -1, withscores=True)
+        elif kind == "stream":
+            out[key] = client.xrange(key)
+    return out
+
+
+# --- opening groups and the cursor ---------------------------------------------------------------
+
+
+def test_open_group_hands_out_consecutive_cursors_and_stores_the_group(journal):
+    assert journal.cursor() == 0
+    first, second = _open(journal), _open(journal, size=3)
+    assert (first.group_id, first.cursor, first.prompt_index, first.prompt_ids) == ("run/0", 0, 100, [100, 101])
+    assert (second.group_id, second.cursor, second.group_size) == ("run/1", 1, 3)
+    assert journal.cursor() == 2
+    loaded, corrupt = journal.load_open_groups()
+    assert corrupt == [] and loaded == [first, second]
+    assert all(s.state == "pending" and s.token_ids == [] for s in loaded[1].samples)
+
+
+def test_open_group_refuses_to_advance_when_another_writer_moved_the_cursor(journal, client):
+    calls = []
+
+    def prompt_index_for(cursor):
+        calls.append(cursor)
+        if len(calls) == 1:
+            client.incr(cursor_key())  # another writer opens a group meanwhile
+        return cursor
+
+    group = journal.open_group(prompt_index_for, lambda p: [p], group_size=1, max_new_tokens=2, run="run")
+    assert calls == [0, 1] and group.cursor == 1 and journal.cursor() == 2
+
+
+def test_cursor_persists_across_a_restart(server, journal):
+    for _ in range(3):
+        _open(journal)
+    server.restart()
+    assert journal.cursor() == 3  # the client reconnects on its own
+    assert _open(journal).group_id == "run/3"
+
+
+# --- appends -------------------------------------------------------------------------------------
+
+
+def test_append_is_idempotent_duplicates_and_gaps_are_rejected(journal):
+    g = _open(journal).group_id
+    ok = journal.append(g, 0, 0, [1, 2], [-0.5, -0.25], version=3)
+    assert (ok.accepted, ok.length, ok.reason) == (True, 2, "ok")
+    again = journal.append(g, 0, 0, [1, 2], [-0.5, -0.25], version=3)  # a retried append
+    assert (again.accepted, again.length, again.reason) == (False, 2, "duplicate")
+    gap = journal.append(g, 0, 5, [9], [-1.0], version=3)
+    assert (gap.accepted, gap.length, gap.reason) == (False, 2, "gap")
+    stale = journal.append(g, 0, 1, [2, 7], [-0.25, -1.0], version=3)  # overlaps what is stored
+    assert (stale.accepted, stale.reason) == (False, "duplicate")
+    assert journal.append(g, 0, 2, [3], [-0.125], version=4).length == 3
+    sample = journal.load_group(g).samples[0]
+    assert sample == SampleRecord(g, 0, "generating", [1, 2, 3], [-0.5, -0.25, -0.125], [3, 3, 4])
+    assert journal.load_group(g).samples[1].state == "pending"
+
+
+def test_a_batch_of_appends_is_one_call_each_judged_on_its_own(journal, client):
+    g1, g2 = _open(journal).group_id, _open(journal).group_id
+    results = journal.append_many(
+        [
+            Append(g1, 0, 0, [1], [-1.0], 0),
+            Append(g1, 0, 1, [2], [-2.0], 0),  # chains on the one before
+            Append(g2, 1, 0, [5], [-5.0], 1),
+            Append(g1, 1, 4, [6], [-6.0], 1),  # a gap: rejected, the rest still apply
+            Append(g1, 0, 1, [2], [-2.0], 0),  # a duplicate inside the batch
+            Append(g1, 0, 2, [], [], 0),  # nothing to add: accepted, nothing stored
+        ]
+    )
+    assert [(r.reason, r.length) for r in results] == [("ok", 1), ("ok", 2), ("ok", 1), ("gap", 0), ("duplicate", 2), ("ok", 2)]
+    groups = {g.group_id: g for g in journal.load_open_groups().groups}
+    assert groups[g1].samples[0].token_ids == [1, 2] and groups[g1].samples[1].token_ids == []
+    assert groups[g2].samples[1].logprobs == [-5.0]
+    assert client.llen(journal.log_key(g1)) == 2
+
+
+def test_appends_to_unknown_groups_and_samples_are_rejected(journal):
+    g = _open(journal, size=2).group_id
+    assert journal.append("run/99", 0, 0, [1], [-1.0], 0).reason == "unknown"
+    assert journal.append(g, 2, 0, [1], [-1.0], 0).reason == "unknown"
+    with pytest.raises(ValueError, match="2 token ids but 1 logprobs"):
+        journal.append(g, 0, 0, [1, 2], [-1.0], 0)
+
+
+def test_logprobs_are_kept_bit_for_bit(journal):
+    g = _open(journal, size=1).group_id
+    logprobs = [-1 / 3, -2.220446049250313e-16, -123.456789012345678, -0.0, -1e-300]
+    journal.append(g, 0, 0, [1, 2, 3, 4, 5], logprobs, 0)
+    assert journal.load_group(g).samples[0].logprobs == logprobs
+
+
+# --- finishing and delivering ------------------------------------------------------------------
+
+
+def test_finish_checks_the_length_and_is_idempotent(journal):
+    g = _open(journal).group_id
+    journal.append(g, 0, 0, [1, 2], [-1.0, -2.0], 0)
+    assert journal.finish(g, 0, "stop", expected_length=1).reason == "length_mismatch"
+    assert journal.finish(g, 0, "stop", expected_length=2).accepted
+    assert journal.finish(g, 0, "stop", expected_length=2).accepted  # a retry
+    assert journal.finish(g, 0, "length", expected_length=2).reason == "finished"
+    assert journal.append(g, 0, 2, [3], [-3.0], 0).reason == "finished"
+    with pytest.raises(ValueError, match="abort"):
+        journal.finish(g, 1, "abort", expected_length=0)
+    sample = journal.load_group(g).samples[0]
+    assert (sample.state, sample.finish_reason, sample.token_ids) == ("finished", "stop", [1, 2])
+
+
+def _finish_all(journal, group, tokens=2):
+    for s in group.samples:
+        journal.append(group.group_id, s.index, 0, list(range(tokens)), [-0.5] * tokens, 0)
+        journal.finish(group.group_id, s.index, "stop", tokens)
+
+
+def test_deliver_publishes_exactly_once_and_trims_the_tokens(journal, client):
+    group = _open(journal)
+    _finish_all(journal, group)
+    entry_id = journal.deliver(group.group_id, STREAM, '{"group":"run/0"}')
+    assert entry_id is not None
+    assert journal.deliver(group.group_id, STREAM, '{"group":"run/0"}') is None
+    assert client.xrange(STREAM) == [(entry_id, {"data": '{"group":"run/0"}'})]
+    assert journal.delivered_id(group.group_id) == entry_id
+    # the group message holds everything: only a small marker stays
+    assert client.hgetall(journal.group_key(group.group_id)) == {"state": "delivered", "cursor": "0", "stream_id": entry_id}
+    assert not client.exists(journal.log_key(group.group_id))
+    assert journal.load_open_groups().groups == [] and journal.load_group(group.group_id) is None
+    # a delivered group takes no more writes
+    assert journal.append(group.group_id, 0, 2, [1], [-1.0], 0).reason == "delivered"
+    assert journal.finish(group.group_id, 0, "stop", 2).reason == "delivered"
+
+
+def test_deliver_refuses_a_group_with_unfinished_samples(journal, client):
+    group = _open(journal, size=3)
+    journal.append(group.group_id, 0, 0, [1], [-1.0], 0)
+    journal.finish(group.group_id, 0, "stop", 1)
+    journal.append(group.group_id, 2, 0, [1], [-1.0], 0)
+    with pytest.raises(NotFinished, match="samples 1,2 are not finished"):
+        journal.deliver(group.group_id, STREAM, "{}")
+    assert not client.exists(STREAM)
+    assert journal.load_group(group.group_id).state == "open"
+    with pytest.raises(UnknownGroup):
+        journal.deliver("run/42", STREAM, "{}")
+
+
+def test_reset_drops_a_sample_so_it_can_be_generated_again(journal):
+    group = _open(journal)
+    g = group.group_id
+    journal.append(g, 0, 0, [1, 2, 3], [-1.0] * 3, 0)
+    journal.append(g, 1, 0, [7], [-7.0], 0)
+    journal.reset(g, 0)
+    assert journal.append(g, 0, 3, [4], [-1.0], 1).reason == "gap"
+    assert journal.append(g, 0, 0, [5], [-5.0], 1).accepted
+    loaded = journal.load_group(g)
+    assert loaded.samples[0] == SampleRecord(g, 0, "generating", [5], [-5.0], [1])
+    assert loaded.samples[1].token_ids == [7]
+    with pytest.raises(UnknownGroup):
+        journal.reset(g, 5)
+
+
+# --- persistence -------------------------------------------------------------------------------
+
+
+def _busy_journal(journal):
+    """A journal with a delivered group, a group in flight and one untouched."""
+    delivered, in_flight, untouched = _open(journal), _open(journal, size=3), _open(journal)
+    _finish_all(journal, delivered)
+    journal.deliver(delivered.group_id, STREAM, "{}")
+    g = in_flight.group_id
+    journal.append_many([Append(g, 0, 0, [1, 2], [-0.5, -1 / 3], 0), Append(g, 1, 0, [4], [-0.75], 0)])
+    journal.append(g, 0, 2, [3], [-2.0], 1)
+    journal.finish(g, 1, "stop", 1)
+    return untouched
+
+
+@pytest.mark.parametrize("how", ["clean", "kill"])
+def test_journal_contents_are_identical_after_a_redis_restart_from_the_aof(server, journal, client, how):
+    _busy_journal(journal)
+    before, loaded_before = _dump(client), journal.load_open_groups()
+    assert len(loaded_before.groups) == 2
+    if how == "kill":
+        time.sleep(1.5)  # appendfsync everysec: let one fsync happen
+        server.kill()
+    server.restart()
+    assert _dump(client) == before
+    assert journal.load_open_groups() == loaded_before
+    assert journal.cursor() == 3
+    # the scripts were flushed with the restart; the journal reloads them on its own
+    assert journal.append(loaded_before.groups[0].group_id, 0, 3, [9], [-9.0], 2).accepted
+
+
+def test_replay_plan_from_a_loaded_journal(journal):
+    _busy_journal(journal)
+    plan = plan_replay(journal.load_open_groups().groups, current_version=1, max_prefix_staleness=1)
+    in_flight = plan.groups[0]
+    assert [(s.action, s.max_tokens) for s in in_flight.samples] == [("continue", 5), ("keep", 0), ("restart", 8)]
+    assert in_flight.samples[0].prefix_logprobs == [-0.5, -1 / 3, -2.0]
+    assert in_flight.samples[0].prefix_versions == [0, 0, 1]
+    assert plan.counters.tokens_reused == 4
+
+
+# --- corrupt records ---------------------------------------------------------------------------
+
+
+def test_corrupt_records_are_reported_and_their_samples_restarted(journal, client):
+    broken_header, broken_log, fine = _open(journal), _open(journal), _open(journal)
+    client.hset(journal.group_key(broken_header.group_id), "header", "not json")
+    journal.append(broken_log.group_id, 0, 0, [1, 2], [-1.0, -2.0], 0)
+    journal.append(broken_log.group_id, 1, 0, [3], [-3.0], 0)
+    client.lset(journal.log_key(broken_log.group_id), 0, '{"schema_version":7,"kind":"append","index":0}')
+    journal.append(fine.group_id, 0, 0, [5], [-5.0], 0)
+
+    groups, corrupt = journal.load_open_groups()
+    assert [g.group_id for g in groups] == [broken_log.group_id, fine.group_id]
+    assert groups[0].samples[0] == SampleRecord(broken_log.group_id, 0, "pending")
+    assert groups[0].samples[1].token_ids == [3]
+    assert groups[1].samples[0].token_ids == [5]
+    keys = [key for key, _ in corrupt]
+    assert keys == [journal.group_key(broken_header.group_id), journal.log_key(broken_log.group_id)]
+    assert "not JSON" in corrupt[0][1] and "unknown schema_version 7" in corrupt[1][1]
+    with pytest.raises(CorruptRecord, match="sample 0"):
+        journal.load_group(broken_log.group_id)
+
+    # the plan restarts the corrupt sample; a reset clears it in the journal
+    plan = plan_replay(groups, current_version=0, max_prefix_staleness=0)
+    assert plan.groups[0].samples[0].action == "restart"
+    journal.reset(broken_log.group_id, 0)
+    assert journal.append(broken_log.group_id, 0, 0, [8], [-8.0], 0).accepted
+    assert journal.load_group(broken_log.group_id).samples[0].token_ids == [8]
+
+
+# --- trimming ----------------------------------------------------------------------------------
+
+
+def test_trim_delivered_keeps_the_markers_of_the_last_cursors(journal, client):
+    groups = [_open(journal, size=1) for _ in range(6)]
+    for group in groups[:5]:
+        _finish_all(journal, group)
+        journal.deliver(group.group_id, STREAM, group.group_id)
+    assert journal.trim_delivered(keep_last=3) == 3  # cursor 6: markers of cursors 0, 1, 2 go
+    assert client.zrange(delivered_key(), 0, -1) == ["run/3", "run/4"]
+    assert [journal.delivered_id(g.group_id) is not None for g in groups] == [False] * 3 + [True] * 2 + [False]
+    assert not client.exists(journal.group_key("run/0"))
+    assert client.zrange(open_key(), 0, -1) == ["run/5"]  # an open group is never trimmed
+    assert journal.load_open_groups().groups[0].group_id == "run/5"
+    assert journal.trim_delivered(keep_last=3) == 0
+    assert journal.trim_delivered(keep_last=0) == 2
+    assert client.xlen(STREAM) == 5  # trimming touches the journal, never the trainer's stream
+    with pytest.raises(UnknownGroup):  # a trimmed group can still never be published again
+        journal.deliver("run/0", STREAM, "again")
+    assert client.xlen(STREAM) == 5
+
+
+def test_a_journal_needs_a_client_that_decodes_responses(server):
+    import redis
+
+    raw = redis.Redis.from_url(server.url, password=server.password)
+    with pytest.raises(ValueError, match="decode_responses"):
+        Journal(raw)
+    raw.close()

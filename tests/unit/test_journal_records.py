@@ -1,0 +1,247 @@
+"""Journal records: JSON round trips, and clear refusals of corrupt records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlrun.journal.records import (
+    SCHEMA_VERSION,
+    CorruptRecord,
+    GroupHeader,
+    GroupRecord,
+    LogEntry,
+    SampleRecord,
+)
+from rlrun.journal.store import fold_group
+
+
+def _sample(**overrides) -> SampleRecord:
+    fields = dict(
+        group_id="run/3", index=1, state="generating", token_ids=[11, 12, 13],
+        logprobs=[-0.1, -2.5e-7, -13.0], versions=[2, 2, 3], finish_reason=None,
+    )
+    return SampleRecord(**{**fields, **overrides})
+
+
+def _group() -> GroupRecord:
+    return GroupRecord(
+        group_id="run/3", cursor=3, prompt_index=17, prompt_ids=[5, 6, 7], group_size=2,
+        max_new_tokens=16, state="open",
+        samples=[
+            _sample(index=0, state="finished", finish_reason="stop"),
+            _sample(index=1),
+        ],
+    )
+
+
+# --- round trips -------------------------------------------------------------------------------
+
+
+def test_sample_round_trip_keeps_every_field_exactly():
+    record = _sample(logprobs=[-0.1, -1 / 3, -1e-300])
+    raw = record.to_json()
+    assert json.loads(raw)["schema_version"] == SCHEMA_VERSION == 1
+    assert SampleRecord.from_json(raw) == record
+    assert SampleRecord.from_json(raw).logprobs[1] == -1 / 3  # floats survive bit for bit
+
+
+def test_group_round_trip():
+    record = _group()
+    assert GroupRecord.from_json(record.to_json()) == record
+    assert GroupRecord.from_json(record.to_json()).header == GroupHeader("run/3", 3, 17, [5, 6, 7], 2, 16)
+
+
+def test_header_and_log_entries_round_trip():
+    header = GroupHeader("r/0", 0, 4, [1, 2], 3, 8)
+    assert GroupHeader.from_json(header.to_json()) == header
+    append = LogEntry("append", index=2, offset=5, token_ids=[1, 2], logprobs=[-0.5, -0.25], version=7)
+    assert LogEntry.from_json(append.to_json()) == append
+    reset = LogEntry("reset", index=1)
+    assert LogEntry.from_json(reset.to_json()) == reset
+    assert json.loads(reset.to_json()) == {"schema_version": 1, "kind": "reset", "index": 1}
+
+
+def test_records_are_json_never_pickle():
+    raw = _group().to_json()
+    assert raw.startswith("{") and json.loads(raw)["kind"] == "group"
+
+
+# --- corrupt records ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("parse", [SampleRecord.from_json, GroupRecord.from_json, GroupHeader.from_json, LogEntry.from_json])
+def test_not_json_is_refused_with_a_clear_reason(parse):
+    with pytest.raises(CorruptRecord, match="not JSON"):
+        parse('{"schema_version": 1, "kind": ')
+    with pytest.raises(CorruptRecord, match="expected an object"):
+        parse("[1, 2]")
+    with pytest.raises(CorruptRecord, match="not UTF-8"):
+        parse(b"\xff\xfe")
+
+
+def test_unknown_schema_version_is_refused():
+    data = _sample().to_dict()
+    for bad in (2, 0, "1", True, None):
+        data["schema_version"] = bad
+        with pytest.raises(CorruptRecord, match=r"unknown schema_version .* reads version 1"):
+            SampleRecord.from_json(json.dumps(data))
+    entry = json.loads(LogEntry("reset", 0).to_json()) | {"schema_version": 9}
+    with pytest.raises(CorruptRecord, match="unknown schema_version 9"):
+        LogEntry.from_json(json.dumps(entry))
+
+
+def test_a_record_of_another_kind_is_refused():
+    with pytest.raises(CorruptRecord, match="expected a sample record, got kind 'group'"):
+        SampleRecord.from_json(_group().to_json())
+    with pytest.raises(CorruptRecord, match="unknown kind 'truncate'"):
+        LogEntry.from_json('{"schema_version":1,"kind":"truncate","index":0}')
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("token_ids", [1, 2]), ("logprobs", [-1.0]), ("versions", [1, 2, 3, 4])],
+)
+def test_tokens_logprobs_and_versions_of_different_lengths_are_refused(field, value):
+    data = _sample().to_dict() | {field: value}
+    with pytest.raises(CorruptRecord, match="differ in length"):
+        SampleRecord.from_json(json.dumps(data))
+    with pytest.raises(CorruptRecord, match="differ in length"):
+        _sample(**{field: value})
+
+
+def test_log_entry_with_misaligned_logprobs_is_refused():
+    raw = '{"schema_version":1,"kind":"append","index":0,"offset":0,"token_ids":[1,2],"logprobs":[-1.0],"version":0}'
+    with pytest.raises(CorruptRecord, match="differ in length"):
+        LogEntry.from_json(raw)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("token_ids", [1, "2"], "token_ids must be a list of integers"),
+        ("token_ids", [1, True], "token_ids must be a list of integers"),
+        ("token_ids", [-1, 2, 3], "token_ids must be a list of integers"),
+        ("logprobs", [-1.0, None, 0.0], "logprobs must be a list of finite numbers"),
+        ("versions", [1.5, 2, 3], "versions must be a list of integers"),
+        ("index", "1", "index must be an integer"),
+        ("index", -1, "index must be >= 0"),
+        ("group_id", "", "group_id must be a non-empty string"),
+        ("state", "lost", "unknown state 'lost'"),
+        ("finish_reason", 3, "finish_reason must be a string"),
+    ],
+)
+def test_wrong_types_are_refused_naming_the_field(field, value, message):
+    data = _sample().to_dict() | {field: value}
+    with pytest.raises(CorruptRecord, match=message):
+        SampleRecord.from_json(json.dumps(data))
+
+
+def test_nan_and_infinity_are_refused():
+    raw = _sample().to_json().replace("-13.0", "NaN")
+    with pytest.raises(CorruptRecord, match="NaN is not valid JSON"):
+        SampleRecord.from_json(raw)
+    with pytest.raises(CorruptRecord, match="cannot encode"):
+        _sample(logprobs=[-1.0, float("-inf"), 0.0]).to_json()
+
+
+def test_a_missing_field_is_named():
+    data = _sample().to_dict()
+    del data["versions"]
+    with pytest.raises(CorruptRecord, match="no 'versions'"):
+        SampleRecord.from_json(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"state": "pending"}, "pending but holds 3 tokens"),
+        ({"state": "finished", "finish_reason": None}, "finished with finish_reason None"),
+        ({"state": "finished", "finish_reason": "abort"}, "finished with finish_reason 'abort'"),
+        ({"state": "generating", "finish_reason": "stop"}, "generating but has finish_reason"),
+    ],
+)
+def test_inconsistent_states_are_refused(overrides, message):
+    with pytest.raises(CorruptRecord, match=message):
+        _sample(**overrides)
+
+
+def test_group_shape_is_checked():
+    data = _group().to_dict()
+    data["samples"] = data["samples"][:1]
+    with pytest.raises(CorruptRecord, match="open with 1 samples, expected 2"):
+        GroupRecord.from_json(json.dumps(data))
+    data = _group().to_dict()
+    data["samples"].reverse()
+    with pytest.raises(CorruptRecord, match="sample at position 0"):
+        GroupRecord.from_json(json.dumps(data))
+    data = _group().to_dict() | {"max_new_tokens": 0}
+    with pytest.raises(CorruptRecord, match="max_new_tokens must be >= 1"):
+        GroupRecord.from_json(json.dumps(data))
+
+
+# --- folding a group's log (what the store reads back) ------------------------------------------
+
+
+def _fields(header: GroupHeader, **samples) -> dict:
+    fields = {"header": header.to_json(), "state": "open", "size": str(header.group_size), "cursor": str(header.cursor)}
+    for i in range(header.group_size):
+        fields |= {f"{i}:state": "pending", f"{i}:len": "0"}
+    return fields | samples
+
+
+def _append(index, offset, tokens, version=0):
+    return LogEntry("append", index, offset, tokens, [-0.5 - t for t in tokens], version).to_json()
+
+
+def test_fold_rebuilds_samples_from_appends_and_resets():
+    header = GroupHeader("r/0", 0, 0, [1], 2, 8)
+    entries = [_append(0, 0, [1, 2], 1), _append(1, 0, [9], 1), _append(0, 2, [3], 2), LogEntry("reset", 1).to_json(), _append(1, 0, [7, 8], 3)]
+    fields = _fields(header, **{"0:state": "finished", "0:finish": "stop", "0:len": "3", "1:state": "generating", "1:len": "2"})
+    group, problems = fold_group("r/0", fields, entries)
+    assert problems == []
+    assert group.samples[0] == SampleRecord("r/0", 0, "finished", [1, 2, 3], [-1.5, -2.5, -3.5], [1, 1, 2], "stop")
+    assert group.samples[1] == SampleRecord("r/0", 1, "generating", [7, 8], [-7.5, -8.5], [3, 3])
+
+
+def test_fold_reads_a_corrupt_sample_as_empty_and_says_why():
+    header = GroupHeader("r/0", 0, 0, [1], 3, 8)
+    entries = [
+        _append(0, 0, [1, 2]),
+        '{"schema_version":1,"kind":"append","index":1,"offset":0,"token_ids":[1,2],"logprobs":[-1.0]',  # cut off
+        _append(2, 0, [5]),
+        _append(2, 3, [6]),  # a gap
+    ]
+    fields = _fields(header, **{"0:state": "generating", "0:len": "2", "1:state": "generating", "1:len": "2", "2:state": "generating", "2:len": "2"})
+    group, problems = fold_group("r/0", fields, entries)
+    assert group.samples[0].token_ids == [1, 2]  # untouched by the others' corruption
+    assert group.samples[1] == SampleRecord("r/0", 1, "pending")
+    assert group.samples[2] == SampleRecord("r/0", 2, "pending")
+    assert problems[0].startswith("log entry 1: log entry record is not JSON")
+    assert "sample 1: the log holds 0 tokens but the recorded length is '2'" in problems
+    assert "sample 2: log entry 3 appends at offset 3 to a sample of 1 tokens" in problems
+    assert len(problems) == 3
+
+
+def test_fold_blames_a_readable_but_invalid_entry_on_its_sample():
+    header = GroupHeader("r/0", 0, 0, [1], 2, 8)
+    bad = '{"schema_version":2,"kind":"append","index":1,"offset":0,"token_ids":[1],"logprobs":[-1.0],"version":0}'
+    fields = _fields(header, **{"0:state": "generating", "0:len": "1", "1:state": "generating", "1:len": "1"})
+    group, problems = fold_group("r/0", fields, [_append(0, 0, [4]), bad])
+    assert group.samples[0].token_ids == [4] and group.samples[1].token_ids == []
+    assert problems == ["sample 1: log entry 1: append record has unknown schema_version 2 (this rlrun reads version 1)"]
+
+
+def test_fold_reports_a_log_that_disagrees_with_the_recorded_length():
+    header = GroupHeader("r/0", 0, 0, [1], 1, 8)
+    group, problems = fold_group("r/0", _fields(header, **{"0:state": "generating", "0:len": "5"}), [_append(0, 0, [1, 2])])
+    assert group.samples[0].token_ids == []
+    assert problems == ["sample 0: the log holds 2 tokens but the recorded length is '5'"]
+
+
+def test_fold_refuses_a_group_with_a_bad_header():
+    with pytest.raises(CorruptRecord, match="has no record"):
+        fold_group("r/0", {}, [])
+    with pytest.raises(CorruptRecord, match="not JSON"):
+        fold_group("r/0", {"header": "{oops", "state": "open"}, [])
