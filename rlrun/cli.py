@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
-from rlrun.errors import ExitCode, Interrupted, ProcessFailed, RlrunError
+from rlrun.errors import ExitCode, Interrupted, ProcessFailed, RlrunError, RunDirError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Launch and supervise asynchronous GRPO/GSPO training runs.")
 console = Console()
@@ -94,6 +94,61 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
         table.add_row(spec.name, " ".join(spec.argv), " ".join(f"{k}={v}" for k, v in spec.env.items()), str(spec.log_path))
     console.print(table)
     console.print("[dim]ports marked 0 are chosen when the run starts; nothing was started.[/]")
+
+
+@app.command()
+def status(
+    run_dir: Path = typer.Argument(..., help="A run directory."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Show the processes and progress of a running or finished run."""
+    from rlrun import status as run_status
+    from rlrun.live import status_table
+    from rlrun.rundir import RunDir
+
+    try:
+        state, rows, last = run_status.load(RunDir(run_dir.resolve()))
+    except BaseException as exc:  # noqa: BLE001
+        _fail(exc, debug)
+    console.print(f"run {run_dir}: [bold]{state.get('status', 'unknown')}[/]")
+    console.print(status_table(rows))
+    if last:
+        console.print(
+            f"step {last.get('step')}  samples {last.get('samples')}  reward {last.get('reward_mean')}  "
+            f"policy v{last.get('policy_version')}"
+        )
+
+
+@app.command()
+def logs(
+    run_dir: Path = typer.Argument(..., help="A run directory."),
+    process: str = typer.Option("trainer", "--process", "-c", help="redis, vllm-0, trainer or actor."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (Ctrl-C to stop)."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Print a process's log (its latest start attempt)."""
+    import time
+
+    from rlrun import status as run_status
+    from rlrun.rundir import RunDir
+
+    try:
+        path = run_status.latest_log(RunDir(run_dir.resolve()), process)
+        with open(path, errors="replace") as handle:
+            sys.stdout.write(handle.read())
+            while follow:
+                line = handle.readline()
+                if line:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                else:
+                    time.sleep(0.3)
+    except KeyboardInterrupt:
+        return
+    except OSError as exc:
+        _fail(RunDirError(f"cannot read the log of '{process}': {exc}"), debug)
+    except BaseException as exc:  # noqa: BLE001
+        _fail(exc, debug)
 
 
 def main() -> None:  # pragma: no cover - console entry point

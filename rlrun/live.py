@@ -14,16 +14,34 @@ from rlrun.launch import Progress
 from rlrun.supervisor import ProcessStatus
 
 
+COLOURS = {"ready": "green", "starting": "yellow", "backoff": "yellow", "failed": "red", "stalled": "red", "exited": "cyan", "stopped": "dim"}
+
+
+def _state(state: str) -> str:
+    return f"[{COLOURS.get(state, 'white')}]{state}[/]"
+
+
 def process_table(processes: list[ProcessStatus], now: Optional[float] = None) -> Table:
     now = time.monotonic() if now is None else now
     table = Table(title="rlrun processes", expand=False)
-    for column in ("process", "pid", "state", "uptime", "log"):
+    for column in ("process", "pid", "state", "uptime", "restarts", "last sign of life", "log"):
         table.add_column(column)
-    colours = {"ready": "green", "starting": "yellow", "failed": "red", "exited": "cyan", "stopped": "dim"}
     for p in processes:
-        uptime = f"{now - p.started_at:.0f}s" if p.started_at and p.state.value in ("starting", "ready") else "-"
-        state = p.state.value
-        table.add_row(p.name, str(p.pid or "-"), f"[{colours.get(state, 'white')}]{state}[/]", uptime, str(p.spec.log_path))
+        running = p.started_at is not None and p.state.value in ("starting", "ready")
+        uptime = f"{now - p.started_at:.0f}s" if running else "-"
+        restarts = f"{p.tracker.restarts_used(now)}/{p.spec.restart.max_restarts}" if p.spec.restart.restart else "off"
+        alive = f"{now - p.last_alive:.0f}s ago" if running and p.last_alive is not None else "-"
+        table.add_row(p.name, str(p.pid or "-"), _state(p.state.value), uptime, restarts, alive, str(p.log_path))
+    return table
+
+
+def status_table(rows) -> Table:
+    """The same table for `rlrun status`, from the run's recorded events."""
+    table = Table(title="rlrun processes", expand=False)
+    for column in ("process", "pid", "state", "restarts", "last failure", "log"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row.name, str(row.pid or "-"), _state(row.state), str(row.restarts), row.last_failure or "-", row.log)
     return table
 
 

@@ -53,8 +53,12 @@ class Actor:
             running: set[asyncio.Task] = set()
             while not self._training_done():
                 self._heartbeat()
-                if len(running) >= self.cfg.actor.max_concurrent_groups or not self._room_for_another_group(len(running)):
-                    await asyncio.sleep(0.05)
+                if len(running) >= self.cfg.actor.max_concurrent_groups:
+                    # Wake as soon as a slot frees up, not on a timer: groups are short.
+                    await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                if not self._room_for_another_group(len(running)):
+                    await asyncio.sleep(0.02)
                     continue
                 task = asyncio.create_task(self._group(client, self.cursor))
                 running.add(task)
@@ -87,7 +91,7 @@ class Actor:
     def _heartbeat(self) -> None:
         now = time.time()
         if now - self._last_heartbeat >= 1.0:
-            self.redis.hset(names.ACTOR_STATE, mapping={"pid": os.getpid(), "heartbeat": now})
+            self.redis.hset(names.ACTOR_STATE, mapping={"pid": os.getpgrp(), "heartbeat": now})
             self._last_heartbeat = now
 
     def _room_for_another_group(self, in_flight: int) -> bool:

@@ -1,20 +1,19 @@
 """The operating-system edge of the supervisor: spawning local children and signalling them.
 
-Every child runs in its own session (so its process group can be signalled as a whole), gets
-SIGKILL if rlrun itself dies (Linux parent-death signal), and writes to its log file.
+Every child runs in its own session (so its process group can be signalled as a whole) under a
+small guard (`guard.py`) that kills the group if rlrun itself dies, and writes to its log file.
+The pid the supervisor tracks is the group's leader: probes compare it with `os.getpgrp()`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
+import sys
 from typing import Optional, Protocol
 
 from rlrun.supervisor.spec import ProcessSpec
-
-_PR_SET_PDEATHSIG = 1
 
 
 class Handle(Protocol):
@@ -27,14 +26,6 @@ class Handle(Protocol):
 
 class Spawner(Protocol):
     def spawn(self, spec: ProcessSpec) -> Handle: ...
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: the stop path and the descendant sweep still apply
 
 
 class LocalHandle:
@@ -66,14 +57,13 @@ class LocalSpawner:
         env = {**os.environ, **spec.env}
         with open(spec.log_path, "ab", buffering=0) as log_file:
             popen = subprocess.Popen(
-                spec.argv,
+                [sys.executable, "-m", "rlrun.supervisor.guard", str(os.getpid()), "--", *spec.argv],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 cwd=spec.cwd,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
         return LocalHandle(popen)
 

@@ -99,14 +99,21 @@ class Supervisor:
     def start_all(self) -> None:
         """Start every process in order, each gated on the readiness of the one before.
 
-        A failure during the first start is not retried: it is almost always configuration
-        (a missing model, a bad flag) and a retry would only hide it.
+        A process failing at its first start follows its restart policy like any other failure
+        (a configuration error, exit code 2, is never retried).
         """
         for proc in self.processes:
             self._spawn(proc)
-            while proc.state is ProcessState.STARTING:
-                self._advance_starting(proc, self._clock(), first_start=True)
-                if proc.state is ProcessState.STARTING:
+            while proc.state is not ProcessState.READY:
+                now = self._clock()
+                for earlier in self.processes:
+                    if earlier is proc:
+                        break
+                    self._advance(earlier, now)
+                self._advance(proc, now)
+                if proc.state is ProcessState.EXITED:
+                    break  # its work is already done (a finishing role can be that quick)
+                if proc.state is not ProcessState.READY:
                     self._on_tick(self.processes)
                     self._sleep(self._poll)
 
@@ -142,12 +149,16 @@ class Supervisor:
         elif proc.state is ProcessState.BACKOFF and now >= (proc.restart_at or 0):
             self._spawn(proc)
 
-    def _advance_starting(self, proc: ProcessStatus, now: float, first_start: bool = False) -> None:
+    def _advance_starting(self, proc: ProcessStatus, now: float) -> None:
         code = self._reap(proc)
         if code is not None:
             # A dead process fails fast, not after the readiness timeout.
             info = classify_exit(code, finishes=proc.spec.finishes)
-            self._fail(proc, info, now, f"{info.description} before it was ready", retry=not first_start)
+            if info.kind is ExitKind.DONE:
+                proc.state = ProcessState.EXITED
+                self._events.emit("process_exited", process=proc.name, pid=proc.pid, exit=info.description)
+                return
+            self._fail(proc, info, now, f"{info.description} before it was ready")
         elif proc.spec.ready is None or proc.spec.ready(proc.pid):
             proc.state = ProcessState.READY
             proc.last_alive = now
@@ -155,7 +166,7 @@ class Supervisor:
         elif now - proc.started_at > proc.spec.ready_timeout_s:
             self._kill_attempt(proc)
             info = ExitInfo(ExitKind.STALLED, None, f"was not ready within {proc.spec.ready_timeout_s:.0f} s")
-            self._fail(proc, info, now, info.description, retry=not first_start)
+            self._fail(proc, info, now, info.description)
 
     def _advance_ready(self, proc: ProcessStatus, now: float) -> None:
         code = self._reap(proc)
@@ -180,13 +191,10 @@ class Supervisor:
             info = classify_exit(None, finishes=proc.spec.finishes, stalled=True, stalled_for_s=round(quiet))
             self._fail(proc, info, now, info.description)
 
-    def _fail(self, proc: ProcessStatus, info: ExitInfo, now: float, what: str, retry: bool = True) -> None:
+    def _fail(self, proc: ProcessStatus, info: ExitInfo, now: float, what: str) -> None:
         proc.state = ProcessState.FAILED
         proc.last_failure = what
         self._sweep(proc)
-        if not retry:
-            self._events.emit("process_failed", process=proc.name, pid=proc.pid, reason=what, action="stop_run")
-            raise self._error(ProcessFailed, proc, f"{what} during the run's start")
         decision = proc.tracker.on_failure(now, info)
         self._events.emit(
             "process_failed", process=proc.name, pid=proc.pid, reason=what, action=decision.action,

@@ -64,7 +64,7 @@ class Trainer:
         self._ensure_consumer_group()
         if self.state.step > 0:  # vLLM must serve the weights of the checkpoint we resumed from
             self._push_weights()
-        self._publish_state(ready_pid=os.getpid(), training_done=0)
+        self._publish_state(ready_pid=os.getpgrp(), training_done=0)
         while self.state.step < self.cfg.trainer.max_train_steps:
             started = time.monotonic()
             groups, message_ids = self._next_batch()
@@ -233,7 +233,7 @@ class Trainer:
         )  # fmt: skip
 
     def _heartbeat(self) -> None:
-        self.redis.hset(names.TRAINER_STATE, mapping={"pid": os.getpid(), "heartbeat": time.time()})
+        self.redis.hset(names.TRAINER_STATE, mapping={"pid": os.getpgrp(), "heartbeat": time.time()})
 
     def _publish_state(self, **extra) -> None:
         self.redis.hset(
@@ -243,7 +243,7 @@ class Trainer:
                 "samples_processed": self.state.samples_processed,
                 "policy_version": self.state.policy_version,
                 "max_train_steps": self.cfg.trainer.max_train_steps,
-                "pid": os.getpid(),
+                "pid": os.getpgrp(),  # the group the supervisor started (its guard leads it)
                 "heartbeat": time.time(),
                 **extra,
             },

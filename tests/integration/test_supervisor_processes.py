@@ -89,3 +89,33 @@ def test_children_die_when_the_supervisor_is_sigkilled(tmp_path):
     while alive(child_pid) and time.time() < deadline:
         time.sleep(0.05)
     assert not alive(child_pid)
+
+
+@pytest.mark.parametrize("how, expected", [("sys.exit(7)", 7), ("os.kill(os.getpid(), signal.SIGKILL)", -9), ("os.kill(os.getpid(), signal.SIGTERM)", -15)])
+def test_the_guard_reports_the_childs_own_exit_status(tmp_path, how, expected):
+    """The supervisor must see a SIGKILLed child as killed by SIGKILL, not as the guard's exit."""
+    program = f"import os, signal, sys; {how}"
+    sup = Supervisor([ProcessSpec("p", [sys.executable, "-c", program], tmp_path / "p.log", finishes=True)], EventLog(None), poll_interval_s=0.05)
+    sup.start_all()
+    handle = sup.processes[0].handle
+    deadline = time.time() + 10
+    while handle.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    sup.stop_all()
+    assert handle.poll() == expected
+
+
+def test_a_process_crashing_at_every_start_spends_its_budget(tmp_path):
+    from rlrun.errors import RestartsExhausted
+    from rlrun.supervisor.policy import RestartPolicy
+
+    policy = RestartPolicy(restart=True, max_restarts=2, window_s=60, backoff_initial_s=0.1, backoff_max_s=0.2)
+    crasher = ProcessSpec("crasher", [sys.executable, "-c", "print('cannot start: no GPU'); raise SystemExit(1)"], tmp_path / "c.log", restart=policy)
+    sup = Supervisor([crasher], EventLog(tmp_path / "events.jsonl"), poll_interval_s=0.05)
+    with pytest.raises(RestartsExhausted) as info:
+        sup.start_all()
+        sup.watch(lambda exits: (False, "not yet"))
+    sup.stop_all()
+    assert info.value.exit_code == 6
+    assert "2 restarts within 60 s used up" in str(info.value) and "cannot start: no GPU" in info.value.log_tail
+    assert sorted(p.name for p in tmp_path.glob("c*.log")) == ["c.1.log", "c.2.log", "c.log"]

@@ -1,0 +1,288 @@
+"""Rollout throughput: vLLM alone vs. the same requests through rlrun's actor.
+
+    python bench/rollout_throughput.py [--groups N] [--rounds R] [hydra overrides...]
+
+Starts, in a temporary run directory, the run's Redis and ONE vLLM server (as `rlrun train`
+would, from the composed config), then alternates two phases R times (A, B, A, B, ...):
+
+  A  "vLLM alone": the actor's requests (same prompts in the same seeded order, token-id prompt,
+     n = group_size, max_tokens, temperature, logprobs 0, return_token_ids, streamed through
+     rlrun.actor.vllm_client.stream_completion) with `actor.max_concurrent_groups` groups in
+     flight; a finished group is replaced at once. Nothing else: no Redis, no scoring.
+  B  "through the actor": rlrun.actor.main.Actor run in-process against the same server and
+     Redis, with no trainer (the trainer state hash says step=10**9, so back-pressure never
+     blocks; `training_done`=1 is set once N groups are published, which stops the actor). A
+     subclass only notes the moment the N-th group is published; the actor's code is unchanged.
+
+Both phases time the window from the first request to the moment the N-th group is complete and
+count every completion token received in that window (also those of groups still in flight), so
+both measure the steady state with the same number of groups in flight. It prints figures; it
+asserts nothing about speed. Every child runs in its own session and its process group is
+stopped at the end (SIGTERM, then SIGKILL after 10 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from rlrun.actor.main import Actor
+from rlrun.actor.vllm_client import stream_completion
+from rlrun.config import compose
+from rlrun.data.tasks import load_task
+from rlrun.inference.server import base_url, healthy, server_argv, server_env
+from rlrun.launch import create_run, model_path
+from rlrun.streams import names
+from rlrun.streams.server import connect, managed_server, pick_free_port
+
+STOP_GRACE_S = 10.0
+VLLM_READY_TIMEOUT_S = 600.0
+POLL_S = 0.005
+NO_BACKPRESSURE_STEP = 10**9
+
+
+# --- the machine ---------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+# --- the vLLM server -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def vllm_server(cfg, path: str, log_path: Path):
+    port = pick_free_port(cfg.inference.host)
+    url = base_url(cfg.inference.host, port)
+    argv = server_argv(cfg.inference, cfg.model, path, port, tokenizer=path)  # serve the base model
+    env = {**os.environ, **server_env(cfg.inference)}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        started = time.monotonic()
+        while not healthy(url):
+            if process.poll() is not None:
+                raise RuntimeError(f"vLLM exited with code {process.returncode} while starting; see {log_path}")
+            if time.monotonic() - started > VLLM_READY_TIMEOUT_S:
+                raise RuntimeError(f"vLLM not healthy after {VLLM_READY_TIMEOUT_S:.0f} s; see {log_path}")
+            time.sleep(0.5)
+        print(f"vLLM healthy on {url} after {time.monotonic() - started:.1f} s (pid {process.pid})", flush=True)
+        yield url
+    finally:
+        stop_group(process)
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL to the group after the grace period (the
+    engine core and worker are in the api server's group and outlive a lone SIGKILL of it)."""
+    pgid = process.pid  # start_new_session: the server leads its own group
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    try:
+        process.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline and _group_alive(pgid):
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(5)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+# --- the phases ----------------------------------------------------------------------------------
+
+
+async def phase_vllm_alone(cfg, url: str, prompts: list[list[int]], groups: int) -> dict:
+    """The actor's requests with its concurrency, straight to vLLM; stop when `groups` are done."""
+    size, concurrency = cfg.algo.group_size, cfg.actor.max_concurrent_groups
+    count = {"tokens": 0, "done": 0}
+    end: dict[str, float] = {}
+
+    async def one_group(client: httpx.AsyncClient, cursor: int) -> None:
+        async for delta in stream_completion(
+            client,
+            url,
+            prompts[cursor],
+            n=size,
+            max_tokens=cfg.actor.max_new_tokens,
+            temperature=cfg.actor.temperature,
+            timeout_s=cfg.actor.request_timeout_s,
+        ):
+            count["tokens"] += len(delta.token_ids)
+        count["done"] += 1
+        if count["done"] == groups:
+            end.update(time=time.perf_counter(), tokens=count["tokens"])
+
+    limits = httpx.Limits(max_connections=concurrency * size)
+    async with httpx.AsyncClient(limits=limits, timeout=cfg.actor.request_timeout_s) as client:
+        running: set[asyncio.Task] = set()
+        cursor = 0
+        started = time.perf_counter()
+        try:
+            while not end:
+                while len(running) < concurrency:  # refill every free slot at once
+                    running.add(asyncio.create_task(one_group(client, cursor)))
+                    cursor += 1
+                finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    task.result()  # a failed request fails the benchmark
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+    return {"wall_s": end["time"] - started, "tokens": int(end["tokens"]), "groups": groups, "started": cursor, "errors": 0, "continued": 0}
+
+
+class TimedActor(Actor):
+    """rlrun's Actor, unchanged, that notes the moment its `target`-th group is published."""
+
+    def __init__(self, *args, target: int, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.target = target
+        self.reached: dict | None = None
+
+    def _publish(self, *args, **kwargs) -> None:
+        super()._publish(*args, **kwargs)
+        if self.reached is None and self.counters["groups_published"] >= self.target:
+            self.reached = {"time": time.perf_counter(), **self.counters}
+
+
+async def phase_actor(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int) -> dict:
+    """rlrun's Actor in-process, no trainer; stop it once `groups` are published."""
+    redis.hset(names.TRAINER_STATE, mapping={"step": NO_BACKPRESSURE_STEP, "training_done": "0"})
+    redis.delete(names.ACTOR_STATE)  # the actor resumes its cursor from there: start at prompt 0
+    actor = TimedActor(cfg, redis, tokenizer, task, [url], run_name=run_name, target=groups)
+    started = time.perf_counter()
+    run = asyncio.create_task(actor.run())
+    while actor.reached is None:
+        if run.done():
+            run.result()  # raises what the actor raised
+            raise RuntimeError("the actor stopped before publishing enough groups")
+        await asyncio.sleep(POLL_S)
+    redis.hset(names.TRAINER_STATE, "training_done", "1")
+    await run
+    leftovers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    await asyncio.gather(*leftovers, return_exceptions=True)  # the group tasks it cancelled
+    reached = actor.reached
+    return {
+        "wall_s": reached["time"] - started,
+        "tokens": reached["tokens_generated"],
+        "groups": reached["groups_published"],
+        "started": actor.cursor,
+        "errors": reached["request_errors"],
+        "continued": reached["samples_continued"],
+    }
+
+
+# --- the whole benchmark -------------------------------------------------------------------------
+
+
+async def run_phases(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int, rounds: int) -> list[tuple[str, dict]]:
+    probe = Actor(cfg, redis, tokenizer, task, [url], run_name=run_name)  # only for its prompt order
+    horizon = groups + 4 * cfg.actor.max_concurrent_groups
+    prompts = [tokenizer.encode(task.problems[probe._problem_index(c)].prompt, add_special_tokens=False) for c in range(horizon)]
+    # Warm-up (untimed): one wave of groups, so neither phase pays for the first requests.
+    await phase_vllm_alone(cfg, url, prompts, min(groups, cfg.actor.max_concurrent_groups))
+    results = []
+    for r in range(1, rounds + 1):
+        for name in ("A", "B"):
+            before = load()
+            if name == "A":
+                result = await phase_vllm_alone(cfg, url, prompts, groups)
+            else:
+                result = await phase_actor(cfg, redis, tokenizer, task, url, run_name, groups)
+            result["load"] = f"{before} -> {load()}"
+            results.append((f"{name}{r}", result))
+            print(f"  {name}{r}: {result['tokens']} tokens in {result['wall_s']:.2f} s = {result['tokens'] / result['wall_s']:.0f} tok/s (load {result['load']})", flush=True)
+    return results
+
+
+def print_table(cfg, results: list[tuple[str, dict]], groups: int) -> None:
+    print()
+    print(f"machine: {os.cpu_count()} CPUs, {cpu_model()}; load average now {load()} (1/5/15 min)")
+    print(
+        f"shape: {groups} groups x n={cfg.algo.group_size}, max_tokens={cfg.actor.max_new_tokens}, "
+        f"{cfg.actor.max_concurrent_groups} groups in flight, vLLM threads={cfg.inference.threads}"
+    )
+    header = f"{'round':>5} | {'vLLM alone tok/s':>16} | {'through actor tok/s':>19} | {'actor/vLLM':>10} | {'groups A/B':>10} | {'tokens A/B':>11} | {'wall s A/B':>11} | load (1/5/15) A ; B"
+    print(header)
+    print("-" * len(header))
+    by_round: dict[str, dict[str, dict]] = {}
+    for label, result in results:
+        by_round.setdefault(label[1:], {})[label[0]] = result
+    for r, pair in by_round.items():
+        a, b = pair["A"], pair["B"]
+        ta, tb = a["tokens"] / a["wall_s"], b["tokens"] / b["wall_s"]
+        print(
+            f"{r:>5} | {ta:>16.0f} | {tb:>19.0f} | {tb / ta:>10.2f} | {a['groups']:>4}/{b['groups']:<5} | "
+            f"{a['tokens']:>5}/{b['tokens']:<5} | {a['wall_s']:>5.2f}/{b['wall_s']:<5.2f} | {a['load']} ; {b['load']}"
+        )
+    errors = sum(r["errors"] for _, r in results)
+    continued = sum(r["continued"] for _, r in results)
+    print(f"actor request errors: {errors}, samples continued: {continued}; groups started (incl. in flight at the end): "
+          + ", ".join(f"{label}={r['started']}" for label, r in results))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", type=int, default=64, help="groups completed per phase (default 64)")
+    parser.add_argument("--rounds", type=int, default=2, help="A/B rounds (default 2: A, B, A, B)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for `rlrun train`")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from transformers import AutoTokenizer
+
+    print(f"load average at start: {load()}", flush=True)
+    cfg, resolved_yaml = compose(list(args.overrides))
+    path = model_path(cfg, build=True)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    task = load_task(cfg.dataset, cfg.run.seed)
+    with tempfile.TemporaryDirectory(prefix="rlrun-bench-") as tmp:
+        run_dir = create_run(cfg, resolved_yaml, list(args.overrides), root=Path(tmp) / "run")
+        with managed_server(run_dir, host=cfg.streams.host, appendfsync=cfg.streams.appendfsync, binary=cfg.streams.server) as server:
+            redis = connect(server.url, server.password)
+            try:
+                with vllm_server(cfg, path, run_dir.log("vllm-0")) as url:
+                    results = asyncio.run(run_phases(cfg, redis, tokenizer, task, url, run_dir.root.name, args.groups, args.rounds))
+            finally:
+                redis.close()
+    print_table(cfg, results, args.groups)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,46 @@
+"""A tiny guard between the supervisor and each child: `python -m rlrun.supervisor.guard PPID -- CMD...`.
+
+Why: the Linux parent-death signal reaches only a direct child, and some children leave
+grandchildren behind when they die (vLLM's engine core outlives a SIGKILLed API server). The guard
+leads the child's process group; when the supervisor disappears — even by SIGKILL — it kills the
+whole group, grandchildren included. Otherwise it is transparent: it runs CMD, and exits with
+CMD's exit status (dying of the same signal when CMD did).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+POLL_S = 0.2
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: python -m rlrun.supervisor.guard PARENT_PID -- CMD...", file=sys.stderr)
+        return 2
+    parent = int(argv[0])
+    # SIGTERM from the supervisor reaches the whole group, the child included: the guard itself
+    # only waits for the child to finish its own shutdown.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
+    child = subprocess.Popen(argv[2:])
+    while True:
+        code = child.poll()
+        if code is not None:
+            break
+        if os.getppid() != parent:  # the supervisor is gone: take the whole group down
+            os.killpg(0, signal.SIGKILL)
+        time.sleep(POLL_S)
+    if code < 0:  # die the way the child died, so the supervisor reads the same status
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # these two have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
