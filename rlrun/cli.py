@@ -91,7 +91,8 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
     for column in ("name", "command", "notable env", "log"):
         table.add_column(column, overflow="fold")
     for spec in launch.plan_specs(cfg, run_dir):
-        table.add_row(spec.name, " ".join(spec.argv), " ".join(f"{k}={v}" for k, v in spec.env.items()), str(spec.log_path))
+        env = [f"{k}={v}" for k, v in spec.env.items()] + [f"{k}=<{p}>" for k, p in spec.secret_env.items()]
+        table.add_row(spec.name, " ".join(spec.argv), " ".join(env), str(spec.log_path))
     console.print(table)
     console.print("[dim]ports marked 0 are chosen when the run starts; nothing was started.[/]")
 

@@ -120,6 +120,7 @@ def train(cfg: RunConfig, run_dir: RunDir, on_tick: Optional[Callable[[list[Proc
     """Run the whole job; return why it finished. Raises ProcessFailed / KeyboardInterrupt."""
     check_dependencies(cfg)
     path = model_path(cfg, build=True)
+    run_dir.ensure_secret(run_dir.vllm_api_key)
     if not run_dir.current_weights.exists():
         run_dir.point_current_weights(Path(path))  # vLLM starts from the base model
     events = EventLog(run_dir.events, clock=time.time)

@@ -43,6 +43,18 @@ class RunDir:
     def redis_password(self) -> Path:
         return self.secrets / "redis.password"
 
+    @property
+    def vllm_api_key(self) -> Path:
+        return self.secrets / "vllm.key"
+
+    def ensure_secret(self, path: Path) -> str:
+        """The secret stored at `path`, generated (and stored 0600) on first use."""
+        import secrets
+
+        if not path.is_file():
+            self.write_secret(path, secrets.token_urlsafe(32))
+        return path.read_text().strip()
+
     # --- services ----------------------------------------------------------------------------
     @property
     def redis_dir(self) -> Path:

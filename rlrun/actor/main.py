@@ -35,7 +35,10 @@ RETRY_DELAY_S = 1.0
 
 
 class Actor:
-    def __init__(self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str], run_name: str) -> None:
+    def __init__(
+        self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str], run_name: str, api_key: str = ""
+    ) -> None:
+        self.api_key = api_key
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
         self.urls = server_urls
         self.run_name = run_name
@@ -49,7 +52,8 @@ class Actor:
     async def run(self) -> None:
         self._restore_progress()
         limits = httpx.Limits(max_connections=self.cfg.actor.max_concurrent_groups * self.cfg.algo.group_size)
-        async with httpx.AsyncClient(limits=limits, timeout=self.cfg.actor.request_timeout_s) as client:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        async with httpx.AsyncClient(limits=limits, timeout=self.cfg.actor.request_timeout_s, headers=headers) as client:
             running: set[asyncio.Task] = set()
             while not self._training_done():
                 self._heartbeat()
@@ -198,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     redis = connect(args.redis_url, run_dir.redis_password.read_text().strip())
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
     task = load_task(cfg.dataset, cfg.run.seed)
-    actor = Actor(cfg, redis, tokenizer, task, args.vllm_url, run_name=run_dir.root.name)
+    api_key = run_dir.vllm_api_key.read_text().strip() if run_dir.vllm_api_key.is_file() else ""
+    actor = Actor(cfg, redis, tokenizer, task, args.vllm_url, run_name=run_dir.root.name, api_key=api_key)
     asyncio.run(actor.run())
     return 0
 

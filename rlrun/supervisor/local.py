@@ -55,6 +55,7 @@ class LocalSpawner:
     def spawn(self, spec: ProcessSpec) -> LocalHandle:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **spec.env}
+        env.update({name: path.read_text().strip() for name, path in spec.secret_env.items()})
         with open(spec.log_path, "ab", buffering=0) as log_file:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "rlrun.supervisor.guard", str(os.getpid()), "--", *spec.argv],

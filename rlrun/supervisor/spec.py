@@ -35,6 +35,9 @@ class ProcessSpec:
     argv: list[str]  # never through a shell
     log_path: Path  # stdout and stderr go here, never to an unread pipe
     env: dict[str, str] = field(default_factory=dict)  # added to the child's environment
+    # Environment variables read from (0600) files at spawn time: secrets never sit in a spec,
+    # a log line, a dry-run table or a command line.
+    secret_env: dict[str, Path] = field(default_factory=dict)
     cwd: Optional[Path] = None
     ready: Optional[Probe] = None  # None: ready as soon as it runs
     ready_timeout_s: float = 120.0
