@@ -135,7 +135,7 @@ def _plan_sample(
         counters.samples_kept += 1
         return kept(Action.KEEP, 0, sample.finish_reason)
     dropped = 0
-    if held and max(sample.versions) < oldest_allowed:
+    if held and min(sample.versions) < oldest_allowed:
         counters.prefixes_dropped_stale += 1
         counters.tokens_dropped_stale += held
         dropped = held

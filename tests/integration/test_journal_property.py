@@ -82,7 +82,6 @@ def make_machine(client):
             self.budget: dict[str, int] = {}
             self.delivered: dict[str, str] = {}  # group_id -> the message published
             self.actor: dict[str, ActorGroup] = {}  # the actor's memory: open groups it works on
-            self.crashes = 0
 
         # --- helpers -------------------------------------------------------------------------
         def _candidates(self, want):
@@ -311,7 +310,6 @@ def make_machine(client):
         @rule()
         def crash(self):
             """The actor dies: its memory is gone; it rebuilds from the journal."""
-            self.crashes += 1
             self.actor = {}
             groups, corrupt = self.journal.load_open_groups()
             assert corrupt == []

@@ -184,7 +184,7 @@ def test_deliver_publishes_exactly_once_and_trims_the_tokens(journal, client):
     # the group message holds everything: only a small marker stays
     assert client.hgetall(journal.group_key(group.group_id)) == {"state": "delivered", "cursor": "0", "stream_id": entry_id}
     assert not client.exists(journal.log_key(group.group_id))
-    assert journal.load_open_groups().groups == [] and journal.load_group(group.group_id) is None
+    assert journal.load_open_groups() == ([], []) and journal.load_group(group.group_id) is None
     # a delivered group takes no more writes
     assert journal.append(group.group_id, 0, 2, [1], [-1.0], 0).reason == "delivered"
     assert journal.finish(group.group_id, 0, "stop", 2).reason == "delivered"
