@@ -152,6 +152,31 @@ def logs(
         _fail(exc, debug)
 
 
+@app.command("inspect-checkpoint")
+def inspect_checkpoint(
+    path: Path = typer.Argument(..., help="A checkpoint directory (hf or Fast-LLM layout) or a run directory (its latest complete checkpoint)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout, for scripts."),
+    redis_url: Optional[str] = typer.Option(None, "--redis-url", help="Read the token journal from this Redis (default: the run's own, while the run is running)."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Show a checkpoint: step, samples, policy version, completeness, config, files, and the run's token journal."""
+    from rlrun import inspect as checkpoint_inspect
+
+    logging.basicConfig(level=logging.DEBUG if debug else logging.ERROR, format="%(name)s: %(message)s")
+    try:
+        report = checkpoint_inspect.inspect_path(path)
+        journal, note = checkpoint_inspect.read_journal(report, redis_url)
+    except BaseException as exc:  # noqa: BLE001 - the one place errors become messages
+        _fail(exc, debug)
+    if as_json:
+        typer.echo(checkpoint_inspect.to_json(report, journal, note))
+    else:
+        for item in checkpoint_inspect.renderables(report, journal, note):
+            console.print(item)
+    if not report.complete:
+        _fail(RunDirError(checkpoint_inspect.HALF_WRITTEN), debug)
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

@@ -2,8 +2,11 @@
 
 It hands out prompts in a seeded order, samples a group of completions per prompt from vLLM
 (streamed, token ids in and out), scores them, computes group-normalised advantages and
-publishes each finished group to the trainer's stream. It stays at most `actor.max_steps_ahead`
-optimizer steps ahead of the trainer, and exits once the trainer announces `training_done`.
+publishes each finished group to the trainer's stream. Every token is appended to the token
+journal in Redis as it arrives, so whatever stops a generation — a weight update (vLLM paused
+with abort), a vLLM server lost, the actor itself restarted — it is continued from the tokens
+already produced, never generated again. It stays at most `actor.max_steps_ahead` optimizer
+steps ahead of the trainer and exits once the trainer announces `training_done`.
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ import logging
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from rlrun.actor.sampling import SampleState, close_if_spent, remaining_budget
+from rlrun.actor.ledger import JournalLedger, Ledger, MemoryLedger
+from rlrun.actor.sampling import SampleState, close_if_spent, is_stale, remaining_budget
 from rlrun.actor.vllm_client import stream_completion
 from rlrun.config import RunConfig, load_resolved
 from rlrun.data.tasks import Task, load_task
+from rlrun.journal.plan import Action, GroupPlan, plan_replay
 from rlrun.rollouts import Group, Sample
 from rlrun.rundir import RunDir
 from rlrun.streams import names
@@ -34,29 +40,60 @@ log = logging.getLogger("rlrun.actor")
 RETRY_DELAY_S = 1.0
 
 
+@dataclass
+class LiveGroup:
+    """A group being generated: its identity, prompt and samples (mirroring the journal)."""
+
+    group_id: str
+    cursor: int
+    prompt_index: int
+    prompt_ids: list[int]
+    samples: list[SampleState]
+
+
 class Actor:
     def __init__(
-        self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str], run_name: str, api_key: str = ""
-    ) -> None:
-        self.api_key = api_key
+        self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str], ledger: Ledger,
+        run_name: str, api_key: str = "",
+    ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
         self.urls = server_urls
+        self.ledger = ledger
         self.run_name = run_name
-        self.cursor = 0  # prompts handed out so far
-        self.order = list(range(len(task.problems)))
+        self.api_key = api_key
         self._failure: BaseException | None = None
         self._last_heartbeat = 0.0
-        self.counters = {"groups_published": 0, "tokens_generated": 0, "samples_continued": 0, "request_errors": 0}
+        self.counters = {
+            "groups_published": 0,
+            "tokens_generated": 0,  # streamed from vLLM by this actor process
+            "tokens_reused": 0,  # kept from before an interruption and continued, not regenerated
+            "tokens_regenerated": 0,  # dropped (stale or unreadable) and generated again
+            "samples_continued": 0,
+            "prefixes_dropped_stale": 0,
+            "journal_corrupt_records": 0,
+            "request_errors": 0,
+        }
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
-        self._restore_progress()
+        resumed = self._replay_plan()
         limits = httpx.Limits(max_connections=self.cfg.actor.max_concurrent_groups * self.cfg.algo.group_size)
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         async with httpx.AsyncClient(limits=limits, timeout=self.cfg.actor.request_timeout_s, headers=headers) as client:
             running: set[asyncio.Task] = set()
+
+            def launch(coro) -> None:
+                task = asyncio.create_task(coro)
+                running.add(task)
+                task.add_done_callback(running.discard)
+                task.add_done_callback(self._note_failure)
+
+            for live in resumed:  # interrupted groups first, from the tokens they already have
+                launch(self._complete(client, live))
             while not self._training_done():
                 self._heartbeat()
+                if self._failure is not None:
+                    raise self._failure
                 if len(running) >= self.cfg.actor.max_concurrent_groups:
                     # Wake as soon as a slot frees up, not on a timer: groups are short.
                     await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
@@ -64,17 +101,10 @@ class Actor:
                 if not self._room_for_another_group(len(running)):
                     await asyncio.sleep(0.02)
                     continue
-                task = asyncio.create_task(self._group(client, self.cursor))
-                running.add(task)
-                task.add_done_callback(running.discard)
-                task.add_done_callback(self._note_failure)
-                self.cursor += 1
-                self.redis.hset(names.ACTOR_STATE, "cursor", self.cursor)  # a restart neither skips nor repeats prompts
-                if self._failure is not None:
-                    raise self._failure
+                launch(self._complete(client, self._open_group()))
             for task in running:
                 task.cancel()
-        log.info("trainer announced training_done; actor stops after %d groups", self.counters["groups_published"])
+        log.info("trainer announced training_done; actor stops (%s)", self.counters)
 
     def _note_failure(self, task: asyncio.Task) -> None:
         """A group task that raised something unexpected stops the actor (the supervisor sees it)."""
@@ -87,103 +117,178 @@ class Actor:
     def _training_done(self) -> bool:
         return self._trainer().get("training_done") == "1"
 
-    def _restore_progress(self) -> None:
-        state = self.redis.hgetall(names.ACTOR_STATE) or {}
-        self.cursor = int(state.get("cursor", 0))
-        self.counters["groups_published"] = int(state.get("groups_published", 0))
+    def _policy_version(self) -> int:
+        return int(self.redis.get(names.POLICY_VERSION) or 0)
 
     def _heartbeat(self) -> None:
         now = time.time()
         if now - self._last_heartbeat >= 1.0:
-            self.redis.hset(names.ACTOR_STATE, mapping={"pid": os.getpgrp(), "heartbeat": now})
+            self.redis.hset(names.ACTOR_STATE, mapping={"pid": os.getpgrp(), "heartbeat": now, **self.counters})
             self._last_heartbeat = now
 
     def _room_for_another_group(self, in_flight: int) -> bool:
         """Back-pressure: groups for at most `max_steps_ahead` steps beyond the trainer's next.
 
-        Counted as published + in flight (not prompts handed out), so groups lost with a
-        crashed actor do not leave the trainer waiting for data that never comes.
+        Counted in groups opened (delivered + in flight), from the ledger, so it survives an
+        actor restart: in-flight groups are replayed, never lost.
         """
         step = int(self._trainer().get("step", 0))
         allowed = (step + 1 + self.cfg.actor.max_steps_ahead) * self.cfg.groups_per_step
-        return self.counters["groups_published"] + in_flight < allowed
+        return self.ledger.opened(in_flight) < allowed
 
     def _problem_index(self, cursor: int) -> int:
         """A fresh seeded permutation of the problems for every pass over the data."""
-        epoch, position = divmod(cursor, len(self.order))
-        order = list(range(len(self.order)))
+        size = len(self.task.problems)
+        epoch, position = divmod(cursor, size)
+        order = list(range(size))
         random.Random(self.cfg.run.seed * 1_000_003 + epoch).shuffle(order)
         return order[position]
 
-    # --- one group -----------------------------------------------------------------------------
-    async def _group(self, client: httpx.AsyncClient, cursor: int) -> None:
-        problem_index = self._problem_index(cursor)
-        problem = self.task.problems[problem_index]
-        prompt_ids = self.tokenizer.encode(problem.prompt, add_special_tokens=False)
-        url = self.urls[cursor % len(self.urls)]
-        size, budget = self.cfg.algo.group_size, self.cfg.actor.max_new_tokens
-        samples = [SampleState(index=i) for i in range(size)]
+    def _prompt_ids(self, problem_index: int) -> list[int]:
+        return self.tokenizer.encode(self.task.problems[problem_index].prompt, add_special_tokens=False)
+
+    # --- groups: new ones, and those a restart left open ---------------------------------------
+    def _open_group(self) -> LiveGroup:
+        record = self.ledger.open_group(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
+        samples = [SampleState(index=i) for i in range(self.cfg.algo.group_size)]
+        return LiveGroup(record.group_id, record.cursor, record.prompt_index, list(record.prompt_ids), samples)
+
+    def _replay_plan(self) -> list[LiveGroup]:
+        groups, corrupt = self.ledger.load_open_groups()
+        for key, reason in corrupt:
+            log.warning("journal record %s is unreadable (%s): that sample is generated again", key, reason)
+        self.counters["journal_corrupt_records"] += len(corrupt)
+        plan = plan_replay(groups, current_version=self._policy_version(), max_prefix_staleness=self.cfg.actor.max_prefix_staleness)
+        c = plan.counters
+        self.counters["tokens_reused"] += c.tokens_reused
+        self.counters["tokens_regenerated"] += c.tokens_dropped_stale
+        self.counters["prefixes_dropped_stale"] += c.prefixes_dropped_stale
+        if plan.groups:
+            log.info("replaying the journal: %s", c.as_dict())
+        return [self._from_plan(g) for g in plan.groups]
+
+    def _from_plan(self, plan: GroupPlan) -> LiveGroup:
+        samples = []
+        for p in plan.samples:
+            sample = SampleState(p.index, list(p.prefix_token_ids), list(p.prefix_logprobs), list(p.prefix_versions))
+            sample.journaled = len(sample.completion_ids)
+            if p.action is Action.KEEP:
+                sample.finish_reason = p.finish_reason
+            elif p.action is Action.RESTART:
+                self.ledger.reset(plan.group_id, p.index)
+            elif p.action is Action.FINISH_LENGTH:
+                sample.finish_reason = "length"
+                self.ledger.finish(plan.group_id, p.index, "length", len(sample.completion_ids))
+            samples.append(sample)
+        return LiveGroup(plan.group_id, plan.cursor, plan.prompt_index, list(plan.prompt_ids), samples)
+
+    async def _complete(self, client: httpx.AsyncClient, group: LiveGroup) -> None:
+        """Generate until every sample is finished, journaling as it goes; then publish once."""
+        url = self.urls[group.cursor % len(self.urls)]
+        size, budget = len(group.samples), self.cfg.actor.max_new_tokens
         while True:
-            for sample in samples:
-                close_if_spent(sample, budget)
-            pending = [s for s in samples if not s.finished]
+            version = self._policy_version()
+            for sample in group.samples:
+                if is_stale(sample, version, self.cfg.actor.max_prefix_staleness):
+                    self._drop_stale(group, sample)
+                if close_if_spent(sample, budget):
+                    self.ledger.finish(group.group_id, sample.index, "length", len(sample.completion_ids))
+            pending = [s for s in group.samples if not s.finished]
             if not pending:
                 break
             try:
                 if len(pending) == size and all(not s.completion_ids for s in pending):
-                    await self._request(client, url, prompt_ids, pending)  # the whole group at once
+                    await self._request(client, url, group, pending, version)  # the whole group at once
                 else:
-                    self.counters["samples_continued"] += len(pending)
-                    await asyncio.gather(*(self._request(client, url, prompt_ids, [s]) for s in pending))
+                    self.counters["samples_continued"] += sum(1 for s in pending if s.completion_ids)
+                    self.counters["tokens_reused"] += sum(len(s.completion_ids) for s in pending)
+                    await asyncio.gather(*(self._request(client, url, group, [s], version) for s in pending))
             except (httpx.HTTPError, RuntimeError, ValueError) as exc:
                 self.counters["request_errors"] += 1
-                log.warning("group %d: request to %s failed (%s); continuing from the tokens kept", cursor, url, exc)
+                log.warning("group %s: request to %s failed (%s); continuing from the tokens kept", group.group_id, url, exc)
                 await asyncio.sleep(RETRY_DELAY_S)
-        self._publish(cursor, problem_index, prompt_ids, samples, problem.answer)
+            finally:
+                self._flush(group, group.samples)
+        self._publish(group)
 
-    async def _request(self, client, url: str, prompt_ids: list[int], samples: list[SampleState]) -> None:
+    async def _request(self, client, url: str, group: LiveGroup, samples: list[SampleState], version: int) -> None:
         """One streamed request for `samples`: all fresh (n = len) or one continued sample."""
-        version = int(self.redis.get(names.POLICY_VERSION) or 0)
         prefix = samples[0].completion_ids if len(samples) == 1 else []
         by_index = {i: s for i, s in enumerate(samples)}
         for sample in samples:
-            sample.finish_reason = None  # an earlier abort is being continued
+            sample.finish_reason = None  # an abort being continued
             sample.requests += 1
-        async for delta in stream_completion(
-            client,
-            url,
-            list(prompt_ids) + list(prefix),
-            n=len(samples),
-            max_tokens=remaining_budget(samples[0], self.cfg.actor.max_new_tokens),
-            temperature=self.cfg.actor.temperature,
-            timeout_s=self.cfg.actor.request_timeout_s,
-        ):
-            sample = by_index[delta.index]
-            sample.append(delta.token_ids, delta.logprobs, version)
-            self.counters["tokens_generated"] += len(delta.token_ids)
-            if delta.finish_reason is not None:
-                sample.finish_reason = delta.finish_reason
+        try:
+            async for delta in stream_completion(
+                client,
+                url,
+                group.prompt_ids + list(prefix),
+                n=len(samples),
+                max_tokens=remaining_budget(samples[0], self.cfg.actor.max_new_tokens),
+                temperature=self.cfg.actor.temperature,
+                timeout_s=self.cfg.actor.request_timeout_s,
+            ):
+                sample = by_index[delta.index]
+                sample.append(delta.token_ids, delta.logprobs, version)
+                self.counters["tokens_generated"] += len(delta.token_ids)
+                if delta.finish_reason is not None:
+                    sample.finish_reason = delta.finish_reason
+                if sample.finished or len(sample.completion_ids) - sample.journaled >= self.cfg.actor.journal_flush_tokens:
+                    self._flush(group, [sample])
+        finally:
+            self._flush(group, samples)
 
-    def _publish(self, cursor: int, problem_index: int, prompt_ids: list[int], samples: list[SampleState], answer: str) -> None:
-        texts = [self.tokenizer.decode(s.completion_ids, skip_special_tokens=True) for s in samples]
+    # --- the journal ---------------------------------------------------------------------------
+    def _flush(self, group: LiveGroup, samples: list[SampleState]) -> None:
+        """Append the samples' unjournaled tokens (one round trip), then record finishes."""
+        batches = [s for s in samples if len(s.completion_ids) > s.journaled]
+        results = self.ledger.append_many(group.group_id, batches)
+        for sample, result in zip(batches, results):
+            if result.accepted:
+                sample.journaled = result.length
+            else:  # our view and the journal's disagree: the journal is the truth
+                log.error("journal refused an append to %s/%d (%s): re-reading it", group.group_id, sample.index, result.reason)
+                self._resync(group, sample)
+        for sample in samples:
+            if sample.finished and not sample.finish_recorded and sample.journaled == len(sample.completion_ids):
+                self.ledger.finish(group.group_id, sample.index, sample.finish_reason, sample.journaled)
+                sample.finish_recorded = True
+
+    def _resync(self, group: LiveGroup, sample: SampleState) -> None:
+        record = self.ledger.load_group(group.group_id)
+        stored = next((s for s in record.samples if s.index == sample.index), None) if record else None
+        lost = len(sample.completion_ids) - (len(stored.token_ids) if stored else 0)
+        self.counters["tokens_regenerated"] += max(0, lost)
+        sample.reset()
+        if stored is not None:
+            sample.append_all(stored.token_ids, stored.logprobs, stored.versions)
+            sample.finish_reason = stored.finish_reason
+            sample.finish_recorded = stored.finished
+        sample.journaled = len(sample.completion_ids)
+
+    def _drop_stale(self, group: LiveGroup, sample: SampleState) -> None:
+        log.info("dropping a stale prefix of %d tokens in %s/%d", len(sample.completion_ids), group.group_id, sample.index)
+        self.counters["prefixes_dropped_stale"] += 1
+        self.counters["tokens_regenerated"] += len(sample.completion_ids)
+        self.ledger.reset(group.group_id, sample.index)
+        sample.reset()
+
+    def _publish(self, group: LiveGroup) -> None:
+        answer = self.task.problems[group.prompt_index].answer
+        texts = [self.tokenizer.decode(s.completion_ids, skip_special_tokens=True) for s in group.samples]
         rewards = [self.task.reward(text, answer) for text in texts]
         advantages = group_advantages(rewards, self.cfg.algo.normalize_advantage_std)
-        group = Group(
-            group_id=f"{self.run_name}/{cursor}",
-            prompt_index=problem_index,
-            prompt_ids=list(prompt_ids),
+        message = Group(
+            group_id=group.group_id,
+            prompt_index=group.prompt_index,
+            prompt_ids=group.prompt_ids,
             samples=[
                 Sample(s.index, s.completion_ids, s.logprobs, s.versions, s.finish_reason or "length", r, a)
-                for s, r, a in zip(samples, rewards, advantages)
+                for s, r, a in zip(group.samples, rewards, advantages)
             ],
         )
-        with self.redis.pipeline(transaction=True) as tx:  # the message and its count land together
-            tx.xadd(names.GROUPS_STREAM, {"data": encode(group.to_dict())})
-            tx.hincrby(names.ACTOR_STATE, "groups_published", 1)
-            tx.execute()
-        self.counters["groups_published"] += 1
-        others = {k: v for k, v in self.counters.items() if k != "groups_published"}
-        self.redis.hset(names.ACTOR_STATE, mapping=others)
+        if self.ledger.deliver(group.group_id, encode(message.to_dict())) is not None:
+            self.counters["groups_published"] += 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,8 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     redis = connect(args.redis_url, run_dir.redis_password.read_text().strip())
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
     task = load_task(cfg.dataset, cfg.run.seed)
+    ledger = JournalLedger(redis) if cfg.actor.journal else MemoryLedger(redis)
     api_key = run_dir.vllm_api_key.read_text().strip() if run_dir.vllm_api_key.is_file() else ""
-    actor = Actor(cfg, redis, tokenizer, task, args.vllm_url, run_name=run_dir.root.name, api_key=api_key)
+    actor = Actor(cfg, redis, tokenizer, task, args.vllm_url, ledger, run_name=run_dir.root.name, api_key=api_key)
     asyncio.run(actor.run())
     return 0
 

@@ -1,8 +1,8 @@
-"""Pure rules of group sampling: a sample's state, its remaining budget, advantages of a group.
+"""Pure rules of group sampling: a sample's state, its remaining budget, staleness.
 
 A sample is generated in one or more requests: the first asks for the whole group at once; a
-sample cut short (vLLM paused with abort for a weight update, or a server lost) is continued
-with prompt + the tokens it already has, for what is left of its budget.
+sample cut short (vLLM paused with abort for a weight update, a server lost, the actor
+restarted) is continued with prompt + the tokens it already has, for what is left of its budget.
 """
 
 from __future__ import annotations
@@ -18,18 +18,30 @@ class SampleState:
     index: int
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # policy version that produced each token
     finish_reason: Optional[str] = None
     requests: int = 0  # requests that contributed tokens (1 = never continued)
+    journaled: int = 0  # tokens already appended to the journal
+    finish_recorded: bool = False  # the journal knows it is finished
 
     @property
     def finished(self) -> bool:
         return self.finish_reason in FINISHED_REASONS
 
     def append(self, token_ids: list[int], logprobs: list[float], version: int) -> None:
+        self.append_all(token_ids, logprobs, [version] * len(token_ids))
+
+    def append_all(self, token_ids: list[int], logprobs: list[float], versions: list[int]) -> None:
         self.completion_ids.extend(token_ids)
         self.logprobs.extend(logprobs)
-        self.versions.extend([version] * len(token_ids))
+        self.versions.extend(versions)
+
+    def reset(self) -> None:
+        """Forget every token (a dropped prefix): the sample starts again from the prompt."""
+        self.completion_ids, self.logprobs, self.versions = [], [], []
+        self.finish_reason = None
+        self.finish_recorded = False
+        self.journaled = 0
 
 
 def remaining_budget(sample: SampleState, max_new_tokens: int) -> int:
@@ -37,7 +49,14 @@ def remaining_budget(sample: SampleState, max_new_tokens: int) -> int:
     return max(0, max_new_tokens - len(sample.completion_ids))
 
 
-def close_if_spent(sample: SampleState, max_new_tokens: int) -> None:
-    """A sample whose budget is spent is finished locally as `length`, without a request."""
+def close_if_spent(sample: SampleState, max_new_tokens: int) -> bool:
+    """Finish locally as `length` a sample whose budget is spent; True if it was closed now."""
     if not sample.finished and remaining_budget(sample, max_new_tokens) == 0:
         sample.finish_reason = "length"
+        return True
+    return False
+
+
+def is_stale(sample: SampleState, current_version: int, max_staleness: int) -> bool:
+    """An unfinished prefix whose oldest token is more than `max_staleness` versions old."""
+    return bool(sample.versions) and not sample.finished and min(sample.versions) < current_version - max_staleness

@@ -57,6 +57,13 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
                 f"{', '.join(repr(c) for c in choices)}."
             )
         return value
+    if tp is Any:
+        return value
+    if origin is dict:
+        key_type, inner = typing.get_args(tp)
+        if not isinstance(value, dict) or not all(isinstance(k, key_type) for k in value):
+            raise ConfigError(f"{path} must be a mapping with {key_type.__name__} keys, got {value!r}.")
+        return {k: _convert(inner, v, f"{path}.{k}") for k, v in value.items()}
     if origin is list:
         (inner,) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
@@ -115,6 +122,8 @@ def validate(cfg: RunConfig) -> None:
     need(act.temperature > 0, f"actor.temperature must be positive (got {act.temperature}).")
     need(act.max_steps_ahead >= 0, f"actor.max_steps_ahead must be 0 or more (got {act.max_steps_ahead}).")
     need(act.max_concurrent_groups >= 1, "actor.max_concurrent_groups must be at least 1.")
+    need(act.max_prefix_staleness >= 0, f"actor.max_prefix_staleness must be 0 or more (got {act.max_prefix_staleness}).")
+    need(act.journal_flush_tokens >= 1, f"actor.journal_flush_tokens must be at least 1 (got {act.journal_flush_tokens}).")
     need(
         act.max_new_tokens < cfg.model.max_model_len,
         f"actor.max_new_tokens ({act.max_new_tokens}) must be below model.max_model_len "
@@ -133,5 +142,51 @@ def validate(cfg: RunConfig) -> None:
             host in ("127.0.0.1", "localhost", "::1") or cfg.world.kind != "local",
             f"{key}={host}: with world=local servers listen on loopback only (127.0.0.1).",
         )
+    _validate_fast_llm(cfg, need)
     if problems:
         raise ConfigError("invalid configuration: " + " ".join(problems))
+
+
+def _validate_fast_llm(cfg: RunConfig, need) -> None:
+    t, f = cfg.trainer, cfg.trainer.fast_llm
+    if f.train_iters is not None:
+        need(
+            f.train_iters == t.max_train_steps,
+            f"trainer.fast_llm.train_iters ({f.train_iters}) disagrees with trainer.max_train_steps "
+            f"({t.max_train_steps}): rlrun sets Fast-LLM's training.train_iters from "
+            "trainer.max_train_steps, and the run is complete only when Fast-LLM reaches it. Set "
+            "trainer.max_train_steps to the step count you want and remove trainer.fast_llm.train_iters.",
+        )
+    if t.backend != "fast_llm":
+        return
+    need(
+        t.gradient_accumulation_passes == 1,
+        f"trainer.gradient_accumulation_passes={t.gradient_accumulation_passes} has no effect with "
+        "trainer=fast_llm: Fast-LLM ignores it and takes schedule.docs_per_step documents per step. "
+        "Set trainer.gradient_accumulation_passes=1 and trainer.fast_llm.docs_per_step="
+        f"{t.train_batch_size * t.gradient_accumulation_passes} (or trainer.train_batch_size) instead.",
+    )
+    if f.docs_per_step is not None:
+        need(f.docs_per_step >= 1, f"trainer.fast_llm.docs_per_step must be at least 1 (got {f.docs_per_step}).")
+    need(f.nproc_per_node >= 1, f"trainer.fast_llm.nproc_per_node must be at least 1 (got {f.nproc_per_node}).")
+    if f.data_parallel is not None:
+        need(f.data_parallel >= 1, f"trainer.fast_llm.data_parallel must be at least 1 (got {f.data_parallel}).")
+    need(
+        f.micro_batch_size >= cfg.model.max_model_len,
+        f"trainer.fast_llm.micro_batch_size ({f.micro_batch_size} tokens) must hold a whole document of "
+        f"model.max_model_len ({cfg.model.max_model_len}) tokens: Fast-LLM skips documents that do not fit.",
+    )
+    need(f.timeout_s > 0, f"trainer.fast_llm.timeout_s must be positive (got {f.timeout_s}).")
+    need(0 <= f.broadcast_port < 65536, f"trainer.fast_llm.broadcast_port must be 0 (auto) or a port (got {f.broadcast_port}).")
+    need(
+        any("{config}" in arg for arg in f.command),
+        f"trainer.fast_llm.command must pass the generated config file with a {{config}} placeholder (got {f.command}).",
+    )
+    names = (f.stream, f.consumer_group, f.events_stream)
+    need(
+        all(names) and f.stream != f.events_stream,
+        "trainer.fast_llm.stream and trainer.fast_llm.events_stream must be two different non-empty names "
+        f"(got {f.stream!r}, {f.events_stream!r}).",
+    )
+    need(bool(f.experiment_dir_name) and "/" not in f.experiment_dir_name,
+         f"trainer.fast_llm.experiment_dir_name must be a plain folder name (got {f.experiment_dir_name!r}).")

@@ -8,7 +8,7 @@ says what it means. `validate` checks cross-role invariants before anything star
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 AlgoName = Literal["gspo", "grpo"]
 
@@ -73,8 +73,39 @@ class StreamsConfig:
 
 
 @dataclass(frozen=True)
+class FastLlmConfig:
+    """The external Fast-LLM trainer (`trainer.fast_llm.*`, used when trainer.backend=fast_llm).
+
+    Stream, group and event names are hard-coded inside Fast-LLM and change between its versions
+    (`fast_llm_group` vs `fast_llm_dp_group`): they are kept here, next to the version they match.
+    """
+
+    version: str = "0.3"  # the Fast-LLM version the names and keys below match (main, 2025: streaming dataset + callback)
+    command: list[str] = field(
+        default_factory=lambda: [
+            "torchrun", "--nproc_per_node={nproc}", "--no_python", "fast-llm", "train", "gpt", "--config", "{config}",
+        ]
+    )  # launch command; placeholders: {nproc}, {config}, {data_parallel}
+    nproc_per_node: int = 1  # trainer processes (GPUs) on the node
+    docs_per_step: Optional[int] = None  # documents per optimizer step (schedule.docs_per_step); default trainer.samples_per_step
+    micro_batch_size: int = 2048  # tokens per micro-batch (data.micro_batch_size); a document must fit in one
+    data_parallel: Optional[int] = None  # data-parallel ranks; default nproc_per_node (the stand-in simulates this many)
+    checkpoint_format: str = "qwen2"  # Fast-LLM's HF converter for pretrained weights and the broadcast export
+    stream: str = "fast_llm_streaming"  # documents, actor → Fast-LLM (XREADGROUP ... NOACK)
+    consumer_group: str = "fast_llm_group"  # Fast-LLM's consumer group on `stream` (fast_llm_dp_group in later versions)
+    events_stream: str = "fast_llm_events"  # Fast-LLM → rlrun: weights_ready, training_finished (field `event`)
+    loss_masking_span_end: Literal["exclusive", "inclusive"] = "exclusive"  # end convention of loss_masking_spans
+    timeout_s: float = 600.0  # Fast-LLM's Redis timeout: it dies when fed no document this long
+    broadcast_port: int = 0  # weight-broadcast rendezvous port; 0 picks a free one at launch
+    broadcast_backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: gloo when trainer.device=cpu, else nccl
+    experiment_dir_name: str = "fast_llm"  # Fast-LLM's run.experiment_dir, under the run directory
+    train_iters: Optional[int] = None  # leave unset: rlrun sets training.train_iters = trainer.max_train_steps
+    extra: dict[str, Any] = field(default_factory=dict)  # merged last into the generated Fast-LLM config (escape hatch)
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
-    backend: Literal["hf"] = "hf"  # hf: rlrun's torch/transformers loop
+    backend: Literal["hf", "fast_llm"] = "hf"  # hf: rlrun's torch/transformers loop; fast_llm: external Fast-LLM
     max_train_steps: int = 300  # optimizer steps; the run is done when the trainer has taken them
     train_batch_size: int = 256  # samples per forward/backward pass
     gradient_accumulation_passes: int = 1  # passes per optimizer step
@@ -86,6 +117,7 @@ class TrainerConfig:
     keep_checkpoints: int = 2  # complete checkpoints kept; older ones are deleted
     device: str = "cpu"  # torch device of the trainer
     threads: int = 1  # torch CPU threads of the trainer
+    fast_llm: FastLlmConfig = field(default_factory=FastLlmConfig)  # backend=fast_llm only
 
     @property
     def samples_per_step(self) -> int:
@@ -99,6 +131,9 @@ class ActorConfig:
     max_steps_ahead: int = 1  # back-pressure: groups for at most this many steps beyond the trainer
     max_concurrent_groups: int = 16  # groups generating at once
     request_timeout_s: float = 120.0  # one streamed vLLM request
+    max_prefix_staleness: int = 4  # a kept prefix older than this many policy versions is dropped (counted)
+    journal: bool = True  # token journal in Redis (off only to measure its overhead)
+    journal_flush_tokens: int = 16  # a sample's tokens are appended to the journal in batches this big
 
 
 @dataclass(frozen=True)

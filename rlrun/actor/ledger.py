@@ -1,0 +1,133 @@
+"""Where the actor records its groups: the token journal in Redis, or memory (benchmarks only).
+
+The actor talks to a `Ledger`; `JournalLedger` is the real thing (every token survives any
+restart, delivery is exactly-once). `MemoryLedger` keeps nothing across a restart and exists
+so the journal's overhead can be measured against it (`actor.journal=false`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol
+
+from rlrun.actor.sampling import SampleState
+from rlrun.journal.records import GroupRecord
+from rlrun.journal.store import Append, Journal, WriteResult
+from rlrun.streams import names
+
+TRIM_EVERY = 256  # deliveries between trims of old delivered markers
+KEEP_DELIVERED = 10_000  # delivered markers kept (a replay older than that cannot happen)
+
+
+@dataclass(frozen=True)
+class OpenedGroup:
+    group_id: str
+    cursor: int
+    prompt_index: int
+    prompt_ids: list[int]
+
+
+class Ledger(Protocol):
+    def opened(self, in_flight: int) -> int: ...
+    def open_group(self, index_for: Callable[[int], int], ids_for: Callable[[int], list[int]], size: int, budget: int, run: str) -> OpenedGroup: ...
+    def load_open_groups(self) -> tuple[list[GroupRecord], list[tuple[str, str]]]: ...
+    def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]: ...
+    def finish(self, group_id: str, index: int, reason: str, length: int) -> None: ...
+    def reset(self, group_id: str, index: int) -> None: ...
+    def load_group(self, group_id: str) -> Optional[GroupRecord]: ...
+    def deliver(self, group_id: str, message: str) -> Optional[str]: ...
+
+
+class JournalLedger:
+    def __init__(self, redis) -> None:
+        self.journal = Journal(redis)
+        self._deliveries = 0
+
+    def opened(self, in_flight: int) -> int:
+        return self.journal.cursor()  # delivered + open: in-flight groups are in it already
+
+    def open_group(self, index_for, ids_for, size, budget, run) -> OpenedGroup:
+        r = self.journal.open_group(index_for, ids_for, group_size=size, max_new_tokens=budget, run=run)
+        return OpenedGroup(r.group_id, r.cursor, r.prompt_index, list(r.prompt_ids))
+
+    def load_open_groups(self):
+        loaded = self.journal.load_open_groups()
+        return loaded.groups, loaded.corrupt
+
+    def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
+        """One round trip; a sample's new tokens are split into runs of one policy version."""
+        appends, owners = [], []
+        for sample in samples:
+            offset = sample.journaled
+            while offset < len(sample.completion_ids):
+                version = sample.versions[offset]
+                end = offset
+                while end < len(sample.completion_ids) and sample.versions[end] == version:
+                    end += 1
+                appends.append(Append(group_id, sample.index, offset, sample.completion_ids[offset:end], sample.logprobs[offset:end], version))
+                owners.append(sample.index)
+                offset = end
+        results = self.journal.append_many(appends) if appends else []
+        last: dict[int, WriteResult] = {}
+        for index, result in zip(owners, results):
+            if index not in last or last[index].accepted:  # keep the first refusal, else the last answer
+                last[index] = result
+        return [last[s.index] for s in samples if s.index in last]
+
+    def finish(self, group_id: str, index: int, reason: str, length: int) -> None:
+        self.journal.finish(group_id, index, reason, length)
+
+    def reset(self, group_id: str, index: int) -> None:
+        self.journal.reset(group_id, index)
+
+    def load_group(self, group_id: str) -> Optional[GroupRecord]:
+        return self.journal.load_group(group_id)
+
+    def deliver(self, group_id: str, message: str) -> Optional[str]:
+        stream_id = self.journal.deliver(group_id, names.GROUPS_STREAM, message)
+        self._deliveries += 1
+        if self._deliveries % TRIM_EVERY == 0:
+            self.journal.trim_delivered(keep_last=KEEP_DELIVERED)
+        return stream_id
+
+
+class MemoryLedger:
+    """No journal: groups in flight are lost with the actor. For measuring overhead only."""
+
+    def __init__(self, redis) -> None:
+        self.redis = redis
+        self._cursor = int((redis.hget(names.ACTOR_STATE, "cursor") or 0))
+        self._published = int((redis.hget(names.ACTOR_STATE, "groups_published") or 0))
+
+    def opened(self, in_flight: int) -> int:
+        return self._published + in_flight
+
+    def open_group(self, index_for, ids_for, size, budget, run) -> OpenedGroup:
+        cursor = self._cursor
+        self._cursor += 1
+        self.redis.hset(names.ACTOR_STATE, "cursor", self._cursor)
+        index = index_for(cursor)
+        return OpenedGroup(f"{run}/{cursor}", cursor, index, list(ids_for(index)))
+
+    def load_open_groups(self):
+        return [], []
+
+    def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
+        return [WriteResult(True, len(s.completion_ids), "ok") for s in samples]
+
+    def finish(self, group_id: str, index: int, reason: str, length: int) -> None:
+        pass
+
+    def reset(self, group_id: str, index: int) -> None:
+        pass
+
+    def load_group(self, group_id: str) -> Optional[GroupRecord]:
+        return None
+
+    def deliver(self, group_id: str, message: str) -> Optional[str]:
+        with self.redis.pipeline(transaction=True) as tx:
+            tx.xadd(names.GROUPS_STREAM, {"data": message})
+            tx.hincrby(names.ACTOR_STATE, "groups_published", 1)
+            stream_id, _ = tx.execute()
+        self._published += 1
+        return stream_id

@@ -1,0 +1,140 @@
+"""Fast-LLM's checkpoint layout, read by rlrun, and half-written checkpoints moved out of its way.
+
+Layout (fast_llm/engine/training/trainer.py `_save_checkpoint`, config.py
+`TrainingCheckpointConfig.get_save_directory`): `<experiment_dir>/checkpoint/<step>/` (the legacy
+name `checkpoints/` is used when only it exists), with `metadata.yaml` (`completed_steps`, and
+`documents_seen` in versions that count documents) and an empty `ok` file written last, after
+every rank finished writing.
+
+Why rlrun moves half-written checkpoints aside before (re)starting Fast-LLM:
+- `_get_last_checkpoint` takes the highest-numbered directory and `_load_checkpoint` then asserts
+  that its `ok` file exists: one half-written directory makes every restart fail;
+- `_save_checkpoint` creates `<step>/` with `exist_ok=False`: a leftover at a step Fast-LLM reaches
+  again crashes it there;
+- both list the folder with `int(path.name)`, so anything not named by a step number inside
+  `checkpoint/` crashes Fast-LLM too. Incomplete directories therefore go to a sibling folder,
+  `<experiment_dir>/checkpoint_incomplete/<step>.incomplete-<timestamp>/`, and are never deleted.
+
+Call `move_aside_incomplete` only while Fast-LLM is stopped: a checkpoint being written has no
+`ok` yet either.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoint"
+LEGACY_CHECKPOINT_DIR = "checkpoints"
+INCOMPLETE_DIR = "checkpoint_incomplete"
+OK_MARKER = "ok"
+METADATA_FILE = "metadata.yaml"
+
+
+class CheckpointError(ValueError):
+    """A Fast-LLM checkpoint whose metadata cannot be read."""
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    completed_steps: int  # optimizer steps done when the checkpoint was written
+    documents_seen: Optional[int] = None  # documents consumed by then (None when not recorded)
+
+
+def checkpoint_root(experiment_dir: Path) -> Path:
+    """Where Fast-LLM writes checkpoints for this experiment directory (its own rule)."""
+    experiment_dir = Path(experiment_dir)
+    legacy, current = experiment_dir / LEGACY_CHECKPOINT_DIR, experiment_dir / CHECKPOINT_DIR
+    return legacy if legacy.is_dir() and not current.is_dir() else current
+
+
+def is_complete(path: Path) -> bool:
+    return (Path(path) / OK_MARKER).is_file()
+
+
+def step_dirs(experiment_dir: Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every step-named checkpoint directory, by step."""
+    root = checkpoint_root(experiment_dir)
+    if not root.is_dir():
+        return []
+    found = [(int(p.name), p) for p in root.iterdir() if p.is_dir() and p.name.isdigit()]
+    return sorted(found)
+
+
+def latest_complete(experiment_dir: Path) -> Optional[Path]:
+    """The highest-step checkpoint with its `ok` marker, or None."""
+    complete = [path for _, path in step_dirs(experiment_dir) if is_complete(path)]
+    return complete[-1] if complete else None
+
+
+def latest_complete_step(experiment_dir: Path) -> Optional[int]:
+    """The step of `latest_complete`, or None: an input of the fast_llm completion rule."""
+    path = latest_complete(experiment_dir)
+    return None if path is None else int(path.name)
+
+
+def read_metadata(path: Path) -> CheckpointMetadata:
+    """The `metadata.yaml` of checkpoint directory `path`."""
+    file = Path(path) / METADATA_FILE
+    try:
+        data = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise CheckpointError(f"cannot read Fast-LLM checkpoint metadata {file}: {exc}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file} is not a mapping")
+    steps, seen = data.get("completed_steps"), data.get("documents_seen")
+    if type(steps) is not int or steps < 0:
+        raise CheckpointError(f"{file}: completed_steps must be a count, got {steps!r}")
+    if seen is not None and (type(seen) is not int or seen < 0):
+        raise CheckpointError(f"{file}: documents_seen must be a count, got {seen!r}")
+    return CheckpointMetadata(completed_steps=steps, documents_seen=seen)
+
+
+def move_aside_incomplete(
+    experiment_dir: Path, *, clock: Callable[[], float] = time.time
+) -> list[Path]:
+    """Move every step directory without `ok` to `checkpoint_incomplete/<step>.incomplete-<time>`
+    (never deleting anything) and return their new paths, logging a warning for each.
+
+    Entries of the checkpoint folder that are not step directories are left in place with a
+    warning (Fast-LLM fails on them, but they are not ours to move).
+    """
+    experiment_dir = Path(experiment_dir)
+    root = checkpoint_root(experiment_dir)
+    if not root.is_dir():
+        return []
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(clock()))
+    moved = []
+    for step, path in step_dirs(experiment_dir):
+        if is_complete(path):
+            continue
+        target = _free_name(experiment_dir / INCOMPLETE_DIR, f"{step}.incomplete-{stamp}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(path, target)
+        log.warning(
+            "Fast-LLM checkpoint %s has no '%s' marker (half-written): moved to %s; the trainer "
+            "resumes from the last complete checkpoint", path, OK_MARKER, target,
+        )
+        moved.append(target)
+    strays = [p.name for p in root.iterdir() if not (p.is_dir() and p.name.isdigit())]
+    if strays:
+        log.warning(
+            "%s holds entries that are not step directories (%s): Fast-LLM fails on them; move them "
+            "out of that folder", root, ", ".join(sorted(strays)),
+        )
+    return moved
+
+
+def _free_name(folder: Path, name: str) -> Path:
+    candidate, n = folder / name, 1
+    while candidate.exists():
+        candidate, n = folder / f"{name}-{n}", n + 1
+    return candidate

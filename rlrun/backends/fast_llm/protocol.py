@@ -1,0 +1,143 @@
+"""Fast-LLM's Redis protocol: the documents rlrun writes and the events Fast-LLM writes back.
+
+These are Fast-LLM's messages, not rlrun's: they carry no schema_version and follow Fast-LLM's
+reader (fast_llm/data/dataset/streaming.py, `RedisStreamingDocumentData.from_message`: the JSON in
+field `data` gives the document's fields; `tokens` and `old_log_probabilities` may be lists) and
+its callback (fast_llm/engine/training/streaming.py: stream `fast_llm_events`, field `event`).
+
+Documents. One message per sample on `trainer.fast_llm.stream`, field `data` =
+`{"tokens": prompt + completion, "loss_masking_spans": [[begin, end]], "advantage": float,
+"old_log_probabilities": [0.0 per prompt token] + the behaviour log-probs}`.
+The span masks the prompt. Its end convention depends on the Fast-LLM version
+(`trainer.fast_llm.loss_masking_span_end`): since the document/range rewrite that brought the
+streaming dataset, spans are half-open — fast_llm/data/document/language_model.py applies
+`labels[span_begin:span_end] = -100` and fast_llm/data/sample/range.py crops `[begin, end)` —
+so the prompt is `[0, len(prompt)]` ("exclusive", the default). Older GPT preprocessing applied
+`labels[start : end + 1] = -100` (inclusive end), where the prompt is `[0, len(prompt) - 1]`.
+Labels are the tokens themselves (shifted by the model), so masking the prompt's labels leaves the
+first completion token as the first trained prediction.
+
+Events. `{"type": "weights_ready", "step": int}` (some versions add `"documents_seen": int`) before
+each weight broadcast: after every step, and once when the run begins (step = the steps already
+done). `{"type": "training_finished"}` when the training loop ends, also after SIGINT/SIGTERM.
+Anything else raises `MalformedEvent`, which the caller counts and skips.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Optional, Union
+
+from rlrun.rollouts import Group, Sample
+
+DOCUMENT_FIELD = "data"  # Fast-LLM's RedisConfig.REDIS_FIELD
+EVENT_FIELD = "event"  # Fast-LLM's REDIS_TRAINING_FIELD
+
+SpanEnd = Literal["exclusive", "inclusive"]
+
+
+class MalformedEvent(ValueError):
+    """A message on Fast-LLM's events stream that is not an event rlrun understands."""
+
+
+@dataclass(frozen=True)
+class WeightsReady:
+    step: int  # optimizer steps completed; the policy version of the weights that follow
+    documents_seen: Optional[int] = None  # documents consumed so far (not sent by every Fast-LLM version)
+
+
+@dataclass(frozen=True)
+class TrainingFinished:
+    """Fast-LLM's training loop ended (also after an interrupt: not proof that train_iters was reached)."""
+
+
+Event = Union[WeightsReady, TrainingFinished]
+
+
+# --- documents ---------------------------------------------------------------------------------
+
+
+def prompt_span(prompt_length: int, span_end: SpanEnd = "exclusive") -> list[int]:
+    """The loss-masking span covering the first `prompt_length` tokens, in `span_end` convention."""
+    if prompt_length < 1:
+        raise ValueError("a document needs a prompt of at least one token")
+    return [0, prompt_length if span_end == "exclusive" else prompt_length - 1]
+
+
+def document(prompt_ids: list[int], sample: Sample, span_end: SpanEnd = "exclusive") -> dict:
+    """The Fast-LLM document of one sample (plain data, before JSON)."""
+    if len(sample.logprobs) != len(sample.completion_ids):
+        raise ValueError(f"sample {sample.index}: {len(sample.completion_ids)} tokens but {len(sample.logprobs)} log-probs")
+    return {
+        "tokens": [int(t) for t in prompt_ids] + [int(t) for t in sample.completion_ids],
+        "loss_masking_spans": [prompt_span(len(prompt_ids), span_end)],
+        "advantage": float(sample.advantage),
+        "old_log_probabilities": [0.0] * len(prompt_ids) + [float(lp) for lp in sample.logprobs],
+    }
+
+
+def encode_document(prompt_ids: list[int], sample: Sample, span_end: SpanEnd = "exclusive") -> dict[str, str]:
+    """The XADD fields of one sample's document message: `{"data": <JSON>}`."""
+    body = document(prompt_ids, sample, span_end)
+    return {DOCUMENT_FIELD: json.dumps(body, separators=(",", ":"), allow_nan=False)}
+
+
+def encode_group(group: Group, span_end: SpanEnd = "exclusive") -> list[dict[str, str]]:
+    """One document message per sample of `group`, in sample order."""
+    return [encode_document(group.prompt_ids, sample, span_end) for sample in group.samples]
+
+
+def publish_group(client, stream: str, group: Group, span_end: SpanEnd = "exclusive") -> list[str]:
+    """XADD the group's documents to `stream` in one MULTI/EXEC, so Fast-LLM never sees half a
+    group. Returns the entry ids."""
+    pipe = client.pipeline(transaction=True)
+    for fields in encode_group(group, span_end):
+        pipe.xadd(stream, fields)
+    return [str(i) for i in pipe.execute()]
+
+
+# --- events ------------------------------------------------------------------------------------
+
+
+def parse_event(fields: Mapping) -> Event:
+    """The event in one `fast_llm_events` entry (its field map, str or bytes keys and values)."""
+    raw = None
+    for key, value in fields.items():
+        if (key.decode("utf-8", "replace") if isinstance(key, (bytes, bytearray)) else key) == EVENT_FIELD:
+            raw = value
+    if raw is None:
+        raise MalformedEvent(f"no '{EVENT_FIELD}' field in {_excerpt(fields)}")
+    if isinstance(raw, (bytes, bytearray)):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedEvent(f"event is not UTF-8: {exc}") from None
+    try:
+        body = json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        raise MalformedEvent(f"event is not JSON ({exc}): {_excerpt(raw)}") from None
+    if not isinstance(body, dict):
+        raise MalformedEvent(f"event is not a JSON object: {_excerpt(raw)}")
+    kind = body.get("type")
+    if kind == "training_finished":
+        return TrainingFinished()
+    if kind == "weights_ready":
+        step = body.get("step")
+        if not _is_count(step):
+            raise MalformedEvent(f"weights_ready without a valid step: {_excerpt(raw)}")
+        seen = body.get("documents_seen")
+        if seen is not None and not _is_count(seen):
+            raise MalformedEvent(f"weights_ready with an invalid documents_seen: {_excerpt(raw)}")
+        return WeightsReady(step=step, documents_seen=seen)
+    raise MalformedEvent(f"unknown event type {kind!r}: {_excerpt(raw)}")
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0  # bool is an int in Python: refuse `true`
+
+
+def _excerpt(value: object, limit: int = 120) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[:limit] + "…"

@@ -1,0 +1,585 @@
+"""What `rlrun inspect-checkpoint` reads: one checkpoint, its run's config, and the token journal.
+
+`inspect_path(path)` accepts an hf checkpoint (`<run>/checkpoints/step_NNNNNN/`), a Fast-LLM
+checkpoint (`<experiment_dir>/checkpoint/<step>/` with `metadata.yaml`) or a run directory (then
+its latest complete checkpoint) and returns a `CheckpointReport`: plain data, nothing printed.
+A half-written checkpoint (no `ok` marker) is reported with `complete=False`, not refused: the
+CLI shows it and exits with the run-directory code. A path that is no checkpoint raises
+RunDirError naming what was expected.
+
+The journal lives in the run's Redis, so it can only be read while a server holds it:
+`journal_summary(client)` sums up the open groups of an already-connected client, and
+`read_journal(report, redis_url)` decides whether there is one to connect to.
+
+This module never prints and never loads model weights (only file names, sizes and metadata).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+import yaml
+
+from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
+from rlrun.rundir import MARKER, RunDir
+from rlrun.trainer import checkpoint as hf_checkpoint
+
+log = logging.getLogger(__name__)
+
+HF = "hf"
+FAST_LLM = "fast_llm"
+FAST_LLM_METADATA = "metadata.yaml"
+HALF_WRITTEN = "half-written checkpoint (no ok marker): it will be skipped on resume"
+REDIS_NOT_RUNNING = "Redis not running (start the run with `rlrun resume` to see it)"
+NO_RUN_FOR_JOURNAL = "no run directory around this checkpoint (pass --redis-url to read a journal)"
+
+_HF_NAME = re.compile(r"step_(\d+)")
+_RUN_SEARCH_DEPTH = 6  # parent folders searched for rlrun-run.json above a checkpoint
+_FAST_LLM_GLOBS = ("checkpoint/*", "*/checkpoint/*", "*/*/checkpoint/*")  # inside a run directory
+_EXPECTED = (
+    "expected an hf checkpoint directory (checkpoints/step_NNNNNN/ with trainer_state.json), a "
+    "Fast-LLM checkpoint directory (checkpoint/<step>/ with metadata.yaml), or a run directory "
+    f"(with {MARKER})"
+)
+
+
+# --- the report --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    name: str  # relative to the checkpoint directory
+    size: int  # bytes
+
+
+@dataclass(frozen=True)
+class ConfigSummary:
+    """The part of the run's resolved config that says what a checkpoint was trained for."""
+
+    recipe: str
+    algo: str
+    model: str
+    trainer_backend: str
+    max_train_steps: int
+    samples_per_step: int
+
+
+@dataclass(frozen=True)
+class CheckpointReport:
+    path: str  # the checkpoint directory (absolute)
+    layout: str  # "hf" | "fast_llm"
+    step: Optional[int]  # optimizer steps taken (hf: trainer_state; fast_llm: completed_steps)
+    samples_processed: Optional[int]  # hf only
+    documents_seen: Optional[int]  # fast_llm only (when its metadata records it)
+    policy_version: Optional[int]  # hf only: the version vLLM serves after this step
+    written_at: Optional[float]  # unix time
+    written_at_source: str  # "trainer_state.json" or the file whose mtime was used
+    complete: bool  # the `ok` marker is there (hf: and trainer_state.json)
+    run_dir: Optional[str]  # the run directory holding the checkpoint, if any
+    selected_from_run: bool  # PATH was a run directory and this is its latest complete checkpoint
+    skipped_half_written: list[str]  # run directory only: newer half-written checkpoints skipped
+    config: Optional[ConfigSummary]  # from the run's config.yaml
+    config_hash: Optional[str]  # sha256[:12] of the run's config.yaml
+    checkpoint_config_hash: Optional[str]  # hf: the hash recorded in trainer_state.json
+    files: list[FileEntry]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["total_bytes"] = self.total_bytes
+        data["written_at_iso"] = _iso(self.written_at)
+        return data
+
+
+def _iso(stamp: Optional[float]) -> Optional[str]:
+    if stamp is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))
+
+
+# --- reading a path ----------------------------------------------------------------------------
+
+
+def inspect_path(path: Path) -> CheckpointReport:
+    """The report for a checkpoint directory, or for a run directory's latest complete one."""
+    path = Path(path).expanduser().absolute()
+    if not path.exists():
+        raise RunDirError(f"{path} does not exist: {_EXPECTED}.")
+    if not path.is_dir():
+        raise RunDirError(f"{path} is a file, not a directory: {_EXPECTED}.")
+    run = RunDir(path)
+    if run.is_run():
+        chosen, skipped = latest_in_run(run)
+        if chosen is None:
+            half = f" ({len(skipped)} half-written one(s) skipped: {', '.join(skipped)})" if skipped else ""
+            raise RunDirError(
+                f"the run directory {path} holds no complete checkpoint yet{half}: resuming it "
+                f"starts the trainer from the base model."
+            )
+        return _read_checkpoint(chosen, selected_from_run=True, skipped=skipped)
+    if layout_of(path) is None:
+        raise RunDirError(f"{path} is not a checkpoint: {_EXPECTED}.{_hint(path)}")
+    return _read_checkpoint(path, selected_from_run=False, skipped=[])
+
+
+def layout_of(path: Path) -> Optional[str]:
+    """"hf", "fast_llm", or None when `path` looks like neither (a half-written one included)."""
+    if (path / hf_checkpoint.STATE_FILE).is_file() or _HF_NAME.fullmatch(_hf_name(path)):
+        return HF
+    if (path / FAST_LLM_METADATA).is_file() or (path.name.isdigit() and path.parent.name == "checkpoint"):
+        return FAST_LLM
+    return None
+
+
+def _hf_name(path: Path) -> str:
+    """The folder name without the temporary prefix `checkpoint.save` writes under."""
+    return path.name.removeprefix(".tmp-")
+
+
+def latest_in_run(run: RunDir) -> tuple[Optional[Path], list[str]]:
+    """(the highest-step complete checkpoint of either layout, newer half-written ones skipped).
+
+    Uses the same completeness rule and order as `rlrun.trainer.checkpoint.latest_complete`
+    (what a resume loads), also for Fast-LLM's `checkpoint/<step>/` folders inside the run.
+    """
+    candidates: list[tuple[int, Path]] = []
+    if run.checkpoints.is_dir():
+        for folder in run.checkpoints.glob("step_*"):
+            match = _HF_NAME.fullmatch(folder.name)
+            if match and folder.is_dir():
+                candidates.append((int(match.group(1)), folder))
+    for pattern in _FAST_LLM_GLOBS:
+        for folder in run.root.glob(pattern):
+            if folder.name.isdigit() and folder.is_dir():
+                candidates.append((int(folder.name), folder))
+    skipped: list[str] = []
+    for _, folder in sorted(candidates, key=lambda c: (c[0], str(c[1])), reverse=True):
+        if _is_complete(folder, layout_of(folder)):
+            return folder, skipped
+        skipped.append(str(folder.relative_to(run.root)))
+    return None, skipped
+
+
+def _is_complete(path: Path, layout: Optional[str]) -> bool:
+    if layout == HF:
+        return hf_checkpoint.is_complete(path)
+    return (path / hf_checkpoint.OK_MARKER).is_file()
+
+
+def _hint(path: Path) -> str:
+    """Point at checkpoints below a folder that is not one itself."""
+    inside = sorted(p for p in path.glob("step_*") if p.is_dir()) or sorted(
+        (p for p in path.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+    )
+    if (path / "checkpoints").is_dir() or (path / "checkpoint").is_dir():
+        return " It holds a checkpoint folder: give one checkpoint inside it, or the run directory."
+    if inside:
+        return f" It holds checkpoints: give one of them, e.g. {inside[-1]}."
+    return ""
+
+
+def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str]) -> CheckpointReport:
+    layout = layout_of(path)
+    warnings: list[str] = []
+    complete = _is_complete(path, layout)
+    if not complete:
+        warnings.append(HALF_WRITTEN)
+    if layout == HF:
+        fields = _hf_fields(path, warnings)
+    else:
+        fields = _fast_llm_fields(path, warnings)
+    run = find_run(path)
+    config, config_hash = (None, None) if run is None else _run_config(run, warnings)
+    recorded = fields.get("checkpoint_config_hash")
+    if recorded and config_hash and recorded != config_hash:
+        warnings.append(
+            f"the run's config.yaml changed since this checkpoint's run started (checkpoint "
+            f"{recorded}, config.yaml now {config_hash})"
+        )
+    written_at, source = fields.pop("written_at", None), fields.pop("written_at_source", "")
+    if written_at is None:
+        written_at, source = _mtime(path)
+    return CheckpointReport(
+        path=str(path),
+        layout=layout,
+        step=fields.get("step"),
+        samples_processed=fields.get("samples_processed"),
+        documents_seen=fields.get("documents_seen"),
+        policy_version=fields.get("policy_version"),
+        written_at=written_at,
+        written_at_source=source,
+        complete=complete,
+        run_dir=None if run is None else str(run.root),
+        selected_from_run=selected_from_run,
+        skipped_half_written=list(skipped),
+        config=config,
+        config_hash=config_hash,
+        checkpoint_config_hash=recorded or None,
+        files=list_files(path),
+        warnings=warnings,
+    )
+
+
+def _hf_fields(path: Path, warnings: list[str]) -> dict:
+    match = _HF_NAME.fullmatch(_hf_name(path))
+    fields: dict[str, Any] = {"step": int(match.group(1)) if match else None}
+    state_file = path / hf_checkpoint.STATE_FILE
+    if not state_file.is_file():
+        warnings.append(f"no {hf_checkpoint.STATE_FILE}: step taken from the folder name")
+        return fields
+    try:
+        state = hf_checkpoint.read_state(path)
+    except (OSError, ValueError, TypeError) as exc:
+        warnings.append(f"cannot read {state_file.name}: {exc}")
+        return fields
+    if fields["step"] is not None and fields["step"] != state.step:
+        warnings.append(f"the folder name says step {fields['step']} but {state_file.name} says {state.step}")
+    fields.update(
+        step=state.step,
+        samples_processed=state.samples_processed,
+        policy_version=state.policy_version,
+        checkpoint_config_hash=state.config_hash,
+    )
+    if state.written_at > 0:
+        fields.update(written_at=state.written_at, written_at_source=hf_checkpoint.STATE_FILE)
+    return fields
+
+
+def _fast_llm_fields(path: Path, warnings: list[str]) -> dict:
+    """Fast-LLM writes `completed_steps` (and, in the versions rlrun drives, `documents_seen`)
+    either at the top of metadata.yaml or under its `metadata` key; both are read."""
+    fields: dict[str, Any] = {"step": int(path.name) if path.name.isdigit() else None}
+    meta_file = path / FAST_LLM_METADATA
+    if not meta_file.is_file():
+        warnings.append(f"no {FAST_LLM_METADATA}: step taken from the folder name")
+        return fields
+    try:
+        meta = yaml.safe_load(meta_file.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        warnings.append(f"cannot read {FAST_LLM_METADATA}: {' '.join(str(exc).split())}")
+        return fields
+    if not isinstance(meta, dict):
+        warnings.append(f"{FAST_LLM_METADATA} is not a mapping")
+        return fields
+    nested = meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}
+    steps = _int_or_none(meta.get("completed_steps", nested.get("completed_steps")))
+    documents = _int_or_none(meta.get("documents_seen", nested.get("documents_seen")))
+    if steps is not None:
+        if fields["step"] is not None and fields["step"] != steps:
+            warnings.append(f"the folder name says step {fields['step']} but {FAST_LLM_METADATA} says {steps}")
+        fields["step"] = steps
+    fields["documents_seen"] = documents
+    return fields
+
+
+def _int_or_none(value: Any) -> Optional[int]:
+    return value if type(value) is int else None
+
+
+def _mtime(path: Path) -> tuple[Optional[float], str]:
+    """When the checkpoint was finished: its `ok` marker's mtime, else its newest file's."""
+    ok = path / hf_checkpoint.OK_MARKER
+    if ok.is_file():
+        return ok.stat().st_mtime, f"mtime of {ok.name}"
+    newest = max((p for p in path.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime, default=None)
+    if newest is None:
+        return path.stat().st_mtime, "mtime of the folder"
+    return newest.stat().st_mtime, f"mtime of {newest.relative_to(path)}"
+
+
+def list_files(path: Path) -> list[FileEntry]:
+    """Every file below the checkpoint, by relative name (links are not followed)."""
+    files = []
+    for item in sorted(path.rglob("*")):
+        if item.is_file() and not item.is_symlink():
+            files.append(FileEntry(str(item.relative_to(path)), item.stat().st_size))
+    return files
+
+
+# --- the run around a checkpoint ---------------------------------------------------------------
+
+
+def find_run(checkpoint: Path) -> Optional[RunDir]:
+    """The run directory a checkpoint sits in: the nearest parent holding rlrun-run.json."""
+    for parent in list(checkpoint.parents)[:_RUN_SEARCH_DEPTH]:
+        if RunDir(parent).is_run():
+            return RunDir(parent)
+    return None
+
+
+def config_hash(run: RunDir) -> str:
+    """sha256[:12] of the run's config.yaml: the hash the hf trainer records in its checkpoints."""
+    return hashlib.sha256(run.config.read_bytes()).hexdigest()[:12]
+
+
+def _run_config(run: RunDir, warnings: list[str]) -> tuple[Optional[ConfigSummary], Optional[str]]:
+    from rlrun.config.compose import load_resolved
+
+    if not run.config.is_file():
+        warnings.append(f"the run directory {run.root} has no {run.config.name}")
+        return None, None
+    digest = config_hash(run)
+    try:
+        cfg = load_resolved(run.config)
+    except ConfigError as exc:
+        warnings.append(f"cannot summarise the run's config: {exc}")
+        return None, digest
+    summary = ConfigSummary(
+        recipe=cfg.recipe,
+        algo=cfg.algo.name,
+        model=cfg.model.name,
+        trainer_backend=cfg.trainer.backend,
+        max_train_steps=cfg.trainer.max_train_steps,
+        samples_per_step=cfg.trainer.samples_per_step,
+    )
+    return summary, digest
+
+
+# --- the token journal -------------------------------------------------------------------------
+
+
+def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_staleness: Optional[int] = None) -> dict:
+    """What the journal on `client` (connected, decode_responses=True) holds right now.
+
+    `samples_in_flight`: samples of open groups not finished yet (pending or generating);
+    `tokens_saved`: tokens held by open groups' samples (what a restart reuses, at most);
+    `groups_awaiting_delivery`: open groups (not yet published to the trainer), of which
+    `groups_ready` have every sample finished. `max_prefix_lag`: the largest
+    `policy_version - oldest token's version` over unfinished samples with a prefix. With a
+    staleness bound, `stale_prefixes`/`stale_tokens` are what a replay now would drop (None
+    without a bound or without a published policy version).
+    """
+    from rlrun.journal import Journal, plan_replay
+    from rlrun.journal.store import KEY_PREFIX, delivered_key
+    from rlrun.streams import names
+
+    prefix = KEY_PREFIX if prefix is None else prefix
+    journal = Journal(client, prefix)
+    loaded = journal.load_open_groups()
+    raw_version = client.get(names.POLICY_VERSION)
+    version = int(raw_version) if raw_version is not None and str(raw_version).isdigit() else None
+    states = {"pending": 0, "generating": 0, "finished": 0}
+    tokens = 0
+    lags = []
+    for group in loaded.groups:
+        for sample in group.samples:
+            states[sample.state] = states.get(sample.state, 0) + 1
+            tokens += len(sample.token_ids)
+            if version is not None and not sample.finished and sample.versions:
+                lags.append(version - min(sample.versions))
+    stale_prefixes = stale_tokens = None
+    if version is not None and max_prefix_staleness is not None:
+        counters = plan_replay(loaded.groups, current_version=version, max_prefix_staleness=max_prefix_staleness).counters
+        stale_prefixes, stale_tokens = counters.prefixes_dropped_stale, counters.tokens_dropped_stale
+    return {
+        "prompt_cursor": journal.cursor(),
+        "policy_version": version,
+        "groups_awaiting_delivery": len(loaded.groups),
+        "groups_ready": sum(all(s.finished for s in g.samples) for g in loaded.groups),
+        "groups_delivered_markers": int(client.zcard(delivered_key(prefix))),
+        "samples_in_flight": states["pending"] + states["generating"],
+        "samples_pending": states["pending"],
+        "samples_generating": states["generating"],
+        "samples_finished": states["finished"],
+        "tokens_saved": tokens,
+        "max_prefix_lag": max(lags) if lags else None,
+        "max_prefix_staleness": max_prefix_staleness,
+        "stale_prefixes": stale_prefixes,
+        "stale_tokens": stale_tokens,
+        "corrupt_records": len(loaded.corrupt),
+    }
+
+
+@dataclass(frozen=True)
+class RedisEndpoint:
+    url: str  # without the password
+    password: Optional[str]
+
+
+def run_redis_endpoint(run: RunDir) -> Optional[RedisEndpoint]:
+    """The run's own Redis, from its redis.conf (`bind`, `port`) and its password file."""
+    from rlrun.streams.server import redis_url
+
+    try:
+        lines = run.redis_conf.read_text().splitlines()
+    except OSError:
+        return None
+    settings = {}
+    for line in lines:
+        key, _, value = line.strip().partition(" ")
+        if key in ("bind", "port") and value:
+            settings[key] = value.split()[0].strip('"')
+    if not settings.get("port", "").isdigit():
+        return None
+    return RedisEndpoint(redis_url(settings.get("bind", "127.0.0.1"), int(settings["port"])), _password(run))
+
+
+def _password(run: RunDir) -> Optional[str]:
+    try:
+        return run.redis_password.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def supervisor_running(run: RunDir) -> bool:
+    """state.json says running and its supervisor process is alive."""
+    try:
+        state = run.read_state()
+    except (OSError, ValueError):
+        return False
+    pid = state.get("supervisor_pid")
+    if state.get("status") != "running" or type(pid) is not int or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def staleness_bound(run: Optional[RunDir]) -> Optional[int]:
+    """The run's prefix staleness bound, once the config has one (`actor.max_prefix_staleness`)."""
+    if run is None or not run.config.is_file():
+        return None
+    try:
+        from rlrun.config.compose import load_resolved
+
+        bound = getattr(load_resolved(run.config).actor, "max_prefix_staleness", None)
+    except ConfigError:
+        return None
+    return bound if type(bound) is int else None
+
+
+def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> tuple[Optional[dict], Optional[str]]:
+    """(journal summary, None), or (None, why there is none).
+
+    With `redis_url` the journal is read from there (the run's password is used when the URL
+    has none), and failing to read it raises EnvironmentProblem. Without it, the run's own
+    Redis is read only while its supervisor runs and the server answers.
+    """
+    from rlrun.streams.server import connect, ping
+
+    run = RunDir(Path(report.run_dir)) if report.run_dir else None
+    if redis_url:
+        try:
+            has_password = bool(urlsplit(redis_url).password)
+        except ValueError as exc:
+            raise EnvironmentProblem(f"--redis-url {redis_url!r} is not a URL ({exc}); use e.g. redis://127.0.0.1:6379/0") from None
+        password = None if has_password or run is None else _password(run)
+        endpoint, explicit = RedisEndpoint(redis_url, password), True
+    else:
+        if run is None:
+            return None, NO_RUN_FOR_JOURNAL
+        endpoint = run_redis_endpoint(run) if supervisor_running(run) else None
+        if endpoint is None or not ping(endpoint.url, endpoint.password):
+            return None, REDIS_NOT_RUNNING
+        explicit = False
+    import redis
+
+    client = None
+    try:
+        client = connect(endpoint.url, endpoint.password, socket_timeout=5.0, reconnect_s=0, client_name="rlrun-inspect")
+        return journal_summary(client, max_prefix_staleness=staleness_bound(run)), None
+    except (redis.RedisError, OSError, ValueError) as exc:
+        if explicit:
+            raise EnvironmentProblem(f"cannot read the token journal from {endpoint.url}: {exc}") from None
+        return None, f"Redis did not answer ({exc}); {REDIS_NOT_RUNNING}"
+    finally:
+        if client is not None:
+            client.close()
+
+
+# --- rendering (rich renderables; the CLI prints them) -----------------------------------------
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"  # pragma: no cover
+
+
+def renderables(report: CheckpointReport, journal: Optional[dict], journal_note: Optional[str]) -> list:
+    """The tables `rlrun inspect-checkpoint` prints, in order."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    out: list = []
+    if report.selected_from_run:
+        out.append(f"run directory {escape(str(report.run_dir))}: latest complete checkpoint is [bold]{escape(report.path)}[/]")
+        for skipped in report.skipped_half_written:
+            out.append(f"[yellow]skipped half-written checkpoint {escape(skipped)} (no ok marker)[/]")
+
+    main = Table(title="checkpoint", show_header=False, title_justify="left")
+    main.add_column("field", style="bold")
+    main.add_column("value", overflow="fold")
+    main.add_row("path", escape(report.path))
+    main.add_row("layout", report.layout)
+    main.add_row("step", _text(report.step))
+    if report.layout == HF:
+        main.add_row("samples processed", _text(report.samples_processed))
+        main.add_row("policy version", _text(report.policy_version))
+    else:
+        main.add_row("documents seen", _text(report.documents_seen))
+    when = "-" if report.written_at is None else time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report.written_at))
+    main.add_row("written", f"{when} ({report.written_at_source})")
+    main.add_row("complete", "yes (ok marker)" if report.complete else "[bold red]NO: half-written, no ok marker[/]")
+    main.add_row("run directory", escape(report.run_dir) if report.run_dir else "- (not inside a run directory)")
+    if report.config_hash or report.checkpoint_config_hash:
+        recorded = f" (recorded in checkpoint: {report.checkpoint_config_hash})" if report.checkpoint_config_hash else ""
+        main.add_row("config hash", f"{report.config_hash or '-'}{recorded}")
+    out.append(main)
+
+    if report.config is not None:
+        cfg = Table(title="config", show_header=False, title_justify="left")
+        cfg.add_column("field", style="bold")
+        cfg.add_column("value")
+        for name, value in asdict(report.config).items():
+            cfg.add_row(name.replace("_", " "), escape(str(value)))
+        out.append(cfg)
+
+    files = Table(title=f"files ({len(report.files)}, {human_size(report.total_bytes)})", title_justify="left")
+    files.add_column("file", overflow="fold")
+    files.add_column("size", justify="right")
+    for entry in report.files:
+        files.add_row(escape(entry.name), human_size(entry.size))
+    out.append(files)
+
+    if journal is not None:
+        table = Table(title="journal", show_header=False, title_justify="left")
+        table.add_column("field", style="bold")
+        table.add_column("value", justify="right")
+        for name, value in journal.items():
+            table.add_row(name.replace("_", " "), _text(value))
+        out.append(table)
+    else:
+        out.append(f"journal: {escape(journal_note or '')}")
+    for warning in report.warnings:
+        out.append(f"[yellow]warning:[/] {escape(warning)}")
+    return out
+
+
+def _text(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def to_json(report: CheckpointReport, journal: Optional[dict], journal_note: Optional[str]) -> str:
+    """The one JSON document `--json` prints."""
+    return json.dumps({**report.to_dict(), "journal": journal, "journal_note": journal_note}, indent=2)
