@@ -160,7 +160,7 @@ def inspect_checkpoint(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Show a checkpoint: step, samples, policy version, completeness, config, files, and the run's token journal."""
-    from rlrun import inspect as checkpoint_inspect
+    from rlrun import inspection as checkpoint_inspect
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.ERROR, format="%(name)s: %(message)s")
     try:

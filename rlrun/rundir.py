@@ -104,6 +104,16 @@ class RunDir:
         return self.weights / f"v{version:06d}"
 
     @property
+    def audit(self) -> Path:
+        """Optional audit trails (actor.audit=true): what was journaled and delivered."""
+        return self.root / "audit"
+
+    @property
+    def trained_groups(self) -> Path:
+        """One line per optimizer step: the ids of the groups it trained on."""
+        return self.root / "trained_groups.jsonl"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import random
@@ -61,6 +62,7 @@ class Actor:
         self.ledger = ledger
         self.run_name = run_name
         self.api_key = api_key
+        self.audit_path: Path | None = None  # set when actor.audit is on
         self._failure: BaseException | None = None
         self._last_heartbeat = 0.0
         self.counters = {
@@ -227,6 +229,7 @@ class Actor:
                 max_tokens=remaining_budget(samples[0], self.cfg.actor.max_new_tokens),
                 temperature=self.cfg.actor.temperature,
                 timeout_s=self.cfg.actor.request_timeout_s,
+                min_tokens=max(0, self.cfg.actor.min_new_tokens - len(prefix)),
             ):
                 sample = by_index[delta.index]
                 sample.append(delta.token_ids, delta.logprobs, version)
@@ -245,6 +248,11 @@ class Actor:
         results = self.ledger.append_many(group.group_id, batches)
         for sample, result in zip(batches, results):
             if result.accepted:
+                self._audit(
+                    {"kind": "journaled", "group": group.group_id, "index": sample.index, "offset": sample.journaled,
+                     "token_ids": sample.completion_ids[sample.journaled : result.length],
+                     "logprobs": sample.logprobs[sample.journaled : result.length]}
+                )  # fmt: skip
                 sample.journaled = result.length
             else:  # our view and the journal's disagree: the journal is the truth
                 log.error("journal refused an append to %s/%d (%s): re-reading it", group.group_id, sample.index, result.reason)
@@ -289,6 +297,12 @@ class Actor:
         )
         if self.ledger.deliver(group.group_id, encode(message.to_dict())) is not None:
             self.counters["groups_published"] += 1
+            self._audit({"kind": "delivered", **message.to_dict()})
+
+    def _audit(self, record: dict) -> None:
+        if self.audit_path is not None:
+            with open(self.audit_path, "a") as handle:
+                handle.write(json.dumps(record) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     ledger = JournalLedger(redis) if cfg.actor.journal else MemoryLedger(redis)
     api_key = run_dir.vllm_api_key.read_text().strip() if run_dir.vllm_api_key.is_file() else ""
     actor = Actor(cfg, redis, tokenizer, task, args.vllm_url, ledger, run_name=run_dir.root.name, api_key=api_key)
+    if cfg.actor.audit:
+        run_dir.audit.mkdir(exist_ok=True)
+        actor.audit_path = run_dir.audit / "actor.jsonl"
     asyncio.run(actor.run())
     return 0
 

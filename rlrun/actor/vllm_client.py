@@ -32,6 +32,7 @@ async def stream_completion(
     max_tokens: int,
     temperature: float,
     timeout_s: float,
+    min_tokens: int = 0,
 ) -> AsyncIterator[Delta]:
     body = {
         "model": SERVED_MODEL_NAME,
@@ -43,6 +44,8 @@ async def stream_completion(
         "logprobs": 0,
         "return_token_ids": True,
     }
+    if min_tokens:
+        body["min_tokens"] = min_tokens
     async with client.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")

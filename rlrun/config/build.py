@@ -123,6 +123,10 @@ def validate(cfg: RunConfig) -> None:
     need(act.max_steps_ahead >= 0, f"actor.max_steps_ahead must be 0 or more (got {act.max_steps_ahead}).")
     need(act.max_concurrent_groups >= 1, "actor.max_concurrent_groups must be at least 1.")
     need(act.max_prefix_staleness >= 0, f"actor.max_prefix_staleness must be 0 or more (got {act.max_prefix_staleness}).")
+    need(
+        0 <= act.min_new_tokens <= act.max_new_tokens,
+        f"actor.min_new_tokens ({act.min_new_tokens}) must be between 0 and actor.max_new_tokens ({act.max_new_tokens}).",
+    )
     need(act.journal_flush_tokens >= 1, f"actor.journal_flush_tokens must be at least 1 (got {act.journal_flush_tokens}).")
     need(
         act.max_new_tokens < cfg.model.max_model_len,

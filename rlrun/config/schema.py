@@ -128,12 +128,14 @@ class TrainerConfig:
 class ActorConfig:
     temperature: float = 1.0
     max_new_tokens: int = 4  # completion budget per sample
+    min_new_tokens: int = 0  # no end-of-sequence before this many tokens (long generations for tests)
     max_steps_ahead: int = 1  # back-pressure: groups for at most this many steps beyond the trainer
     max_concurrent_groups: int = 16  # groups generating at once
     request_timeout_s: float = 120.0  # one streamed vLLM request
     max_prefix_staleness: int = 4  # a kept prefix older than this many policy versions is dropped (counted)
     journal: bool = True  # token journal in Redis (off only to measure its overhead)
     journal_flush_tokens: int = 16  # a sample's tokens are appended to the journal in batches this big
+    audit: bool = False  # write every journaled batch and delivered group to audit/actor.jsonl (tests)
 
 
 @dataclass(frozen=True)

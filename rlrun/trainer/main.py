@@ -224,6 +224,8 @@ class Trainer:
         }
         with open(self.run_dir.metrics, "a") as handle:
             handle.write(json.dumps(record) + "\n")
+        with open(self.run_dir.trained_groups, "a") as handle:  # a restarted step appears again, later
+            handle.write(json.dumps({"step": self.state.step, "groups": [g.group_id for g in groups]}) + "\n")
         self._publish_state(reward_mean=record["reward_mean"])
         self.redis.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", **record})}, maxlen=10_000)
         log.info(
