@@ -1,0 +1,280 @@
+"""A stand-in for Fast-LLM's trainer (`fast-llm train gpt --config <file>`) that needs no GPU.
+
+    python tests/fast_llm_standin.py --config <fast-llm.yaml> [--data-parallel N] [--step-delay S]
+
+It reads the Fast-LLM YAML rlrun generates and behaves like Fast-LLM where rlrun can see it
+(ServiceNow/Fast-LLM: fast_llm/data/dataset/streaming.py, fast_llm/engine/training/trainer.py and
+streaming.py). It learns nothing: there is no model, a step only consumes documents.
+
+- Redis: connects with host and port only (no password), creates consumer group `fast_llm_group`
+  on `fast_llm_streaming` from id 0 with MKSTREAM (BUSYGROUP ignored), reads with XREADGROUP
+  COUNT 1 BLOCK 1000 NOACK as consumer `fast_llm_consumer_<rank>`, and parses each message like
+  Fast-LLM (`data` JSON merged with the other fields; old log-probs one per token).
+- Steps: each of the `--data-parallel` simulated ranks packs whole documents into micro-batches
+  of `data.micro_batch_size` tokens (a document that does not fit waits for the next one); a step
+  takes micro-batches from all ranks until the global document count reaches
+  `schedule.docs_per_step`, so it overshoots like `Trainer._prefetch_to_doc_target`.
+- Events on `fast_llm_events`, field `event`: `weights_ready` (step, documents_seen) when the run
+  begins and after every step; `training_finished` when the loop ends, also after SIGTERM/SIGINT
+  (the step in progress is finished first, then a checkpoint is saved), then exit 0.
+- Starved for `timeout` seconds: `TimeoutError("No document received after N seconds")`, exit 1.
+- Checkpoints: `<experiment_dir>/checkpoint/<step>/` created with exist_ok=False, `metadata.yaml`
+  (completed_steps, documents_seen), `ok` written last; every `training.checkpoint.interval` steps,
+  at the last step and when interrupted; all but the newest `keep` complete ones are deleted.
+- Resume: lists `checkpoint/` with `int(name)` (a non-numeric entry crashes it), takes the highest
+  step and asserts its `ok` exists (a half-written highest checkpoint makes it fail), exactly as
+  Fast-LLM does: rlrun must move such a directory aside first.
+
+Test hooks (not Fast-LLM's): `--step-delay` sleeps after each step; `--crash-in-checkpoint K`
+writes checkpoint K without `ok` and dies (as if killed during the save).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import sys
+import time
+
+import redis
+import yaml
+
+STREAM = "fast_llm_streaming"  # fast_llm/data/dataset/config.py REDIS_DATA_STREAM
+GROUP = "fast_llm_group"  # REDIS_GROUP_NAME
+DATA_FIELD = b"data"
+EVENTS = "fast_llm_events"  # fast_llm/engine/training/streaming.py REDIS_TRAINING_STREAM
+EVENT_FIELD = "event"  # REDIS_TRAINING_FIELD
+
+log = logging.getLogger("fast_llm_standin")
+
+
+class Interrupter:
+    """SIGINT/SIGTERM set a flag checked at the end of each step; a second signal is not caught."""
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame):
+        log.info("Interrupt signal %s received.", signal.Signals(signum).name)
+        if self.interrupted:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.interrupted = True
+
+
+class Rank:
+    """One simulated data-parallel rank: its consumer and the document left over for its next
+    micro-batch."""
+
+    def __init__(self, client: redis.Redis, rank: int, timeout: float) -> None:
+        self.client, self.rank, self.timeout = client, rank, timeout
+        self.pending: dict | None = None
+
+    def next_document(self) -> dict:
+        if self.pending is not None:
+            document, self.pending = self.pending, None
+            return document
+        # Fast-LLM restarts its clock each time the loader asks for the next document.
+        start = time.time()
+        while True:
+            messages = self.client.xreadgroup(
+                groupname=GROUP,
+                consumername=f"fast_llm_consumer_{self.rank}",
+                streams={STREAM: ">"},
+                count=1,
+                block=1000,
+                noack=True,
+            )
+            if messages:
+                for stream_key, entries in messages:
+                    assert stream_key == STREAM.encode()
+                    for _, message in entries:
+                        return parse_document(message)
+            elif (t := time.time() - start) > self.timeout:
+                raise TimeoutError(f"No document received after {t} seconds")
+
+    def micro_batch(self, token_budget: int) -> list[dict]:
+        """Whole documents up to `token_budget` tokens (at least one)."""
+        documents, used = [], 0
+        while used < token_budget:
+            document = self.next_document()
+            size = len(document["tokens"])
+            if documents and used + size > token_budget:
+                self.pending = document
+                break
+            documents.append(document)
+            used += size
+        return documents
+
+
+def parse_document(message: dict) -> dict:
+    """Like Fast-LLM's `RedisStreamingDocumentData.from_message` + `_validate`."""
+    fields: dict = {}
+    for key, value in message.items():
+        if key == DATA_FIELD:
+            fields.update(json.loads(value))
+        else:
+            fields[key.decode()] = value
+    tokens = fields["tokens"]
+    if isinstance(tokens, bytes):
+        tokens = list(memoryview(tokens).cast("q"))
+    old = fields.get("old_log_probabilities")
+    if isinstance(old, bytes):
+        old = list(memoryview(old).cast("f"))
+    if old is not None and len(old) != len(tokens):
+        raise AssertionError(f"{len(old)} old log-probabilities for {len(tokens)} tokens")
+    for begin, end in fields.get("loss_masking_spans") or []:
+        if not 0 <= begin <= end <= len(tokens):
+            raise AssertionError(f"loss masking span {[begin, end]} outside a {len(tokens)}-token document")
+    return {**fields, "tokens": tokens, "old_log_probabilities": old}
+
+
+class Trainer:
+    def __init__(self, config: dict, data_parallel: int, step_delay: float, crash_in_checkpoint: int | None):
+        dataset = config["data"]["datasets"]["training"]
+        if dataset.get("type") != "streaming":
+            raise ValueError("the stand-in only reads a `streaming` training dataset")
+        callback = config["callbacks"]["streaming"]
+        self.train_iters = int(config["training"]["train_iters"])
+        checkpoint = config["training"].get("checkpoint", {})
+        self.interval = checkpoint.get("interval")
+        self.keep = checkpoint.get("keep", 5)
+        self.docs_per_step = int(config["schedule"]["docs_per_step"])
+        self.micro_batch_size = int(config["data"]["micro_batch_size"])
+        self.experiment_dir = pathlib.Path(config["run"]["experiment_dir"])
+        self.timeout = float(dataset.get("timeout", 600.0))
+        self.step_delay = step_delay
+        self.crash_in_checkpoint = crash_in_checkpoint
+        # Fast-LLM: redis.Redis(host, port) — no password, no username.
+        self.data_client = redis.Redis(host=dataset["host"], port=int(dataset["port"]))
+        self.events_client = redis.Redis(host=callback["host"], port=int(callback["port"]))
+        self.ranks = [Rank(self.data_client, rank, self.timeout) for rank in range(data_parallel)]
+        self.completed_steps = 0
+        self.documents_seen = 0
+
+    # --- checkpoints, as fast_llm/engine/training/trainer.py --------------------------------
+    @property
+    def checkpoint_root(self) -> pathlib.Path:
+        old, new = self.experiment_dir / "checkpoints", self.experiment_dir / "checkpoint"
+        return old if old.is_dir() and not new.is_dir() else new
+
+    def load_last_checkpoint(self) -> None:
+        root = self.checkpoint_root
+        steps = [int(path.name) for path in root.iterdir()] if root.is_dir() else []
+        if not steps:
+            log.info("Initializing training state from pretrained checkpoint...")
+            return
+        last = max(steps)
+        directory = root / str(last)
+        log.info("Loading checkpoint from iteration %d...", last)
+        if not (directory / "ok").is_file():
+            raise AssertionError(f"checkpoint {directory} has no 'ok' file")
+        metadata = yaml.safe_load((directory / "metadata.yaml").read_text())
+        self.completed_steps = int(metadata["completed_steps"])
+        self.documents_seen = int(metadata.get("documents_seen") or 0)
+        assert self.completed_steps == last
+
+    def save_checkpoint(self) -> None:
+        directory = self.checkpoint_root / str(self.completed_steps)
+        log.info("Saving checkpoint at iteration %d", self.completed_steps)
+        directory.mkdir(exist_ok=False, parents=True)
+        metadata = {"completed_steps": self.completed_steps, "documents_seen": self.documents_seen}
+        (directory / "metadata.yaml").write_text(yaml.safe_dump(metadata))
+        (directory / "state.json").write_text(json.dumps(metadata))  # stands in for the weights
+        if self.crash_in_checkpoint == self.completed_steps:
+            log.error("test hook: dying while writing checkpoint %d", self.completed_steps)
+            sys.stdout.flush()
+            os._exit(137)
+        (directory / "ok").open("w").close()
+        log.info("Saved checkpoint to %s", directory)
+        if self.keep:
+            complete = sorted(int(p.name) for p in self.checkpoint_root.iterdir() if (p / "ok").is_file())
+            for step in complete[: -self.keep]:
+                shutil.rmtree(self.checkpoint_root / str(step), ignore_errors=True)
+
+    # --- events, as fast_llm/engine/training/streaming.py -----------------------------------
+    def send(self, event: dict) -> None:
+        self.events_client.xadd(EVENTS, {EVENT_FIELD: json.dumps(event)})
+
+    def broadcast_weights(self, step: int) -> None:
+        self.send({"type": "weights_ready", "step": step, "documents_seen": self.documents_seen})
+        # TODO(issue 5, the lead decides): broadcast the tiny model's tensors as Fast-LLM's rank 0
+        # does (fast_llm/engine/training/streaming.py `_broadcast_weights`): a group of size
+        # external_world_size + 1 rendezvoused at tcp://{broadcast.host}:{broadcast.port}
+        # (Fast-LLM's ProcessGroupPool: torch.distributed.rendezvous(init_method, rank 0, ...) then
+        # its own group on that store; how it prefixes the store is not verified), then per tensor
+        # broadcast_object((shard_name, layer_name, shape, dtype)) and broadcast(tensor), then
+        # broadcast_object(None). Fast-LLM's broadcast_object (fast_llm/core/distributed.py) sends
+        # the pickled object's byte count as a 1-element int64 tensor, then the bytes as a uint8
+        # tensor; the receiving vLLM extension must read exactly that. Real Fast-LLM blocks at
+        # start until every receiver has joined.
+
+    # --- the loop, as Trainer._train ---------------------------------------------------------
+    def step(self) -> int:
+        """One optimizer step: whole micro-batches from every rank until docs_per_step is reached."""
+        taken = 0
+        while taken < self.docs_per_step:
+            for rank in self.ranks:
+                taken += len(rank.micro_batch(self.micro_batch_size))
+        return taken
+
+    def run(self) -> None:
+        self.data_client.ping()
+        try:
+            self.data_client.xgroup_create(name=STREAM, groupname=GROUP, id="0", mkstream=True)
+        except redis.exceptions.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self.load_last_checkpoint()
+        if self.completed_steps >= self.train_iters:
+            log.info("Training already completed, nothing to do ...")
+            return
+        with Interrupter() as interrupter:
+            self.broadcast_weights(self.completed_steps)  # run_begin
+            stop = False
+            while not stop:
+                documents = self.step()
+                self.completed_steps += 1
+                self.documents_seen += documents
+                log.info("step %d: %d documents (target %d), %d seen", self.completed_steps, documents,
+                         self.docs_per_step, self.documents_seen)
+                self.broadcast_weights(self.completed_steps)  # step_end
+                if self.step_delay:
+                    time.sleep(self.step_delay)
+                done = self.completed_steps >= self.train_iters
+                stop = done or interrupter.interrupted
+                if self.interval and (stop or self.completed_steps % self.interval == 0):
+                    self.save_checkpoint()
+        self.send({"type": "training_finished"})  # train_end
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, type=pathlib.Path)
+    parser.add_argument("--data-parallel", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
+    parser.add_argument("--step-delay", type=float, default=0.0)
+    parser.add_argument("--crash-in-checkpoint", type=int, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
+    config = yaml.safe_load(args.config.read_text())
+    Trainer(config, args.data_parallel, args.step_delay, args.crash_in_checkpoint).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""The Fast-LLM stand-in on a real Redis: overshoot, exact step count, events, checkpoints, and the
+completion rules evaluated on what it was observed to do (the scaled-down seed scenario)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from rlrun.backends.fast_llm.acl import RLRUN_USER
+from rlrun.backends.fast_llm.checkpoints import latest_complete_step, move_aside_incomplete, read_metadata
+from rlrun.backends.fast_llm.config import data_parallel, docs_per_step, write_config
+from rlrun.backends.fast_llm.protocol import TrainingFinished, WeightsReady, parse_event, publish_group
+from rlrun.completion import HfTarget, TrainerObservation, fast_llm_finished, hf_finished
+from rlrun.config import compose
+from rlrun.rollouts import Group, Sample
+from tests.integration.test_fast_llm_acl import PASSWORD, acl_server
+
+pytestmark = pytest.mark.timeout(120)
+
+STANDIN = Path(__file__).resolve().parent.parent / "fast_llm_standin.py"
+TRAIN_ITERS = 10
+# 16-token documents, 64-token micro-batches: 4 documents per micro-batch; 3 ranks: 12 per round;
+# docs_per_step 16 needs two rounds: 24 documents per step, 50 % over the target.
+PROMPT, COMPLETION, GROUP_SIZE = 6, 10, 8
+OVERRIDES = [
+    "recipe=math_grpo",
+    "trainer=fast_llm",
+    "trainer.device=cpu",
+    f"trainer.max_train_steps={TRAIN_ITERS}",
+    "trainer.train_batch_size=16",
+    "trainer.checkpoint_every=4",
+    "trainer.keep_checkpoints=2",
+    "trainer.fast_llm.micro_batch_size=64",
+    "trainer.fast_llm.data_parallel=3",
+    "trainer.fast_llm.timeout_s=3",
+]
+DOCS_PER_STEP_SEEN = 24
+
+
+class Run:
+    """A Redis with the Fast-LLM ACL, the generated Fast-LLM config, and the stand-in process."""
+
+    def __init__(self, tmp_path: Path, port: int) -> None:
+        self.cfg, _ = compose(OVERRIDES)
+        self.experiment_dir = tmp_path / "fast_llm"
+        self.config_path = write_config(
+            self.cfg, tmp_path / "fast_llm.yaml", redis_host="127.0.0.1", redis_port=port,
+            experiment_dir=self.experiment_dir, model_path="/models/tiny", broadcast_host="127.0.0.1", broadcast_port=0,
+        )
+        self.client = redis.Redis(host="127.0.0.1", port=port, username=RLRUN_USER, password=PASSWORD)
+        self.log = tmp_path / "standin.log"
+        self.fed_groups = 0
+        self.process: subprocess.Popen | None = None
+
+    def feed(self, documents: int) -> None:
+        """Publish whole groups of documents, as the actor does."""
+        assert documents % GROUP_SIZE == 0
+        for _ in range(documents // GROUP_SIZE):
+            samples = [
+                Sample(index=i, completion_ids=[10 + i] * COMPLETION, logprobs=[-0.5] * COMPLETION,
+                       versions=[0] * COMPLETION, finish_reason="length", reward=float(i % 2), advantage=i - 3.5)
+                for i in range(GROUP_SIZE)
+            ]
+            group = Group(group_id=f"t/{self.fed_groups}", prompt_index=self.fed_groups, prompt_ids=[1] * PROMPT, samples=samples)
+            publish_group(self.client, self.cfg.trainer.fast_llm.stream, group)
+            self.fed_groups += 1
+
+    def start(self, *extra: str) -> subprocess.Popen:
+        argv = [sys.executable, str(STANDIN), "--config", str(self.config_path),
+                "--data-parallel", str(data_parallel(self.cfg)), *extra]
+        with open(self.log, "ab") as out:
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return self.process
+
+    def wait(self, timeout: float = 60) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def events(self, after: str = "-") -> list:
+        return [parse_event(fields) for _, fields in self.client.xrange(self.cfg.trainer.fast_llm.events_stream, min=after)]
+
+    def last_event_id(self) -> str:
+        entries = self.client.xrevrange(self.cfg.trainer.fast_llm.events_stream, count=1)
+        return entries[0][0].decode() if entries else "-"
+
+    def wait_for_step(self, step: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(isinstance(e, WeightsReady) and e.step >= step for e in self.events()):
+                return
+            assert self.process.poll() is None, self.log.read_text()
+            time.sleep(0.05)
+        raise AssertionError(f"no weights_ready for step {step} within {timeout} s")
+
+
+@pytest.fixture
+def run(tmp_path):
+    with acl_server(tmp_path / "redis") as port:
+        run = Run(tmp_path, port)
+        try:
+            yield run
+        finally:
+            run.stop()
+
+
+def _observation(events: list, exit_code, checkpoint_step=None) -> TrainerObservation:
+    ready = [e for e in events if isinstance(e, WeightsReady)]
+    return TrainerObservation(
+        samples_processed=ready[-1].documents_seen if ready else 0,
+        trainer_exit_code=exit_code,
+        training_done_event=False,
+        last_step=ready[-1].step if ready else 0,
+        training_finished_seen=any(isinstance(e, TrainingFinished) for e in events),
+        last_checkpoint_step=checkpoint_step,
+        last_weights_ready_step=ready[-1].step if ready else None,
+    )
+
+
+def test_seed_scenario_overshoot_exact_steps_and_the_two_completion_rules(run):
+    run.feed(TRAIN_ITERS * DOCS_PER_STEP_SEEN)
+    run.start()
+    assert run.wait() == 0, run.log.read_text()
+
+    events = run.events()
+    ready = [e for e in events if isinstance(e, WeightsReady)]
+    assert [e.step for e in ready] == list(range(TRAIN_ITERS + 1))  # run begin, then every step
+    assert isinstance(events[-1], TrainingFinished) and sum(isinstance(e, TrainingFinished) for e in events) == 1
+    per_step = [b.documents_seen - a.documents_seen for a, b in zip(ready, ready[1:])]
+    target = docs_per_step(run.cfg)
+    assert target == 16 and all(n > target for n in per_step), per_step  # overshoots like Fast-LLM
+    assert per_step == [DOCS_PER_STEP_SEEN] * TRAIN_ITERS
+
+    # checkpoints at 4, 8 and the last step, `ok` last; keep=2
+    root = run.experiment_dir / "checkpoint"
+    assert sorted(int(p.name) for p in root.iterdir()) == [8, 10]
+    assert all((root / s / "ok").is_file() for s in ("8", "10"))
+    assert latest_complete_step(run.experiment_dir) == TRAIN_ITERS
+    assert read_metadata(root / "10").documents_seen == TRAIN_ITERS * DOCS_PER_STEP_SEEN
+
+    # The sample-counting rule, on the counts observed after each step (as if the trainer stopped
+    # there): target = steps × docs_per_step = 160 documents, reached after step 7 of 10.
+    hf_target = HfTarget(TRAIN_ITERS, run.cfg.trainer.train_batch_size, run.cfg.trainer.gradient_accumulation_passes)
+    fired = [
+        e.step for e in ready
+        if hf_finished(hf_target, TrainerObservation(e.documents_seen, 0, False, e.step)).finished
+    ]
+    assert fired[0] == 7 < TRAIN_ITERS
+
+    # The fast_llm rule: never while the trainer runs, only at train_iters after a clean exit.
+    for i in range(1, len(ready)):
+        assert not fast_llm_finished(TRAIN_ITERS, _observation(ready[: i + 1], None)).finished
+    verdict = fast_llm_finished(TRAIN_ITERS, _observation(events, 0, latest_complete_step(run.experiment_dir)))
+    assert verdict.finished, verdict.reason
+
+
+def test_trainer_starves_when_fed_only_the_sample_count_and_times_out(run):
+    """What happened in the seed run: the actor stopped at the sample target, the trainer starved."""
+    run.feed(TRAIN_ITERS * docs_per_step(run.cfg))  # 160 documents: 6 steps of 24, then 16 left
+    run.start()
+    code = run.wait()
+    output = run.log.read_text()
+    assert code != 0 and "TimeoutError: No document received after" in output
+    events = run.events()
+    assert [e.step for e in events if isinstance(e, WeightsReady)][-1] == 6
+    assert not any(isinstance(e, TrainingFinished) for e in events)  # not sent on a crash
+    assert not fast_llm_finished(TRAIN_ITERS, _observation(events, code, latest_complete_step(run.experiment_dir))).finished
+
+
+def test_sigterm_sends_training_finished_but_is_not_completion_and_a_restart_finishes(run):
+    run.feed(TRAIN_ITERS * DOCS_PER_STEP_SEEN)
+    run.start("--step-delay", "0.3")
+    run.wait_for_step(3)
+    run.process.send_signal(signal.SIGTERM)
+    assert run.wait() == 0, run.log.read_text()  # like Fast-LLM: a clean exit after an interrupt
+
+    events = run.events()
+    assert isinstance(events[-1], TrainingFinished)
+    stopped = [e for e in events if isinstance(e, WeightsReady)][-1].step
+    assert 3 <= stopped < TRAIN_ITERS
+    assert latest_complete_step(run.experiment_dir) == stopped  # saved on interrupt
+    verdict = fast_llm_finished(TRAIN_ITERS, _observation(events, 0, stopped))
+    assert not verdict.finished and verdict.reason == f"interrupted at step {stopped} of {TRAIN_ITERS}"
+
+    # restarted from its checkpoint, it finishes
+    since = run.last_event_id()
+    run.start()
+    assert run.wait() == 0, run.log.read_text()
+    later = run.events(after=f"({since}")
+    assert [e.step for e in later if isinstance(e, WeightsReady)] == list(range(stopped, TRAIN_ITERS + 1))
+    assert fast_llm_finished(TRAIN_ITERS, _observation(later, 0, latest_complete_step(run.experiment_dir))).finished
+
+
+def test_half_written_checkpoint_blocks_fast_llm_until_moved_aside(run):
+    run.feed(TRAIN_ITERS * DOCS_PER_STEP_SEEN)
+    run.start("--crash-in-checkpoint", "8")
+    assert run.wait() != 0
+    root = run.experiment_dir / "checkpoint"
+    assert (root / "8").is_dir() and not (root / "8" / "ok").exists()
+    assert latest_complete_step(run.experiment_dir) == 4
+
+    # Fast-LLM picks the highest directory and refuses it without `ok`.
+    run.start()
+    assert run.wait() != 0 and "has no 'ok' file" in run.log.read_text()
+
+    moved = move_aside_incomplete(run.experiment_dir)
+    assert [p.name.split(".")[0] for p in moved] == ["8"] and moved[0].is_dir()
+    run.feed(6 * DOCS_PER_STEP_SEEN)  # the actor keeps feeding: steps 5-8 are done again
+    since = run.last_event_id()
+    run.start()
+    assert run.wait() == 0, run.log.read_text()
+    later = run.events(after=f"({since}")
+    assert [e.step for e in later if isinstance(e, WeightsReady)][0] == 4  # resumed from the complete one
+    assert latest_complete_step(run.experiment_dir) == TRAIN_ITERS
+    assert fast_llm_finished(TRAIN_ITERS, _observation(later, 0, TRAIN_ITERS)).finished

@@ -1,0 +1,121 @@
+"""The Fast-LLM config rlrun generates, the command that launches it, and the config checks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlrun.backends.fast_llm.config import (
+    broadcast_backend,
+    docs_per_step,
+    ensure_launchable,
+    fast_llm_config,
+    launch_argv,
+    write_config,
+)
+from rlrun.config import compose
+from rlrun.errors import ConfigError, EnvironmentProblem, ExitCode
+
+GOLDEN = Path(__file__).parent.parent / "golden"
+FIXED = dict(
+    redis_host="127.0.0.1",
+    redis_port=6390,
+    experiment_dir=Path("/runs/golden/fast_llm"),
+    model_path="/models/tiny",
+    broadcast_host="127.0.0.1",
+    broadcast_port=29555,
+)
+
+
+@pytest.mark.parametrize("recipe", ["math_gspo", "math_grpo"])
+def test_generated_config_matches_golden_file(recipe, tmp_path):
+    cfg, _ = compose([f"recipe={recipe}", "trainer=fast_llm"])
+    path = write_config(cfg, tmp_path / "fast_llm.yaml", **FIXED)
+    golden = GOLDEN / f"fast_llm_{recipe}.yaml"
+    if os.environ.get("RLRUN_UPDATE_GOLDEN"):
+        golden.write_text(path.read_text())
+    assert yaml.safe_load(path.read_text()) == yaml.safe_load(golden.read_text())
+
+
+def test_generated_config_follows_the_run_config():
+    cfg, _ = compose(
+        ["recipe=math_grpo", "trainer=fast_llm", "trainer.max_train_steps=40", "trainer.train_batch_size=64",
+         "trainer.checkpoint_every=10", "inference.num_servers=3", "trainer.lr=1e-5"]
+    )
+    out = fast_llm_config(cfg, **FIXED)
+    assert out["training"]["train_iters"] == 40
+    assert out["training"]["checkpoint"]["interval"] == 10
+    assert out["schedule"]["docs_per_step"] == 64 == docs_per_step(cfg)
+    assert out["data"]["datasets"]["training"] == {"type": "streaming", "host": "127.0.0.1", "port": 6390, "timeout": 600.0}
+    streaming = out["callbacks"]["streaming"]
+    assert (streaming["host"], streaming["port"]) == ("127.0.0.1", 6390)
+    assert "password" not in yaml.safe_dump(out)
+    assert streaming["broadcast"] == {"host": "127.0.0.1", "port": 29555, "backend": "nccl", "external_world_size": 3}
+    loss = out["model"]["base_model"]["head"]["losses"]["grpo"]
+    assert (loss["type"], loss["policy_loss"], loss["epsilon_low"], loss["epsilon_high"]) == ("grpo", "grpo", 0.2, 0.28)
+    assert out["optimizer"]["learning_rate"]["base"] == 1e-5
+    assert out["pretrained"]["path"] == "/models/tiny"
+    assert out["run"]["experiment_dir"] == "/runs/golden/fast_llm"
+
+
+def test_explicit_docs_per_step_backend_and_extra_keys():
+    cfg, _ = compose(
+        ["trainer=fast_llm", "trainer.fast_llm.docs_per_step=100", "trainer.device=cpu",
+         "+trainer.fast_llm.extra.training.logs.interval=1", "+trainer.fast_llm.extra.data.micro_batch_size=128"]
+    )
+    out = fast_llm_config(cfg, **FIXED)
+    assert out["schedule"]["docs_per_step"] == 100
+    assert broadcast_backend(cfg) == "gloo" == out["callbacks"]["streaming"]["broadcast"]["backend"]
+    assert out["training"]["logs"] == {"interval": 1}
+    assert out["training"]["train_iters"] == cfg.trainer.max_train_steps  # merged, not replaced
+    assert out["data"]["micro_batch_size"] == 128 and out["data"]["datasets"]["training"]["type"] == "streaming"
+
+
+def test_launch_argv_fills_the_command_template(tmp_path):
+    cfg, _ = compose(["trainer=fast_llm", "trainer.fast_llm.nproc_per_node=4"])
+    assert launch_argv(cfg, tmp_path / "f.yaml") == [
+        "torchrun", "--nproc_per_node=4", "--no_python", "fast-llm", "train", "gpt", "--config", str(tmp_path / "f.yaml"),
+    ]
+    cfg, _ = compose(
+        ["trainer=fast_llm", "trainer.fast_llm.data_parallel=3",
+         "trainer.fast_llm.command=[python,tests/fast_llm_standin.py,--config,'{config}',--data-parallel,'{data_parallel}']"]
+    )
+    assert launch_argv(cfg, Path("/x.yaml")) == ["python", "tests/fast_llm_standin.py", "--config", "/x.yaml", "--data-parallel", "3"]
+
+
+def test_missing_fast_llm_is_reported_clearly():
+    with pytest.raises(EnvironmentProblem) as info:
+        ensure_launchable(["torchrun", "--nproc_per_node=1", "--no_python", "fast-llm-not-installed", "train"])
+    assert "fast-llm-not-installed" in str(info.value) and "trainer=hf" in str(info.value)
+    ensure_launchable(["python", "tests/fast_llm_standin.py"])
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["trainer=fast_llm", "trainer.max_train_steps=400", "trainer.fast_llm.train_iters=393"],
+         ["trainer.fast_llm.train_iters (393)", "trainer.max_train_steps (400)"]),
+        (["trainer=fast_llm", "trainer.gradient_accumulation_passes=4"],
+         ["trainer.gradient_accumulation_passes=4", "Fast-LLM ignores it", "trainer.fast_llm.docs_per_step=1024"]),
+        (["trainer=fast_llm", "trainer.fast_llm.micro_batch_size=16"], ["trainer.fast_llm.micro_batch_size", "model.max_model_len"]),
+        (["trainer=fast_llm", "trainer.fast_llm.command=[fast-llm,train]"], ["{config}"]),
+        (["trainer=fast_llm", "trainer.fast_llm.docs_per_step=0"], ["trainer.fast_llm.docs_per_step must be at least 1"]),
+        (["trainer=fast_llm", "trainer.fast_llm.events_stream=fast_llm_streaming"], ["two different"]),
+    ],
+)
+def test_inconsistent_fast_llm_config_is_refused_before_anything_starts(overrides, expected):
+    with pytest.raises(ConfigError) as info:
+        compose(overrides)
+    assert info.value.exit_code == ExitCode.USAGE
+    for fragment in expected:
+        assert fragment in str(info.value)
+
+
+def test_agreeing_train_iters_and_hf_accumulation_are_accepted():
+    cfg, _ = compose(["trainer=fast_llm", "trainer.max_train_steps=7", "trainer.fast_llm.train_iters=7"])
+    assert cfg.trainer.fast_llm.train_iters == 7
+    cfg, _ = compose(["trainer.gradient_accumulation_passes=4"])  # the hf trainer uses it
+    assert cfg.trainer.backend == "hf" and cfg.trainer.samples_per_step == 1024
