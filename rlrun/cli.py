@@ -74,7 +74,7 @@ def train(
             console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
         console.print(f"metrics: {run_dir.metrics}\nevents:  {run_dir.events}")
     except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted:[/] every process of the run was stopped.")
+        err_console.print("[yellow]interrupted:[/] every process of the run was stopped. `rlrun resume` continues it.")
         raise typer.Exit(int(Interrupted.exit_code))
     except typer.Exit:
         raise
@@ -95,6 +95,42 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
         table.add_row(spec.name, " ".join(spec.argv), " ".join(env), str(spec.log_path))
     console.print(table)
     console.print("[dim]ports marked 0 are chosen when the run starts; nothing was started.[/]")
+
+
+@app.command()
+def resume(
+    run_dir: Path = typer.Argument(..., help="The run directory to continue."),
+    overrides: Optional[list[str]] = typer.Argument(None, help="Allowed: trainer.max_train_steps=N, supervisor.*=..."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Continue a stopped or crashed run: Redis from its AOF, the trainer from its last complete
+    checkpoint, vLLM with the current weights, the actor from its token journal."""
+    from rlrun import launch
+    from rlrun import resume as resuming
+    from rlrun.live import LiveView
+
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        plan = resuming.plan_resume(run_dir.resolve(), list(overrides or []))
+        for key, before, after in plan.changes:
+            console.print(f"change: {key}: {before!r} -> {after!r}")
+        if plan.already_finished:
+            console.print(f"{run_dir} already finished; nothing to do.")
+            return
+        resuming.apply(plan)
+        console.print(f"resuming run directory: [bold]{plan.run_dir.root}[/]")
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        with LiveView(console) as view:
+            reason = launch.train(plan.cfg, plan.run_dir, on_tick=view.update, resumed=True)
+        console.print(f"[bold green]finished:[/] {reason}")
+        console.print(f"metrics: {plan.run_dir.metrics}\nevents:  {plan.run_dir.events}")
+    except KeyboardInterrupt:
+        err_console.print("[yellow]interrupted:[/] every process of the run was stopped. `rlrun resume` continues it.")
+        raise typer.Exit(int(Interrupted.exit_code))
+    except typer.Exit:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        _fail(exc, debug)
 
 
 @app.command()

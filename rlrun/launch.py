@@ -116,14 +116,25 @@ def check_dependencies(cfg: RunConfig) -> None:
 PORT_ATTEMPTS = 3  # a service losing its port to another process at start gets new ports
 
 
-def train(cfg: RunConfig, run_dir: RunDir, on_tick: Optional[Callable[[list[ProcessStatus], Progress], None]] = None) -> str:
-    """Run the whole job; return why it finished. Raises ProcessFailed / KeyboardInterrupt."""
+def train(
+    cfg: RunConfig,
+    run_dir: RunDir,
+    on_tick: Optional[Callable[[list[ProcessStatus], Progress], None]] = None,
+    resumed: bool = False,
+) -> str:
+    """Run the whole job; return why it finished. Raises ProcessFailed / KeyboardInterrupt.
+
+    A fresh run and a resumed one take this same path: every role recovers from what the run
+    directory and Redis hold (checkpoint, pending groups, token journal).
+    """
     check_dependencies(cfg)
     path = model_path(cfg, build=True)
     run_dir.ensure_secret(run_dir.vllm_api_key)
     if not run_dir.current_weights.exists():
         run_dir.point_current_weights(Path(path))  # vLLM starts from the base model
     events = EventLog(run_dir.events, clock=time.time)
+    if resumed:
+        events.emit("run_resumed", previous_status=run_dir.read_state().get("status"))
     run_dir.write_state(status="running", supervisor_pid=os.getpid(), started_at=time.time(), model_path=path)
     status = "failed"
     supervisor: Optional[Supervisor] = None

@@ -302,7 +302,7 @@ class Actor:
     def _audit(self, record: dict) -> None:
         if self.audit_path is not None:
             with open(self.audit_path, "a") as handle:
-                handle.write(json.dumps(record) + "\n")
+                handle.write(json.dumps({"time": time.time(), "pid": os.getpid(), **record}) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

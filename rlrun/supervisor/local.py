@@ -8,7 +8,6 @@ The pid the supervisor tracks is the group's leader: probes compare it with `os.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from typing import Optional, Protocol

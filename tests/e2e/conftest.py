@@ -8,37 +8,92 @@ import sys
 from pathlib import Path
 
 import psutil
-import pytest
 
-RUN_MARKERS = ("vllm.entrypoints", "valkey-server", "redis-server", "rlrun.trainer", "rlrun.actor", "rlrun train")
+class RunProcesses:
+    """Every process that descends from one `rlrun` process, collected while it runs.
 
+    "No process of the run is left" is checked against this set (pid + start time), so the check
+    is exact and unaffected by anything else running on the machine.
+    """
 
-def our_processes(exclude: set[int]) -> list[str]:
-    """Processes that look like a run's (vLLM, Redis, trainer, actor) and were not there before."""
-    found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        if proc.info["pid"] in exclude:
-            continue
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if any(marker in cmd for marker in RUN_MARKERS) and "pytest" not in cmd:
-            found.append(f"{proc.info['pid']}: {cmd[:120]}")
-    return found
+    def __init__(self, root_pid: int) -> None:
+        import threading
+
+        self.seen: set[tuple[int, float]] = set()
+        self._root = root_pid
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._collect, daemon=True)
+        self._thread.start()
+
+    def _collect(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for proc in psutil.Process(self._root).children(recursive=True):
+                    try:
+                        self.seen.add((proc.pid, proc.create_time()))
+                    except psutil.Error:
+                        pass
+            except psutil.Error:
+                return
+            self._stop.wait(0.3)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def alive(self) -> list[str]:
+        left = []
+        for pid, started in self.seen:
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() == started and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"{pid}: {' '.join(proc.cmdline())[:120]}")
+            except psutil.Error:
+                pass
+        return left
 
 
 def run_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    """Run `rlrun ARGS` to its end; `.left_behind` lists its descendants still alive after it."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "rlrun", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    tracker = RunProcesses(proc.pid)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        tracker.stop()
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    result.left_behind = tracker.alive()
+    return result
+
+
+def start_rlrun(run_dir: Path, *args: str, command: str = "train") -> subprocess.Popen:
+    """Start `rlrun train run.dir=RUN ARGS` (or `rlrun resume RUN ARGS`) in the background.
+
+    Its output goes to RUN/../rlrun.out; `.run_processes` tracks its descendants."""
+    log = open(run_dir.parent / "rlrun.out", "a")
+    argv = ["train", f"run.dir={run_dir}", *args] if command == "train" else ["resume", str(run_dir), *args]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlrun", *argv], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
     )
+    proc.run_processes = RunProcesses(proc.pid)
+    return proc
+
+
+def left_behind(proc: subprocess.Popen, grace_s: float = 5.0) -> list[str]:
+    """Descendants of a finished (or killed) rlrun still alive after `grace_s`."""
+    import time
+
+    proc.run_processes.stop()
+    deadline = time.time() + grace_s
+    while proc.run_processes.alive() and time.time() < deadline:
+        time.sleep(0.2)
+    return proc.run_processes.alive()
 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-@pytest.fixture
-def baseline_pids() -> set[int]:
-    return {p.pid for p in psutil.process_iter()}

@@ -9,7 +9,7 @@ import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import our_processes, read_jsonl, run_cli
+from .conftest import read_jsonl, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -18,20 +18,17 @@ STEPS = 6
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
-    import psutil
-
-    before = {p.pid for p in psutil.process_iter()}
     run_dir = tmp_path_factory.mktemp("e2e") / "run"
     result = run_cli(
         ["train", "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", "trainer.checkpoint_every=4",
          f"run.dir={run_dir}", "supervisor.stop_grace_s=5"],
         timeout=600,
     )  # fmt: skip
-    return result, run_dir, before
+    return result, run_dir
 
 
 def test_exits_0_at_exactly_max_train_steps(short_run):
-    result, run_dir, _ = short_run
+    result, run_dir = short_run
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
@@ -46,7 +43,7 @@ def test_exits_0_at_exactly_max_train_steps(short_run):
 
 def test_vllm_served_updated_weights(short_run):
     """The actor tags every token with the policy version vLLM served; it must have advanced."""
-    _, run_dir, _ = short_run
+    _, run_dir = short_run
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert metrics[0]["behaviour_version_max"] == 0
     assert metrics[-1]["behaviour_version_max"] >= STEPS - 3  # at most a couple of versions behind
@@ -54,16 +51,16 @@ def test_vllm_served_updated_weights(short_run):
 
 
 def test_processes_started_in_order_and_nothing_is_left(short_run):
-    _, run_dir, before = short_run
+    result, run_dir = short_run
     events = read_jsonl(run_dir / "events.jsonl")
     started = [e["process"] for e in events if e["event"] == "process_started"]
     assert started == ["redis", "vllm-0", "trainer", "actor"]
     assert events[-1] == {**events[-1], "event": "run_stopped", "status": "finished"}
-    assert our_processes(exclude=before) == []
+    assert result.left_behind == []
 
 
 def test_run_directory_holds_logs_config_and_private_secrets(short_run):
-    _, run_dir, _ = short_run
+    _, run_dir = short_run
     for name in ("redis", "vllm-0", "trainer", "actor"):
         assert (run_dir / "logs" / f"{name}.log").is_file()
     assert (run_dir / "config.yaml").is_file() and "recipe=math_grpo" in (run_dir / "overrides.yaml").read_text()
@@ -72,7 +69,7 @@ def test_run_directory_holds_logs_config_and_private_secrets(short_run):
 
 
 def test_a_second_train_into_the_same_directory_is_refused(short_run):
-    result, run_dir, _ = short_run
+    result, run_dir = short_run
     listing = sorted(p.name for p in run_dir.iterdir())
     again = run_cli(["train", f"run.dir={run_dir}"], timeout=60)
     assert again.returncode == 4

@@ -81,3 +81,30 @@ def test_saved_resolved_config_loads_back_identically(tmp_path):
     cfg, resolved = compose(["recipe=math_grpo", "trainer.max_train_steps=11"])
     (tmp_path / "config.yaml").write_text(resolved)
     assert load_resolved(tmp_path / "config.yaml") == cfg
+
+
+def test_resume_allows_only_the_allow_listed_overrides_and_reports_the_change(tmp_path):
+    from rlrun.launch import create_run
+    from rlrun.resume import plan_resume
+
+    cfg, resolved = compose(["trainer.max_train_steps=5"])
+    run_dir = create_run(cfg, resolved, [], root=tmp_path / "run")
+    (run_dir.redis_dir / "appendonly.aof").write_text("")  # Redis data present
+    plan = plan_resume(run_dir.root, ["trainer.max_train_steps=9", "supervisor.stop_grace_s=3"])
+    assert plan.cfg.trainer.max_train_steps == 9 and plan.cfg.supervisor.stop_grace_s == 3.0
+    assert plan.changes == [("trainer.max_train_steps", 5, 9), ("supervisor.stop_grace_s", 10.0, 3)]
+    with pytest.raises(ConfigError, match="cannot be changed when resuming"):
+        plan_resume(run_dir.root, ["model.dtype=bfloat16"])
+    with pytest.raises(ConfigError, match="must be at least 1"):
+        plan_resume(run_dir.root, ["trainer.max_train_steps=0"])
+
+
+def test_resume_refuses_a_run_whose_redis_data_is_gone(tmp_path):
+    from rlrun.errors import RunDirError
+    from rlrun.launch import create_run
+    from rlrun.resume import plan_resume
+
+    cfg, resolved = compose([])
+    run_dir = create_run(cfg, resolved, [], root=tmp_path / "run")
+    with pytest.raises(RunDirError, match="no Redis data"):
+        plan_resume(run_dir.root, [])

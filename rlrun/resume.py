@@ -1,0 +1,113 @@
+"""`rlrun resume RUN_DIR`: continue a stopped or crashed run from what its directory holds.
+
+The saved resolved config is reloaded (never recomposed from conf/, so later edits to recipes
+cannot change a resumed run); only the allow-listed overrides may change it. Then the same code
+path as `rlrun train` runs: Redis restarts from its AOF, the trainer from its last complete
+checkpoint (groups consumed after it are still pending and are fed again), vLLM from the current
+weights, and the actor replays the token journal.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import os
+from dataclasses import dataclass
+
+import yaml
+
+from rlrun.config.build import from_dict, validate
+from rlrun.config.schema import RunConfig
+from rlrun.errors import ConfigError, RunDirError
+from rlrun.rundir import RunDir
+
+# What a resumed run may change: how long it trains and how it is supervised. Everything else
+# (model, data, algorithm, batch shape) would make the checkpoint and the journal mean something
+# else.
+ALLOWED_OVERRIDES = ("trainer.max_train_steps", "trainer.checkpoint_every", "trainer.keep_checkpoints", "supervisor.*", "inference.ready_timeout_s")
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    run_dir: RunDir
+    cfg: RunConfig
+    resolved_yaml: str
+    changes: list[tuple[str, object, object]]  # (key, before, after)
+    already_finished: bool
+
+
+def plan_resume(root, overrides: list[str]) -> ResumePlan:
+    run_dir = RunDir(root)
+    if not run_dir.is_run():
+        raise RunDirError(f"{run_dir.root} is not an rlrun run directory (no {run_dir.marker.name}). Give the directory `rlrun train` printed.")
+    if not run_dir.config.is_file():
+        raise RunDirError(f"{run_dir.root} has no saved config ({run_dir.config.name}); it cannot be resumed.")
+    state = run_dir.read_state()
+    pid = state.get("supervisor_pid")
+    if state.get("status") == "running" and pid and _alive(pid):
+        raise RunDirError(f"{run_dir.root} is being run right now by rlrun (pid {pid}). Stop it first (Ctrl-C or kill {pid}).")
+    data = yaml.safe_load(run_dir.config.read_text())
+    new = copy.deepcopy(data)
+    changes = []
+    for item in overrides:
+        key, value = _parse(item)
+        if not any(fnmatch.fnmatchcase(key, pattern) for pattern in ALLOWED_OVERRIDES):
+            raise ConfigError(
+                f"'{key}' cannot be changed when resuming: it would change what the checkpoint and the journal "
+                f"mean. Allowed: {', '.join(ALLOWED_OVERRIDES)}. Start a new run with `rlrun train` instead."
+            )
+        before = _set(new, key, value)
+        changes.append((key, before, value))
+    cfg = from_dict(RunConfig, new)
+    validate(cfg)
+    if cfg.streams.url is None and not _has_redis_data(run_dir):
+        raise RunDirError(
+            f"{run_dir.root} has no Redis data ({run_dir.redis_dir} holds no AOF): the token journal and the "
+            f"trainer's pending groups are gone, so the run cannot be resumed exactly. Start a new run."
+        )
+    finished = state.get("status") == "finished" and not any(k == "trainer.max_train_steps" for k, _, _ in changes)
+    return ResumePlan(run_dir, cfg, yaml.safe_dump(new, sort_keys=False), changes, finished)
+
+
+def apply(plan: ResumePlan) -> None:
+    """Save the (possibly changed) config and note the resume in the run's overrides."""
+    if plan.changes:
+        plan.run_dir.config.write_text(plan.resolved_yaml)
+        history = yaml.safe_load(plan.run_dir.overrides.read_text()) if plan.run_dir.overrides.is_file() else []
+        history = history + [f"resume: {k}={v}" for k, _, v in plan.changes]
+        plan.run_dir.overrides.write_text(yaml.safe_dump(history))
+
+
+def _parse(item: str) -> tuple[str, object]:
+    if "=" not in item:
+        raise ConfigError(f"invalid override '{item}': expected key=value, e.g. trainer.max_train_steps=500.")
+    key, _, raw = item.partition("=")
+    return key.strip(), yaml.safe_load(raw)
+
+
+def _set(data: dict, dotted: str, value) -> object:
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        if not isinstance(node.get(part), dict):
+            raise ConfigError(f"unknown config key '{dotted}'.")
+        node = node[part]
+    if parts[-1] not in node:
+        raise ConfigError(f"unknown config key '{dotted}'. Valid keys there: {', '.join(node)}.")
+    before = node[parts[-1]]
+    node[parts[-1]] = value
+    return before
+
+
+def _has_redis_data(run_dir: RunDir) -> bool:
+    return any(run_dir.redis_dir.rglob("*.aof")) or any(run_dir.redis_dir.rglob("*.rdb"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

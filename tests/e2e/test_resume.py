@@ -1,0 +1,125 @@
+"""`rlrun resume` on the real stack: a run stopped by Ctrl-C, then one whose rlrun was SIGKILLed,
+is continued to exactly `max_train_steps`; every group is trained exactly once, and generations
+in flight at each stop are continued from the journal, not regenerated."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from rlrun.trainer.checkpoint import latest_complete, read_state
+
+from .conftest import left_behind, read_jsonl, run_cli, start_rlrun
+from .test_failures import steps_done, wait_for
+from .test_recovery import check_exact_continuation, in_flight_tokens
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 6
+CONFIG = [
+    "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", "trainer.train_batch_size=64", "trainer.checkpoint_every=2",
+    "actor.max_new_tokens=48", "actor.min_new_tokens=40", "actor.audit=true", "actor.max_prefix_staleness=1000",
+    "actor.journal_flush_tokens=1", "actor.max_concurrent_groups=8", "supervisor.stop_grace_s=5",
+]  # fmt: skip
+
+
+def resume(run_dir, *overrides, timeout=900) -> subprocess.CompletedProcess:
+    return run_cli(["resume", str(run_dir), *overrides], timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def interrupted_twice(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("resume") / "run"
+    stops = {}
+
+    # 1. Ctrl-C once a checkpoint exists and generations are in flight.
+    proc = start_rlrun(run_dir, *CONFIG)
+    try:
+        wait_for(lambda: latest_complete(run_dir / "checkpoints") is not None and in_flight_tokens(run_dir) > 100, 600, "a checkpoint and tokens in flight", proc)
+        stops["ctrl_c"] = time.time()
+        proc.send_signal(signal.SIGINT)
+        stops["ctrl_c_code"] = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stops["after_ctrl_c"] = json.loads((run_dir / "state.json").read_text())["status"]
+
+    # 2. Resume, then SIGKILL rlrun itself (its children die with it) a few steps later.
+    stops["left_after_ctrl_c"] = left_behind(proc)
+    proc = start_rlrun(run_dir, command="resume")
+    try:
+        mark = steps_done(run_dir)
+        wait_for(lambda: steps_done(run_dir) >= mark + 1 and in_flight_tokens(run_dir) > 100, 600, "progress after resuming", proc)
+        stops["sigkill"] = time.time()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stops["left_after_sigkill"] = left_behind(proc, grace_s=10)
+
+    # 3. Resume to the end.
+    final = resume(run_dir)
+    return run_dir, stops, final
+
+
+def test_ctrl_c_stops_in_order_and_says_how_to_continue(interrupted_twice):
+    _, stops, _ = interrupted_twice
+    assert stops["ctrl_c_code"] == 130
+    assert stops["after_ctrl_c"] == "interrupted"
+    assert stops["left_after_ctrl_c"] == []
+    assert stops["left_after_sigkill"] == []  # SIGKILL of rlrun took its children with it
+
+
+def test_resumed_run_completes_at_exactly_max_train_steps(interrupted_twice):
+    run_dir, _, final = interrupted_twice
+    assert final.returncode == 0, final.stdout[-3000:] + final.stderr[-3000:]
+    assert read_state(latest_complete(run_dir / "checkpoints")).step == STEPS
+    assert json.loads((run_dir / "state.json").read_text())["status"] == "finished"
+    assert final.left_behind == []
+
+
+def test_every_group_is_trained_exactly_once_across_resumes(interrupted_twice):
+    run_dir, _, _ = interrupted_twice
+    delivered = {r["group_id"] for r in read_jsonl(run_dir / "audit" / "actor.jsonl") if r["kind"] == "delivered"}
+    final_steps = {}
+    for line in read_jsonl(run_dir / "trained_groups.jsonl"):
+        final_steps[line["step"]] = line["groups"]  # steps after the last checkpoint are trained again
+    trained = [g for groups in final_steps.values() for g in groups]
+    assert sorted(final_steps) == list(range(1, STEPS + 1))
+    assert len(trained) == len(set(trained)) and set(trained) <= delivered
+
+
+def test_in_flight_generations_were_continued_not_regenerated(interrupted_twice):
+    run_dir, stops, _ = interrupted_twice
+    spanned = [check_exact_continuation(run_dir, stops[s])["spanning"] for s in ("ctrl_c", "sigkill")]
+    assert sum(spanned) > 0
+    resumed_logs = [p.read_text() for p in (run_dir / "logs").glob("actor*.log")]
+    assert any("replaying the journal" in text for text in resumed_logs)
+
+
+def test_resuming_a_finished_run_starts_nothing(interrupted_twice):
+    run_dir, _, _ = interrupted_twice
+    events_before = (run_dir / "events.jsonl").read_text()
+    again = resume(run_dir, timeout=60)
+    assert again.returncode == 0 and "already finished" in again.stdout
+    assert (run_dir / "events.jsonl").read_text() == events_before
+
+
+def test_a_disallowed_override_is_refused_and_changes_nothing(interrupted_twice):
+    run_dir, _, _ = interrupted_twice
+    config_before = (run_dir / "config.yaml").read_text()
+    refused = resume(run_dir, "algo.group_size=4", timeout=60)
+    assert refused.returncode == 2 and "cannot be changed when resuming" in refused.stderr
+    assert (run_dir / "config.yaml").read_text() == config_before
+
+
+def test_resume_of_something_that_is_not_a_run(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    result = resume(tmp_path, timeout=60)
+    assert result.returncode == 4 and "not an rlrun run directory" in result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
