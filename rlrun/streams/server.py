@@ -13,6 +13,8 @@ code that runs Redis without the supervisor.
 
 from __future__ import annotations
 
+import hashlib
+
 import logging
 import os
 import secrets
@@ -132,11 +134,19 @@ def ensure_password(run_dir: RunDir) -> str:
     return password
 
 
-def write_server_config(run_dir: RunDir, port: int, host: str, appendfsync: str) -> None:
-    """Write the server's config file (mode 0600: it holds the password) into the run directory.
+RLRUN_USER = "rlrun"  # rlrun's own clients log in as this user, with the run's password
+DEFAULT_USER_OFF = "user default reset off"  # nobody gets in without a name and the password
 
-    The password is generated on the first call and reused afterwards, so a restarted server
-    accepts the clients of the previous one.
+
+def write_server_config(
+    run_dir: RunDir, port: int, host: str, appendfsync: str, default_user: str = DEFAULT_USER_OFF
+) -> None:
+    """Write the server's config file (mode 0600: it holds the password hash) into the run directory.
+
+    Access is by ACL: rlrun's processes log in as `rlrun` with the run's password (generated on
+    the first call and reused, so a restarted server accepts the clients of the previous one);
+    the passwordless `default` user is off, unless `default_user` gives it a restricted role
+    (Fast-LLM's clients connect with host and port only: see backends/fast_llm/acl.py).
     """
     if appendfsync not in APPENDFSYNC_CHOICES:
         raise ConfigError(
@@ -161,7 +171,8 @@ def write_server_config(run_dir: RunDir, port: int, host: str, appendfsync: str)
         f"appendfsync {appendfsync}",
         "aof-load-truncated yes",  # after a kill -9, load the AOF up to its last whole command
         'save ""',  # no RDB snapshots: the AOF is the only persistence
-        f"requirepass {_quote(password)}",
+        default_user,
+        f"user {RLRUN_USER} reset on #{hashlib.sha256(password.encode()).hexdigest()} ~* &* +@all",
         *(f'rename-command {command} ""' for command in DISABLED_COMMANDS),
     ]
     _write_private(run_dir.redis_conf, "\n".join(lines) + "\n")
@@ -233,6 +244,7 @@ def connect(
     return redis.Redis.from_url(
         url,
         retry=retry,
+        username=RLRUN_USER if password else None,
         password=password,
         decode_responses=True,
         socket_connect_timeout=5.0,
@@ -249,6 +261,7 @@ def ping(url: str, password: str | None, timeout: float = 1.0) -> bool:
     try:
         client = redis.Redis.from_url(
             url,
+            username=RLRUN_USER if password else None,
             password=password,
             socket_connect_timeout=timeout,
             socket_timeout=timeout,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import os
 import socket
 import stat
@@ -101,7 +103,9 @@ def test_config_and_password_files_are_private(run_dir):
         assert stat.S_IMODE(run_dir.redis_conf.stat().st_mode) == 0o600
         assert stat.S_IMODE(run_dir.redis_password.stat().st_mode) == 0o600
         assert run_dir.redis_password.read_text() == srv.password
-        assert srv.password in run_dir.redis_conf.read_text()
+        conf = run_dir.redis_conf.read_text()
+        assert srv.password not in conf  # only its SHA-256, in the ACL line of the rlrun user
+        assert hashlib.sha256(srv.password.encode()).hexdigest() in conf
 
 
 def test_password_is_generated_once_and_kept(run_dir):
@@ -210,7 +214,7 @@ def test_commands_the_run_needs_still_work(run_dir):
             pipe.set("a", "1").incr("a")
             assert pipe.execute() == [True, 2]
         assert client.eval("return redis.call('GET', KEYS[1])", 1, "a") == "2"
-        assert client.acl_whoami() == "default"
+        assert client.acl_whoami() == "rlrun"  # the named user; the passwordless default user is off
 
 
 def test_server_listens_on_loopback_only(run_dir):
