@@ -9,6 +9,7 @@ Liveness: Redis answers PING; vLLM answers /health; the trainer and the actor wr
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ class Endpoints:
     redis_url: str
     redis_port: int | None  # None when streams.url names an external server
     vllm_urls: list[str]
+    broadcast_port: int = 0  # Fast-LLM's weight broadcast rendezvous (trainer=fast_llm only)
 
 
 def child_env(threads: int) -> dict[str, str]:
@@ -76,6 +78,19 @@ class RedisProbe:
     def marker(self, key: str, field: str, pid: int) -> bool:
         """True when process `pid` set `field` = its pid in hash `key` (a readiness marker)."""
         return self._hgetall(key).get(field) == str(pid)
+
+    def stream_has_event_after(self, stream: str, after_id: str, needle: str) -> bool:
+        """True when `stream` holds an entry newer than `after_id` whose fields contain `needle`."""
+        try:
+            if self._client is None:
+                self._client = redis_server.connect(self._url, self._password(), socket_timeout=2.0, reconnect_s=0)
+            for _id, fields in self._client.xrange(stream, min=f"({after_id}", count=1000):
+                if any(needle in value for value in fields.values()):
+                    return True
+            return False
+        except Exception:  # not reachable means "no"
+            self._client = None
+            return False
 
     def _hgetall(self, key: str) -> dict:
         try:
@@ -127,21 +142,10 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
         )
     common = ["--run-dir", str(run_dir.root), "--redis-url", endpoints.redis_url, "--model-path", model_path]
     vllm_args = [arg for url in endpoints.vllm_urls for arg in ("--vllm-url", url)]
-    specs.append(
-        ProcessSpec(
-            name="trainer",
-            argv=[sys.executable, "-m", "rlrun.trainer.main", *common, *vllm_args],
-            env=child_env(cfg.trainer.threads),
-            log_path=run_dir.log("trainer"),
-            ready=lambda pid: probe.marker(names.TRAINER_STATE, "ready_pid", pid),
-            alive=lambda pid: probe.heartbeat(names.TRAINER_STATE, pid),
-            ready_timeout_s=sup.ready_timeout_s,
-            stop_grace_s=grace,
-            finishes=True,
-            restart=restart_policy(sup.trainer),
-            stall_timeout_s=sup.trainer.stall_timeout_s,
-        )
-    )
+    if cfg.trainer.backend == "fast_llm":
+        specs.append(fast_llm_trainer_spec(cfg, run_dir, endpoints, model_path, probe))
+    else:
+        specs.append(hf_trainer_spec(cfg, run_dir, common + vllm_args, probe))
     specs.append(
         ProcessSpec(
             name="actor",
@@ -156,3 +160,69 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
         )
     )
     return specs
+
+
+def hf_trainer_spec(cfg: RunConfig, run_dir: RunDir, args: list[str], probe: RedisProbe) -> ProcessSpec:
+    sup = cfg.supervisor
+    return ProcessSpec(
+        name="trainer",
+        argv=[sys.executable, "-m", "rlrun.trainer.main", *args],
+        env=child_env(cfg.trainer.threads),
+        log_path=run_dir.log("trainer"),
+        ready=lambda pid: probe.marker(names.TRAINER_STATE, "ready_pid", pid),
+        alive=lambda pid: probe.heartbeat(names.TRAINER_STATE, pid),
+        ready_timeout_s=sup.ready_timeout_s,
+        stop_grace_s=sup.stop_grace_s,
+        finishes=True,
+        restart=restart_policy(sup.trainer),
+        stall_timeout_s=sup.trainer.stall_timeout_s,
+    )
+
+
+def fast_llm_trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> ProcessSpec:
+    """Fast-LLM, launched from the config rlrun generates; tidied before every (re)start.
+
+    Ready when it announces `weights_ready` after its start. No heartbeat: Fast-LLM has none
+    (it may legitimately wait for documents; it times out by itself after `fast_llm.timeout_s`).
+    """
+    from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
+    from rlrun.backends.fast_llm.config import LAUNCH_ENV, launch_argv, write_config
+
+    sup, f = cfg.supervisor, cfg.trainer.fast_llm
+    experiment_dir = fast_llm_experiment_dir(cfg, run_dir)
+    config_path = run_dir.root / "fast_llm.yaml"
+    redis_host, _, redis_port = endpoints.redis_url.split("://", 1)[1].split("/", 1)[0].rpartition(":")
+
+    def before_start() -> None:
+        moved = fl_checkpoints.move_aside_incomplete(experiment_dir)
+        for path in moved:
+            logging.getLogger(__name__).warning("moved a half-written Fast-LLM checkpoint aside: %s", path)
+        write_config(
+            cfg, config_path, redis_host=redis_host, redis_port=int(redis_port), experiment_dir=experiment_dir,
+            model_path=model_path, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
+        )  # fmt: skip
+
+    started: dict[int, str] = {}
+
+    def ready(pid: int) -> bool:  # a weights_ready event published after this attempt started
+        since = started.setdefault(pid, f"{int(time.time() * 1000)}-0")
+        return probe.stream_has_event_after(f.events_stream, since, '"weights_ready"')
+
+    return ProcessSpec(
+        name="trainer",
+        argv=launch_argv(cfg, config_path),
+        env={**child_env(cfg.trainer.threads), **LAUNCH_ENV},
+        log_path=run_dir.log("trainer"),
+        ready=ready,
+        ready_timeout_s=max(sup.ready_timeout_s, 600.0),
+        stop_grace_s=max(sup.stop_grace_s, 60.0),  # it finishes its step and saves a checkpoint on SIGTERM
+        finishes=True,
+        restart=restart_policy(sup.trainer),
+        before_start=before_start,
+    )
+
+
+def fast_llm_experiment_dir(cfg: RunConfig, run_dir: RunDir):
+    return run_dir.root / cfg.trainer.fast_llm.experiment_dir_name
+
+

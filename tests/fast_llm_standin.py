@@ -26,7 +26,8 @@ streaming.py). It learns nothing: there is no model, a step only consumes docume
   Fast-LLM does: rlrun must move such a directory aside first.
 
 Test hooks (not Fast-LLM's): `--step-delay` sleeps after each step; `--crash-in-checkpoint K`
-writes checkpoint K without `ok` and dies (as if killed during the save).
+writes checkpoint K without `ok` and dies (as if killed during the save), once per experiment
+directory.
 """
 
 from __future__ import annotations
@@ -196,7 +197,9 @@ class Trainer:
         metadata = {"completed_steps": self.completed_steps, "documents_seen": self.documents_seen}
         (directory / "metadata.yaml").write_text(yaml.safe_dump(metadata))
         (directory / "state.json").write_text(json.dumps(metadata))  # stands in for the weights
-        if self.crash_in_checkpoint == self.completed_steps:
+        once = self.checkpoint_root.parent / f".standin-crashed-in-{self.completed_steps}"
+        if self.crash_in_checkpoint == self.completed_steps and not once.exists():
+            once.touch()  # a crash, not a crash loop: the restarted stand-in gets past this step
             log.error("test hook: dying while writing checkpoint %d", self.completed_steps)
             sys.stdout.flush()
             os._exit(137)

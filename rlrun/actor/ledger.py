@@ -35,7 +35,7 @@ class Ledger(Protocol):
     def finish(self, group_id: str, index: int, reason: str, length: int) -> None: ...
     def reset(self, group_id: str, index: int) -> None: ...
     def load_group(self, group_id: str) -> Optional[GroupRecord]: ...
-    def deliver(self, group_id: str, message: str) -> Optional[str]: ...
+    def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]: ...
 
 
 class JournalLedger:
@@ -83,8 +83,8 @@ class JournalLedger:
     def load_group(self, group_id: str) -> Optional[GroupRecord]:
         return self.journal.load_group(group_id)
 
-    def deliver(self, group_id: str, message: str) -> Optional[str]:
-        stream_id = self.journal.deliver(group_id, names.GROUPS_STREAM, message)
+    def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]:
+        stream_id = self.journal.deliver(group_id, stream, messages)
         self._deliveries += 1
         if self._deliveries % TRIM_EVERY == 0:
             self.journal.trim_delivered(keep_last=KEEP_DELIVERED)
@@ -124,10 +124,11 @@ class MemoryLedger:
     def load_group(self, group_id: str) -> Optional[GroupRecord]:
         return None
 
-    def deliver(self, group_id: str, message: str) -> Optional[str]:
+    def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]:
         with self.redis.pipeline(transaction=True) as tx:
-            tx.xadd(names.GROUPS_STREAM, {"data": message})
+            for message in messages:
+                tx.xadd(stream, {"data": message})
             tx.hincrby(names.ACTOR_STATE, "groups_published", 1)
-            stream_id, _ = tx.execute()
+            stream_id = tx.execute()[-2]
         self._published += 1
         return stream_id

@@ -25,6 +25,7 @@ import httpx
 
 from rlrun.actor.ledger import JournalLedger, Ledger, MemoryLedger
 from rlrun.actor.sampling import SampleState, close_if_spent, is_stale, remaining_budget
+from rlrun.actor.trainer_view import TrainerView, trainer_view
 from rlrun.actor.vllm_client import stream_completion
 from rlrun.config import RunConfig, load_resolved
 from rlrun.data.tasks import Task, load_task
@@ -32,7 +33,6 @@ from rlrun.journal.plan import Action, GroupPlan, plan_replay
 from rlrun.rollouts import Group, Sample
 from rlrun.rundir import RunDir
 from rlrun.streams import names
-from rlrun.streams.codec import encode
 from rlrun.streams.server import connect
 from rlrun.trainer.advantages import group_advantages
 
@@ -55,9 +55,10 @@ class LiveGroup:
 class Actor:
     def __init__(
         self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str], ledger: Ledger,
-        run_name: str, api_key: str = "",
+        run_name: str, api_key: str = "", trainer: TrainerView | None = None,
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
+        self.trainer = trainer or trainer_view(cfg, redis)
         self.urls = server_urls
         self.ledger = ledger
         self.run_name = run_name
@@ -65,9 +66,9 @@ class Actor:
         self.audit_path: Path | None = None  # set when actor.audit is on
         self._failure: BaseException | None = None
         self._last_heartbeat = 0.0
-        self.counters = {
+        self.counters = {  # whole-run counts, published in ACTOR_STATE (see _continue_counters)
             "groups_published": 0,
-            "tokens_generated": 0,  # streamed from vLLM by this actor process
+            "tokens_generated": 0,  # streamed from vLLM
             "tokens_reused": 0,  # kept from before an interruption and continued, not regenerated
             "tokens_regenerated": 0,  # dropped (stale or unreadable) and generated again
             "samples_continued": 0,
@@ -78,6 +79,7 @@ class Actor:
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
+        self._continue_counters()
         resumed = self._replay_plan()
         limits = httpx.Limits(max_connections=self.cfg.actor.max_concurrent_groups * self.cfg.algo.group_size)
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -108,19 +110,25 @@ class Actor:
                 task.cancel()
         log.info("trainer announced training_done; actor stops (%s)", self.counters)
 
+    def _continue_counters(self) -> None:
+        """Count for the whole run: a restarted actor goes on from what the last one published
+        (what it counted after its last heartbeat, at most a second's worth, is lost)."""
+        published = self.redis.hgetall(names.ACTOR_STATE) or {}
+        for key in self.counters:
+            value = published.get(key)
+            if value is not None and str(value).isdigit():
+                self.counters[key] = int(value)
+
     def _note_failure(self, task: asyncio.Task) -> None:
         """A group task that raised something unexpected stops the actor (the supervisor sees it)."""
         if not task.cancelled() and task.exception() is not None:
             self._failure = task.exception()
 
-    def _trainer(self) -> dict:
-        return self.redis.hgetall(names.TRAINER_STATE) or {}
-
     def _training_done(self) -> bool:
-        return self._trainer().get("training_done") == "1"
+        return self.trainer.done()
 
     def _policy_version(self) -> int:
-        return int(self.redis.get(names.POLICY_VERSION) or 0)
+        return self.trainer.policy_version()
 
     def _heartbeat(self) -> None:
         now = time.time()
@@ -129,14 +137,8 @@ class Actor:
             self._last_heartbeat = now
 
     def _room_for_another_group(self, in_flight: int) -> bool:
-        """Back-pressure: groups for at most `max_steps_ahead` steps beyond the trainer's next.
-
-        Counted in groups opened (delivered + in flight), from the ledger, so it survives an
-        actor restart: in-flight groups are replayed, never lost.
-        """
-        step = int(self._trainer().get("step", 0))
-        allowed = (step + 1 + self.cfg.actor.max_steps_ahead) * self.cfg.groups_per_step
-        return self.ledger.opened(in_flight) < allowed
+        """Back-pressure, by the rule of the trainer backend (see trainer_view.py)."""
+        return self.trainer.room_for_group(self.ledger.opened(in_flight), in_flight)
 
     def _problem_index(self, cursor: int) -> int:
         """A fresh seeded permutation of the problems for every pass over the data."""
@@ -295,7 +297,8 @@ class Actor:
                 for s, r, a in zip(group.samples, rewards, advantages)
             ],
         )
-        if self.ledger.deliver(group.group_id, encode(message.to_dict())) is not None:
+        stream, messages = self.trainer.destination(message)
+        if self.ledger.deliver(group.group_id, stream, messages) is not None:
             self.counters["groups_published"] += 1
             self._audit({"kind": "delivered", **message.to_dict()})
 

@@ -211,7 +211,8 @@ return 'ok'
 """
 
 # Publish and mark delivered in one step. KEYS: group hash, group log, open zset, delivered
-# zset, stream. ARGV: group_id, message.
+# zset, stream. ARGV: group_id, then one or more messages (rlrun's trainer takes one message per
+# group; Fast-LLM one document per sample).
 _DELIVER = """
 local st = redis.call('HMGET', KEYS[1], 'state', 'size', 'cursor', 'stream_id')
 if not st[1] then return {'unknown', ''} end
@@ -225,7 +226,8 @@ for i = 1, size do
   if states[i] ~= 'finished' then unfinished[#unfinished + 1] = tostring(i - 1) end
 end
 if #unfinished > 0 then return {'unfinished', table.concat(unfinished, ',')} end
-local id = redis.call('XADD', KEYS[5], '*', 'data', ARGV[2])
+local id = ''
+for k = 2, #ARGV do id = redis.call('XADD', KEYS[5], '*', 'data', ARGV[k]) end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('HSET', KEYS[1], 'state', 'delivered', 'cursor', st[3], 'stream_id', id)
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -367,11 +369,15 @@ class Journal:
             raise JournalError(f"cannot reset sample {index} of {group_id}: the group is delivered")
 
     # --- delivery --------------------------------------------------------------------------------
-    def deliver(self, group_id: str, stream: str, message: str) -> str | None:
-        """Publish `message` (field `data`) to `stream` and mark the group delivered, atomically;
-        its token log is deleted and a small delivered marker stays. Returns the stream id, or
-        None when the group was already delivered (it is never published twice). Raises
-        NotFinished if a sample is unfinished, UnknownGroup if the group is not in the journal."""
+    def deliver(self, group_id: str, stream: str, message: str | Sequence[str]) -> str | None:
+        """Publish `message` (field `data`; several messages in order) to `stream` and mark the
+        group delivered, atomically; its token log is deleted and a small delivered marker stays.
+        Returns the (last) stream id, or None when the group was already delivered (it is never
+        published twice). Raises NotFinished if a sample is unfinished, UnknownGroup if the group
+        is not in the journal."""
+        messages = [message] if isinstance(message, str) else list(message)
+        if not messages:
+            raise ValueError(f"nothing to deliver for {group_id}")
         status, detail = self._deliver(
             keys=[
                 self.group_key(group_id),
@@ -380,7 +386,7 @@ class Journal:
                 delivered_key(self.prefix),
                 stream,
             ],
-            args=[group_id, message],
+            args=[group_id, *messages],
         )
         if status == "ok":
             return detail

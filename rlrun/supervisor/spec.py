@@ -46,3 +46,4 @@ class ProcessSpec:
     restart: RestartPolicy = field(default_factory=lambda: RestartPolicy(restart=False))
     alive: Optional[Probe] = None  # liveness: True while it shows life (heartbeat, health check)
     stall_timeout_s: float = 60.0  # `alive` false this long while ready: stalled, killed, restarted
+    before_start: Optional[Callable[[], None]] = None  # run before every (re)start, e.g. tidy a checkpoint dir

@@ -64,8 +64,17 @@ def attempt_log(base: Path, attempt: int) -> Path:
 
 
 # The completion predicate: given exit codes of processes whose work is done (None otherwise),
-# is the run finished, and why?
+# is the run finished, and why? It raises ExitRejected when a process exited 0 without having
+# done its work (e.g. a trainer interrupted early that still reports success).
 CompletionCheck = Callable[[dict[str, Optional[int]]], tuple[bool, str]]
+
+
+class ExitRejected(Exception):
+    """Raised by a completion predicate: `process` exited 0 but its work is not done."""
+
+    def __init__(self, process: str, reason: str) -> None:
+        super().__init__(reason)
+        self.process, self.reason = process, reason
 Tick = Callable[[list[ProcessStatus]], None]
 
 
@@ -128,7 +137,13 @@ class Supervisor:
             for proc in self.processes:
                 self._advance(proc, now)
             done = {p.name: p.exit_code if p.state is ProcessState.EXITED else None for p in self.processes}
-            finished, reason = is_finished(done)
+            try:
+                finished, reason = is_finished(done)
+            except ExitRejected as rejected:  # treated as a failure: restarted per its policy
+                proc = self.status(rejected.process)
+                info = ExitInfo(ExitKind.CRASH, proc.exit_code, f"exited with code 0 before its work was done ({rejected.reason})")
+                self._fail(proc, info, now, info.description)
+                continue
             if finished:
                 self._events.emit("run_finished", reason=reason)
                 return reason
@@ -211,6 +226,8 @@ class Supervisor:
         if proc.handle is not None:  # a restart: a new attempt, a new log file
             proc.attempt += 1
         spec = proc.spec
+        if spec.before_start is not None:
+            spec.before_start()
         proc.handle = self._spawner.spawn(spec if proc.attempt == 0 else _with_log(spec, proc.log_path))
         proc.pid = proc.handle.pid
         proc.started_at = self._clock()

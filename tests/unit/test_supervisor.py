@@ -262,3 +262,23 @@ def test_a_process_failing_at_its_first_start_follows_its_restart_policy(tmp_pat
     with pytest.raises(RestartsExhausted, match="was not ready within 5 s.*2 restarts within 100 s used up"):
         sup.start_all()
     assert [e["event"] for e in events.recorded].count("process_restarted") == 2
+
+
+def test_an_exit_rejected_by_the_completion_rule_is_restarted_and_before_start_runs_each_time(tmp_path):
+    from rlrun.supervisor import ExitRejected
+
+    calls = []
+    trainer = spec("trainer", tmp_path, finishes=True, restart=RESTARTING, before_start=lambda: calls.append("tidy"))
+    sup, spawner, events, clock = make([trainer])
+    sup.start_all()
+    spawner.handles["trainer"].exit_code = 0  # e.g. Fast-LLM's training_finished after a SIGTERM at step 3
+
+    def rule(exits):
+        if exits["trainer"] == 0 and sup.status("trainer").attempt == 0:
+            raise ExitRejected("trainer", "interrupted at step 3 of 10")
+        return sup.status("trainer").attempt == 1, "restarted"
+
+    sup.watch(rule)
+    failed = next(e for e in events.recorded if e["event"] == "process_failed")
+    assert "before its work was done (interrupted at step 3 of 10)" in failed["reason"] and failed["action"] == "restart"
+    assert calls == ["tidy", "tidy"]  # before the first start and before the restart

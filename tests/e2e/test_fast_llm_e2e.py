@@ -1,0 +1,98 @@
+"""trainer=fast_llm on the real stack, with the stand-in trainer (tests/fast_llm_standin.py) in
+Fast-LLM's place: it speaks Fast-LLM's Redis protocol and overshoots docs_per_step like it.
+
+One run goes through the scaled-down seed scenario plus two interruptions: the stand-in dies
+while writing a checkpoint (a half-written checkpoint, moved aside before its restart), and it
+is sent SIGTERM mid-run (it then announces `training_finished`, which is not completion)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlrun import completion
+from rlrun.backends.fast_llm.checkpoints import latest_complete_step
+from rlrun.rundir import RunDir
+from rlrun.streams.server import connect, managed_server
+
+from .conftest import left_behind, start_rlrun
+from .test_failures import current_pid, events, wait_for
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 8
+DOCS_PER_STEP = 64
+STANDIN = Path(__file__).parent.parent / "fast_llm_standin.py"
+
+
+@pytest.fixture(scope="module")
+def fast_llm_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("fast_llm") / "run"
+    command = json.dumps([sys.executable, str(STANDIN), "--config", "{config}", "--data-parallel", "3",
+                          "--crash-in-checkpoint", "4", "--step-delay", "0.5"])  # fmt: skip
+    proc = start_rlrun(
+        run_dir, "trainer=fast_llm", "trainer.device=cpu", "recipe=math_grpo", f"trainer.max_train_steps={STEPS}",
+        f"trainer.train_batch_size={DOCS_PER_STEP}", "trainer.checkpoint_every=2", "trainer.fast_llm.micro_batch_size=64",
+        f"trainer.fast_llm.command={command}", "supervisor.stop_grace_s=10",
+    )  # fmt: skip
+    experiment = run_dir / "fast_llm"
+    try:
+        # past the crash in checkpoint 4 and its restart, then SIGTERM at step >= 6
+        wait_for(lambda: (latest_complete_step(experiment) or 0) >= 6, 900, "Fast-LLM checkpoint 6", proc)
+        interrupted_at = latest_complete_step(experiment)
+        os.kill(current_pid(run_dir, "trainer"), signal.SIGTERM)
+        proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with managed_server(RunDir(run_dir)) as srv:  # read the events back from the run's AOF
+        client = connect(srv.url, srv.password)
+        fast_llm_events = [json.loads(f["event"]) for _id, f in client.xrange("fast_llm_events")]
+    return proc.returncode, run_dir, fast_llm_events, interrupted_at, left_behind(proc)
+
+
+def test_the_run_ends_at_exactly_train_iters(fast_llm_run):
+    code, run_dir, fl_events, _, left = fast_llm_run
+    assert code == 0, (run_dir.parent / "rlrun.out").read_text()[-3000:]
+    assert latest_complete_step(run_dir / "fast_llm") == STEPS
+    assert fl_events[-1]["type"] == "training_finished"
+    assert left == []
+
+
+def test_the_sample_counting_rule_would_have_stopped_it_early(fast_llm_run):
+    _, _, fl_events, _, _ = fast_llm_run
+    seen = {}
+    for event in fl_events:
+        if event["type"] == "weights_ready" and event.get("documents_seen") is not None:
+            seen[event["step"]] = event["documents_seen"]  # after a restart, steps repeat: last wins
+    assert seen[STEPS] > STEPS * DOCS_PER_STEP  # Fast-LLM overshoots docs_per_step every step
+    target = completion.HfTarget(STEPS, DOCS_PER_STEP, 1)
+    fired = [
+        step for step in sorted(seen)
+        if completion.hf_finished(target, completion.TrainerObservation(seen[step], 0, False, step)).finished
+    ]  # fmt: skip
+    per_step = seen[STEPS] / STEPS
+    assert fired[0] == math.ceil(STEPS * DOCS_PER_STEP / per_step) < STEPS
+    print(f"sample counting would have stopped at step {fired[0]} of {STEPS} ({per_step:.1f} documents per step)")
+
+
+def test_a_half_written_checkpoint_was_moved_aside_and_training_resumed_before_it(fast_llm_run):
+    _, run_dir, _, _, _ = fast_llm_run
+    moved = list((run_dir / "fast_llm" / "checkpoint_incomplete").iterdir())
+    assert [p.name.split(".")[0] for p in moved] == ["4"]
+    assert not (moved[0] / "ok").exists()
+    restarted = [e for e in events(run_dir) if e["event"] == "process_restarted" and e["process"] == "trainer"]
+    assert len(restarted) == 2  # after the crash in checkpoint 4, after the SIGTERM
+
+
+def test_training_finished_after_an_interrupt_is_not_completion(fast_llm_run):
+    _, run_dir, _, interrupted_at, _ = fast_llm_run
+    rejected = [e for e in events(run_dir) if e["event"] == "process_failed" and "before its work was done" in e["reason"]]
+    assert rejected and f"of {STEPS}" in rejected[0]["reason"] and rejected[0]["action"] == "restart"
+    assert interrupted_at < STEPS
