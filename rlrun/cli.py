@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
@@ -19,7 +20,7 @@ from rlrun.errors import ExitCode, Interrupted, ProcessFailed, RlrunError, RunDi
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Launch and supervise asynchronous GRPO/GSPO training runs.")
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (grep, logs)
 
 OVERRIDES_HELP = "Hydra overrides, e.g. recipe=math_grpo trainer.max_train_steps=50 run.dir=runs/mine"
 
@@ -33,11 +34,11 @@ def _fail(exc: BaseException, debug: bool) -> None:
     if debug:
         err_console.print_exception()
     if isinstance(exc, RlrunError):
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)  # 'rlrun[cpu]' is not markup
         if isinstance(exc, ProcessFailed) and exc.log_tail:
             err_console.print(f"[dim]last lines of {exc.process}'s log:[/]\n{exc.log_tail}", highlight=False, markup=False)
         raise typer.Exit(int(exc.exit_code))
-    err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}\nRerun with --debug for the traceback and report it.")
+    err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))}\nRerun with --debug for the traceback and report it.")
     raise typer.Exit(int(ExitCode.INTERNAL))
 
 
@@ -73,6 +74,7 @@ def train(
         if last:
             console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
         console.print(f"metrics: {run_dir.metrics}\nevents:  {run_dir.events}")
+        _plot_at_end(run_dir)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted:[/] every process of the run was stopped. `rlrun resume` continues it.")
         raise typer.Exit(int(Interrupted.exit_code))
@@ -83,10 +85,12 @@ def train(
 
 
 def _print_dry_run(cfg, resolved: str, launch) -> None:
+    from rlrun import preflight
     from rlrun.rundir import RunDir
 
-    console.print(Syntax(resolved, "yaml", theme="ansi_dark", background_color="default"))
     run_dir = RunDir(launch.run_root(cfg))
+    preflight.check(cfg, run_dir.root, fresh=True, cheap=True)  # what `train` would refuse, refused now
+    console.print(Syntax(resolved, "yaml", theme="ansi_dark", background_color="default"))
     table = Table(title=f"processes rlrun would start (run directory {run_dir.root})")
     for column in ("name", "command", "notable env", "log"):
         table.add_column(column, overflow="fold")
@@ -124,6 +128,7 @@ def resume(
             reason = launch.train(plan.cfg, plan.run_dir, on_tick=view.update, resumed=True)
         console.print(f"[bold green]finished:[/] {reason}")
         console.print(f"metrics: {plan.run_dir.metrics}\nevents:  {plan.run_dir.events}")
+        _plot_at_end(plan.run_dir)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted:[/] every process of the run was stopped. `rlrun resume` continues it.")
         raise typer.Exit(int(Interrupted.exit_code))
@@ -211,6 +216,33 @@ def inspect_checkpoint(
             console.print(item)
     if not report.complete:
         _fail(RunDirError(checkpoint_inspect.HALF_WRITTEN), debug)
+
+
+@app.command()
+def plot(
+    run_dir: Path = typer.Argument(..., help="A run directory (running or finished)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the PNG (default RUN_DIR/plot.png)."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Write a PNG of the run: reward (mean ± std) and throughput over steps, restarts marked."""
+    from rlrun import plot as plotting
+    from rlrun.rundir import RunDir
+
+    try:
+        result = plotting.plot_run(RunDir(run_dir.resolve()), out)
+    except BaseException as exc:  # noqa: BLE001 - the one place errors become messages
+        _fail(exc, debug)
+    console.print(f"plot: {result.path} ({result.steps} steps, {result.restarts} restarts, {result.failures} failures)", soft_wrap=True)
+
+
+def _plot_at_end(run_dir) -> None:
+    """After train/resume: write RUN/plot.png and say where it is; failing to plot only warns."""
+    from rlrun import plot as plotting
+
+    try:
+        console.print(f"plot:    {plotting.plot_run(run_dir).path}", soft_wrap=True)
+    except Exception as exc:  # noqa: BLE001 - the run is done; a missing picture is not a failure
+        err_console.print(f"[yellow]warning:[/] no plot written: {exc}", highlight=False)
 
 
 def main() -> None:  # pragma: no cover - console entry point

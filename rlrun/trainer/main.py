@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rlrun.config import RunConfig, load_resolved
 from rlrun.inference.admin import VllmAdmin
+from rlrun.metrics import MetricsWriter, actor_counters
 from rlrun.rollouts import Group, MalformedGroup
 from rlrun.rundir import RunDir
 from rlrun.streams import names
@@ -41,7 +42,7 @@ class Trainer:
         torch.set_num_threads(cfg.trainer.threads)
         self.device = torch.device(cfg.trainer.device)
         self.state = TrainerState(step=0, samples_processed=0, policy_version=0, config_hash=config_hash(run_dir))
-        resume_from = checkpoint.latest_complete(run_dir.checkpoints)
+        resume_from = checkpoint.resume_point(run_dir.checkpoints)  # damaged ones skipped, with a warning
         source = str(resume_from) if resume_from else model_path
         self.model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, cfg.model.dtype)).to(self.device)
         self.model.train()
@@ -57,7 +58,10 @@ class Trainer:
         # Groups consumed since the last checkpoint stay pending in the consumer group until a
         # checkpoint covers them: a trainer restarted from that checkpoint reads them again.
         self.unacked: list[str] = []
-        self._replay_pending = True
+        # Reading our own pending entries (id "0") does not advance by itself: this remembers
+        # where the replay is; None once it is done and new entries (">") are read.
+        self._pending_from: str | None = "0"
+        self.metrics = MetricsWriter(run_dir.metrics, run_dir.tensorboard if cfg.metrics.tensorboard else None)
 
     # --- the loop ------------------------------------------------------------------------------
     def train(self) -> None:
@@ -82,6 +86,7 @@ class Trainer:
             if self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
                 self._save_checkpoint()
         self._announce_done()
+        self.metrics.close()
 
     def _is_last_step(self) -> bool:
         return self.state.step >= self.cfg.trainer.max_train_steps
@@ -104,25 +109,27 @@ class Trainer:
         while len(groups) < wanted:
             self._heartbeat()
             # After a restart, first the groups delivered to us but not covered by a checkpoint.
-            start = "0" if self._replay_pending else ">"
+            start = self._pending_from or ">"
             reply = self.redis.xreadgroup(
                 names.TRAINER_GROUP, "trainer", {names.GROUPS_STREAM: start}, count=wanted - len(groups), block=1000
             )
-            if self._replay_pending and not any(messages for _s, messages in reply or []):
-                self._replay_pending = False
+            if self._pending_from is not None and not any(messages for _s, messages in reply or []):
+                self._pending_from = None
                 continue
             for _stream, messages in reply or []:
                 for message_id, fields in messages:
                     ids.append(message_id)
+                    if self._pending_from is not None:
+                        self._pending_from = message_id  # the next read continues after it
                     try:
-                        group = Group.from_dict(decode(fields.get("data", "")))
+                        group = Group.from_dict(decode(fields.get("data", "")), vocab_size=self.model.config.vocab_size)
                     except (MalformedGroup, ValueError) as exc:
                         self.bad_messages += 1
                         log.warning("rejected message %s on %s: %s", message_id, names.GROUPS_STREAM, exc)
                         continue
                     if len(group.samples) != self.cfg.algo.group_size:
                         self.bad_messages += 1
-                        log.warning("rejected group %s: %d samples, expected %d", group.group_id, len(group.samples), self.cfg.algo.group_size)
+                        log.warning("rejected message %s on %s: group %s has %d samples, expected %d", message_id, names.GROUPS_STREAM, group.group_id, len(group.samples), self.cfg.algo.group_size)
                         continue
                     groups.append(group)
         return groups, ids
@@ -219,11 +226,11 @@ class Trainer:
             "policy_lag_max": (self.state.policy_version - 1 - min(versions)) if versions else 0,
             "behaviour_version_max": max(versions) if versions else 0,  # newest version vLLM sampled with
             "bad_messages": self.bad_messages,
+            **actor_counters(self.redis.hgetall(names.ACTOR_STATE)),  # the actor's recovery counters
             "time": round(time.time(), 3),
             **{k: round(v, 6) if isinstance(v, float) else v for k, v in metrics.items()},
         }
-        with open(self.run_dir.metrics, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        self.metrics.write(record)
         with open(self.run_dir.trained_groups, "a") as handle:  # a restarted step appears again, later
             handle.write(json.dumps({"step": self.state.step, "groups": [g.group_id for g in groups]}) + "\n")
         self._publish_state(reward_mean=record["reward_mean"])
@@ -319,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     vllm = VllmAdmin(args.vllm_url)
     try:
         Trainer(cfg, run_dir, redis, args.model_path, vllm).train()
+    except checkpoint.CorruptCheckpoint as exc:  # a restart would meet the same checkpoints: exit 2, not retried
+        log.error("%s", exc)
+        return 2
     finally:
         vllm.close()
     return 0

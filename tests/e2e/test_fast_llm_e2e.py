@@ -8,7 +8,6 @@ is sent SIGTERM mid-run (it then announces `training_finished`, which is not com
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import sys
@@ -78,7 +77,10 @@ def test_the_sample_counting_rule_would_have_stopped_it_early(fast_llm_run):
         if completion.hf_finished(target, completion.TrainerObservation(seen[step], 0, False, step)).finished
     ]  # fmt: skip
     per_step = seen[STEPS] / STEPS
-    assert fired[0] == math.ceil(STEPS * DOCS_PER_STEP / per_step) < STEPS
+    # The old rule would have declared completion (and stopped feeding) at fired[0] < STEPS;
+    # rlrun's rule ended the run at exactly STEPS (test_the_run_ends_at_exactly_train_iters).
+    assert fired and fired[0] < STEPS
+    assert all(seen[step] < STEPS * DOCS_PER_STEP for step in seen if step < fired[0])
     print(f"sample counting would have stopped at step {fired[0]} of {STEPS} ({per_step:.1f} documents per step)")
 
 
