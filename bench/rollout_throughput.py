@@ -1,24 +1,36 @@
-"""Rollout throughput: vLLM alone vs. the same requests through rlrun's actor.
+"""Rollout throughput: vLLM alone vs. the same requests through rlrun's actor, with and without
+the token journal.
 
     python bench/rollout_throughput.py [--groups N] [--rounds R] [hydra overrides...]
 
 Starts, in a temporary run directory, the run's Redis and ONE vLLM server (as `rlrun train`
-would, from the composed config), then alternates two phases R times (A, B, A, B, ...):
+would, from the composed config), then alternates three phases R times (A, B, C, A, B, C, ...):
 
   A  "vLLM alone": the actor's requests (same prompts in the same seeded order, token-id prompt,
      n = group_size, max_tokens, temperature, logprobs 0, return_token_ids, streamed through
      rlrun.actor.vllm_client.stream_completion) with `actor.max_concurrent_groups` groups in
      flight; a finished group is replaced at once. Nothing else: no Redis, no scoring.
-  B  "through the actor": rlrun.actor.main.Actor run in-process against the same server and
-     Redis, with no trainer (the trainer state hash says step=10**9, so back-pressure never
+  B  "actor + journal": rlrun.actor.main.Actor run in-process against the same server and
+     Redis with the JournalLedger (every token appended to the token journal in Redis, as in a
+     real run), and no trainer (the trainer state hash says step=10**9, so back-pressure never
      blocks; `training_done`=1 is set once N groups are published, which stops the actor). A
      subclass only notes the moment the N-th group is published; the actor's code is unchanged.
+  C  "actor, no journal": the same with the MemoryLedger (actor.journal=false): nothing is
+     journaled, groups are published straight to the stream.
 
-Both phases time the window from the first request to the moment the N-th group is complete and
-count every completion token received in that window (also those of groups still in flight), so
-both measure the steady state with the same number of groups in flight. It prints figures; it
-asserts nothing about speed. Every child runs in its own session and its process group is
-stopped at the end (SIGTERM, then SIGKILL after 10 s).
+Before B and C the journal's keys (rlrun:journal:*, SCAN + DEL), the actor's state hash and the
+groups stream are deleted, so each phase starts at prompt 0 with an empty Redis. One untimed
+warm-up wave (max_concurrent_groups groups) of A, B and C runs first. In B and C the ledger is
+wrapped to add up the time spent inside its calls, per method (they are synchronous Redis round
+trips made from the actor's event loop), and a median Redis PING is taken before the phase.
+
+Every phase times the window from the first request to the moment the N-th group is complete and
+counts every completion token received in that window (also those of groups still in flight), so
+all measure the steady state with the same number of groups in flight. B/A is the actor's cost
+against vLLM alone; B/C is the journal's cost (target >= 0.97); both are printed per round, over
+all rounds, and as the median of the rounds. It prints figures; it asserts nothing about speed.
+Every child runs in its own session and its process group is stopped at the end (SIGTERM, then
+SIGKILL after 10 s); SIGTERM to this script unwinds the same way.
 """
 
 from __future__ import annotations
@@ -38,11 +50,13 @@ from pathlib import Path
 
 import httpx
 
+from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.main import Actor
 from rlrun.actor.vllm_client import stream_completion
 from rlrun.config import compose
 from rlrun.data.tasks import load_task
 from rlrun.inference.server import base_url, healthy, server_argv, server_env
+from rlrun.journal.store import KEY_PREFIX
 from rlrun.launch import create_run, model_path
 from rlrun.streams import names
 from rlrun.streams.server import connect, managed_server, pick_free_port
@@ -167,6 +181,47 @@ async def phase_vllm_alone(cfg, url: str, prompts: list[list[int]], groups: int)
     return {"wall_s": end["time"] - started, "tokens": int(end["tokens"]), "groups": groups, "started": cursor, "errors": 0, "continued": 0}
 
 
+class TimedLedger:
+    """The actor's ledger, unchanged, with the time spent in its calls added up. Its calls are
+    synchronous Redis round trips made from the actor's event loop: while one runs, no stream
+    from vLLM is read. (Sampled before the N-th group is published, like the tokens.)"""
+
+    def __init__(self, ledger) -> None:
+        self.inner = ledger
+        self.seconds = 0.0
+        self.calls = 0
+        self.by_method: dict[str, list] = {}  # name -> [calls, seconds]
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - started
+                self.seconds += spent
+                self.calls += 1
+                entry = self.by_method.setdefault(name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += spent
+
+        return timed
+
+
+def redis_rtt_ms(redis, pings: int = 200) -> float:
+    """Median PING round trip, ms: what one synchronous Redis call costs right now."""
+    times = []
+    for _ in range(pings):
+        started = time.perf_counter()
+        redis.ping()
+        times.append(time.perf_counter() - started)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
 class TimedActor(Actor):
     """rlrun's Actor, unchanged, that notes the moment its `target`-th group is published."""
 
@@ -178,14 +233,34 @@ class TimedActor(Actor):
     def _publish(self, *args, **kwargs) -> None:
         super()._publish(*args, **kwargs)
         if self.reached is None and self.counters["groups_published"] >= self.target:
-            self.reached = {"time": time.perf_counter(), **self.counters}
+            self.reached = {"time": time.perf_counter(), "ledger_s": self.ledger.seconds, "ledger_calls": self.ledger.calls,
+                            "ledger_methods": {k: tuple(v) for k, v in self.ledger.by_method.items()}, **self.counters}
 
 
-async def phase_actor(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int) -> dict:
-    """rlrun's Actor in-process, no trainer; stop it once `groups` are published."""
+def reset_redis(redis) -> int:
+    """Delete the journal (rlrun:journal:*, SCAN + DEL: FLUSHALL is disabled), the actor's state
+    hash and the groups stream, so the next actor phase starts at prompt 0. Returns keys deleted."""
+    deleted = 0
+    batch: list[str] = []
+    for key in redis.scan_iter(match=f"{KEY_PREFIX}*", count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            deleted += redis.delete(*batch)
+            batch = []
+    if batch:
+        deleted += redis.delete(*batch)
+    return deleted + redis.delete(names.ACTOR_STATE, names.GROUPS_STREAM)
+
+
+async def phase_actor(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int, journal: bool) -> dict:
+    """rlrun's Actor in-process, no trainer, with (B) or without (C) the journal; stop it once
+    `groups` are published."""
+    reset_redis(redis)  # the actor resumes its cursor from the journal / state hash: start at 0
     redis.hset(names.TRAINER_STATE, mapping={"step": NO_BACKPRESSURE_STEP, "training_done": "0"})
-    redis.delete(names.ACTOR_STATE)  # the actor resumes its cursor from there: start at prompt 0
-    actor = TimedActor(cfg, redis, tokenizer, task, [url], run_name=run_name, target=groups)
+    rtt = redis_rtt_ms(redis)
+    inner = JournalLedger(redis) if journal else MemoryLedger(redis)
+    ledger = TimedLedger(inner)
+    actor = TimedActor(cfg, redis, tokenizer, task, [url], ledger, run_name=run_name, target=groups)
     started = time.perf_counter()
     run = asyncio.create_task(actor.run())
     while actor.reached is None:
@@ -198,37 +273,59 @@ async def phase_actor(cfg, redis, tokenizer, task, url: str, run_name: str, grou
     leftovers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     await asyncio.gather(*leftovers, return_exceptions=True)  # the group tasks it cancelled
     reached = actor.reached
+    started_groups = inner.journal.cursor() if journal else inner._cursor
     return {
         "wall_s": reached["time"] - started,
         "tokens": reached["tokens_generated"],
         "groups": reached["groups_published"],
-        "started": actor.cursor,
+        "started": started_groups,
         "errors": reached["request_errors"],
         "continued": reached["samples_continued"],
+        "ledger_s": reached["ledger_s"],
+        "ledger_calls": reached["ledger_calls"],
+        "ledger_methods": reached["ledger_methods"],
+        "rtt_ms": rtt,
     }
 
 
 # --- the whole benchmark -------------------------------------------------------------------------
 
 
+PHASES = {"A": "vLLM alone", "B": "actor + journal", "C": "actor, no journal"}
+
+
 async def run_phases(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int, rounds: int) -> list[tuple[str, dict]]:
-    probe = Actor(cfg, redis, tokenizer, task, [url], run_name=run_name)  # only for its prompt order
+    probe = Actor(cfg, redis, tokenizer, task, [url], MemoryLedger(redis), run_name=run_name)  # only for its prompt order
     horizon = groups + 4 * cfg.actor.max_concurrent_groups
     prompts = [tokenizer.encode(task.problems[probe._problem_index(c)].prompt, add_special_tokens=False) for c in range(horizon)]
-    # Warm-up (untimed): one wave of groups, so neither phase pays for the first requests.
-    await phase_vllm_alone(cfg, url, prompts, min(groups, cfg.actor.max_concurrent_groups))
+    # Warm-up (untimed): one wave of groups per phase, so no phase pays for its first requests
+    # (connections, the journal's Lua scripts loaded into Redis, ...).
+    wave = min(groups, cfg.actor.max_concurrent_groups)
+    await phase_vllm_alone(cfg, url, prompts, wave)
+    for journal in (True, False):
+        await phase_actor(cfg, redis, tokenizer, task, url, run_name, wave, journal=journal)
     results = []
     for r in range(1, rounds + 1):
-        for name in ("A", "B"):
+        for name in PHASES:
             before = load()
             if name == "A":
                 result = await phase_vllm_alone(cfg, url, prompts, groups)
             else:
-                result = await phase_actor(cfg, redis, tokenizer, task, url, run_name, groups)
+                result = await phase_actor(cfg, redis, tokenizer, task, url, run_name, groups, journal=name == "B")
             result["load"] = f"{before} -> {load()}"
             results.append((f"{name}{r}", result))
-            print(f"  {name}{r}: {result['tokens']} tokens in {result['wall_s']:.2f} s = {result['tokens'] / result['wall_s']:.0f} tok/s (load {result['load']})", flush=True)
+            print(
+                f"  {name}{r} ({PHASES[name]}): {result['tokens']} tokens in {result['wall_s']:.2f} s = "
+                f"{result['tokens'] / result['wall_s']:.0f} tok/s (load {result['load']})"
+                + (f"; {result['ledger_calls']} ledger calls took {result['ledger_s']:.2f} s, Redis PING {result['rtt_ms']:.2f} ms" if name != "A" else ""),
+                flush=True,
+            )
+    reset_redis(redis)
     return results
+
+
+def rate(result: dict) -> float:
+    return result["tokens"] / result["wall_s"]
 
 
 def print_table(cfg, results: list[tuple[str, dict]], groups: int) -> None:
@@ -236,21 +333,49 @@ def print_table(cfg, results: list[tuple[str, dict]], groups: int) -> None:
     print(f"machine: {os.cpu_count()} CPUs, {cpu_model()}; load average now {load()} (1/5/15 min)")
     print(
         f"shape: {groups} groups x n={cfg.algo.group_size}, max_tokens={cfg.actor.max_new_tokens}, "
-        f"{cfg.actor.max_concurrent_groups} groups in flight, vLLM threads={cfg.inference.threads}"
+        f"{cfg.actor.max_concurrent_groups} groups in flight, journal_flush_tokens={cfg.actor.journal_flush_tokens}, "
+        f"vLLM threads={cfg.inference.threads}, appendfsync={cfg.streams.appendfsync}"
     )
-    header = f"{'round':>5} | {'vLLM alone tok/s':>16} | {'through actor tok/s':>19} | {'actor/vLLM':>10} | {'groups A/B':>10} | {'tokens A/B':>11} | {'wall s A/B':>11} | load (1/5/15) A ; B"
+    header = (
+        f"{'round':>5} | {'A vLLM tok/s':>12} | {'B actor+journal':>15} | {'C actor, no journal':>19} | "
+        f"{'B/A':>5} | {'B/C':>5} | {'C/A':>5} | {'tokens A/B/C':>17} | {'wall s A/B/C':>17} | load (1/5/15) before -> after A ; B ; C"
+    )
     print(header)
     print("-" * len(header))
     by_round: dict[str, dict[str, dict]] = {}
     for label, result in results:
         by_round.setdefault(label[1:], {})[label[0]] = result
-    for r, pair in by_round.items():
-        a, b = pair["A"], pair["B"]
-        ta, tb = a["tokens"] / a["wall_s"], b["tokens"] / b["wall_s"]
+    for r, trio in by_round.items():
+        a, b, c = trio["A"], trio["B"], trio["C"]
+        ta, tb, tc = rate(a), rate(b), rate(c)
         print(
-            f"{r:>5} | {ta:>16.0f} | {tb:>19.0f} | {tb / ta:>10.2f} | {a['groups']:>4}/{b['groups']:<5} | "
-            f"{a['tokens']:>5}/{b['tokens']:<5} | {a['wall_s']:>5.2f}/{b['wall_s']:<5.2f} | {a['load']} ; {b['load']}"
+            f"{r:>5} | {ta:>12.0f} | {tb:>15.0f} | {tc:>19.0f} | {tb / ta:>5.2f} | {tb / tc:>5.2f} | {tc / ta:>5.2f} | "
+            f"{a['tokens']:>5}/{b['tokens']:>5}/{c['tokens']:>5} | {a['wall_s']:>5.2f}/{b['wall_s']:>5.2f}/{c['wall_s']:>5.2f} | "
+            f"{a['load']} ; {b['load']} ; {c['load']}"
         )
+    totals = {k: (sum(r["tokens"] for l, r in results if l[0] == k), sum(r["wall_s"] for l, r in results if l[0] == k)) for k in PHASES}
+    ta, tb, tc = (t / w for t, w in totals.values())
+    print("-" * len(header))
+    print(f"{'all':>5} | {ta:>12.0f} | {tb:>15.0f} | {tc:>19.0f} | {tb / ta:>5.2f} | {tb / tc:>5.2f} | {tc / ta:>5.2f} |  (tokens / wall time over all rounds)")
+    ratios = {k: sorted(rate(t[k[0]]) / rate(t[k[2]]) for t in by_round.values()) for k in ("B/A", "B/C", "C/A")}
+    median = {k: v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2 for k, v in ratios.items()}
+    print(f"{'med.':>5} | {'':>12} | {'':>15} | {'':>19} | {median['B/A']:>5.2f} | {median['B/C']:>5.2f} | {median['C/A']:>5.2f} |  (median of the per-round ratios)")
+    print(
+        f"B/A = actor with journal vs vLLM alone: {tb / ta:.3f} (median per round {median['B/A']:.3f}); "
+        f"B/C = journal overhead (target >= 0.97): {tb / tc:.3f} (median per round {median['B/C']:.3f})"
+    )
+    print(
+        "time inside ledger calls (s, share of wall) / calls / Redis PING ms before the phase: "
+        + ", ".join(
+            f"{label}={r['ledger_s']:.2f} s ({100 * r['ledger_s'] / r['wall_s']:.0f} %) / {r['ledger_calls']} / {r['rtt_ms']:.2f}"
+            for label, r in results
+            if label[0] != "A"
+        )
+    )
+    for label, r in results:
+        if label[0] != "A":
+            methods = sorted(r["ledger_methods"].items(), key=lambda kv: -kv[1][1])
+            print(f"  {label} ledger calls: " + ", ".join(f"{m} {n} x {1000 * t / n:.2f} ms = {t:.2f} s" for m, (n, t) in methods))
     errors = sum(r["errors"] for _, r in results)
     continued = sum(r["continued"] for _, r in results)
     print(f"actor request errors: {errors}, samples continued: {continued}; groups started (incl. in flight at the end): "
@@ -259,10 +384,12 @@ def print_table(cfg, results: list[tuple[str, dict]], groups: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--groups", type=int, default=64, help="groups completed per phase (default 64)")
-    parser.add_argument("--rounds", type=int, default=2, help="A/B rounds (default 2: A, B, A, B)")
+    parser.add_argument("--groups", type=int, default=256, help="groups completed per phase (default 256)")
+    parser.add_argument("--rounds", type=int, default=2, help="A/B/C rounds (default 2: A, B, C, A, B, C)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for `rlrun train`")
     args = parser.parse_args(argv)
+    # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every child is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from transformers import AutoTokenizer
 

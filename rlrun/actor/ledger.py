@@ -7,7 +7,7 @@ so the journal's overhead can be measured against it (`actor.journal=false`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Protocol
 
 from rlrun.actor.sampling import SampleState
@@ -55,18 +55,27 @@ class JournalLedger:
         return loaded.groups, loaded.corrupt
 
     def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
-        """One round trip; a sample's new tokens are split into runs of one policy version."""
+        """One round trip for the samples' new tokens (split into runs of one policy version)
+        and, for finished samples, their finish (carried by their last append)."""
         appends, owners = [], []
         for sample in samples:
             offset = sample.journaled
+            finish = sample.finish_reason if sample.finished and not sample.finish_recorded else None
+            runs = []
             while offset < len(sample.completion_ids):
                 version = sample.versions[offset]
                 end = offset
                 while end < len(sample.completion_ids) and sample.versions[end] == version:
                     end += 1
-                appends.append(Append(group_id, sample.index, offset, sample.completion_ids[offset:end], sample.logprobs[offset:end], version))
-                owners.append(sample.index)
+                runs.append(Append(group_id, sample.index, offset, sample.completion_ids[offset:end], sample.logprobs[offset:end], version))
                 offset = end
+            if finish is not None and not runs:  # nothing new: the finish alone
+                version = sample.versions[-1] if sample.versions else 0
+                runs.append(Append(group_id, sample.index, offset, [], [], version))
+            if finish is not None:
+                runs[-1] = replace(runs[-1], finish_reason=finish)
+            appends.extend(runs)
+            owners.extend([sample.index] * len(runs))
         results = self.journal.append_many(appends) if appends else []
         last: dict[int, WriteResult] = {}
         for index, result in zip(owners, results):
@@ -113,7 +122,7 @@ class MemoryLedger:
         return [], []
 
     def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
-        return [WriteResult(True, len(s.completion_ids), "ok") for s in samples]
+        return [WriteResult(True, len(s.completion_ids), "ok") for s in samples if len(s.completion_ids) > s.journaled or s.finished]
 
     def finish(self, group_id: str, index: int, reason: str, length: int) -> None:
         pass

@@ -160,7 +160,13 @@ class Actor:
     def _replay_plan(self) -> list[LiveGroup]:
         groups, corrupt = self.ledger.load_open_groups()
         for key, reason in corrupt:
-            log.warning("journal record %s is unreadable (%s): that sample is generated again", key, reason)
+            if ":group:" in key:
+                what = "that group is left out (its prompt is skipped)"
+            elif reason.endswith(("skipped", "ignored")):
+                what = "the entry is ignored"
+            else:
+                what = "that sample is generated again"
+            log.warning("journal record %s is unreadable (%s): %s", key, reason, what)
         self.counters["journal_corrupt_records"] += len(corrupt)
         plan = plan_replay(groups, current_version=self._policy_version(), max_prefix_staleness=self.cfg.actor.max_prefix_staleness)
         c = plan.counters
@@ -183,6 +189,7 @@ class Actor:
             elif p.action is Action.FINISH_LENGTH:
                 sample.finish_reason = "length"
                 self.ledger.finish(plan.group_id, p.index, "length", len(sample.completion_ids))
+                sample.finish_recorded = True
             samples.append(sample)
         return LiveGroup(plan.group_id, plan.cursor, plan.prompt_index, list(plan.prompt_ids), samples)
 
@@ -195,8 +202,7 @@ class Actor:
             for sample in group.samples:
                 if is_stale(sample, version, self.cfg.actor.max_prefix_staleness):
                     self._drop_stale(group, sample)
-                if close_if_spent(sample, budget):
-                    self.ledger.finish(group.group_id, sample.index, "length", len(sample.completion_ids))
+                close_if_spent(sample, budget)  # recorded by the flush below
             pending = [s for s in group.samples if not s.finished]
             if not pending:
                 break
@@ -213,6 +219,7 @@ class Actor:
                 await asyncio.sleep(RETRY_DELAY_S)
             finally:
                 self._flush(group, group.samples)
+        self._flush(group, group.samples)  # finishes decided locally (budget spent)
         self._publish(group)
 
     async def _request(self, client, url: str, group: LiveGroup, samples: list[SampleState], version: int) -> None:
@@ -238,15 +245,15 @@ class Actor:
                 self.counters["tokens_generated"] += len(delta.token_ids)
                 if delta.finish_reason is not None:
                     sample.finish_reason = delta.finish_reason
-                if sample.finished or len(sample.completion_ids) - sample.journaled >= self.cfg.actor.journal_flush_tokens:
-                    self._flush(group, [sample])
+                if len(sample.completion_ids) - sample.journaled >= self.cfg.actor.journal_flush_tokens:
+                    self._flush(group, [sample])  # long generations: small batches as they come
         finally:
             self._flush(group, samples)
 
     # --- the journal ---------------------------------------------------------------------------
     def _flush(self, group: LiveGroup, samples: list[SampleState]) -> None:
-        """Append the samples' unjournaled tokens (one round trip), then record finishes."""
-        batches = [s for s in samples if len(s.completion_ids) > s.journaled]
+        """Append the samples' unjournaled tokens and record their finishes, in one round trip."""
+        batches = [s for s in samples if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded)]
         results = self.ledger.append_many(group.group_id, batches)
         for sample, result in zip(batches, results):
             if result.accepted:
@@ -256,13 +263,10 @@ class Actor:
                      "logprobs": sample.logprobs[sample.journaled : result.length]}
                 )  # fmt: skip
                 sample.journaled = result.length
+                sample.finish_recorded = sample.finished
             else:  # our view and the journal's disagree: the journal is the truth
                 log.error("journal refused an append to %s/%d (%s): re-reading it", group.group_id, sample.index, result.reason)
                 self._resync(group, sample)
-        for sample in samples:
-            if sample.finished and not sample.finish_recorded and sample.journaled == len(sample.completion_ids):
-                self.ledger.finish(group.group_id, sample.index, sample.finish_reason, sample.journaled)
-                sample.finish_recorded = True
 
     def _resync(self, group: LiveGroup, sample: SampleState) -> None:
         record = self.ledger.load_group(group.group_id)

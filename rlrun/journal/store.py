@@ -112,7 +112,8 @@ class WriteResult:
 
 @dataclass(frozen=True)
 class Append:
-    """One batch of one sample's tokens, all produced by policy `version`."""
+    """One batch of one sample's tokens, all produced by policy `version`; with `finish_reason`
+    the sample is also marked finished once they are stored (no tokens: just the finish)."""
 
     group_id: str
     index: int
@@ -120,6 +121,7 @@ class Append:
     token_ids: Sequence[int]
     logprobs: Sequence[float]
     version: int
+    finish_reason: str | None = None
 
 
 class LoadResult(NamedTuple):
@@ -150,14 +152,17 @@ redis.call('SET', KEYS[1], cur + 1)
 return {'ok', cur}
 """
 
-# A batch of appends, each checked on its own against its sample's length.
-# KEYS: (group hash, group log) per append. ARGV: (index, expected offset, n, entry) per append.
+# A batch of appends, each checked on its own against its sample's length, each optionally
+# finishing its sample (one round trip for a whole request's tokens and finishes).
+# KEYS: (group hash, group log) per append. ARGV: (index, expected offset, n, entry, finish
+# reason or "") per append.
 _APPEND = """
 local out = {}
 for a = 1, #KEYS / 2 do
   local h, lg = KEYS[2 * a - 1], KEYS[2 * a]
-  local i = ARGV[4 * a - 3]
-  local off, n = tonumber(ARGV[4 * a - 2]), tonumber(ARGV[4 * a - 1])
+  local i = ARGV[5 * a - 4]
+  local off, n = tonumber(ARGV[5 * a - 3]), tonumber(ARGV[5 * a - 2])
+  local fin = ARGV[5 * a]
   local st = redis.call('HMGET', h, 'state', i .. ':state', i .. ':len')
   local status, len = 'ok', 0
   if not st[1] then status = 'unknown'
@@ -168,10 +173,13 @@ for a = 1, #KEYS / 2 do
     if st[2] == 'finished' then status = 'finished'
     elseif off < len then status = 'duplicate'
     elseif off > len then status = 'gap'
-    elseif n > 0 then
-      redis.call('RPUSH', lg, ARGV[4 * a])
-      len = len + n
-      redis.call('HSET', h, i .. ':len', len, i .. ':state', 'generating')
+    else
+      if n > 0 then
+        redis.call('RPUSH', lg, ARGV[5 * a - 1])
+        len = len + n
+        redis.call('HSET', h, i .. ':len', len, i .. ':state', 'generating')
+      end
+      if fin ~= '' then redis.call('HSET', h, i .. ':state', 'finished', i .. ':finish', fin) end
     end
   end
   out[#out + 1] = status
@@ -340,7 +348,9 @@ class Journal:
         for item in appends:
             entry = _append_entry(item)
             keys += [self.group_key(item.group_id), self.log_key(item.group_id)]
-            args += [item.index, item.expected_offset, len(entry.token_ids), entry.to_json()]
+            if item.finish_reason is not None and item.finish_reason not in FINAL_REASONS:
+                raise ValueError(f"finish_reason {item.finish_reason!r} does not end a sample (one of {FINAL_REASONS})")
+            args += [item.index, item.expected_offset, len(entry.token_ids), entry.to_json(), item.finish_reason or ""]
         reply = self._append(keys=keys, args=args)
         return [
             WriteResult(accepted=reply[k] == "ok", length=int(reply[k + 1]), reason=reply[k])

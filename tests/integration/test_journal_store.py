@@ -318,3 +318,23 @@ def test_a_journal_needs_a_client_that_decodes_responses(server):
     with pytest.raises(ValueError, match="decode_responses"):
         Journal(raw)
     raw.close()
+
+
+def test_an_append_can_finish_its_sample_in_the_same_call(journal):
+    g = _open(journal)
+    results = journal.append_many(
+        [
+            Append(g.group_id, 0, 0, [5, 6], [-0.5, -0.25], version=3, finish_reason="stop"),
+            Append(g.group_id, 1, 0, [7], [-1.0], version=3),  # not finished yet
+        ]
+    )
+    assert [(r.accepted, r.length) for r in results] == [(True, 2), (True, 1)]
+    stored = journal.load_group(g.group_id)
+    assert stored.samples[0].finished and stored.samples[0].finish_reason == "stop"
+    assert stored.samples[1].state == "generating"
+    # a finished sample takes no more tokens; a zero-token append can finish the other one
+    assert journal.append(g.group_id, 0, 2, [8], [-0.1], 3).reason == "finished"
+    (done,) = journal.append_many([Append(g.group_id, 1, 1, [], [], 3, finish_reason="length")])
+    assert done.accepted and journal.load_group(g.group_id).samples[1].finish_reason == "length"
+    with pytest.raises(ValueError, match="does not end a sample"):
+        journal.append_many([Append(g.group_id, 1, 1, [], [], 3, finish_reason="abort")])
