@@ -115,7 +115,18 @@ class RunDir:
 
     @property
     def metrics(self) -> Path:
+        """One JSON record per optimizer step (fields: `rlrun.metrics.FIELDS`)."""
         return self.root / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard event files of the same scalars (metrics.tensorboard=true)."""
+        return self.root / "tensorboard"
+
+    @property
+    def plot(self) -> Path:
+        """The default output of `rlrun plot` (written at the end of train/resume too)."""
+        return self.root / "plot.png"
 
     @property
     def events(self) -> Path:
@@ -131,19 +142,23 @@ class RunDir:
     def is_run(self) -> bool:
         return self.marker.is_file()
 
-    def create(self, info: dict) -> None:
-        """Create a fresh run directory; refuse one that holds another run or is not writable."""
+    def check_can_create(self) -> None:
+        """RunDirError unless the directory is new, or empty and not a run (creates nothing)."""
         if self.is_run():
             raise RunDirError(
                 f"{self.root} already holds a run ({self.marker.name} is there). Use "
                 f"`rlrun resume {self.root}` to continue it, or choose another directory with "
                 f"run.dir=PATH."
             )
-        if self.root.exists() and any(self.root.iterdir()):
+        if self.root.is_dir() and any(self.root.iterdir()):
             raise RunDirError(
                 f"{self.root} exists and is not empty, and it is not an rlrun run. Choose an empty "
                 f"or new directory with run.dir=PATH."
             )
+
+    def create(self, info: dict) -> None:
+        """Create a fresh run directory; refuse one that holds another run or is not writable."""
+        self.check_can_create()
         try:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.chmod(self.root, 0o700)

@@ -18,7 +18,7 @@ import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import read_jsonl, run_cli
+from .conftest import leaked_secrets, read_jsonl, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -73,7 +73,7 @@ def test_run_directory_holds_logs_config_and_private_secrets(short_run):
     _, run_dir = short_run
     for name in ("redis", "vllm-0", "trainer", "actor"):
         assert (run_dir / "logs" / f"{name}.log").is_file()
-    assert (run_dir / "config.yaml").is_file() and "recipe=math_grpo" in (run_dir / "overrides.yaml").read_text()
+    assert (run_dir / "config.yaml").is_file() and "recipe=math_gspo" in (run_dir / "overrides.yaml").read_text()
     assert (run_dir / "secrets" / "redis.password").stat().st_mode & 0o077 == 0
     assert any((run_dir / "redis").rglob("*.aof*"))
 
@@ -95,3 +95,43 @@ def test_mean_reward_of_last_10_steps_is_clearly_above_the_first_10(short_run):
     first, last = statistics.mean(rewards[:10]), statistics.mean(rewards[-10:])
     print(f"reward: first 10 steps {first:.3f}, last 10 steps {last:.3f}")
     assert last > first + MARGIN, f"no learning: first 10 steps {first:.3f}, last 10 {last:.3f}"
+
+
+def test_no_secret_on_a_command_line_or_in_a_log(short_run):
+    """The Redis password and the vLLM API key were in no command line of any process of the run
+    while it ran (sampled every 0.3 s: a process living less than that may be missed), and are in
+    no log, event, metric or other file of the finished run, nor in rlrun's own output."""
+    result, run_dir = short_run
+    assert any("rlrun.trainer.main" in " ".join(c) for c in result.cmdlines)  # the sampling saw the run
+    assert any("vllm" in " ".join(c) for c in result.cmdlines)
+    assert leaked_secrets(run_dir, result.cmdlines, (result.stdout, result.stderr)) == []
+
+
+
+def test_metrics_have_one_record_per_step_with_the_documented_fields(short_run):
+    from rlrun.metrics import ACTOR_COUNTERS, FIELDS
+
+    _, run_dir = short_run
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    for record in metrics:
+        assert list(record) == list(FIELDS), "metrics.jsonl fields differ from those documented (rlrun.metrics.FIELDS)"
+        assert all(isinstance(record[k], int) and record[k] >= 0 for k in ACTOR_COUNTERS)
+    for key in ACTOR_COUNTERS:  # whole-run counts: they never go down
+        counts = [m[key] for m in metrics]
+        assert counts == sorted(counts), (key, counts)
+
+
+def test_the_plot_is_written_at_the_end_and_rlrun_plot_writes_a_valid_png(short_run, tmp_path):
+    import matplotlib.image
+
+    from rlrun.plot import SIZE_PX
+
+    result, run_dir = short_run
+    assert f"plot:    {run_dir / 'plot.png'}" in result.stdout
+    out = tmp_path / "again.png"
+    again = run_cli(["plot", str(run_dir), "--out", str(out)], timeout=120)
+    assert again.returncode == 0, again.stderr
+    for png in (run_dir / "plot.png", out):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert matplotlib.image.imread(png).shape[:2] == (SIZE_PX[1], SIZE_PX[0])

@@ -1,0 +1,301 @@
+"""The configuration reference (docs/config-reference.md), generated from the typed config.
+
+    python -m rlrun.config.reference > docs/config-reference.md
+
+Walks the dataclasses of `rlrun.config.schema` from `RunConfig` down and renders every field with
+its type, its default and the comment written after it in the source (read with `tokenize` and
+`ast`, so the reference says exactly what the code says). Next to the schema default it shows what
+`rlrun train` without overrides actually uses (conf/ composed with its default groups) where that
+differs, and, per config group option, which keys the option changes. tests/unit/test_docs.py
+fails when the file in docs/ is not what this renders.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import io
+import json
+import tokenize
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from rlrun.config import schema
+from rlrun.config.compose import GROUPS, conf_dir, group_options
+
+COMMAND = "python -m rlrun.config.reference > docs/config-reference.md"
+
+
+# --- what the source says --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceNotes:
+    comments: dict[str, dict[str, str]]  # class name -> field -> trailing comment
+    docstrings: dict[str, str]  # class name -> docstring
+
+
+def source_notes(module: types.ModuleType = schema) -> SourceNotes:
+    """Each field's trailing comment (on the line where its definition ends) and each class's
+    docstring, from the module's source."""
+    source = inspect.getsource(module)
+    line_comments: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            line_comments[token.start[0]] = token.string.lstrip("#").strip()
+    comments: dict[str, dict[str, str]] = {}
+    docstrings: dict[str, str] = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        docstrings[node.name] = ast.get_docstring(node) or ""
+        fields = comments.setdefault(node.name, {})
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                fields[item.target.id] = line_comments.get(item.end_lineno, "")
+    return SourceNotes(comments, docstrings)
+
+
+# --- rendering values and types --------------------------------------------------------------------
+
+
+def type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        name = " or ".join(type_name(a) for a in inner)
+        return f"{name} or null" if type(None) in args else name
+    if origin is Literal:
+        return "one of " + ", ".join(json.dumps(a) if isinstance(a, str) else str(a) for a in args)
+    if origin is list:
+        return f"list of {type_name(args[0])}"
+    if origin is dict:
+        return "mapping"
+    if tp is Any:
+        return "any"
+    return getattr(tp, "__name__", str(tp))
+
+
+def value_text(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    if isinstance(value, str):
+        return json.dumps(value) if value == "" else value
+    return repr(value)
+
+
+def schema_default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal as config values (3e-4 == 0.0003, 1 == 1.0, but not True == 1)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return a == b
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+# --- composition without validation (a group option alone may not be a valid run) -------------
+
+
+def composed(overrides: list[str]) -> dict:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="rlrun-reference"):
+        return OmegaConf.to_container(hydra_compose(config_name="config", overrides=overrides), resolve=True)
+
+
+def default_groups(root: Path | None = None) -> dict[str, str]:
+    import yaml
+
+    data = yaml.safe_load(((root or conf_dir()) / "config.yaml").read_text())
+    out = {}
+    for entry in data.get("defaults", []):
+        if isinstance(entry, dict):
+            out.update({k: str(v) for k, v in entry.items()})
+    return out
+
+
+def lookup(data: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return dataclasses.MISSING
+        data = data[part]
+    return data
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict) or not data:
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else key))
+    return out
+
+
+# --- the document ----------------------------------------------------------------------------------
+
+
+def render() -> str:
+    notes = source_notes()
+    shipped = composed([])
+    defaults = default_groups()
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from the typed config (`rlrun/config/schema.py`) and `conf/` by",
+        f"`{COMMAND}`; `tests/unit/test_docs.py` fails when this file is stale. Do not edit it by hand.",
+        "",
+        "Every key can be overridden on the command line (`rlrun train trainer.lr=1e-4`); an unknown key",
+        "is an error that names the valid ones. **default** is the schema's default (used when a key is",
+        "absent from the YAML); **`rlrun train`** is what a run without overrides uses (`conf/config.yaml`",
+        "with its default groups), shown only where it differs. `rlrun train --dry-run` prints the",
+        "whole resolved config of any command line.",
+        "",
+        "## Config groups",
+        "",
+        "| group | options | default |",
+        "|---|---|---|",
+    ]
+    for group in GROUPS:
+        lines.append(f"| `{group}` | {', '.join(group_options(group))} | {defaults.get(group, '')} |")
+    lines.append("")
+    lines += _section(schema.RunConfig, "", notes, shipped, title="Top level")
+    lines += _changes(shipped, defaults)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _section(cls: type, path: str, notes: SourceNotes, shipped: dict, title: str | None = None) -> list[str]:
+    hints = typing.get_type_hints(cls)
+    fields = dataclasses.fields(cls)
+    scalars = [f for f in fields if not dataclasses.is_dataclass(hints[f.name])]
+    nested = [f for f in fields if dataclasses.is_dataclass(hints[f.name])]
+    heading = title or f"`{path}`"
+    out = [f"{'#' * min(2 + path.count('.'), 4)} {heading}", ""]
+    doc = notes.docstrings.get(cls.__name__, "")
+    if doc:
+        out += [" ".join(doc.split()), ""]
+    if scalars:
+        out += ["| key | type | default | `rlrun train` | meaning |", "|---|---|---|---|---|"]
+        for f in scalars:
+            key = f"{path}.{f.name}" if path else f.name
+            default = schema_default(f)
+            used = lookup(shipped, key)
+            default_text = "required" if default is dataclasses.MISSING else f"`{value_text(default)}`"
+            used_text = "" if used is dataclasses.MISSING or same(used, default) else f"`{value_text(used)}`"
+            comment = notes.comments.get(cls.__name__, {}).get(f.name, "")
+            out.append(f"| `{key}` | {cell(type_name(hints[f.name]))} | {cell(default_text)} | {cell(used_text)} | {cell(comment)} |")
+        out.append("")
+    by_type: dict[type, list[dataclasses.Field]] = {}
+    for f in nested:
+        by_type.setdefault(hints[f.name], []).append(f)
+    for tp, group in by_type.items():
+        if len(group) == 1:
+            f = group[0]
+            out += _section(tp, f"{path}.{f.name}" if path else f.name, notes, shipped)
+            continue
+        # One dataclass used for several keys (supervisor.redis, .vllm, ...): rendered once.
+        names = [f.name for f in group]
+        where = f"{path}.<{'|'.join(names)}>" if path else f"<{'|'.join(names)}>"
+        instances = {f.name: schema_default(f) for f in group}  # a key's own default may differ
+        out += _shared_section(tp, path, instances, where, notes, shipped)
+    return out
+
+
+def _shared_section(cls: type, path: str, instances: dict[str, Any], where: str, notes: SourceNotes, shipped: dict) -> list[str]:
+    hints = typing.get_type_hints(cls)
+    names = list(instances)
+    parent = notes.comments.get(_owner_name(path), {})
+    out = [f"{'#' * min(3 + path.count('.'), 4)} `{cell(where)}`", ""]
+    doc = notes.docstrings.get(cls.__name__, "")
+    if doc:
+        out += [" ".join(doc.split()), ""]
+    for name in names:
+        if parent.get(name):
+            out.append(f"- `{path}.{name}`: {parent[name]}")
+    out += ["", "| key | type | default | `rlrun train` | meaning |", "|---|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        default = schema_default(f)
+        own = {n: getattr(i, f.name) for n, i in instances.items() if dataclasses.is_dataclass(i)}
+        exceptions = [f"{n}: `{value_text(v)}`" for n, v in own.items() if not same(v, default)]
+        default_text = f"`{value_text(default)}`" + (f" ({', '.join(exceptions)})" if exceptions else "")
+        used = [(n, lookup(shipped, f"{path}.{n}.{f.name}")) for n in names]
+        differing = [
+            f"{n}: `{value_text(v)}`" for n, v in used
+            if v is not dataclasses.MISSING and not same(v, own.get(n, default))
+        ]  # fmt: skip
+        comment = notes.comments.get(cls.__name__, {}).get(f.name, "")
+        out.append(
+            f"| `{cell(f.name)}` | {cell(type_name(hints[f.name]))} | {cell(default_text)} | "
+            f"{cell(', '.join(differing))} | {cell(comment)} |"
+        )
+    out.append("")
+    return out
+
+
+def _owner_name(path: str) -> str:
+    """The class that holds the fields at `path` (for their comments): walk from RunConfig."""
+    cls: type = schema.RunConfig
+    for part in [p for p in path.split(".") if p]:
+        cls = typing.get_type_hints(cls)[part]
+    return cls.__name__
+
+
+def effective(data: dict) -> dict[str, Any]:
+    """Every key of a composed config, schema defaults filled in for keys the YAML leaves out."""
+    from rlrun.config.build import from_dict
+
+    return flatten(dataclasses.asdict(from_dict(schema.RunConfig, data)))
+
+
+def _changes(shipped: dict, defaults: dict[str, str]) -> list[str]:
+    """Per group option other than the default one: the keys it changes, from → to."""
+    base = effective(shipped)
+    out = [
+        "## What each group option changes",
+        "",
+        "Against `rlrun train` without overrides (composed, not validated: some options need others,",
+        "e.g. `dataset=gsm8k` needs a real model).",
+        "",
+    ]
+    for group in GROUPS:
+        for option in group_options(group):
+            if option == defaults.get(group):
+                continue
+            changed = effective(composed([f"{group}={option}"]))
+            diffs = [(key, base.get(key), value) for key, value in changed.items() if not same(base.get(key), value)]
+            out.append(f"### `{group}={option}`")
+            out.append("")
+            for key, before, after in diffs:
+                out.append(f"- `{key}`: `{value_text(before)}` → `{value_text(after)}`")
+            if not diffs:
+                out.append("- (no change)")
+            out.append("")
+    return out
+
+
+def main() -> int:
+    print(render(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

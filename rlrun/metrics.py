@@ -1,0 +1,143 @@
+"""Per-step training metrics: `<run>/metrics.jsonl` always, TensorBoard when asked for.
+
+The trainer builds one record per optimizer step and hands it to a `MetricsWriter`, which
+appends it as one JSON line and, with `metrics.tensorboard=true`, writes the same numeric fields
+as TensorBoard scalars into `<run>/tensorboard/` (through `torch.utils.tensorboard`). `FIELDS`
+names and explains every field of a record; docs/operations.md and the tests follow it.
+
+`rlrun plot` reads records back with `read_metrics` and `final_records`. This module knows
+nothing of Redis or the supervisor: the trainer passes in the actor's counters it read, and
+restarts are read from events.jsonl by whoever needs them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Self
+
+from rlrun.errors import EnvironmentProblem
+
+log = logging.getLogger(__name__)
+
+# Every field of a metrics.jsonl record, in the order the trainer writes them.
+FIELDS: dict[str, str] = {
+    "step": "optimizer step the record is for (1, 2, ...). After a trainer restart the steps after its checkpoint are taken again and appear again, later in the file: the later record is the one that counts",
+    "samples": "samples trained on so far, this step included",
+    "policy_version": "policy version after this step: the weights vLLM is given next",
+    "reward_mean": "mean reward of this step's samples",
+    "reward_std": "standard deviation (population) of the rewards of this step's samples",
+    "tokens": "completion tokens in this step's samples (prompts not counted)",
+    "policy_lag_max": "how many policy versions behind the weights that trained on them the oldest tokens of this step were sampled (0: fully on-policy)",
+    "behaviour_version_max": "newest policy version that sampled any token of this step",
+    "bad_messages": "messages on the groups stream this trainer process rejected so far (malformed, or a wrong group size)",
+    "tokens_reused": "actor, whole run: tokens kept from before an interruption (weight update, vLLM or actor restart) and continued, not generated again",
+    "tokens_regenerated": "actor, whole run: tokens dropped (stale prefix, or a journal record unreadable) and generated again",
+    "samples_continued": "actor, whole run: samples continued from a kept prefix",
+    "prefixes_dropped_stale": "actor, whole run: prefixes dropped because their oldest token was older than actor.max_prefix_staleness versions",
+    "time": "wall-clock time (Unix seconds) when the record was written",
+    "loss": "policy loss of the step (mean over its passes)",
+    "clip_fraction": "share of ratios clipped (tokens for grpo, sequences for gspo)",
+    "mean_ratio": "mean importance ratio new/old policy; far from 1 on the first steps means the trainer and vLLM disagree about the weights",
+    "grad_norm": "global gradient norm before clipping",
+    "step_time_s": "seconds from the start of waiting for this step's groups to the record (step 1 includes start-up)",
+}
+
+# The actor's counters copied into every record, from its state hash in Redis.
+ACTOR_COUNTERS = ("tokens_reused", "tokens_regenerated", "samples_continued", "prefixes_dropped_stale")
+
+NOT_SCALARS = ("step", "time")  # the x axis and the wall time of a scalar, not scalars themselves
+
+
+def actor_counters(state: Mapping[str, Any]) -> dict[str, int]:
+    """The recovery counters from the actor's published state (0 for any not published yet)."""
+    out = {}
+    for key in ACTOR_COUNTERS:
+        try:
+            out[key] = int(state.get(key) or 0)
+        except (TypeError, ValueError):
+            out[key] = 0
+    return out
+
+
+def scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric fields of a record that are plotted as scalars (not step, not time)."""
+    return {
+        key: float(value)
+        for key, value in record.items()
+        if key not in NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+
+
+def require_tensorboard() -> None:
+    """Raise EnvironmentProblem (exit 3) when the tensorboard package is not installed."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise EnvironmentProblem(
+            "metrics.tensorboard=true needs the tensorboard package, which is not installed. "
+            "Install it with pip install 'rlrun[tensorboard]', or set metrics.tensorboard=false "
+            "(metrics.jsonl is written either way)."
+        )
+
+
+class MetricsWriter:
+    """Appends step records to a JSONL file; mirrors their scalars to TensorBoard if given a folder.
+
+    Each record is on disk (and the TensorBoard file flushed) when `write` returns, so a process
+    killed right after a step loses nothing of it.
+    """
+
+    def __init__(self, path: Path, tensorboard_dir: Path | None = None) -> None:
+        self.path = Path(path)
+        self._tb = None
+        if tensorboard_dir is not None:
+            require_tensorboard()
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(tensorboard_dir))
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(dict(record)) + "\n")
+        if self._tb is not None:
+            step, walltime = record.get("step"), record.get("time")
+            for key, value in scalars(record).items():
+                self._tb.add_scalar(key, value, global_step=step, walltime=walltime)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl in file order; a line cut short by a crash is skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    return records
+
+
+def final_records(records: list[dict]) -> list[dict]:
+    """One record per step, the last one written for it (a retaken step replaces the first), by step."""
+    by_step: dict[int, dict] = {}
+    for record in records:
+        by_step[record["step"]] = record
+    return [by_step[step] for step in sorted(by_step)]

@@ -1,0 +1,211 @@
+"""`rlrun plot RUN_DIR`: one PNG of a run — reward and throughput over steps, restarts marked.
+
+Reads the run's metrics.jsonl (`rlrun.metrics`) and the supervisor's events.jsonl, and draws with
+matplotlib's Agg canvas (no display, no pyplot state). The pure parts — throughput from the
+records' times, supervisor events placed on the step axis — are functions over plain data. A run
+with no metrics is refused (RunDirError) and nothing is written; the PNG is written to a
+temporary file and renamed, so a failure never leaves half a picture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+from rlrun.errors import EnvironmentProblem, RunDirError
+from rlrun.metrics import final_records, read_metrics
+from rlrun.rundir import RunDir
+
+SIZE_PX = (1000, 700)  # width, height of the PNG
+DPI = 100
+MAX_LABELS = 12  # more markers than this are drawn without their process names
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A supervisor event placed on the step axis."""
+
+    step: float
+    kind: str  # "restart" (a process restarted), "failure" (one not restarted), "resume" (rlrun resume)
+    process: str
+    time: float
+
+
+@dataclass(frozen=True)
+class PlotResult:
+    path: Path
+    steps: int
+    restarts: int
+    failures: int
+
+
+# --- pure parts ------------------------------------------------------------------------------------
+
+
+def throughput(records: list[dict]) -> list[tuple[int, float, float]]:
+    """(step, tokens/s, samples/s) per record of `final_records`: this step's tokens and samples
+    over the wall time since the previous record (the first one: over its own step_time_s).
+    A gap (a restart, a resume) shows as a dip: the time was spent."""
+    out = []
+    previous: dict | None = None
+    for record in records:
+        seconds = record["time"] - previous["time"] if previous is not None else 0.0
+        if seconds <= 0:
+            seconds = float(record.get("step_time_s") or 0.0)
+        samples = record.get("samples", 0) - (previous.get("samples", 0) if previous is not None else 0)
+        if previous is None and record["step"] > 1:  # a file that starts mid-run: samples is cumulative
+            samples = 0
+        if seconds > 0:
+            out.append((record["step"], record.get("tokens", 0) / seconds, max(samples, 0) / seconds))
+        previous = record
+    return out
+
+
+def step_at(time: float, records: list[dict]) -> float:
+    """Where wall time `time` falls on the step axis of `records` (sorted by step, times
+    increasing): interpolated between records; before the first record, one step before it;
+    after the last, the last step."""
+    points = [(records[0]["step"] - 1, records[0]["time"] - float(records[0].get("step_time_s") or 0.0))]
+    points += [(r["step"], r["time"]) for r in records]
+    if time <= points[0][1]:
+        return float(points[0][0])
+    for (s0, t0), (s1, t1) in pairwise(points):
+        if t0 <= time <= t1:
+            return s0 + (s1 - s0) * ((time - t0) / (t1 - t0) if t1 > t0 else 1.0)
+    return float(points[-1][0])
+
+
+def markers(events: list[dict], records: list[dict]) -> list[Marker]:
+    """Restarts, failures that were not restarted, and resumes, on the step axis of `records`."""
+    out = []
+    for event in events:
+        kind = event.get("event")
+        if kind == "process_restarted":
+            label = "restart"
+        elif kind == "process_failed" and event.get("action") != "restart":
+            label = "failure"
+        elif kind == "run_resumed":
+            label = "resume"
+        else:
+            continue
+        when = event.get("time")
+        if not isinstance(when, (int, float)):
+            continue
+        out.append(Marker(step_at(when, records), label, str(event.get("process", "")), float(when)))
+    return out
+
+
+def rolling_median(values: list[float], window: int) -> list[float]:
+    out = []
+    for i in range(len(values)):
+        chunk = sorted(values[max(0, i - window + 1) : i + 1])
+        mid = len(chunk) // 2
+        out.append(chunk[mid] if len(chunk) % 2 else (chunk[mid - 1] + chunk[mid]) / 2)
+    return out
+
+
+# --- the run directory -----------------------------------------------------------------------------
+
+
+def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
+    """Write the run's plot to `out` (default `<run>/plot.png`)."""
+    if not run_dir.is_run():
+        raise RunDirError(
+            f"{run_dir.root} is not an rlrun run directory (no {run_dir.marker.name}). Give the "
+            f"directory `rlrun train` printed."
+        )
+    records = [r for r in final_records(read_metrics(run_dir.metrics)) if isinstance(r.get("time"), (int, float))]
+    if not records:
+        raise RunDirError(
+            f"{run_dir.root} has no metrics yet: {run_dir.metrics.name} is missing or empty (the trainer "
+            f"writes one record per optimizer step). Nothing was written."
+        )
+    marks = markers(_read_events(run_dir.events), records)
+    target = Path(out) if out is not None else run_dir.plot
+    restarts = sum(1 for m in marks if m.kind == "restart")
+    failures = sum(1 for m in marks if m.kind == "failure")
+    title = f"{run_dir.root.name}: {records[-1]['step']} steps, {records[-1].get('samples', 0)} samples, {restarts} restart{'' if restarts == 1 else 's'}"
+    render(records, marks, target, title)
+    return PlotResult(path=target, steps=len(records), restarts=restarts, failures=failures)
+
+
+def _read_events(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+# --- drawing ---------------------------------------------------------------------------------------
+
+
+def render(records: list[dict], marks: list[Marker], out: Path, title: str) -> None:
+    """Draw reward (mean ± std) and tokens/s over steps, with the markers, into PNG `out`."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise EnvironmentProblem("rlrun plot needs matplotlib, which is not installed: pip install 'rlrun[plot]'.") from None
+
+    steps = [r["step"] for r in records]
+    mean = [float(r.get("reward_mean", 0.0)) for r in records]
+    std = [float(r.get("reward_std", 0.0)) for r in records]
+    rates = throughput(records)
+
+    fig = Figure(figsize=(SIZE_PX[0] / DPI, SIZE_PX[1] / DPI), dpi=DPI)
+    FigureCanvasAgg(fig)
+    reward_ax, rate_ax = fig.subplots(2, 1, sharex=True)
+    fig.suptitle(title)
+
+    reward_ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                           color="tab:blue", alpha=0.2, linewidth=0, label="± std")  # fmt: skip
+    reward_ax.plot(steps, mean, color="tab:blue", linewidth=1.2, label="reward mean")
+    reward_ax.set_ylabel("reward")
+    reward_ax.grid(alpha=0.3)
+
+    if rates:
+        x = [s for s, _, _ in rates]
+        tokens = [t for _, t, _ in rates]
+        rate_ax.plot(x, tokens, color="tab:green", linewidth=0.6, alpha=0.5, label="tokens/s")
+        if len(tokens) >= 5:
+            window = max(3, len(tokens) // 20)
+            rate_ax.plot(x, rolling_median(tokens, window), color="tab:green", linewidth=1.5, label=f"median of {window}")
+    rate_ax.set_ylabel("trained tokens / s")
+    rate_ax.set_xlabel("optimizer step")
+    rate_ax.grid(alpha=0.3)
+
+    styles = {"restart": ("tab:orange", "--"), "failure": ("tab:red", "-"), "resume": ("tab:gray", "-.")}
+    seen: set[str] = set()
+    for mark in marks:
+        color, style = styles[mark.kind]
+        for ax in (reward_ax, rate_ax):
+            label = mark.kind if (ax is reward_ax and mark.kind not in seen) else None
+            ax.axvline(mark.step, color=color, linestyle=style, linewidth=1.0, alpha=0.8, label=label)
+        seen.add(mark.kind)
+        if len(marks) <= MAX_LABELS and mark.process:
+            reward_ax.annotate(mark.process, (mark.step, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                               fontsize=7, color=color, ha="right", va="top")  # fmt: skip
+    reward_ax.legend(loc="lower right", fontsize=8)
+    if rates:
+        rate_ax.legend(loc="lower right", fontsize=8)
+
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, format="png", dpi=DPI)
+        os.replace(tmp, out)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise RunDirError(f"cannot write the plot to {out}: {exc.strerror or exc}. Choose another path with --out.") from None

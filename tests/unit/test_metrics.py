@@ -1,0 +1,152 @@
+"""The per-step metrics writer: JSONL always, TensorBoard when asked; the trainer's record."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from rlrun.config import compose
+from rlrun.config.build import from_dict
+from rlrun.config.schema import RunConfig
+from rlrun.errors import EnvironmentProblem, ExitCode
+from rlrun.metrics import (
+    ACTOR_COUNTERS,
+    FIELDS,
+    MetricsWriter,
+    actor_counters,
+    final_records,
+    read_metrics,
+    require_tensorboard,
+    scalars,
+)
+
+
+def record(step: int, **extra) -> dict:
+    return {"step": step, "samples": 256 * step, "reward_mean": 0.25 * step, "time": 1000.0 + step, "note": "x", **extra}
+
+
+def test_each_write_is_one_json_line_on_disk_at_once(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    writer = MetricsWriter(path)
+    writer.write(record(1))
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [record(1)]  # before close
+    writer.write(record(2))
+    writer.close()
+    assert read_metrics(path) == [record(1), record(2)]
+    assert not (tmp_path / "tensorboard").exists()
+
+
+def test_reading_skips_a_line_cut_short_and_lines_that_are_not_step_records(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps(record(1)) + "\n" + '["not a record"]\n{"no_step": 1}\n' + json.dumps(record(2))[:20])
+    assert read_metrics(path) == [record(1)]
+    assert read_metrics(tmp_path / "missing.jsonl") == []
+
+
+def test_a_step_retaken_after_a_trainer_restart_replaces_the_first_record():
+    first, retaken = record(5, reward_mean=0.1), record(5, reward_mean=0.9)
+    assert final_records([record(4), first, record(6), retaken, record(6, reward_mean=0.5)]) == [
+        record(4), retaken, record(6, reward_mean=0.5)
+    ]  # fmt: skip
+
+
+def test_actor_counters_come_from_the_published_hash_and_default_to_zero():
+    published = {"tokens_reused": "120", "samples_continued": "7", "pid": "42", "heartbeat": "1.5", "prefixes_dropped_stale": "bad"}
+    assert actor_counters(published) == {"tokens_reused": 120, "tokens_regenerated": 0, "samples_continued": 7, "prefixes_dropped_stale": 0}
+    assert actor_counters({}) == dict.fromkeys(ACTOR_COUNTERS, 0)
+
+
+def test_scalars_are_the_numeric_fields_except_step_and_time():
+    assert scalars({"step": 3, "time": 5.0, "loss": 0.5, "tokens": 7, "note": "x", "flag": True}) == {"loss": 0.5, "tokens": 7.0}
+
+
+def test_every_actor_counter_is_a_documented_field():
+    assert set(ACTOR_COUNTERS) <= set(FIELDS)
+    assert all(FIELDS.values())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard not installed (pip install 'rlrun[tensorboard]')")
+def test_tensorboard_gets_the_same_scalars_per_step(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = tmp_path / "tensorboard"
+    with MetricsWriter(tmp_path / "metrics.jsonl", board) as writer:
+        writer.write(record(1, loss=0.5))
+        writer.write(record(2, loss=0.25))
+    files = list(board.glob("events.out.tfevents.*"))
+    assert len(files) == 1 and files[0].stat().st_size > 0
+    events = EventAccumulator(str(board))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"samples", "reward_mean", "loss"}
+    assert [(e.step, e.value, e.wall_time) for e in events.Scalars("loss")] == [(1, 0.5, 1001.0), (2, 0.25, 1002.0)]
+    assert len(read_metrics(tmp_path / "metrics.jsonl")) == 2  # the JSONL is written as well
+
+
+def test_without_the_tensorboard_package_a_clear_error_and_nothing_written(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else real(name, *a))
+    with pytest.raises(EnvironmentProblem, match=r"rlrun\[tensorboard\].*metrics.tensorboard=false") as caught:
+        MetricsWriter(tmp_path / "metrics.jsonl", tmp_path / "tensorboard")
+    assert caught.value.exit_code == ExitCode.ENVIRONMENT
+    with pytest.raises(EnvironmentProblem):
+        require_tensorboard()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_metrics_config_defaults_off_and_configs_saved_without_it_still_load():
+    cfg, _ = compose([])
+    assert cfg.metrics.tensorboard is False
+    on, _ = compose(["metrics.tensorboard=true"])
+    assert on.metrics.tensorboard is True
+    data = {k: v for k, v in _resolved_dict().items() if k != "metrics"}  # a run made before `metrics`
+    assert from_dict(RunConfig, data).metrics.tensorboard is False
+
+
+def _resolved_dict() -> dict:
+    import yaml
+
+    _, resolved = compose([])
+    return yaml.safe_load(resolved)
+
+
+class FakeRedis:
+    def __init__(self, actor_state: dict) -> None:
+        self.hashes = {"rlrun:actor:state": actor_state}
+        self.streams: list = []
+
+    def hgetall(self, key):
+        return dict(self.hashes.get(key, {}))
+
+    def hset(self, key, mapping):
+        self.hashes.setdefault(key, {}).update(mapping)
+
+    def xadd(self, stream, fields, maxlen=None):
+        self.streams.append((stream, fields))
+
+
+def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tmp_path):
+    """Trainer._record without torch: a trainer object with only what _record touches."""
+    from rlrun.rollouts import Group, Sample
+    from rlrun.rundir import RunDir
+    from rlrun.trainer.checkpoint import TrainerState
+    from rlrun.trainer.main import Trainer
+
+    cfg, _ = compose(["trainer.max_train_steps=3"])
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg, trainer.run_dir = cfg, RunDir(Path(tmp_path))
+    trainer.redis = FakeRedis({"tokens_reused": "40", "tokens_regenerated": "3", "samples_continued": "5", "prefixes_dropped_stale": "1", "pid": "9"})
+    trainer.bad_messages = 0
+    trainer.state = TrainerState(step=2, samples_processed=4, policy_version=2)
+    trainer.metrics = MetricsWriter(trainer.run_dir.metrics)
+    samples = [Sample(i, [1, 2, 3], [-0.1] * 3, [0, 1, 1], "stop", float(i % 2), 0.0) for i in range(4)]
+    trainer._record(
+        {"loss": 0.1, "clip_fraction": 0.0, "mean_ratio": 1.0, "grad_norm": 2.0, "step_time_s": 0.5},
+        [Group("run/0", 0, [5, 6], samples)],
+    )
+    (written,) = read_metrics(trainer.run_dir.metrics)
+    assert list(written) == list(FIELDS), "metrics.jsonl fields and rlrun.metrics.FIELDS (docs) disagree"
+    assert (written["tokens_reused"], written["tokens_regenerated"], written["samples_continued"], written["prefixes_dropped_stale"]) == (40, 3, 5, 1)
+    assert (written["reward_mean"], written["reward_std"], written["tokens"], written["policy_lag_max"]) == (0.5, 0.5, 12, 1)

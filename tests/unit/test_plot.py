@@ -1,0 +1,129 @@
+"""`rlrun plot`: reward and throughput over steps as a PNG, restarts placed on the step axis."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlrun.cli import app
+from rlrun.errors import RunDirError
+from rlrun.plot import SIZE_PX, Marker, markers, plot_run, step_at, throughput
+from rlrun.rundir import RunDir
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+T0 = 1_800_000_000.0
+
+
+def make_run(root: Path, steps: int = 12, events: list[dict] | None = None) -> RunDir:
+    run_dir = RunDir(root)
+    run_dir.create({"kind": "rlrun-run", "recipe": "math_gspo"})
+    lines = []
+    for step in range(1, steps + 1):
+        lines.append({"step": step, "samples": 256 * step, "reward_mean": 0.2 + 0.03 * step, "reward_std": 0.4,
+                      "tokens": 600 + step, "time": T0 + 2.0 * step, "step_time_s": 2.0})  # fmt: skip
+    run_dir.metrics.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    if events is not None:
+        run_dir.events.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return run_dir
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())  # rich wraps long lines
+
+
+def check_png(path: Path) -> None:
+    import matplotlib.image
+
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    height, width = matplotlib.image.imread(path).shape[:2]
+    assert (width, height) == SIZE_PX
+
+
+def test_plot_of_a_run_with_restarts_is_a_valid_png_of_the_stated_size(tmp_path):
+    events = [
+        {"time": T0 + 0.5, "event": "process_started", "process": "redis"},
+        {"time": T0 + 7.0, "event": "process_failed", "process": "vllm-0", "action": "restart", "reason": "killed"},
+        {"time": T0 + 9.0, "event": "process_restarted", "process": "vllm-0"},
+        {"time": T0 + 15.0, "event": "process_failed", "process": "actor", "action": "restart"},
+        {"time": T0 + 16.0, "event": "process_restarted", "process": "actor"},
+        {"time": T0 + 20.0, "event": "run_resumed"},
+    ]
+    run_dir = make_run(tmp_path / "run", events=events)
+    result = plot_run(run_dir)
+    assert result.path == run_dir.root / "plot.png"
+    assert (result.steps, result.restarts, result.failures) == (12, 2, 0)
+    check_png(result.path)
+    assert not list(run_dir.root.glob(".*.tmp"))
+
+
+def test_the_cli_writes_where_told_and_says_where(tmp_path):
+    run_dir = make_run(tmp_path / "run")
+    out = tmp_path / "pictures" / "run.png"
+    result = CliRunner().invoke(app, ["plot", str(run_dir.root), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"plot: {out} (12 steps, 0 restarts, 0 failures)" in result.output
+    check_png(out)
+    assert not run_dir.plot.exists()
+
+
+def test_a_run_with_no_metrics_exits_4_says_so_and_writes_nothing(tmp_path):
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.create({"kind": "rlrun-run"})
+    before = sorted(p.name for p in run_dir.root.iterdir())
+    result = CliRunner().invoke(app, ["plot", str(run_dir.root)])
+    assert result.exit_code == 4
+    assert "no metrics" in flat(result.output)
+    assert sorted(p.name for p in run_dir.root.iterdir()) == before
+    run_dir.metrics.write_text('{"step": 1, "reward_m')  # only a line cut short by a crash
+    assert CliRunner().invoke(app, ["plot", str(run_dir.root)]).exit_code == 4
+    assert not run_dir.plot.exists()
+
+
+def test_a_directory_that_is_not_a_run_exits_4(tmp_path):
+    result = CliRunner().invoke(app, ["plot", str(tmp_path)])
+    assert result.exit_code == 4 and "not an rlrun run directory" in flat(result.output)
+
+
+def test_an_unwritable_output_is_a_run_dir_error_and_leaves_nothing(tmp_path):
+    run_dir = make_run(tmp_path / "run")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(RunDirError, match="cannot write the plot"):
+        plot_run(run_dir, blocker / "plot.png")  # its parent is a file
+
+
+def records(*pairs: tuple[int, float]) -> list[dict]:
+    return [{"step": s, "time": t, "tokens": 100, "samples": 10 * s, "step_time_s": 4.0} for s, t in pairs]
+
+
+def test_events_are_placed_between_the_steps_they_happened_between():
+    recs = records((1, 110.0), (2, 120.0), (3, 140.0))
+    assert step_at(130.0, recs) == 2.5
+    assert step_at(108.0, recs) == 0.5  # during step 1 (which started at 110 - 4)
+    assert step_at(50.0, recs) == 0.0  # before the first step
+    assert step_at(500.0, recs) == 3.0  # after the last
+
+
+def test_restarts_final_failures_and_resumes_are_marked_other_events_are_not():
+    recs = records((1, 110.0), (2, 120.0))
+    events = [
+        {"time": 115.0, "event": "process_failed", "process": "trainer", "action": "restart"},  # followed by a restart
+        {"time": 116.0, "event": "process_restarted", "process": "trainer"},
+        {"time": 118.0, "event": "process_failed", "process": "vllm-0", "action": "give_up"},
+        {"time": 119.0, "event": "run_resumed"},
+        {"time": 119.5, "event": "process_ready", "process": "vllm-0"},
+        {"event": "process_restarted", "process": "actor"},  # no time: cannot be placed
+    ]
+    assert markers(events, recs) == [
+        Marker(1.6, "restart", "trainer", 116.0),
+        Marker(1.8, "failure", "vllm-0", 118.0),
+        Marker(1.9, "resume", "", 119.0),
+    ]
+
+
+def test_throughput_is_tokens_over_the_time_since_the_previous_record():
+    recs = records((1, 110.0), (2, 120.0), (3, 145.0))
+    assert throughput(recs) == [(1, 25.0, 2.5), (2, 10.0, 1.0), (3, 4.0, 0.4)]
