@@ -19,7 +19,8 @@ from typing import Callable, Optional
 
 import yaml
 
-from rlrun import completion
+from rlrun import completion, preflight
+from rlrun.cluster import spawner_for
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, EnvironmentProblem, ProcessFailed
 from rlrun.inference.server import base_url
@@ -27,7 +28,8 @@ from rlrun.roles import Endpoints, build_specs
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server
-from rlrun.supervisor import EventLog, ProcessSpec, ProcessStatus, Supervisor
+from rlrun.streams.tail import StreamTail
+from rlrun.supervisor import EventLog, ExitRejected, ProcessSpec, ProcessStatus, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ def run_root(cfg: RunConfig) -> Path:
 
 def create_run(cfg: RunConfig, resolved_yaml: str, overrides: list[str], root: Optional[Path] = None) -> RunDir:
     run_dir = RunDir((root or run_root(cfg)).resolve())
+    preflight.check(cfg, run_dir.root, fresh=True)  # a run that cannot work leaves no trace
     run_dir.create({"kind": "rlrun-run", "recipe": cfg.recipe, "created": time.time(), "overrides": overrides})
     run_dir.config.write_text(resolved_yaml)
     run_dir.overrides.write_text(yaml.safe_dump(list(overrides)))
@@ -92,7 +95,10 @@ def plan_endpoints(cfg: RunConfig, pick_port: Callable[[str], int]) -> Endpoints
         redis_port = pick_port(cfg.streams.host)
         redis_url = redis_server.redis_url(cfg.streams.host, redis_port)
     vllm_urls = [base_url(cfg.inference.host, pick_port(cfg.inference.host)) for _ in range(cfg.inference.num_servers)]
-    return Endpoints(redis_url=redis_url, redis_port=redis_port, vllm_urls=vllm_urls)
+    broadcast_port = 0
+    if cfg.trainer.backend == "fast_llm":
+        broadcast_port = cfg.trainer.fast_llm.broadcast_port or pick_port(cfg.inference.host)
+    return Endpoints(redis_url=redis_url, redis_port=redis_port, vllm_urls=vllm_urls, broadcast_port=broadcast_port)
 
 
 def plan_specs(cfg: RunConfig, run_dir: RunDir) -> list[ProcessSpec]:
@@ -112,6 +118,11 @@ def check_dependencies(cfg: RunConfig) -> None:
     if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
         raise EnvironmentProblem("torch and transformers are needed by the trainer: pip install 'rlrun[cpu]' (or 'rlrun[gpu]').")
 
+    if cfg.metrics.tensorboard:
+        from rlrun.metrics import require_tensorboard
+
+        require_tensorboard()
+
 
 PORT_ATTEMPTS = 3  # a service losing its port to another process at start gets new ports
 
@@ -127,7 +138,11 @@ def train(
     A fresh run and a resumed one take this same path: every role recovers from what the run
     directory and Redis hold (checkpoint, pending groups, token journal).
     """
-    check_dependencies(cfg)
+    preflight.check(cfg, run_dir.root, fresh=False)  # packages, model, data, binary, ports, checkpoints
+    if cfg.trainer.backend == "fast_llm":  # not in --dry-run: it only shows the command
+        from rlrun.backends.fast_llm.config import ensure_launchable, launch_argv
+
+        ensure_launchable(launch_argv(cfg, run_dir.root / "fast_llm.yaml"))
     path = model_path(cfg, build=True)
     run_dir.ensure_secret(run_dir.vllm_api_key)
     if not run_dir.current_weights.exists():
@@ -145,10 +160,12 @@ def train(
             # such a start is retried on fresh ports (nothing depends on the old ones yet).
             endpoints = plan_endpoints(cfg, redis_server.pick_free_port)
             if endpoints.redis_port is not None:
-                redis_server.write_server_config(run_dir, endpoints.redis_port, cfg.streams.host, cfg.streams.appendfsync)
-            progress = ProgressReader(endpoints.redis_url, run_dir)
+                redis_server.write_server_config(
+                    run_dir, endpoints.redis_port, cfg.streams.host, cfg.streams.appendfsync, default_user=_default_redis_user(cfg)
+                )
+            progress = ProgressReader(endpoints.redis_url, run_dir, events)
             tick = _ticker(on_tick, progress, cfg)
-            supervisor = Supervisor(build_specs(cfg, run_dir, endpoints, path), events, poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick)
+            supervisor = Supervisor(build_specs(cfg, run_dir, endpoints, path), events, spawner=spawner_for(cfg, run_dir), poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick)
             try:
                 supervisor.start_all()
                 break
@@ -170,7 +187,7 @@ def train(
             if on_tick and progress is not None:
                 on_tick(supervisor.processes, progress.read(cfg))
         run_dir.write_state(status=status, stopped_at=time.time())
-        events.emit("run_stopped", status=status)
+        events.emit("run_stopped", status=status, malformed_events=progress.malformed_events if progress else 0)
 
 
 def _ticker(on_tick, progress: "ProgressReader", cfg: RunConfig):
@@ -180,11 +197,51 @@ def _ticker(on_tick, progress: "ProgressReader", cfg: RunConfig):
 
 
 class ProgressReader:
-    """Reads the trainer's and actor's published state; tolerant of Redis being down."""
+    """Reads the trainer's and actor's published state, and the trainer's events stream from
+    where it stopped last time; tolerant of Redis being down or restarting."""
 
-    def __init__(self, url: str, run_dir: RunDir) -> None:
+    def __init__(self, url: str, run_dir: RunDir, events: Optional[EventLog] = None) -> None:
         self._url, self._run_dir = url, run_dir
         self._client = None
+        self._events = events
+        # This launch's events only: a resumed run's stream still holds the previous launch's.
+        # Stream ids start with the server's time in ms: read from this millisecond on.
+        self._trainer_events = StreamTail(names.TRAINER_EVENTS, "event", start_id=f"{int(time.time() * 1000) - 1}-{2**64 - 1}")
+        self.training_done_seen = False
+        self.malformed_events = 0
+
+    def poll_trainer_events(self) -> bool:
+        """Read the trainer's new events; True once its `training_done` event has been seen.
+        A malformed event is counted, logged with its id and recorded in events.jsonl."""
+        try:
+            polled = self._trainer_events.poll(self._redis())
+        except Exception:  # Redis not up yet, or restarting: read on from the same id next time
+            self._client = None
+            return self.training_done_seen
+        for message_id, why in polled.malformed:
+            self.malformed_events += 1
+            log.warning("rejected message %s on %s: %s", message_id, names.TRAINER_EVENTS, why)
+            if self._events is not None:
+                self._events.emit(
+                    "malformed_message", stream=names.TRAINER_EVENTS, id=message_id, reason=why, count=self.malformed_events
+                )
+        if any(message.get("type") == "training_done" for _id, message in polled.messages):
+            self.training_done_seen = True
+        return self.training_done_seen
+
+    @property
+    def run_dir(self) -> RunDir:
+        return self._run_dir
+
+    def redis(self):
+        """A client for the run's Redis (made on first use, again after a failure)."""
+        return self._redis()
+
+    def _redis(self):
+        if self._client is None:
+            password = self._run_dir.redis_password.read_text().strip()
+            self._client = redis_server.connect(self._url, password, socket_timeout=2.0, reconnect_s=0)
+        return self._client
 
     def trainer_state(self) -> dict:
         return self._hash(names.TRAINER_STATE)
@@ -203,17 +260,27 @@ class ProgressReader:
 
     def _hash(self, key: str) -> dict:
         try:
-            if self._client is None:
-                password = self._run_dir.redis_password.read_text().strip()
-                self._client = redis_server.connect(self._url, password, socket_timeout=2.0, reconnect_s=0)
-            return self._client.hgetall(key) or {}
+            return self._redis().hgetall(key) or {}
         except Exception:  # Redis not up yet, or restarting: show nothing rather than fail
             self._client = None
             return {}
 
 
+def _default_redis_user(cfg: RunConfig) -> str:
+    """Redis's passwordless `default` user: off, or (Fast-LLM) limited to Fast-LLM's streams."""
+    if cfg.trainer.backend != "fast_llm":
+        return redis_server.DEFAULT_USER_OFF
+    from rlrun.backends.fast_llm.acl import FAST_LLM_USER, acl_lines
+
+    f = cfg.trainer.fast_llm
+    lines = acl_lines("unused-here", [f.stream], f.events_stream)  # rlrun's own user is written by the server module
+    return next(line for line in lines if line.startswith(f"user {FAST_LLM_USER} "))
+
+
 def completion_check(cfg: RunConfig, progress: ProgressReader):
     """The supervisor's completion predicate for this run's trainer backend."""
+    if cfg.trainer.backend == "fast_llm":
+        return _fast_llm_completion_check(cfg, progress)
     target = completion.HfTarget(cfg.trainer.max_train_steps, cfg.trainer.train_batch_size, cfg.trainer.gradient_accumulation_passes)
 
     def check(exits: dict[str, Optional[int]]) -> tuple[bool, str]:
@@ -221,15 +288,50 @@ def completion_check(cfg: RunConfig, progress: ProgressReader):
         obs = completion.TrainerObservation(
             samples_processed=int(state.get("samples_processed", 0)),
             trainer_exit_code=exits.get("trainer"),
-            training_done_event=state.get("training_done") == "1",
+            training_done_event=progress.poll_trainer_events(),  # the trainer's own training_done event
             last_step=int(state.get("step", 0)),
         )
         verdict = completion.is_finished(cfg.trainer.backend, obs, hf_target=target)
         if not verdict.finished and exits.get("trainer") == 0:
-            raise ProcessFailed(
-                f"the trainer exited 0 but the completion rule says training is not finished: {verdict.reason}",
-                process="trainer",
-            )
+            raise ExitRejected("trainer", verdict.reason)  # restarted from its checkpoint
+        return verdict.finished, verdict.reason
+
+    return check
+
+
+def _fast_llm_completion_check(cfg: RunConfig, progress: ProgressReader):
+    """Fast-LLM: `training_finished` + exit 0 + the step reached, never a count of documents.
+
+    `training_finished` after an interrupt at an earlier step is not completion: the trainer's
+    exit is rejected, so the supervisor restarts it from its last complete checkpoint.
+    """
+    from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
+    from rlrun.backends.fast_llm.events import EventsReader
+    from rlrun.roles import fast_llm_experiment_dir
+
+    experiment_dir = fast_llm_experiment_dir(cfg, progress.run_dir)
+    reader: dict[str, EventsReader] = {}
+
+    def check(exits: dict[str, Optional[int]]) -> tuple[bool, str]:
+        try:
+            if "events" not in reader:
+                reader["events"] = EventsReader(progress.redis(), cfg.trainer.fast_llm.events_stream)
+            reader["events"].poll()
+        except Exception:  # Redis restarting: decide on what was read so far
+            reader.pop("events", None)
+        events = reader.get("events")
+        obs = completion.TrainerObservation(
+            samples_processed=(events.documents_seen or 0) if events else 0,
+            trainer_exit_code=exits.get("trainer"),
+            training_done_event=False,
+            last_step=(events.last_weights_ready_step or 0) if events else 0,
+            training_finished_seen=bool(events and events.training_finished_seen),
+            last_checkpoint_step=fl_checkpoints.latest_complete_step(experiment_dir),
+            last_weights_ready_step=events.last_weights_ready_step if events else None,
+        )
+        verdict = completion.is_finished("fast_llm", obs, train_iters=cfg.trainer.max_train_steps)
+        if not verdict.finished and exits.get("trainer") == 0:
+            raise ExitRejected("trainer", verdict.reason)
         return verdict.finished, verdict.reason
 
     return check

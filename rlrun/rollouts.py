@@ -7,6 +7,7 @@ trainer can use them as old log-probs and measure policy lag.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 SCHEMA_VERSION = 1
@@ -42,7 +43,12 @@ class Group:
         return {"schema_version": SCHEMA_VERSION, **asdict(self)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Group":
+    def from_dict(cls, data: dict, vocab_size: int | None = None) -> "Group":
+        """The group in a decoded message; MalformedGroup says why when it is not a valid one.
+
+        Every field is type-checked (a message that passed here cannot crash the trainer's
+        step), and with `vocab_size` every token id must be below it.
+        """
         if not isinstance(data, dict):
             raise MalformedGroup("a group message must be a JSON object")
         if data.get("schema_version") != SCHEMA_VERSION:
@@ -57,9 +63,37 @@ class Group:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MalformedGroup(f"bad group message: {exc}") from None
-        for s in group.samples:
-            if not (len(s.completion_ids) == len(s.logprobs) == len(s.versions)):
-                raise MalformedGroup(f"sample {s.index} of {group.group_id}: tokens, logprobs and versions differ in length")
         if not group.samples:
             raise MalformedGroup(f"group {group.group_id} has no samples")
+        if not group.prompt_ids:
+            raise MalformedGroup(f"group {group.group_id} has an empty prompt")
+        for s in group.samples:
+            _check_sample(group.group_id, s)
+        if vocab_size is not None:
+            ids = list(group.prompt_ids) + [t for s in group.samples for t in s.completion_ids]
+            if min(ids) < 0 or max(ids) >= vocab_size:
+                raise MalformedGroup(f"group {group.group_id}: token id outside the model's vocabulary of {vocab_size}")
         return group
+
+
+def _check_sample(group_id: str, s: Sample) -> None:
+    what = f"sample {s.index!r} of {group_id}"
+
+    def ints(values) -> bool:
+        return isinstance(values, list) and all(type(v) is int and v >= 0 for v in values)
+
+    def number(value) -> bool:
+        return type(value) in (int, float) and math.isfinite(value)
+
+    if type(s.index) is not int:
+        raise MalformedGroup(f"{what}: index must be an integer")
+    if not ints(s.completion_ids) or not ints(s.versions):
+        raise MalformedGroup(f"{what}: completion_ids and versions must be lists of integers >= 0")
+    if not isinstance(s.logprobs, list) or not all(number(v) for v in s.logprobs):
+        raise MalformedGroup(f"{what}: logprobs must be a list of finite numbers")
+    if not (len(s.completion_ids) == len(s.logprobs) == len(s.versions)):
+        raise MalformedGroup(f"{what}: tokens, logprobs and versions differ in length")
+    if not number(s.reward) or not number(s.advantage):
+        raise MalformedGroup(f"{what}: reward and advantage must be finite numbers")
+    if not isinstance(s.finish_reason, str):
+        raise MalformedGroup(f"{what}: finish_reason must be a string")

@@ -147,6 +147,7 @@ def validate(cfg: RunConfig) -> None:
             f"{key}={host}: with world=local servers listen on loopback only (127.0.0.1).",
         )
     _validate_fast_llm(cfg, need)
+    _validate_world(cfg, need)
     if problems:
         raise ConfigError("invalid configuration: " + " ".join(problems))
 
@@ -194,3 +195,27 @@ def _validate_fast_llm(cfg: RunConfig, need) -> None:
     )
     need(bool(f.experiment_dir_name) and "/" not in f.experiment_dir_name,
          f"trainer.fast_llm.experiment_dir_name must be a plain folder name (got {f.experiment_dir_name!r}).")
+
+
+def _validate_world(cfg: RunConfig, need) -> None:
+    w = cfg.world
+    if w.kind != "ray":
+        return
+    need(
+        bool(w.address and w.address.strip()),
+        "world.address must name the Ray cluster to join with world=ray: HOST:PORT of its head "
+        "(as printed by `ray start --head`), or auto for the cluster this machine is part of.",
+    )
+    need(w.placement_timeout_s > 0, f"world.placement_timeout_s must be positive (got {w.placement_timeout_s}).")
+    for role in ("redis", "vllm", "trainer", "actor"):
+        place = getattr(w, role)
+        need(
+            place.cpus >= 0 and place.gpus >= 0 and all(v >= 0 for v in (place.resources or {}).values()),
+            f"world.{role}: Ray resources cannot be negative (cpus={place.cpus}, gpus={place.gpus}, resources={place.resources}).",
+        )
+        need(
+            place.local or bool(place.bundle()),
+            f"world.{role} reserves no Ray resource, so Ray cannot place it: give it some "
+            f"(world.{role}.cpus=1, world.{role}.gpus=1 or world.{role}.resources={{NAME: 1}}), "
+            f"or run it on this machine with world.{role}.local=true.",
+        )

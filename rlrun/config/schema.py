@@ -53,7 +53,7 @@ class DatasetConfig:
 
 @dataclass(frozen=True)
 class InferenceConfig:
-    backend: Literal["vllm"] = "vllm"
+    backend: Literal["vllm"] = "vllm"  # the inference server; vLLM's OpenAI-compatible server is the only one
     num_servers: int = 1  # OpenAI-compatible vLLM servers; the actor spreads groups over them
     host: str = "127.0.0.1"  # servers listen here only
     gpu_memory_utilization: float = 0.05  # on the CPU build: share of RAM kept for the KV cache
@@ -109,9 +109,9 @@ class TrainerConfig:
     max_train_steps: int = 300  # optimizer steps; the run is done when the trainer has taken them
     train_batch_size: int = 256  # samples per forward/backward pass
     gradient_accumulation_passes: int = 1  # passes per optimizer step
-    lr: float = 3e-4
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
-    weight_decay: float = 0.0
+    lr: float = 3e-4  # AdamW learning rate (constant)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
+    weight_decay: float = 0.0  # AdamW weight decay
     grad_clip: float = 1.0  # max global grad norm
     checkpoint_every: int = 50  # steps between checkpoints (and one at the end)
     keep_checkpoints: int = 2  # complete checkpoints kept; older ones are deleted
@@ -126,7 +126,7 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class ActorConfig:
-    temperature: float = 1.0
+    temperature: float = 1.0  # sampling temperature of every request to vLLM
     max_new_tokens: int = 4  # completion budget per sample
     min_new_tokens: int = 0  # no end-of-sequence before this many tokens (long generations for tests)
     max_steps_ahead: int = 1  # back-pressure: groups for at most this many steps beyond the trainer
@@ -139,8 +139,44 @@ class ActorConfig:
 
 
 @dataclass(frozen=True)
+class RolePlacement:
+    """world=ray: the Ray resources one process of a role reserves (`world.<role>.*`).
+
+    They form one placement-group bundle, reserved before anything starts, and decide the node
+    the process runs on (as Ray's own num_cpus / num_gpus / resources do for an actor).
+    """
+
+    local: bool = False  # true: run it on this machine, next to the supervisor, not placed by Ray
+    cpus: float = 1.0  # Ray CPUs reserved
+    gpus: float = 0.0  # Ray GPUs reserved
+    resources: Optional[dict[str, float]] = None  # custom Ray resources, e.g. {vllm_node: 1} to pick nodes
+
+    def bundle(self) -> dict[str, float]:
+        """The placement-group bundle: {} when the process runs locally."""
+        if self.local:
+            return {}
+        wanted = {"CPU": self.cpus, "GPU": self.gpus, **(self.resources or {})}
+        return {name: amount for name, amount in wanted.items() if amount}
+
+
+@dataclass(frozen=True)
 class WorldConfig:
-    kind: Literal["local"] = "local"  # where processes run: local subprocesses
+    """Where the run's processes run (`world=local` | `world=ray`); see rlrun/cluster/."""
+
+    kind: Literal["local", "ray"] = "local"  # local: subprocesses of rlrun; ray: on the nodes of an existing Ray cluster
+    address: Optional[str] = None  # ray: the cluster to join, HOST:PORT of its head or "auto" (the one this machine is in)
+    placement_timeout_s: float = 60.0  # ray: resources not reserved by then (or a lost node's not replaced): a clear stop
+    redis: RolePlacement = field(default_factory=lambda: RolePlacement(local=True))  # ray: Redis stays with the supervisor
+    vllm: RolePlacement = field(default_factory=RolePlacement)  # ray: per vLLM server
+    trainer: RolePlacement = field(default_factory=RolePlacement)  # ray: the trainer
+    actor: RolePlacement = field(default_factory=RolePlacement)  # ray: the rollout actor
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """What the trainer writes per optimizer step (`metrics.*`); metrics.jsonl is always written."""
+
+    tensorboard: bool = False  # also write every step's scalars to <run>/tensorboard/ (needs `pip install 'rlrun[tensorboard]'`)
 
 
 @dataclass(frozen=True)
@@ -149,7 +185,7 @@ class RoleSupervision:
 
     restart: bool = True  # False: the first failure stops the run
     max_restarts: int = 3  # at most this many restarts within window_s, then the run stops
-    window_s: float = 600.0
+    window_s: float = 600.0  # the sliding window max_restarts is counted in
     backoff_initial_s: float = 1.0  # delay before the first restart; doubles per consecutive failure
     backoff_max_s: float = 30.0  # cap on that delay
     healthy_after_s: float = 60.0  # up this long: the backoff starts again from backoff_initial_s
@@ -170,7 +206,7 @@ class SupervisorConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    recipe: str
+    recipe: str  # the recipe chosen (recipe=math_gspo | math_grpo); set by composition
     run: RunSection
     algo: AlgoConfig
     model: ModelConfig
@@ -181,6 +217,7 @@ class RunConfig:
     actor: ActorConfig
     world: WorldConfig
     supervisor: SupervisorConfig
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # per-step metrics outputs (absent in configs saved before it existed)
 
     @property
     def groups_per_step(self) -> int:

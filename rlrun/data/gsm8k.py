@@ -7,7 +7,7 @@ the number after '####' in GSM8K's solution text.
 from __future__ import annotations
 
 from rlrun.data.arithmetic import Problem
-from rlrun.errors import ConfigError, EnvironmentProblem
+from rlrun.errors import EnvironmentProblem
 
 PROMPT = "Solve the problem. Put the final answer in \\boxed{{}}.\nProblem: {question}\nSolution:"
 
@@ -20,7 +20,7 @@ def gsm8k_problems(path: str, config: str | None, split: str) -> list[Problem]:
     try:
         rows = datasets.load_dataset(path, config, split=split)
     except Exception as exc:  # datasets raises many types; all mean "cannot load it"
-        raise ConfigError(
+        raise EnvironmentProblem(
             f"cannot load dataset {path!r} (config {config!r}, split {split!r}): {exc}. Check dataset.hf_path, "
             f"dataset.hf_config and dataset.split, or point dataset.hf_path at a local copy."
         ) from None

@@ -3,7 +3,12 @@
 Layout: `<run>/checkpoints/step_000050/` with the model (safetensors), `optimizer.pt` (tensors
 only, loaded with weights_only=True), `trainer_state.json`, and `ok`. A folder is written under a
 temporary name and renamed; the `ok` marker is written after the rename, so a folder without
-`ok` is a half-written checkpoint and is never loaded.
+`ok` is a half-written checkpoint and is never loaded. The marker lists every file's size.
+
+A checkpoint damaged after it was written (a truncated file, an unreadable trainer_state.json) is
+found by `problem` without loading any tensor: `resume_point` skips it with a warning and falls
+back to the previous good one, and refuses (CorruptCheckpoint) when only damaged ones are left,
+rather than silently training again from the base model.
 """
 
 from __future__ import annotations
@@ -13,9 +18,12 @@ import logging
 import os
 import shutil
 import time
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
+
+from rlrun.errors import RunDirError
 
 log = logging.getLogger(__name__)
 
@@ -32,19 +40,144 @@ class TrainerState:
     config_hash: str = ""
 
 
+class CorruptCheckpoint(RunDirError):
+    """Every checkpoint that says it is complete is damaged: there is nothing safe to resume from."""
+
+
 def is_complete(path: Path) -> bool:
     return (path / OK_MARKER).is_file() and (path / STATE_FILE).is_file()
 
 
 def latest_complete(checkpoints: Path) -> Optional[Path]:
-    """The highest-step complete checkpoint; half-written ones are skipped with a warning."""
+    """The highest-step complete and undamaged checkpoint; others are skipped with a warning."""
+    usable, _ = _scan(checkpoints)
+    return usable
+
+
+def resume_point(checkpoints: Path) -> Optional[Path]:
+    """The checkpoint a (re)started trainer loads: the newest complete, undamaged one; None when
+    there is none and none was ever completed (start from the base model). Raises
+    CorruptCheckpoint when complete checkpoints exist but every one of them is damaged."""
+    usable, corrupt = _scan(checkpoints)
+    if usable is None and corrupt:
+        listed = "; ".join(f"{p.name}: {why}" for p, why in corrupt)
+        raise CorruptCheckpoint(
+            f"no usable checkpoint in {checkpoints}: every complete one is damaged ({listed}). "
+            f"Restore the damaged files from a copy, or move those folders out of {checkpoints} "
+            f"to train again from the base model."
+        )
+    return usable
+
+
+def _scan(checkpoints: Path) -> tuple[Optional[Path], list[tuple[Path, str]]]:
+    """(the newest usable checkpoint, the damaged ones newer than it, newest first)."""
     if not checkpoints.is_dir():
+        return None, []
+    corrupt: list[tuple[Path, str]] = []
+    for path in sorted((p for p in checkpoints.glob("step_*") if p.is_dir()), reverse=True):
+        if not (path / OK_MARKER).is_file():
+            log.warning("skipping half-written checkpoint %s (no '%s' marker)", path, OK_MARKER)
+            continue
+        why = problem(path)
+        if why is None:
+            return path, corrupt
+        log.warning("skipping damaged checkpoint %s: %s; falling back to an older one", path, why)
+        corrupt.append((path, why))
+    return None, corrupt
+
+
+def problem(path: Path) -> Optional[str]:
+    """Why the complete checkpoint at `path` cannot be loaded, or None when it is whole.
+
+    Cheap: reads the marker, the small JSON files and the safetensors headers, never a tensor.
+    Catches truncated or missing files (sizes against the manifest in `ok`, safetensors headers
+    against their file size, optimizer.pt's zip directory) and unreadable trainer state.
+    """
+    unreadable = (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, zipfile.BadZipFile)  # JSON errors are ValueErrors
+
+    def reading(name: str, check) -> Optional[str]:
+        try:
+            return check()
+        except unreadable as exc:
+            return f"{name} is unreadable ({type(exc).__name__}: {exc})"
+
+    def sizes() -> Optional[str]:
+        for name, size in _manifest(path).items():
+            if not (path / name).is_file():
+                return f"{name} is missing"
+            if (path / name).stat().st_size != size:
+                return f"{name} holds {(path / name).stat().st_size} bytes, {size} when it was written (truncated or overwritten)"
         return None
-    found = sorted(p for p in checkpoints.glob("step_*") if p.is_dir())
-    for path in reversed(found):
-        if is_complete(path):
-            return path
-        log.warning("skipping half-written checkpoint %s (no '%s' marker)", path, OK_MARKER)
+
+    def state() -> Optional[str]:
+        step = path.name.removeprefix("step_")
+        recorded = _checked_state(path).step
+        if step.isdigit() and int(step) != recorded:
+            return f"{STATE_FILE} says step {recorded} but the folder is {path.name}"
+        return None
+
+    def config() -> Optional[str]:
+        if not isinstance(json.loads((path / "config.json").read_text()), dict):
+            return "config.json is not a JSON object"
+        return None
+
+    def optimizer() -> None:
+        with zipfile.ZipFile(path / "optimizer.pt"):  # torch.save writes a zip; a truncated one has no directory
+            return None
+
+    for name in (STATE_FILE, "config.json", "optimizer.pt"):
+        if not (path / name).is_file():
+            return f"{name} is missing"
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        return "no model weights (*.safetensors)"
+    checks = [(OK_MARKER, sizes), (STATE_FILE, state), ("config.json", config), ("optimizer.pt", optimizer)]
+    checks += [(file.name, lambda file=file: _safetensors_problem(file)) for file in weights]
+    for name, check in checks:
+        why = reading(name, check)
+        if why:
+            return why
+    return None
+
+
+def _manifest(path: Path) -> dict[str, int]:
+    """File sizes recorded in the `ok` marker ({} for a marker written before it had them)."""
+    text = (path / OK_MARKER).read_text()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(v, int) for v in files.values()):
+        raise ValueError(f"the '{OK_MARKER}' marker is not a manifest: {text[:80]!r}")
+    return files
+
+
+def _checked_state(path: Path) -> TrainerState:
+    state = read_state(path)
+    for name in ("step", "samples_processed", "policy_version"):
+        value = getattr(state, name)
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return state
+
+
+def _safetensors_problem(file: Path) -> Optional[str]:
+    """Why `file` is not a whole safetensors file: 8-byte header length, JSON header, then data
+    exactly as long as the header's largest end offset."""
+    size = file.stat().st_size
+    with open(file, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return f"{file.name} is truncated ({size} bytes, no header)"
+        length = int.from_bytes(head, "little")
+        if length > size - 8:
+            return f"{file.name} is truncated or not safetensors (header of {length} bytes in a file of {size})"
+        header = json.loads(handle.read(length))
+    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+    expected = 8 + length + max(ends, default=0)
+    if expected != size:
+        return f"{file.name} is truncated ({size} bytes, its header describes {expected})"
     return None
 
 
@@ -67,8 +200,9 @@ def save(model, optimizer, state: TrainerState, final: Path, keep: int) -> None:
     if final.exists():  # a half-written leftover of an earlier attempt at the same step
         shutil.rmtree(final)
     os.replace(tmp, final)
+    sizes = {p.name: p.stat().st_size for p in sorted(final.iterdir()) if p.is_file()}
     with open(final / OK_MARKER, "w") as marker:
-        marker.write("ok\n")
+        marker.write(json.dumps({"files": sizes}, indent=1) + "\n")
         marker.flush()
         os.fsync(marker.fileno())
     _prune(final.parent, keep)

@@ -20,6 +20,7 @@ class RunProcesses:
         import threading
 
         self.seen: set[tuple[int, float]] = set()
+        self.cmdlines: set[tuple[str, ...]] = set()  # every command line `ps` showed, while they ran
         self._root = root_pid
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._collect, daemon=True)
@@ -31,6 +32,7 @@ class RunProcesses:
                 for proc in psutil.Process(self._root).children(recursive=True):
                     try:
                         self.seen.add((proc.pid, proc.create_time()))
+                        self.cmdlines.add(tuple(proc.cmdline()))
                     except psutil.Error:
                         pass
             except psutil.Error:
@@ -68,6 +70,7 @@ def run_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
         tracker.stop()
     result = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     result.left_behind = tracker.alive()
+    result.cmdlines = sorted(tracker.cmdlines)
     return result
 
 
@@ -97,3 +100,25 @@ def left_behind(proc: subprocess.Popen, grace_s: float = 5.0) -> list[str]:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def leaked_secrets(run_dir: Path, cmdlines, outputs: tuple[str, ...] = ()) -> list[str]:
+    """Where the run's Redis password or vLLM API key shows up: in a command line one of its
+    processes had, in a file of the run (other than secrets/ and the 0600 redis.conf, which exist
+    to hold them), or in the given outputs (rlrun's stdout/stderr)."""
+    secrets = {
+        "Redis password": (run_dir / "secrets" / "redis.password").read_text().strip(),
+        "vLLM API key": (run_dir / "secrets" / "vllm.key").read_text().strip(),
+    }
+    assert all(len(value) >= 16 for value in secrets.values()), "the run has no generated secrets"
+    private = {run_dir / "secrets", run_dir / "redis" / "redis.conf"}
+    found = []
+    for name, value in secrets.items():
+        found += [f"{name} on the command line {' '.join(c)[:100]}" for c in cmdlines if value in " ".join(c)]
+        found += [f"{name} in rlrun's output" for text in outputs if value in text]
+        for path in run_dir.rglob("*"):
+            if path.is_file() and not any(p == path or p in path.parents for p in private):
+                if value.encode() in path.read_bytes():
+                    found.append(f"{name} in {path.relative_to(run_dir)}")
+    return found
+

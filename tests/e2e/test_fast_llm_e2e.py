@@ -98,3 +98,17 @@ def test_training_finished_after_an_interrupt_is_not_completion(fast_llm_run):
     rejected = [e for e in events(run_dir) if e["event"] == "process_failed" and "before its work was done" in e["reason"]]
     assert rejected and f"of {STEPS}" in rejected[0]["reason"] and rejected[0]["action"] == "restart"
     assert interrupted_at < STEPS
+
+
+def test_inspect_checkpoint_reads_the_stand_ins_fast_llm_checkpoints(fast_llm_run):
+    from .conftest import run_cli
+
+    _, run_dir, _, _, _ = fast_llm_run
+    final = run_cli(["inspect-checkpoint", str(run_dir / "fast_llm" / "checkpoint" / str(STEPS)), "--json"], timeout=60)
+    assert final.returncode == 0, final.stderr
+    report = json.loads(final.stdout)
+    assert (report["layout"], report["step"], report["complete"]) == ("fast_llm", STEPS, True)
+    assert report["documents_seen"] > STEPS * DOCS_PER_STEP  # the overshoot, as the stand-in recorded it
+    half = next((run_dir / "fast_llm" / "checkpoint_incomplete").iterdir())
+    moved = run_cli(["inspect-checkpoint", str(half)], timeout=60)
+    assert moved.returncode == 4 and "half-written" in moved.stderr

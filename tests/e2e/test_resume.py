@@ -123,3 +123,12 @@ def test_resume_of_something_that_is_not_a_run(tmp_path):
     result = resume(tmp_path, timeout=60)
     assert result.returncode == 4 and "not an rlrun run directory" in result.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_inspect_checkpoint_on_the_resumed_run(interrupted_twice):
+    run_dir, _, _ = interrupted_twice
+    report = run_cli(["inspect-checkpoint", str(run_dir), "--json"], timeout=60)
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert (data["layout"], data["step"], data["complete"]) == ("hf", STEPS, True)
+    assert data["samples_processed"] == STEPS * 64 and data["selected_from_run"]

@@ -1,0 +1,211 @@
+"""Checks run before a run creates or starts anything: a run that cannot work fails at once, with
+one message naming the problem and the fix, and its run directory is left exactly as it was.
+
+    check(cfg, root, fresh=True)               # `rlrun train`: before the run directory is made
+    check(cfg, run_dir.root, fresh=False)      # `launch.train` / `rlrun resume`: before any process
+    check(cfg, root, fresh=True, cheap=True)   # `rlrun train --dry-run`: nothing slow (no dataset download)
+
+Raises ConfigError (exit 2), EnvironmentProblem (exit 3) or RunDirError (exit 4). Each check asks
+the module that owns the thing (the Redis binary lookup, the dataset loader, the checkpoint reader)
+and only adds the order and, where needed, the message. Starts no process, writes no file.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import socket
+from pathlib import Path
+
+from rlrun.config import RunConfig
+from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
+from rlrun.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+MIN_FREE_BYTES = 1 << 30  # a run directory's filesystem needs this much free space to start
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")  # what a model folder's weights look like
+
+
+def check(cfg: RunConfig, root: Path, *, fresh: bool, cheap: bool = False) -> None:
+    """Every check, in the order a user would fix them; raises at the first problem."""
+    check_dependencies(cfg)
+    check_run_dir(root, fresh=fresh)
+    check_model(cfg)
+    check_dataset(cfg, cheap=cheap)
+    check_redis_binary(cfg)
+    check_ports(cfg)
+    if not fresh and cfg.trainer.backend == "hf":
+        check_checkpoints(RunDir(root))
+
+
+# --- packages ----------------------------------------------------------------------------------
+
+
+def check_dependencies(cfg: RunConfig) -> None:
+    """vLLM, torch and transformers importable; EnvironmentProblem naming the extra otherwise."""
+    from rlrun import launch  # owns the list of what a run imports
+
+    launch.check_dependencies(cfg)
+
+
+# --- the run directory -------------------------------------------------------------------------
+
+
+def check_run_dir(root: Path, *, fresh: bool) -> None:
+    """A fresh run's directory can be created (new, or empty and not a run) on a writable
+    filesystem with MIN_FREE_BYTES free; a resumed one is writable and has that space."""
+    root = Path(root).expanduser().absolute()
+    run = RunDir(root)
+    if fresh:
+        try:
+            run.check_can_create()
+        except PermissionError as exc:
+            raise RunDirError(f"cannot read the run directory {root}: {exc.strerror}. Choose another location with run.dir=PATH.") from None
+    existing = _nearest_existing(root)
+    if not existing.is_dir():
+        raise RunDirError(
+            f"cannot create the run directory {root}: {existing} is not a directory. "
+            f"Choose another location with run.dir=PATH."
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunDirError(
+            f"the run directory {root} is not writable ({existing} does not let this user create "
+            f"files{', read-only filesystem' if _read_only(existing) else ''}). Choose a writable "
+            f"location with run.dir=PATH, or fix the permissions."
+        )
+    free = shutil.disk_usage(existing).free
+    if free < MIN_FREE_BYTES:
+        raise RunDirError(
+            f"the disk holding {root} is full: {free // (1 << 20)} MiB free, a run needs at least "
+            f"{MIN_FREE_BYTES // (1 << 20)} MiB (checkpoints, weights, Redis data, logs). Free some "
+            f"space, or choose a directory on another disk with run.dir=PATH."
+        )
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        if path.is_symlink():  # a dangling link: the thing it names does not exist either
+            break
+        path = path.parent
+    return path
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+# --- the model and the dataset -----------------------------------------------------------------
+
+
+def check_model(cfg: RunConfig) -> None:
+    """model.source=path names a Hugging Face model folder: config.json (a JSON object) and
+    weights. model.source=hub names a hub id, not a local path. The tiny model is built later."""
+    m = cfg.model
+    fix = "Point model.path at a folder saved with save_pretrained (config.json and weights), or use model=tiny."
+    if m.source == "hub":
+        if m.path and (m.path.startswith(("/", "./", "../", "~")) or Path(m.path).expanduser().exists()):
+            raise ConfigError(
+                f"model.path={m.path} looks like a local folder but model.source=hub expects a hub id "
+                f"(e.g. Qwen/Qwen2.5-Math-1.5B). For a local folder set model.source=path."
+            )
+        return
+    if m.source != "path":
+        return
+    path = Path(m.path).expanduser()
+    if not path.exists():
+        raise EnvironmentProblem(f"the model folder model.path={m.path} does not exist. {fix}")
+    if not path.is_dir():
+        raise EnvironmentProblem(f"model.path={m.path} is a file, not a model folder. {fix}")
+    config = path / "config.json"
+    if not config.is_file():
+        raise EnvironmentProblem(f"model.path={m.path} is not a Hugging Face model folder: it has no config.json. {fix}")
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError) as exc:
+        raise EnvironmentProblem(f"model.path={m.path}: its config.json cannot be read ({exc}). {fix}") from None
+    if not isinstance(data, dict):
+        raise EnvironmentProblem(f"model.path={m.path}: its config.json is not a JSON object. {fix}")
+    if not any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        raise EnvironmentProblem(
+            f"model.path={m.path} has a config.json but no weights ({', '.join(WEIGHT_PATTERNS)}). {fix}"
+        )
+
+
+def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
+    """The dataset loads and holds problems. With `cheap`, a hub dataset is not downloaded: only
+    the `datasets` package and a local path are checked."""
+    d = cfg.dataset
+    if d.name != "arithmetic" and cheap:
+        import importlib.util
+
+        if importlib.util.find_spec("datasets") is None:
+            raise EnvironmentProblem(f"dataset={d.name} needs the `datasets` package: pip install 'rlrun[gpu]'.")
+        if d.hf_path.startswith(("/", "./", "../", "~")) and not Path(d.hf_path).expanduser().exists():
+            raise EnvironmentProblem(f"dataset.hf_path={d.hf_path} does not exist. Point it at a local copy of the dataset or at a hub id.")
+        return
+    from rlrun.data.tasks import load_task
+
+    task = load_task(d, cfg.run.seed)  # raises ConfigError / EnvironmentProblem saying what and how to fix
+    if not task.problems:
+        raise ConfigError(f"dataset={d.name} holds no problems (split {d.split!r}). Choose another dataset.split or dataset.")
+
+
+# --- services ----------------------------------------------------------------------------------
+
+
+def check_redis_binary(cfg: RunConfig) -> None:
+    """The Redis server binary exists (unless streams.url names an external server)."""
+    if cfg.streams.url is None:
+        from rlrun.streams.server import find_server_binary
+
+        find_server_binary(cfg.streams.server)  # EnvironmentProblem naming streams.server and what to install
+
+
+def explicit_ports(cfg: RunConfig) -> list[tuple[str, str, int]]:
+    """(config key, host, port) of every port the config fixes. Every other port is picked free
+    when the run starts (and a start that loses its port to another program is retried)."""
+    f = cfg.trainer.fast_llm
+    if cfg.trainer.backend == "fast_llm" and f.broadcast_port:
+        return [("trainer.fast_llm.broadcast_port", cfg.inference.host, f.broadcast_port)]
+    return []
+
+
+def check_ports(cfg: RunConfig) -> None:
+    for key, host, port in explicit_ports(cfg):
+        if port_in_use(host, port):
+            raise EnvironmentProblem(
+                f"port {port} on {host} ({key}={port}) is already in use by another program. Stop "
+                f"that program, choose a free port, or set {key}=0 to let rlrun pick one."
+            )
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when a TCP socket cannot bind (host, port) right now because something holds it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers do not count
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return True
+            raise EnvironmentProblem(f"cannot check port {port} on {host}: {exc.strerror}.") from None
+    return False
+
+
+# --- a resumed run's checkpoints ---------------------------------------------------------------
+
+
+def check_checkpoints(run_dir: RunDir) -> None:
+    """Something to resume from: RunDirError (CorruptCheckpoint) when every complete checkpoint is
+    damaged; damaged newer ones above a good one are only warned about (the trainer falls back)."""
+    from rlrun.trainer.checkpoint import resume_point
+
+    resume_point(run_dir.checkpoints)

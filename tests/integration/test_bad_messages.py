@@ -1,0 +1,250 @@
+"""Malformed messages on every stream, against a real Redis: the trainer's input (`rlrun:groups`),
+the trainer's events stream read by the supervisor, and the actor's token journal. Each bad
+message is rejected, counted and logged with its id (or key); none raises, none stops the good
+messages after it, none poisons a group. Plus the launcher's retry when a picked port is taken.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from rlrun import launch
+from rlrun.actor.ledger import JournalLedger
+from rlrun.actor.main import Actor
+from rlrun.config import compose
+from rlrun.journal.store import group_key, log_key
+from rlrun.rundir import RunDir
+from rlrun.streams import names
+from rlrun.streams.codec import encode
+from rlrun.streams.server import connect, managed_server
+from rlrun.supervisor import EventLog
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    run = RunDir(tmp_path_factory.mktemp("bad-messages") / "run")
+    run.create({"name": "bad-messages"})
+    with managed_server(run) as srv:
+        yield srv
+
+
+@pytest.fixture
+def client(server):
+    c = connect(server.url, server.password)
+    yield c
+    for key in c.scan_iter("*"):  # FLUSHALL is disabled on the run's server
+        c.delete(key)
+    c.close()
+
+
+# --- the trainer's input stream -----------------------------------------------------------------
+
+
+def group_message(group_id: str, size: int = 8, **change) -> dict:
+    sample = {"index": 0, "completion_ids": [3, 4], "logprobs": [-0.5, -0.1], "versions": [0, 0],
+              "finish_reason": "stop", "reward": 1.0, "advantage": 0.5}  # fmt: skip
+    message = {"schema_version": 1, "group_id": group_id, "prompt_index": 0, "prompt_ids": [1, 2],
+               "samples": [{**sample, "index": i} for i in range(size)]}  # fmt: skip
+    for path, value in change.items():  # "samples.0.reward" -> message["samples"][0]["reward"]
+        *parents, leaf = path.split(".")
+        node = message
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        node[int(leaf) if leaf.isdigit() else leaf] = value
+    return message
+
+
+BAD_GROUPS = [
+    ("not-json", {"data": "{not json"}),
+    ("no-data-field", {"payload": json.dumps(group_message("g"))}),
+    ("no-schema-version", {"data": json.dumps({k: v for k, v in group_message("g").items() if k != "schema_version"})}),
+    ("unknown-schema-version", {"data": json.dumps({**group_message("g"), "schema_version": 7})}),
+    ("missing-fields", {"data": encode({"group_id": "g"})}),
+    ("wrong-group-size", {"data": encode(group_message("g", size=7))}),
+    ("token-beyond-vocab", {"data": encode(group_message("g", **{"samples.0.completion_ids": [3, 99]}))}),
+    ("negative-token", {"data": encode(group_message("g", **{"prompt_ids": [-1, 2]}))}),
+    ("length-mismatch", {"data": encode(group_message("g", **{"samples.1.logprobs": [-0.5]}))}),
+    ("logprob-not-a-number", {"data": encode(group_message("g", **{"samples.2.logprobs": ["x", -0.1]}))}),
+    ("reward-null", {"data": encode(group_message("g", **{"samples.3.reward": None}))}),
+    ("token-a-float", {"data": encode(group_message("g", **{"samples.4.completion_ids": [3.5, 4]}))}),
+    ("empty-prompt", {"data": encode(group_message("g", **{"prompt_ids": []}))}),
+    ("no-samples", {"data": encode(group_message("g", size=0))}),
+]
+
+
+def test_trainer_rejects_counts_and_acks_every_malformed_group(client, caplog, tmp_path):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rlrun.trainer.main import Trainer
+
+    config = Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
+    cfg, resolved = compose(["recipe=math_grpo", "trainer.train_batch_size=16"])  # 2 groups of 8 per step
+    run_dir = launch.create_run(cfg, resolved, [], root=tmp_path / "run")
+    trainer = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None)  # its input path only
+    trainer._ensure_consumer_group()
+    bad_ids = [client.xadd(names.GROUPS_STREAM, fields) for _, fields in BAD_GROUPS[:7]]
+    first = client.xadd(names.GROUPS_STREAM, {"data": encode(group_message("run/0"))})
+    bad_ids += [client.xadd(names.GROUPS_STREAM, fields) for _, fields in BAD_GROUPS[7:]]
+    second = client.xadd(names.GROUPS_STREAM, {"data": encode(group_message("run/1"))})
+
+    groups, ids = trainer._next_batch()
+
+    assert [g.group_id for g in groups] == ["run/0", "run/1"]  # the good ones, untouched
+    assert trainer.bad_messages == len(BAD_GROUPS)
+    assert sorted(ids) == sorted([*bad_ids, first, second])  # bad ones are acked with the step too
+    for message_id in bad_ids:
+        assert f"rejected message {message_id} on {names.GROUPS_STREAM}" in caplog.text
+
+
+# --- the trainer's events stream, read by the supervisor ----------------------------------------
+
+BAD_EVENTS = [
+    {"event": "garbage"},
+    {"event": json.dumps({"type": "step", "step": 1})},  # no schema_version
+    {"event": json.dumps({"schema_version": 99, "type": "training_done"})},
+    {"event": "[1, 2]"},
+    {"other": "field"},
+]
+
+
+def test_supervisor_reads_the_events_stream_and_counts_malformed_events(server, client, tmp_path, caplog):
+    cfg, _ = compose(["trainer.max_train_steps=4"])
+    client.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "training_done", "step": 2})})  # a previous launch's
+    time.sleep(0.01)
+    events = EventLog(tmp_path / "events.jsonl")
+    reader = launch.ProgressReader(server.url, server.run_dir, events)
+    check = launch.completion_check(cfg, reader)
+    bad_ids = [client.xadd(names.TRAINER_EVENTS, fields) for fields in BAD_EVENTS]
+    client.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", "step": 1})})
+
+    assert reader.poll_trainer_events() is False  # the previous launch's training_done is not this one's
+    assert reader.malformed_events == len(BAD_EVENTS)
+    recorded = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["id"] for e in recorded if e["event"] == "malformed_message"] == bad_ids
+    assert all(e["stream"] == names.TRAINER_EVENTS and e["reason"] for e in recorded)
+    for message_id in bad_ids:
+        assert message_id in caplog.text
+    with pytest.raises(Exception, match="no training_done event"):  # the trainer exit is refused
+        check({"trainer": 0})  # exit 0 without reaching the target or announcing it: not done
+
+    server.restart()  # Redis restarts from its AOF: the reader carries on from the id it reached
+    client.xadd(names.TRAINER_EVENTS, {"event": "still garbage"})
+    client.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "training_done", "step": 4, "samples": 1024})})
+    deadline = time.time() + 10
+    while not reader.poll_trainer_events() and time.time() < deadline:
+        time.sleep(0.1)
+    assert reader.training_done_seen
+    assert reader.malformed_events == len(BAD_EVENTS) + 1  # nothing read twice, nothing skipped
+    finished, reason = check({"trainer": 0})
+    assert finished and "training_done" in reason
+
+
+# --- the token journal, replayed by a restarted actor -------------------------------------------
+
+
+def _damage_log(entry: str):
+    return lambda c, gid: c.rpush(log_key(gid), entry)
+
+
+JOURNAL_DAMAGE = [
+    ("log-not-json", _damage_log("{not json"), "log:", "the entry is ignored", [0, 1]),
+    ("log-unknown-schema", _damage_log(json.dumps({"schema_version": 99, "kind": "append", "index": 0})), "log:",
+     "that sample is generated again", [1]),
+    ("log-unknown-kind", _damage_log(json.dumps({"schema_version": 1, "kind": "erase", "index": 1})), "log:",
+     "that sample is generated again", [0]),
+    ("log-bad-tokens", _damage_log(json.dumps({"schema_version": 1, "kind": "append", "index": 0, "offset": 3,
+                                               "token_ids": ["a"], "logprobs": [0.0], "version": 0})), "log:",
+     "that sample is generated again", [1]),
+    ("log-names-no-sample", _damage_log(json.dumps({"schema_version": 1, "kind": "reset", "index": 5})), "log:",
+     "the entry is ignored", [0, 1]),
+    ("length-disagrees", lambda c, gid: c.hset(group_key(gid), "0:len", "99"), "log:", "that sample is generated again", [1]),
+    ("header-not-json", lambda c, gid: c.hset(group_key(gid), "header", "nope"), "group:", "that group is left out", None),
+    ("header-unknown-schema", lambda c, gid: c.hset(group_key(gid), "header", json.dumps({"schema_version": 2})), "group:",
+     "that group is left out", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, damage, key_kind, consequence, kept", JOURNAL_DAMAGE, ids=[d[0] for d in JOURNAL_DAMAGE])
+def test_a_restarted_actor_counts_and_logs_each_corrupt_journal_record(client, caplog, name, damage, key_kind, consequence, kept):
+    cfg, _ = compose(["recipe=math_grpo"])
+    ledger = JournalLedger(client)
+    journal = ledger.journal
+    group = journal.open_group(lambda c: c, lambda p: [1, 2], group_size=2, max_new_tokens=8, run="run")
+    journal.append(group.group_id, 0, 0, [5, 6, 7], [-0.1, -0.2, -0.3], 0)
+    journal.append(group.group_id, 1, 0, [8, 9], [-0.4, -0.5], 0)
+    journal.finish(group.group_id, 1, "stop", 2)
+    damage(client, group.group_id)
+
+    actor = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run")  # what main() builds
+    replayed = actor._replay_plan()
+
+    assert actor.counters["journal_corrupt_records"] == 1
+    line = next(r.getMessage() for r in caplog.records if "journal record" in r.getMessage())
+    assert f"rlrun:journal:{key_kind}{group.group_id}" in line and consequence in line
+    if kept is None:
+        assert replayed == []
+        return
+    (live,) = replayed
+    held = {s.index: s.completion_ids for s in live.samples if s.completion_ids}
+    assert sorted(held) == kept  # undamaged samples keep their exact tokens; damaged ones start over
+    assert held.get(0, [5, 6, 7]) == [5, 6, 7] and held.get(1, [8, 9]) == [8, 9]
+
+
+# --- a port taken between picking it and binding it ---------------------------------------------
+
+
+def test_a_port_taken_at_start_is_retried_on_fresh_ports(tmp_path, monkeypatch):
+    """Another program holds the port picked for Redis: the real server fails to bind it, the
+    launcher sees "address already in use", records `port_taken` and starts again on new ports."""
+    cfg, resolved = compose(["supervisor.redis.max_restarts=0", "supervisor.stop_grace_s=2"])
+    run_dir = launch.create_run(cfg, resolved, [], root=tmp_path / "run")
+    real_pick, real_specs = launch.redis_server.pick_free_port, launch.build_specs
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        picks = iter([port])
+        monkeypatch.setattr(launch.redis_server, "pick_free_port", lambda host: next(picks, None) or real_pick(host))
+        monkeypatch.setattr(launch, "model_path", lambda cfg, build: str(tmp_path / "model"))
+        monkeypatch.setattr(launch, "build_specs", lambda *a, **k: [s for s in real_specs(*a, **k) if s.name == "redis"])
+        monkeypatch.setattr(launch, "completion_check", lambda cfg, progress: lambda exits: (True, "Redis is up"))
+        assert launch.train(cfg, run_dir) == "Redis is up"
+    recorded = [json.loads(line) for line in run_dir.events.read_text().splitlines()]
+    assert [(e["process"], e["attempt"]) for e in recorded if e["event"] == "port_taken"] == [("redis", 1)]
+    assert [e["process"] for e in recorded if e["event"] == "process_ready"] == ["redis"]  # once, on the new port
+    assert any("Address already in use" in log.read_text() for log in run_dir.logs.glob("redis*.log"))
+    assert f"port {port}\n" not in run_dir.redis_conf.read_text()  # the second start used another port
+    assert run_dir.read_state()["status"] == "finished"
+
+
+# --- nobody without the password gets in --------------------------------------------------------
+
+
+@pytest.mark.parametrize("password", [None, "not-the-password"], ids=["no-password", "wrong-password"])
+def test_a_client_without_the_password_can_neither_read_nor_write(server, client, password):
+    import redis
+
+    client.xadd(names.GROUPS_STREAM, {"data": "kept"})
+    client.hset(names.TRAINER_STATE, "step", "3")
+    before = {key: client.type(key) for key in client.scan_iter("*")}
+    intruder = redis.Redis.from_url(server.url, password=password, socket_timeout=2.0)
+    attempts = [
+        lambda: intruder.get(names.POLICY_VERSION), lambda: intruder.hgetall(names.TRAINER_STATE),
+        lambda: intruder.xrange(names.GROUPS_STREAM), lambda: intruder.xread({names.GROUPS_STREAM: "0"}),
+        lambda: intruder.keys("*"), lambda: intruder.set(names.POLICY_VERSION, 99),
+        lambda: intruder.xadd(names.GROUPS_STREAM, {"data": "forged"}), lambda: intruder.delete(names.TRAINER_STATE),
+    ]  # fmt: skip
+    for attempt in attempts:
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            attempt()
+    assert {key: client.type(key) for key in client.scan_iter("*")} == before
+    assert [fields for _id, fields in client.xrange(names.GROUPS_STREAM)] == [{"data": "kept"}]
+    assert client.hgetall(names.TRAINER_STATE) == {"step": "3"}
