@@ -1,0 +1,122 @@
+"""The node agent: starts and watches the run's processes on one node of a Ray cluster.
+
+One agent per node (a small Ray actor, made by `ray_world.RaySpawner`; plain Python here, so it is
+importable and testable without Ray). It starts a spec's command as the local spawner does — under
+rlrun's guard, in its own session, output appended to the log file — and answers for its
+processes: exit status, signals to the whole group, descendants, the end of a log file.
+
+The guard watches the agent: when the agent dies (its node is lost, the run's driver is gone,
+`ray.kill`), the group is SIGKILLed, so nothing of the run outlives it. On a Ray node the guard
+sits inside an outer one (`holder.py`), because Ray SIGKILLs an exiting worker's direct children.
+
+Knows nothing about what the processes do, nor about the supervisor's policies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+# Set by Ray in its worker processes (the agent's environment): they describe the agent's Ray
+# worker, not the process it starts, and would make a child that imports Ray think it is one.
+RAY_WORKER_VARIABLES = ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_CLIENT_MODE", "RAY_LD_PRELOAD_ON_WORKERS", "PYTHONBREAKPOINT")
+
+
+class NodeAgent:
+    def __init__(self) -> None:
+        self._children: dict[int, subprocess.Popen] = {}  # by pid of the guard (= the group's id)
+        self._descendants: dict[int, set[int]] = {}  # every descendant seen, per group
+
+    def info(self) -> dict:
+        """Where this agent runs: {node_id, hostname, ip, pid}."""
+        node_id, ip = "", ""
+        try:
+            import ray
+
+            node_id = ray.get_runtime_context().get_node_id()
+            ip = ray.util.get_node_ip_address()
+        except Exception:  # noqa: BLE001 - outside Ray (unit tests): no node id
+            pass
+        return {"node_id": node_id, "hostname": socket.gethostname(), "ip": ip, "pid": os.getpid()}
+
+    def spawn(self, argv: list[str], log_path: str, env: dict[str, str], cwd: Optional[str] = None) -> int:
+        """Start `argv` under the guard; return the guard's pid (which leads the new group).
+
+        `env` is added to this node's environment; it carries the spec's secrets, which therefore
+        never appear on a command line."""
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        child_env = {k: v for k, v in os.environ.items() if k not in RAY_WORKER_VARIABLES}
+        child_env.update(env)
+        with open(log_path, "ab", buffering=0) as log_file:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "rlrun.cluster.holder", str(os.getpid()), "--", *argv],  # guard in a guard
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=child_env,
+                start_new_session=True,
+            )
+        self._children[popen.pid] = popen
+        self._descendants[popen.pid] = set()
+        return popen.pid
+
+    def poll(self, pid: int) -> Optional[int]:
+        """The exit status of group `pid` (negative: killed by that signal), None while it runs.
+        Also records its descendants, so a later sweep finds those that left the group."""
+        self._remember_descendants(pid)
+        return self._child(pid).poll()
+
+    def signal_group(self, pid: int, sig: int) -> None:
+        """Signal the whole group; SIGKILL also kills every descendant seen (a sweep)."""
+        self._remember_descendants(pid)
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if sig == signal.SIGKILL:
+            from rlrun.supervisor.local import kill_pids
+
+            kill_pids(sorted(self._descendants.get(pid, ())))
+
+    def descendants(self, pid: int) -> list[int]:
+        """Descendants of group `pid` seen so far (pids on this node)."""
+        self._remember_descendants(pid)
+        return sorted(self._descendants.get(pid, ()))
+
+    def tail(self, log_path: str, lines: int = 20) -> str:
+        """The last lines of a log file on this node ('' when it cannot be read)."""
+        from rlrun.supervisor.supervisor import log_tail
+
+        return log_tail(Path(log_path), lines)
+
+    def stop_all(self) -> list[int]:
+        """SIGKILL every group this agent started that still runs; return their pids."""
+        running = [pid for pid, popen in self._children.items() if popen.poll() is None]
+        for pid in self._children:
+            self.signal_group(pid, signal.SIGKILL)
+        for pid in running:
+            self._children[pid].wait()
+        return running
+
+    def _child(self, pid: int) -> subprocess.Popen:
+        try:
+            return self._children[pid]
+        except KeyError:
+            raise ValueError(f"this node agent did not start process {pid}") from None
+
+    def _remember_descendants(self, pid: int) -> None:
+        import psutil
+
+        popen = self._child(pid)
+        if popen.returncode is not None:
+            return
+        try:
+            self._descendants[pid].update(p.pid for p in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            pass

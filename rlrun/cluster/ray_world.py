@@ -1,0 +1,344 @@
+"""world=ray: the run's process specs on the nodes of an existing Ray cluster.
+
+    spawner = RaySpawner(cfg.world, placement.bundles(cfg.world, names), run_tag)
+    Supervisor(specs, events, spawner=spawner)   # same restart policy, completion rule, journal
+
+At its first spawn the spawner joins the cluster (`world.address`) and reserves every process's
+bundle in one placement group, so a cluster that cannot hold the run is reported — naming what is
+missing — before anything starts. Each placed process is then started by the node agent
+(`agent.py`) of the node its bundle landed on, one agent per node; a process whose bundle is empty
+runs on this machine through the local spawner (Redis, by default, stays with the supervisor).
+
+Handles answer like local ones, through the agent: the pid is the guard's, on its node.
+Descendants are recorded and swept by the agent (pids of another node mean nothing here), so
+`descendants()` is empty and a SIGKILL to the group is also the sweep. When an agent dies (its
+node is lost), its processes read as killed by SIGKILL: the supervisor restarts them; Ray moves
+the lost node's bundles to a node that still has room and a new agent is started there — or, when
+none has room within `world.placement_timeout_s`, the run stops with a message.
+
+Logs: the agent writes each process's log at its spec's path, on its node. The run directory must
+be on a filesystem every node mounts at the same path (it also holds the config, weights and
+checkpoints the roles read); `RayHandle.tail()` reads a log through the agent where it is not.
+
+Secrets: `secret_env` files are read here, on the head, and sent to the agent with the call that
+starts the process: they reach the child's environment, never a command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import time
+from typing import Optional
+
+from rlrun.cluster import placement
+from rlrun.cluster.agent import NodeAgent
+from rlrun.config.schema import WorldConfig
+from rlrun.errors import EnvironmentProblem
+from rlrun.supervisor.local import Handle, LocalSpawner, Spawner
+from rlrun.supervisor.spec import ProcessSpec
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "rlrun"
+CALL_TIMEOUT_S = 10.0  # an agent that does not answer a call this long: "no news" for this poll
+START_HINT = (
+    "Start a cluster with `ray start --head --port=6379` on the head node and "
+    "`ray start --address=HEAD_IP:6379` on every other node (rlrun runs on one of them), "
+    "or point world.address at a running one."
+)
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise EnvironmentProblem("world=ray needs Ray in this environment: pip install 'rlrun[ray]'.") from None
+    return ray
+
+
+def connect(address: str) -> None:
+    """Join the Ray cluster at `address` as its driver (once per process); EnvironmentProblem
+    naming the address and how to start a cluster when there is none."""
+    ray = _ray()
+    if ray.is_initialized():
+        return
+    if address != "auto":
+        _check_reachable(address)
+    try:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.WARNING)
+    except ConnectionError as exc:
+        raise EnvironmentProblem(f"no Ray cluster at world.address={address} ({exc}). {START_HINT}") from None
+    except (RuntimeError, ValueError) as exc:  # e.g. the cluster runs another Ray version
+        raise EnvironmentProblem(f"cannot join the Ray cluster at world.address={address}: {exc}") from None
+
+
+def _check_reachable(address: str) -> None:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise EnvironmentProblem(f"world.address={address} is not HOST:PORT (nor auto). {START_HINT}")
+    try:
+        socket.create_connection((host, int(port)), timeout=3.0).close()
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"no Ray cluster at world.address={address}: nothing answers there ({exc.strerror or exc}). {START_HINT}"
+        ) from None
+    try:  # Ray dials another address than the one given for loopback hosts: say so, not hang
+        from ray._private.services import canonicalize_bootstrap_address
+
+        dialled = canonicalize_bootstrap_address(address)
+    except Exception:  # noqa: BLE001 - a private helper: without it, just connect
+        return
+    if dialled and dialled != address:
+        d_host, _, d_port = dialled.rpartition(":")
+        try:
+            socket.create_connection((d_host, int(d_port)), timeout=3.0).close()
+        except OSError:
+            raise EnvironmentProblem(
+                f"world.address={address}: Ray would connect to {dialled} instead (it rewrites loopback "
+                f"addresses to this machine's), where nothing answers. For a cluster bound to loopback, "
+                f"run rlrun with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in its environment; otherwise give "
+                f"the head's real address."
+            ) from None
+
+
+class RayHandle:
+    """A process started by a node agent. Same protocol as the local handle."""
+
+    def __init__(self, agent, pid: int, node_id: str, name: str, call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self.pid = pid  # the guard's pid on its node (it leads the process group)
+        self.node_id = node_id
+        self._agent, self._name, self._timeout = agent, name, call_timeout_s
+        self.lost = False  # its agent is gone: the guard has killed the group
+
+    def poll(self) -> Optional[int]:
+        if not self.lost:
+            answered, code = self._call(self._agent.poll.remote(self.pid))
+            if answered:
+                return code
+        return -signal.SIGKILL if self.lost else None
+
+    def signal_group(self, sig: int) -> None:
+        if self.lost:
+            return
+        answered, _ = self._call(self._agent.signal_group.remote(self.pid, sig))
+        if not answered and sig == signal.SIGKILL and not self.lost:
+            # An agent that cannot even be reached to kill its process is taken as gone: its guards
+            # kill their groups when Ray declares the node dead, and the agent with it.
+            log.warning("the node agent of %s (node %s) does not answer: taken as lost", self._name, self.node_id[:12])
+            self.lost = True
+
+    def descendants(self) -> list[int]:
+        return []  # recorded and swept by the agent on the process's own node (see the module doc)
+
+    def tail(self, log_path: str, lines: int = 20) -> str:
+        """The last lines of a log file on this process's node ('' when its agent is gone)."""
+        if self.lost:
+            return ""
+        answered, text = self._call(self._agent.tail.remote(log_path, lines))
+        return text if answered else ""
+
+    def _call(self, ref) -> tuple[bool, object]:
+        """(answered, value) of an agent call; no answer in time is no news, a dead agent is lost."""
+        ray = _ray()
+        try:
+            return True, ray.get(ref, timeout=self._timeout)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
+            return False, None  # slow, or a transient connection problem
+        except ray.exceptions.RayActorError:
+            if not self.lost:
+                log.warning("the node agent of %s (node %s) is gone: its process counts as killed", self._name, self.node_id[:12])
+            self.lost = True
+            return False, None
+
+
+class RaySpawner:
+    """Spawner for world=ray: placement group up front, one node agent per node."""
+
+    def __init__(
+        self,
+        world: WorldConfig,
+        bundles: dict[str, dict[str, float]],
+        run_tag: str,
+        *,
+        local: Optional[Spawner] = None,
+        same_machine_only: bool = False,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
+        """`bundles`: every process of the run (start order) → its Ray resources ({} = local).
+        `run_tag` names the run's placement group and agents in the cluster. `same_machine_only`:
+        the run's servers listen on loopback, so every placed process must land on this machine."""
+        self._world = world
+        self._bundles = dict(bundles)
+        self._placed = [name for name, bundle in bundles.items() if bundle]
+        self._tag = run_tag
+        self._local = local or LocalSpawner()
+        self._same_machine_only = same_machine_only
+        self._timeout = call_timeout_s
+        self._group = None
+        self._agents: dict[str, object] = {}  # node id → agent actor
+        self._remote_agent = None  # NodeAgent as a Ray actor class (made once Ray is imported)
+        self.nodes: dict[str, str] = {}  # process → node id it was last started on
+
+    # --- the Spawner protocol --------------------------------------------------------------------
+    def spawn(self, spec: ProcessSpec) -> Handle:
+        if spec.name not in self._bundles:
+            raise ValueError(f"process {spec.name!r} is not in this run's placement ({', '.join(self._bundles)})")
+        self.reserve()  # at the first spawn, whichever it is: nothing starts on a cluster too small
+        if not self._bundles[spec.name]:
+            return self._local.spawn(spec)
+        ray = _ray()
+        env = dict(spec.env)
+        env.update({name: path.read_text().strip() for name, path in spec.secret_env.items()})
+        cwd = str(spec.cwd) if spec.cwd is not None else None
+        for attempt in (1, 2):  # an agent may die between finding it and asking it: once more, anew
+            agent, node_id = self._agent_for(spec.name)
+            try:
+                pid = ray.get(agent.spawn.remote(list(spec.argv), str(spec.log_path), env, cwd), timeout=max(self._timeout, 30.0))
+                break
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                self._agents.pop(node_id, None)
+                if attempt == 2:
+                    raise EnvironmentProblem(f"the node agent on node {node_id[:12]} could not start {spec.name}: {exc}") from None
+        self.nodes[spec.name] = node_id
+        log.info("%s started on node %s (pid %d there)", spec.name, node_id[:12], pid)
+        return RayHandle(agent, pid, node_id, spec.name, self._timeout)
+
+    # --- placement -----------------------------------------------------------------------------
+    def reserve(self) -> None:
+        """Join the cluster and reserve every placed process's bundle (once); EnvironmentProblem
+        saying what is missing when the cluster cannot hold the run."""
+        if self._group is not None or not self._placed:
+            return
+        connect(self._world.address or "auto")
+        ray = _ray()
+        from ray.util.placement_group import get_placement_group, placement_group, placement_group_table, remove_placement_group
+
+        wanted = [self._bundles[name] for name in self._placed]
+        name = f"rlrun-{self._tag}"
+        try:  # a second spawner of the same run (a start retried on new ports) reuses the group
+            group = get_placement_group(name)
+            if [dict(b) for b in group.bundle_specs] != wanted or placement_group_table(group).get("state") == "REMOVED":
+                raise ValueError(name)
+        except ValueError:
+            nodes, _ = self._cluster()
+            problems = placement.shortfall(dict(zip(self._placed, wanted)), nodes)
+            if problems:
+                raise EnvironmentProblem(
+                    f"the Ray cluster at {self._world.address} cannot hold this run: {'; '.join(problems)}. "
+                    f"Nodes: {placement.describe_nodes(nodes)}. Add nodes with those resources or change "
+                    f"world.<role>.cpus/gpus/resources."
+                ) from None
+            group = placement_group(wanted, strategy="PACK", name=name)
+        if not group.wait(timeout_seconds=self._world.placement_timeout_s):
+            remove_placement_group(group)
+            nodes, available = self._cluster()
+            raise EnvironmentProblem(
+                f"the Ray cluster at {self._world.address} could not reserve this run's resources within "
+                f"world.placement_timeout_s={self._world.placement_timeout_s:g} s (other jobs may hold them, or the "
+                f"bundles do not pack onto the nodes). Wanted: "
+                f"{'; '.join(f'{n}: {placement.describe(b)}' for n, b in zip(self._placed, wanted))}. "
+                f"Free now: {placement.describe(available)}. Nodes: {placement.describe_nodes(nodes)}."
+            )
+        self._group = group
+        self._check_same_machine(ray)
+
+    def _cluster(self) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+        ray = _ray()
+        nodes = {
+            f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})": dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")
+        }
+        return nodes, dict(ray.available_resources())
+
+    def _bundle_node(self, name: str) -> Optional[str]:
+        """The node the bundle of `name` is on, None while the group is not (re)placed."""
+        from ray.util.placement_group import placement_group_table
+
+        table = placement_group_table(self._group)
+        if table.get("state") != "CREATED":
+            return None
+        return table["bundles_to_node_id"].get(self._placed.index(name))
+
+    def _check_same_machine(self, ray) -> None:
+        if not self._same_machine_only:
+            return
+        here = ray.util.get_node_ip_address()
+        ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        elsewhere = {name: ips.get(self._bundle_node(name) or "", "?") for name in self._placed}
+        elsewhere = {name: ip for name, ip in elsewhere.items() if ip != here}
+        if elsewhere:
+            self.close()
+            where = ", ".join(f"{name} on {ip}" for name, ip in elsewhere.items())
+            raise EnvironmentProblem(
+                f"Ray placed {where}, another machine than this one ({here}), but the run's servers listen on "
+                f"loopback (inference.host / streams.host = 127.0.0.1), which other machines cannot reach. "
+                f"rlrun does not yet publish per-node server addresses: keep the run on this machine's nodes "
+                f"(a custom resource in world.<role>.resources) — see docs/cluster.md."
+            )
+
+    # --- agents --------------------------------------------------------------------------------
+    def _agent_for(self, name: str):
+        """The live agent of the node `name`'s bundle is on, started if needed. Waits (up to
+        world.placement_timeout_s) for Ray to re-place a bundle whose node was lost."""
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        deadline = time.monotonic() + self._world.placement_timeout_s
+        while True:
+            node_id = self._bundle_node(name)
+            if node_id is not None:
+                agent = self._agents.get(node_id)
+                try:
+                    if agent is None:
+                        agent = (
+                            self._agent_class()
+                            .options(
+                                name=f"rlrun-agent-{self._tag}-{node_id[:16]}",
+                                get_if_exists=True,
+                                num_cpus=0,
+                                max_restarts=0,
+                                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                            )
+                            .remote()
+                        )
+                    remaining = max(1.0, deadline - time.monotonic())
+                    ray.get(agent.info.remote(), timeout=min(remaining, max(self._timeout, 30.0)))
+                    self._agents[node_id] = agent
+                    return agent, node_id
+                except (ray.exceptions.RayError, TimeoutError):
+                    self._agents.pop(node_id, None)  # dead, or its node not (yet) known as lost
+            if time.monotonic() > deadline:
+                raise self._lost_error(name)
+            time.sleep(0.5)
+
+    def _agent_class(self):
+        if self._remote_agent is None:
+            self._remote_agent = _ray().remote(NodeAgent)
+        return self._remote_agent
+
+    def _lost_error(self, name: str) -> EnvironmentProblem:
+        nodes, _ = self._cluster()
+        return EnvironmentProblem(
+            f"{name} cannot be started again: its node is gone (or does not answer) and the Ray cluster has no node with "
+            f"{placement.describe(self._bundles[name])} free to take its place within world.placement_timeout_s="
+            f"{self._world.placement_timeout_s:g} s. Nodes alive: {placement.describe_nodes(nodes)}. "
+            f"Add a node with those resources, then continue the run with `rlrun resume RUN_DIR`."
+        )
+
+    def close(self) -> None:
+        """Kill what the agents still run, the agents, and release the placement group (the
+        cluster does this too when rlrun exits: all are owned by its driver)."""
+        ray = _ray()
+        for agent in list(self._agents.values()):
+            try:
+                ray.get(agent.stop_all.remote(), timeout=self._timeout)
+            except (ray.exceptions.RayError, TimeoutError):
+                pass
+            ray.kill(agent)
+        self._agents.clear()
+        if self._group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._group)
+            self._group = None
