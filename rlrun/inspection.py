@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -436,20 +435,7 @@ def _password(run: RunDir) -> Optional[str]:
 
 def supervisor_running(run: RunDir) -> bool:
     """state.json says running and its supervisor process is alive."""
-    try:
-        state = run.read_state()
-    except (OSError, ValueError):
-        return False
-    pid = state.get("supervisor_pid")
-    if state.get("status") != "running" or type(pid) is not int or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return run.running_supervisor() is not None
 
 
 def staleness_bound(run: Optional[RunDir]) -> Optional[int]:

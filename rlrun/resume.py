@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import fnmatch
-import os
 from dataclasses import dataclass
 
 import yaml
@@ -43,8 +42,8 @@ def plan_resume(root, overrides: list[str]) -> ResumePlan:
     if not run_dir.config.is_file():
         raise RunDirError(f"{run_dir.root} has no saved config ({run_dir.config.name}); it cannot be resumed.")
     state = run_dir.read_state()
-    pid = state.get("supervisor_pid")
-    if state.get("status") == "running" and pid and _alive(pid):
+    pid = run_dir.running_supervisor()
+    if pid is not None:
         raise RunDirError(f"{run_dir.root} is being run right now by rlrun (pid {pid}). Stop it first (Ctrl-C or kill {pid}).")
     data = yaml.safe_load(run_dir.config.read_text())
     new = copy.deepcopy(data)
@@ -101,13 +100,3 @@ def _set(data: dict, dotted: str, value) -> object:
 
 def _has_redis_data(run_dir: RunDir) -> bool:
     return any(run_dir.redis_dir.rglob("*.aof")) or any(run_dir.redis_dir.rglob("*.rdb"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True

@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from rlrun.errors import RunDirError
 
@@ -182,6 +183,24 @@ class RunDir:
         if not self.state.is_file():
             return {}
         return json.loads(self.state.read_text())
+
+    def running_supervisor(self) -> Optional[int]:
+        """The pid of the rlrun process running this run right now, or None (finished, stopped,
+        or its rlrun was killed: state.json still says "running" but nobody is)."""
+        try:
+            state = self.read_state()
+        except (OSError, ValueError):
+            return None
+        pid = state.get("supervisor_pid")
+        if state.get("status") != "running" or type(pid) is not int or pid <= 0:
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass  # it exists, run by someone else
+        return pid
 
     def write_state(self, **fields) -> None:
         """Merge `fields` into state.json atomically (write a temporary file, then rename)."""

@@ -7,7 +7,6 @@ restarts and log file, without asking the (possibly dead) supervisor anything.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -75,8 +74,7 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
     events = _read_jsonl(run_dir.events)
     metrics = _read_jsonl(run_dir.metrics)
     state = run_dir.read_state()
-    pid = state.get("supervisor_pid")
-    if state.get("status") == "running" and pid and not _alive(pid):
+    if state.get("status") == "running" and run_dir.running_supervisor() is None:
         state["status"] = "running (supervisor gone: rlrun was killed; use `rlrun resume`)"
     return state, replay_events(events), (metrics[-1] if metrics else None)
 
@@ -99,13 +97,3 @@ def _read_jsonl(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue  # a line cut short by a crash
     return records
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True

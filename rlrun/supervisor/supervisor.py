@@ -166,14 +166,8 @@ class Supervisor:
 
     def _advance_starting(self, proc: ProcessStatus, now: float) -> None:
         code = self._reap(proc)
-        if code is not None:
-            # A dead process fails fast, not after the readiness timeout.
-            info = classify_exit(code, finishes=proc.spec.finishes)
-            if info.kind is ExitKind.DONE:
-                proc.state = ProcessState.EXITED
-                self._events.emit("process_exited", process=proc.name, pid=proc.pid, exit=info.description)
-                return
-            self._fail(proc, info, now, f"{info.description} before it was ready")
+        if code is not None:  # a dead process fails fast, not after the readiness timeout
+            self._on_exit(proc, code, now, " before it was ready")
         elif proc.spec.ready is None or proc.spec.ready(proc.pid):
             proc.state = ProcessState.READY
             proc.last_alive = now
@@ -186,12 +180,7 @@ class Supervisor:
     def _advance_ready(self, proc: ProcessStatus, now: float) -> None:
         code = self._reap(proc)
         if code is not None:
-            info = classify_exit(code, finishes=proc.spec.finishes)
-            if info.kind is ExitKind.DONE:
-                proc.state = ProcessState.EXITED
-                self._events.emit("process_exited", process=proc.name, pid=proc.pid, exit=info.description)
-                return
-            self._fail(proc, info, now, info.description)
+            self._on_exit(proc, code, now)
             return
         if proc.spec.alive is None:
             return
@@ -205,6 +194,15 @@ class Supervisor:
             self._kill_attempt(proc)
             info = classify_exit(None, finishes=proc.spec.finishes, stalled=True, stalled_for_s=round(quiet))
             self._fail(proc, info, now, info.description)
+
+    def _on_exit(self, proc: ProcessStatus, code: int, now: float, when: str = "") -> None:
+        """An exit: done (a finishing role's 0), or a failure handled by its restart policy."""
+        info = classify_exit(code, finishes=proc.spec.finishes)
+        if info.kind is ExitKind.DONE:
+            proc.state = ProcessState.EXITED
+            self._events.emit("process_exited", process=proc.name, pid=proc.pid, exit=info.description)
+        else:
+            self._fail(proc, info, now, info.description + when)
 
     def _fail(self, proc: ProcessStatus, info: ExitInfo, now: float, what: str) -> None:
         proc.state = ProcessState.FAILED
