@@ -139,10 +139,6 @@ def train(
     directory and Redis hold (checkpoint, pending groups, token journal).
     """
     preflight.check(cfg, run_dir.root, fresh=False)  # packages, model, data, binary, ports, checkpoints
-    if cfg.trainer.backend == "fast_llm":  # not in --dry-run: it only shows the command
-        from rlrun.backends.fast_llm.config import ensure_launchable, launch_argv
-
-        ensure_launchable(launch_argv(cfg, run_dir.root / "fast_llm.yaml"))
     path = model_path(cfg, build=True)
     run_dir.ensure_secret(run_dir.vllm_api_key)
     if not run_dir.current_weights.exists():

@@ -38,6 +38,8 @@ def check(cfg: RunConfig, root: Path, *, fresh: bool, cheap: bool = False) -> No
     check_dataset(cfg, cheap=cheap)
     check_redis_binary(cfg)
     check_ports(cfg)
+    if not cheap:
+        check_trainer_launchable(cfg)
     if not fresh and cfg.trainer.backend == "hf":
         check_checkpoints(RunDir(root))
 
@@ -50,6 +52,14 @@ def check_dependencies(cfg: RunConfig) -> None:
     from rlrun import launch  # owns the list of what a run imports
 
     launch.check_dependencies(cfg)
+
+
+def check_trainer_launchable(cfg: RunConfig) -> None:
+    """An external trainer's program is there (Fast-LLM); --dry-run only shows the command."""
+    if cfg.trainer.backend == "fast_llm":
+        from rlrun.backends.fast_llm.config import ensure_launchable, launch_argv
+
+        ensure_launchable(launch_argv(cfg, Path("fast_llm.yaml")))
 
 
 # --- the run directory -------------------------------------------------------------------------

@@ -23,7 +23,10 @@ from rlrun.rundir import RunDir
 # What a resumed run may change: how long it trains and how it is supervised. Everything else
 # (model, data, algorithm, batch shape) would make the checkpoint and the journal mean something
 # else.
-ALLOWED_OVERRIDES = ("trainer.max_train_steps", "trainer.checkpoint_every", "trainer.keep_checkpoints", "supervisor.*", "inference.ready_timeout_s")
+ALLOWED_OVERRIDES = (
+    "trainer.max_train_steps", "trainer.checkpoint_every", "trainer.keep_checkpoints", "supervisor.*",
+    "inference.ready_timeout_s", "metrics.*",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -108,3 +108,16 @@ def test_resume_refuses_a_run_whose_redis_data_is_gone(tmp_path):
     run_dir = create_run(cfg, resolved, [], root=tmp_path / "run")
     with pytest.raises(RunDirError, match="no Redis data"):
         plan_resume(run_dir.root, [])
+
+
+def test_train_with_fast_llm_missing_says_so_and_creates_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from rlrun.cli import app
+
+    result = CliRunner().invoke(app, ["train", "trainer=fast_llm", f"run.dir={tmp_path / 'run'}"])
+    assert result.exit_code == 3
+    assert "fast-llm not found" in result.output and "trainer.fast_llm.command" in result.output
+    assert not (tmp_path / "run").exists()
+    dry = CliRunner().invoke(app, ["train", "trainer=fast_llm", "--dry-run", f"run.dir={tmp_path / 'run'}"])
+    assert dry.exit_code == 0 and "fast-llm" in dry.output  # the dry run shows the command anyway
