@@ -21,12 +21,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlrun.streams.codec import json_object
+
 SCHEMA_VERSION = 1
 
 SAMPLE_STATES = ("pending", "generating", "finished", "delivered")
 GROUP_STATES = ("open", "delivered")
 FINAL_REASONS = ("stop", "length")  # finish reasons that end a sample; "abort" does not
-_EXCERPT = 80
 
 
 class CorruptRecord(ValueError):
@@ -34,10 +35,6 @@ class CorruptRecord(ValueError):
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-
-def _excerpt(text: str) -> str:
-    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "…"
 
 
 def dumps(record: dict) -> str:
@@ -48,26 +45,9 @@ def dumps(record: dict) -> str:
         raise CorruptRecord(f"cannot encode the record as JSON: {exc}") from exc
 
 
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def loads(raw: str | bytes, kind: str) -> dict:
     """The JSON object in `raw`, checked to be a `kind` record of this schema version."""
-    if isinstance(raw, (bytes, bytearray)):
-        try:
-            raw = bytes(raw).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise CorruptRecord(f"{kind} record is not UTF-8 text: {exc}") from exc
-    if not isinstance(raw, str):
-        raise CorruptRecord(f"{kind} record is {type(raw).__name__}, expected JSON text")
-    try:
-        data = json.loads(raw, parse_constant=_refuse_constant)
-    except ValueError as exc:
-        raise CorruptRecord(f"{kind} record is not JSON ({exc}): {_excerpt(raw)}") from exc
-    if not isinstance(data, dict):
-        raise CorruptRecord(f"{kind} record is a JSON {type(data).__name__}, expected an object")
-    return data
+    return json_object(raw, CorruptRecord, f"{kind} record")
 
 
 def _check_header(data: dict, kind: str) -> None:

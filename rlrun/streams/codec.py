@@ -33,25 +33,31 @@ def encode(message: dict) -> str:
         raise MalformedMessage(f"cannot encode the message as JSON: {exc}") from exc
 
 
-def decode(raw: str | bytes) -> dict:
-    """The message in `raw`; raises MalformedMessage saying why when it is not a valid message."""
+def json_object(raw: str | bytes, error: type[ValueError], what: str) -> dict:
+    """The JSON object in `raw` (UTF-8 text, no NaN/Infinity), or `error` saying why not.
+
+    Shared by every reader of JSON from Redis: stream messages here, journal records."""
     if isinstance(raw, (bytes, bytearray)):
         try:
             raw = bytes(raw).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise MalformedMessage(f"message is not UTF-8 text: {exc}") from exc
+            raise error(f"{what} is not UTF-8 text: {exc}") from exc
     if not isinstance(raw, str):
-        raise MalformedMessage(f"message is {type(raw).__name__}, expected str or bytes")
+        raise error(f"{what} is {type(raw).__name__}, expected str or bytes")
     try:
-        message = json.loads(raw, parse_constant=_refuse_constant)
+        value = json.loads(raw, parse_constant=_refuse_constant)
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
-        raise MalformedMessage(f"message is not JSON ({exc}): {_excerpt(raw)}") from exc
-    if not isinstance(message, dict):
-        raise MalformedMessage(
-            f"message is a JSON {type(message).__name__}, expected an object: {_excerpt(raw)}"
-        )
+        raise error(f"{what} is not JSON ({exc}): {excerpt(raw)}") from exc
+    if not isinstance(value, dict):
+        raise error(f"{what} is a JSON {type(value).__name__}, expected an object: {excerpt(raw)}")
+    return value
+
+
+def decode(raw: str | bytes) -> dict:
+    """The message in `raw`; raises MalformedMessage saying why when it is not a valid message."""
+    message = json_object(raw, MalformedMessage, "message")
     if "schema_version" not in message:
-        raise MalformedMessage(f"message has no schema_version: {_excerpt(raw)}")
+        raise MalformedMessage(f"message has no schema_version: {excerpt(raw)}")
     _check_version(message["schema_version"], raw)
     return message
 
@@ -61,7 +67,7 @@ def _check_version(version: object, context: object) -> None:
     if type(version) is not int or version != SCHEMA_VERSION:
         raise MalformedMessage(
             f"unknown schema_version {version!r} (this rlrun reads version {SCHEMA_VERSION}): "
-            f"{_excerpt(str(context))}"
+            f"{excerpt(str(context))}"
         )
 
 
@@ -69,5 +75,6 @@ def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _excerpt(text: str) -> str:
+def excerpt(text: str) -> str:
+    """At most a line of `text`, for an error message."""
     return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "…"
