@@ -17,30 +17,11 @@ from rlrun.actor.ledger import JournalLedger
 from rlrun.actor.main import Actor
 from rlrun.config import compose
 from rlrun.journal.store import group_key, log_key
-from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams.codec import encode
-from rlrun.streams.server import connect, managed_server
 from rlrun.supervisor import EventLog
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    run = RunDir(tmp_path_factory.mktemp("bad-messages") / "run")
-    run.create({"name": "bad-messages"})
-    with managed_server(run) as srv:
-        yield srv
-
-
-@pytest.fixture
-def client(server):
-    c = connect(server.url, server.password)
-    yield c
-    for key in c.scan_iter("*"):  # FLUSHALL is disabled on the run's server
-        c.delete(key)
-    c.close()
 
 
 # --- the trainer's input stream -----------------------------------------------------------------

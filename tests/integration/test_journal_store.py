@@ -10,29 +10,10 @@ import pytest
 from rlrun.journal import Append, CorruptRecord, Journal, NotFinished, UnknownGroup, plan_replay
 from rlrun.journal.records import SampleRecord
 from rlrun.journal.store import cursor_key, delivered_key, open_key
-from rlrun.rundir import RunDir
-from rlrun.streams.server import connect, managed_server
 
 pytestmark = pytest.mark.timeout(120)
 
 STREAM = "rlrun:groups"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    run = RunDir(tmp_path_factory.mktemp("journal") / "run")
-    run.create({"name": "journal-test"})
-    with managed_server(run) as srv:
-        yield srv
-
-
-@pytest.fixture
-def client(server):
-    c = connect(server.url, server.password)
-    yield c
-    for key in c.scan_iter("*"):  # FLUSHALL is disabled on the run's server
-        c.delete(key)
-    c.close()
 
 
 @pytest.fixture
