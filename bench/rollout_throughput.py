@@ -353,7 +353,7 @@ def print_table(cfg, results: list[tuple[str, dict]], groups: int) -> None:
             f"{a['tokens']:>5}/{b['tokens']:>5}/{c['tokens']:>5} | {a['wall_s']:>5.2f}/{b['wall_s']:>5.2f}/{c['wall_s']:>5.2f} | "
             f"{a['load']} ; {b['load']} ; {c['load']}"
         )
-    totals = {k: (sum(r["tokens"] for l, r in results if l[0] == k), sum(r["wall_s"] for l, r in results if l[0] == k)) for k in PHASES}
+    totals = {k: (sum(r["tokens"] for label, r in results if label[0] == k), sum(r["wall_s"] for label, r in results if label[0] == k)) for k in PHASES}
     ta, tb, tc = (t / w for t, w in totals.values())
     print("-" * len(header))
     print(f"{'all':>5} | {ta:>12.0f} | {tb:>15.0f} | {tc:>19.0f} | {tb / ta:>5.2f} | {tb / tc:>5.2f} | {tc / ta:>5.2f} |  (tokens / wall time over all rounds)")

@@ -34,7 +34,7 @@ class Ledger(Protocol):
     def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]: ...
     def finish(self, group_id: str, index: int, reason: str, length: int) -> None: ...
     def reset(self, group_id: str, index: int) -> None: ...
-    def load_group(self, group_id: str) -> Optional[GroupRecord]: ...
+    def read_group(self, group_id: str) -> tuple[Optional[GroupRecord], list[str]]: ...
     def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]: ...
 
 
@@ -89,8 +89,8 @@ class JournalLedger:
     def reset(self, group_id: str, index: int) -> None:
         self.journal.reset(group_id, index)
 
-    def load_group(self, group_id: str) -> Optional[GroupRecord]:
-        return self.journal.load_group(group_id)
+    def read_group(self, group_id: str) -> tuple[Optional[GroupRecord], list[str]]:
+        return self.journal.read_group(group_id)
 
     def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]:
         stream_id = self.journal.deliver(group_id, stream, messages)
@@ -130,8 +130,8 @@ class MemoryLedger:
     def reset(self, group_id: str, index: int) -> None:
         pass
 
-    def load_group(self, group_id: str) -> Optional[GroupRecord]:
-        return None
+    def read_group(self, group_id: str) -> tuple[Optional[GroupRecord], list[str]]:
+        return None, []
 
     def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]:
         with self.redis.pipeline(transaction=True) as tx:

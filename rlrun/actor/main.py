@@ -182,8 +182,9 @@ class Actor:
         for p in plan.samples:
             sample = SampleState(p.index, list(p.prefix_token_ids), list(p.prefix_logprobs), list(p.prefix_versions))
             sample.journaled = len(sample.completion_ids)
-            if p.action is Action.KEEP:
+            if p.action is Action.KEEP:  # finished, and the journal knows it
                 sample.finish_reason = p.finish_reason
+                sample.finish_recorded = True
             elif p.action is Action.RESTART:
                 self.ledger.reset(plan.group_id, p.index)
             elif p.action is Action.FINISH_LENGTH:
@@ -212,7 +213,14 @@ class Actor:
                 else:
                     self.counters["samples_continued"] += sum(1 for s in pending if s.completion_ids)
                     self.counters["tokens_reused"] += sum(len(s.completion_ids) for s in pending)
-                    await asyncio.gather(*(self._request(client, url, group, [s], version) for s in pending))
+                    # Wait for every request before retrying any: a retry must never run beside
+                    # a request still streaming into the same sample.
+                    outcomes = await asyncio.gather(
+                        *(self._request(client, url, group, [s], version) for s in pending), return_exceptions=True
+                    )
+                    failed = [o for o in outcomes if isinstance(o, BaseException)]
+                    if failed:
+                        raise failed[0]
             except (httpx.HTTPError, RuntimeError, ValueError) as exc:
                 self.counters["request_errors"] += 1
                 log.warning("group %s: request to %s failed (%s); continuing from the tokens kept", group.group_id, url, exc)
@@ -269,12 +277,19 @@ class Actor:
                 self._resync(group, sample)
 
     def _resync(self, group: LiveGroup, sample: SampleState) -> None:
-        record = self.ledger.load_group(group.group_id)
+        """Take the journal's view of `sample`. Read tolerantly: damage elsewhere in the group
+        is logged, not fatal; a sample that reads as empty is reset in the journal too, so its
+        recorded length agrees with the empty log we continue from."""
+        record, problems = self.ledger.read_group(group.group_id)
+        for problem in problems:
+            log.warning("re-reading %s: %s", group.group_id, problem)
         stored = next((s for s in record.samples if s.index == sample.index), None) if record else None
         lost = len(sample.completion_ids) - (len(stored.token_ids) if stored else 0)
         self.counters["tokens_regenerated"] += max(0, lost)
         sample.reset()
-        if stored is not None:
+        if stored is not None and not stored.token_ids and not stored.finished:
+            self.ledger.reset(group.group_id, sample.index)
+        elif stored is not None:
             sample.append_all(stored.token_ids, stored.logprobs, stored.versions)
             sample.finish_reason = stored.finish_reason
             sample.finish_recorded = stored.finished

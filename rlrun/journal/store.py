@@ -153,7 +153,8 @@ return {'ok', cur}
 """
 
 # A batch of appends, each checked on its own against its sample's length, each optionally
-# finishing its sample (one round trip for a whole request's tokens and finishes).
+# finishing its sample (one round trip for a whole request's tokens and finishes). Repeating a
+# finish (no tokens, same length, same reason) is accepted, as `_FINISH` accepts it.
 # KEYS: (group hash, group log) per append. ARGV: (index, expected offset, n, entry, finish
 # reason or "") per append.
 _APPEND = """
@@ -163,14 +164,16 @@ for a = 1, #KEYS / 2 do
   local i = ARGV[5 * a - 4]
   local off, n = tonumber(ARGV[5 * a - 3]), tonumber(ARGV[5 * a - 2])
   local fin = ARGV[5 * a]
-  local st = redis.call('HMGET', h, 'state', i .. ':state', i .. ':len')
+  local st = redis.call('HMGET', h, 'state', i .. ':state', i .. ':len', i .. ':finish')
   local status, len = 'ok', 0
   if not st[1] then status = 'unknown'
   elseif st[1] ~= 'open' then status = 'delivered'
   elseif not st[2] then status = 'unknown'
   else
     len = tonumber(st[3])
-    if st[2] == 'finished' then status = 'finished'
+    if st[2] == 'finished' then
+      -- the same finish again, with no tokens at the same length, is a retry: accepted
+      if not (n == 0 and off == len and fin ~= '' and fin == st[4]) then status = 'finished' end
     elseif off < len then status = 'duplicate'
     elseif off > len then status = 'gap'
     else
@@ -459,16 +462,22 @@ class Journal:
         groups.sort(key=lambda g: g.cursor)
         return LoadResult(groups, corrupt)
 
-    def load_group(self, group_id: str) -> GroupRecord | None:
-        """One open group, strictly: raises CorruptRecord if any of it is corrupt. None when the
-        group is delivered or not in the journal."""
+    def read_group(self, group_id: str) -> tuple[GroupRecord | None, list[str]]:
+        """One open group and the problems met reading it, tolerantly (as `load_open_groups`: a
+        corrupt sample is read as pending with no tokens). None when the group is delivered or
+        not in the journal; raises CorruptRecord when its header cannot be read."""
         with self.client.pipeline(transaction=True) as pipe:
             pipe.hgetall(self.group_key(group_id))
             pipe.lrange(self.log_key(group_id), 0, -1)
             fields, entries = pipe.execute()
         if not fields or fields.get("state") == "delivered":
-            return None
-        group, problems = fold_group(group_id, fields, entries)
+            return None, []
+        return fold_group(group_id, fields, entries)
+
+    def load_group(self, group_id: str) -> GroupRecord | None:
+        """One open group, strictly: raises CorruptRecord if any of it is corrupt. None when the
+        group is delivered or not in the journal."""
+        group, problems = self.read_group(group_id)
         if problems:
             raise CorruptRecord(f"group {group_id}: " + "; ".join(problems))
         return group

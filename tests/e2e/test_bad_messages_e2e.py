@@ -125,6 +125,7 @@ def test_corrupt_journal_entries_are_counted_by_the_restarted_actor(poisoned_run
     assert counters["journal_corrupt_records"] == len(BAD_LOG_ENTRIES)
     key = log_key(injected["journal_group"])
     assert log.count(f"journal record {key} is unreadable") == len(BAD_LOG_ENTRIES)
+    assert "journal refused" not in log  # the replay's view of every kept sample is the journal's
 
 
 def test_no_secret_on_a_command_line_or_in_a_file_of_the_run(poisoned_run):

@@ -179,6 +179,60 @@ def test_a_restarted_actor_counts_and_logs_each_corrupt_journal_record(client, c
     assert held.get(0, [5, 6, 7]) == [5, 6, 7] and held.get(1, [8, 9]) == [8, 9]
 
 
+def _restarted_actor(client, damage=None):
+    """A group whose sample 0 holds 3 tokens and sample 1 is finished, damaged by `damage`, and
+    the actor a restart builds over it, with its replayed groups."""
+    cfg, _ = compose(["recipe=math_grpo"])
+    ledger = JournalLedger(client)
+    group = ledger.journal.open_group(lambda c: c, lambda p: [1, 2], group_size=2, max_new_tokens=8, run="run")
+    ledger.journal.append(group.group_id, 0, 0, [5, 6, 7], [-0.1, -0.2, -0.3], 0)
+    ledger.journal.append(group.group_id, 1, 0, [8, 9], [-0.4, -0.5], 0)
+    ledger.journal.finish(group.group_id, 1, "stop", 2)
+    if damage is not None:
+        damage(client, group.group_id)
+    actor = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run")
+    return actor, actor._replay_plan(), group.group_id
+
+
+def test_a_replayed_finished_sample_is_not_recorded_again(client, caplog):
+    actor, (live,), group_id = _restarted_actor(client, _damage_log("{not json"))
+    entries = client.llen(log_key(group_id))
+
+    actor._flush(live, live.samples)  # what every request's end does
+
+    assert not [r for r in caplog.records if "refused" in r.getMessage()]
+    assert client.llen(log_key(group_id)) == entries  # nothing was sent: the journal knew
+    assert live.samples[1].finished and live.samples[1].completion_ids == [8, 9]
+
+
+def test_a_refused_append_rereads_a_damaged_group_without_failing(client, caplog):
+    actor, (live,), group_id = _restarted_actor(client, _damage_log("{not json"))
+    sample = live.samples[0]
+    sample.append([10, 11], [-0.6, -0.7], 0)
+    sample.journaled = 1  # a view behind the journal's: its append is refused as a duplicate
+
+    actor._flush(live, [sample])
+
+    assert "journal refused an append" in caplog.text and "re-reading run/0" in caplog.text
+    assert sample.completion_ids == [5, 6, 7] and sample.journaled == 3  # the journal's tokens
+    assert actor.counters["tokens_regenerated"] == 2
+
+
+def test_a_sample_that_reads_as_empty_on_a_reread_is_reset_in_the_journal(client):
+    actor, (live,), group_id = _restarted_actor(client)
+    client.hset(group_key(group_id), "0:len", "99")  # damaged after the replay
+    sample = live.samples[0]
+    sample.append([10], [-0.6], 0)
+
+    actor._flush(live, [sample])  # refused (a gap), re-read: sample 0 is unreadable
+
+    assert sample.completion_ids == [] and sample.journaled == 0
+    sample.append([12, 13], [-0.1, -0.2], 0)
+    actor._flush(live, [sample])  # generated again from the prompt: the journal takes it
+    assert sample.journaled == 2
+    assert actor.ledger.journal.load_group(group_id).samples[0].token_ids == [12, 13]
+
+
 # --- a port taken between picking it and binding it ---------------------------------------------
 
 

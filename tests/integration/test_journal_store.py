@@ -319,3 +319,15 @@ def test_an_append_can_finish_its_sample_in_the_same_call(journal):
     assert done.accepted and journal.load_group(g.group_id).samples[1].finish_reason == "length"
     with pytest.raises(ValueError, match="does not end a sample"):
         journal.append_many([Append(g.group_id, 1, 1, [], [], 3, finish_reason="abort")])
+
+
+def test_repeating_a_finish_in_an_append_is_accepted_another_reason_is_not(journal):
+    g = _open(journal)
+    journal.append_many([Append(g.group_id, 0, 0, [5, 6], [-0.5, -0.25], version=3, finish_reason="stop")])
+    (again,) = journal.append_many([Append(g.group_id, 0, 2, [], [], 3, finish_reason="stop")])
+    assert (again.accepted, again.length) == (True, 2)  # a retry after a lost reply
+    (other,) = journal.append_many([Append(g.group_id, 0, 2, [], [], 3, finish_reason="length")])
+    assert (other.accepted, other.reason) == (False, "finished")
+    (elsewhere,) = journal.append_many([Append(g.group_id, 0, 1, [], [], 3, finish_reason="stop")])
+    assert (elsewhere.accepted, elsewhere.reason) == (False, "finished")
+    assert journal.load_group(g.group_id).samples[0].finish_reason == "stop"
