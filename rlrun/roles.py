@@ -79,6 +79,17 @@ class RedisProbe:
         """True when process `pid` set `field` = its pid in hash `key` (a readiness marker)."""
         return self._hgetall(key).get(field) == str(pid)
 
+    def call(self, action) -> bool:
+        """Run `action(client)`; True if it went through, False if Redis could not be reached."""
+        try:
+            if self._client is None:
+                self._client = redis_server.connect(self._url, self._password(), socket_timeout=2.0, reconnect_s=0)
+            action(self._client)
+            return True
+        except Exception:  # not reachable means "no"
+            self._client = None
+            return False
+
     def stream_has_event_after(self, stream: str, after_id: str, needle: str) -> bool:
         """True when `stream` holds an entry newer than `after_id` whose fields contain `needle`."""
         try:
@@ -128,7 +139,10 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
             ProcessSpec(
                 name=f"vllm-{i}",
                 # Started (and restarted) from the newest weights the trainer published.
-                argv=vllm_server.server_argv(cfg.inference, cfg.model, str(run_dir.current_weights), port, tokenizer=model_path),
+                argv=vllm_server.server_argv(
+                    cfg.inference, cfg.model, str(run_dir.current_weights), port, tokenizer=model_path,
+                    worker_extension=vllm_server.FAST_LLM_RECEIVER if cfg.trainer.backend == "fast_llm" else None,
+                ),
                 env=vllm_server.server_env(cfg.inference),
                 secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # guards /v1 (not vLLM's admin routes)
                 log_path=run_dir.log(f"vllm-{i}"),
@@ -143,6 +157,7 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
     common = ["--run-dir", str(run_dir.root), "--redis-url", endpoints.redis_url, "--model-path", model_path]
     vllm_args = [arg for url in endpoints.vllm_urls for arg in ("--vllm-url", url)]
     if cfg.trainer.backend == "fast_llm":
+        specs.append(weight_follower_spec(cfg, run_dir, endpoints, probe))
         specs.append(fast_llm_trainer_spec(cfg, run_dir, endpoints, model_path, probe))
     else:
         specs.append(hf_trainer_spec(cfg, run_dir, common + vllm_args, probe))
@@ -187,6 +202,7 @@ def fast_llm_trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints,
     """
     from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
     from rlrun.backends.fast_llm.config import LAUNCH_ENV, launch_argv, write_config
+    from rlrun.backends.fast_llm.follower import request_join
 
     sup, f = cfg.supervisor, cfg.trainer.fast_llm
     experiment_dir = fast_llm_experiment_dir(cfg, run_dir)
@@ -194,9 +210,14 @@ def fast_llm_trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints,
     redis_host, _, redis_port = endpoints.redis_url.split("://", 1)[1].split("/", 1)[0].rpartition(":")
 
     def before_start() -> None:
+        log = logging.getLogger(__name__)
         moved = fl_checkpoints.move_aside_incomplete(experiment_dir)
         for path in moved:
-            logging.getLogger(__name__).warning("moved a half-written Fast-LLM checkpoint aside: %s", path)
+            log.warning("moved a half-written Fast-LLM checkpoint aside: %s", path)
+        # The new trainer opens its broadcast group at start and waits there for the vLLM servers.
+        if not probe.call(lambda client: request_join(client, f.events_stream)):
+            log.warning("could not ask the weight follower to join the trainer's broadcast (Redis unreachable); "
+                        "the trainer waits for it up to trainer.fast_llm.timeout_s, then is restarted")  # fmt: skip
         write_config(
             cfg, config_path, redis_host=redis_host, redis_port=int(redis_port), experiment_dir=experiment_dir,
             model_path=model_path, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
@@ -219,6 +240,28 @@ def fast_llm_trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints,
         finishes=True,
         restart=restart_policy(sup.trainer),
         before_start=before_start,
+    )
+
+
+def weight_follower_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, probe: RedisProbe) -> ProcessSpec:
+    """trainer=fast_llm: the process that has the vLLM servers load what Fast-LLM broadcasts
+    (rlrun/backends/fast_llm/follower.py). Started before the trainer, which waits for it."""
+    sup = cfg.supervisor
+    return ProcessSpec(
+        name="weights",
+        argv=[
+            sys.executable, "-m", "rlrun.backends.fast_llm.follower", "--run-dir", str(run_dir.root),
+            "--redis-url", endpoints.redis_url, *[arg for url in endpoints.vllm_urls for arg in ("--vllm-url", url)],
+            "--broadcast-host", cfg.inference.host, "--broadcast-port", str(endpoints.broadcast_port),
+        ],  # fmt: skip
+        env=child_env(1),
+        log_path=run_dir.log("weights"),
+        ready=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),
+        alive=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),
+        ready_timeout_s=sup.ready_timeout_s,
+        stop_grace_s=sup.stop_grace_s,
+        restart=restart_policy(sup.weights),
+        stall_timeout_s=sup.weights.stall_timeout_s,
     )
 
 

@@ -4,7 +4,9 @@
 
 It reads the Fast-LLM YAML rlrun generates and behaves like Fast-LLM where rlrun can see it
 (ServiceNow/Fast-LLM: fast_llm/data/dataset/streaming.py, fast_llm/engine/training/trainer.py and
-streaming.py). It learns nothing: there is no model, a step only consumes documents.
+streaming.py, fast_llm/core/distributed.py). It learns nothing: a step consumes documents, and
+its "weights" after step s are the pretrained ones moved s times along a fixed seeded direction
+(`weights_at`), so a test can tell which step's weights a vLLM server serves.
 
 - Redis: connects with host and port only (no password), creates consumer group `fast_llm_group`
   on `fast_llm_streaming` from id 0 with MKSTREAM (BUSYGROUP ignored), reads with XREADGROUP
@@ -17,6 +19,13 @@ streaming.py). It learns nothing: there is no model, a step only consumes docume
 - Events on `fast_llm_events`, field `event`: `weights_ready` (step, documents_seen) when the run
   begins and after every step; `training_finished` when the loop ends, also after SIGTERM/SIGINT
   (the step in progress is finished first, then a checkpoint is saved), then exit 0.
+- Weight broadcast, as `StreamingTrainerCallback`: at start, rank 0 of a group of
+  `broadcast.external_world_size + 1` ranks: `torch.distributed.rendezvous("tcp://host:port")`
+  (its TCP store's server), then a gloo/NCCL group on that store under the prefix
+  `range_0_<n>_1/`; it waits there until every receiver has joined. After each `weights_ready`:
+  per tensor of the HF-format model, `broadcast_object(("weights", name, shape, dtype))` then the
+  tensor, then `broadcast_object(None)`; `broadcast_object` sends the pickle's byte count as a
+  one-element int64 tensor, then its bytes as uint8.
 - Starved for `timeout` seconds: `TimeoutError("No document received after N seconds")`, exit 1.
 - Checkpoints: `<experiment_dir>/checkpoint/<step>/` created with exist_ok=False, `metadata.yaml`
   (completed_steps, documents_seen), `ok` written last; every `training.checkpoint.interval` steps,
@@ -25,7 +34,8 @@ streaming.py). It learns nothing: there is no model, a step only consumes docume
   step and asserts its `ok` exists (a half-written highest checkpoint makes it fail), exactly as
   Fast-LLM does: rlrun must move such a directory aside first.
 
-Test hooks (not Fast-LLM's): `--step-delay` sleeps after each step; `--crash-in-checkpoint K`
+Test hooks (not Fast-LLM's): `broadcast.port: 0` means no receivers (no group, no broadcast);
+`--step-delay` sleeps after each step; `--crash-in-checkpoint K`
 writes checkpoint K without `ok` and dies (as if killed during the save), once per experiment
 directory.
 """
@@ -33,17 +43,24 @@ directory.
 from __future__ import annotations
 
 import argparse
+import datetime
+import io
 import json
 import logging
 import os
 import pathlib
+import pickle
 import shutil
 import signal
 import sys
 import time
+import zlib
 
 import redis
+import torch
+import torch.distributed as dist
 import yaml
+from safetensors.torch import load_file
 
 STREAM = "fast_llm_streaming"  # fast_llm/data/dataset/config.py REDIS_DATA_STREAM
 GROUP = "fast_llm_group"  # REDIS_GROUP_NAME
@@ -76,6 +93,53 @@ class Interrupter:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
         self.interrupted = True
+
+
+STEP_SIZE = 0.05  # how far (in units of each tensor's std) the weights move per step
+
+
+def weights_at(pretrained: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+    """The stand-in's weights after `step` steps: each tensor moved `step` times along its own
+    seeded random direction (seeded by its name, so a test can compute them too)."""
+    moved = {}
+    for name, tensor in pretrained.items():
+        direction = torch.randn(tensor.shape, generator=torch.Generator().manual_seed(zlib.crc32(name.encode())))
+        scale = tensor.float().std() if tensor.numel() > 1 else torch.tensor(0.0)
+        moved[name] = (tensor.float() + STEP_SIZE * step * scale * direction).to(tensor.dtype)
+    return moved
+
+
+class Broadcaster:
+    """Rank 0 of Fast-LLM's weight broadcast group (see the module docstring)."""
+
+    def __init__(self, host: str, port: int, external_world_size: int, backend: str, timeout: float) -> None:
+        if backend != "gloo":
+            raise ValueError("the stand-in broadcasts over gloo only (it runs without a GPU)")
+        world_size = external_world_size + 1
+        delta = datetime.timedelta(seconds=timeout)
+        log.info("Waiting for weights broadcast rendezvous at tcp://%s:%d ...", host, port)
+        self.store, _, _ = next(dist.rendezvous(f"tcp://{host}:{port}", 0, world_size, timeout=delta))
+        prefixed = dist.PrefixStore(f"range_0_{world_size}_1/", self.store)
+        self.group = dist.ProcessGroupGloo(prefixed, 0, world_size, delta)
+        log.info("Weights broadcast rendezvous at tcp://%s:%d connected", host, port)
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = 0, 0
+        self.group.broadcast([tensor], options).wait()
+
+    def _broadcast_object(self, value) -> None:
+        buffer = io.BytesIO()
+        pickle.Pickler(buffer).dump(value)
+        payload = torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+        self._broadcast(torch.tensor([payload.numel()], dtype=torch.int64))
+        self._broadcast(payload.clone())
+
+    def send(self, weights: dict[str, torch.Tensor]) -> None:
+        for name, tensor in weights.items():
+            self._broadcast_object(("weights", name, tensor.shape, tensor.dtype))
+            self._broadcast(tensor.contiguous())
+        self._broadcast_object(None)
 
 
 class Rank:
@@ -167,6 +231,10 @@ class Trainer:
         self.ranks = [Rank(self.data_client, rank, self.timeout) for rank in range(data_parallel)]
         self.completed_steps = 0
         self.documents_seen = 0
+        self.broadcast_config = callback["broadcast"]
+        self.pretrained_path = pathlib.Path(config["pretrained"]["path"])
+        self.broadcaster: Broadcaster | None = None
+        self.pretrained: dict[str, torch.Tensor] = {}
 
     # --- checkpoints, as fast_llm/engine/training/trainer.py --------------------------------
     @property
@@ -216,16 +284,17 @@ class Trainer:
 
     def broadcast_weights(self, step: int) -> None:
         self.send({"type": "weights_ready", "step": step, "documents_seen": self.documents_seen})
-        # TODO(issue 5, the lead decides): broadcast the tiny model's tensors as Fast-LLM's rank 0
-        # does (fast_llm/engine/training/streaming.py `_broadcast_weights`): a group of size
-        # external_world_size + 1 rendezvoused at tcp://{broadcast.host}:{broadcast.port}
-        # (Fast-LLM's ProcessGroupPool: torch.distributed.rendezvous(init_method, rank 0, ...) then
-        # its own group on that store; how it prefixes the store is not verified), then per tensor
-        # broadcast_object((shard_name, layer_name, shape, dtype)) and broadcast(tensor), then
-        # broadcast_object(None). Fast-LLM's broadcast_object (fast_llm/core/distributed.py) sends
-        # the pickled object's byte count as a 1-element int64 tensor, then the bytes as a uint8
-        # tensor; the receiving vLLM extension must read exactly that. Real Fast-LLM blocks at
-        # start until every receiver has joined.
+        if self.broadcaster is not None:
+            self.broadcaster.send(weights_at(self.pretrained, step))
+
+    def open_broadcast(self) -> None:
+        """As the streaming callback's constructor: rendezvous with every receiver (blocks)."""
+        b = self.broadcast_config
+        if not int(b["port"]):
+            log.info("broadcast.port is 0: no receivers, no broadcast (test hook)")
+            return
+        self.pretrained = load_file(str(self.pretrained_path / "model.safetensors"))
+        self.broadcaster = Broadcaster(b["host"], int(b["port"]), int(b["external_world_size"]), b["backend"], self.timeout)
 
     # --- the loop, as Trainer._train ---------------------------------------------------------
     def step(self) -> int:
@@ -243,6 +312,7 @@ class Trainer:
         except redis.exceptions.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        self.open_broadcast()
         self.load_last_checkpoint()
         if self.completed_steps >= self.train_iters:
             log.info("Training already completed, nothing to do ...")

@@ -5,9 +5,9 @@
 - whether there is room for another group (back-pressure),
 - whether training is over.
 
-The `hf` trainer publishes its step in a Redis hash and the policy version in a key; Fast-LLM
-announces `weights_ready` (its step) on its events stream and reads documents, one per sample,
-from its own stream. The actor itself is the same for both.
+The `hf` trainer publishes its step in a Redis hash and the policy version in a key; under
+Fast-LLM the weight follower publishes the version once vLLM has loaded Fast-LLM's broadcast,
+and Fast-LLM reads documents, one per sample, from its own stream. The actor itself is the same for both.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class HfView:
 
 
 class FastLlmView:
-    """Fast-LLM: documents to its stream, versions from `weights_ready`, back-pressure by lag.
+    """Fast-LLM: documents to its stream, the version vLLM serves, back-pressure by lag.
 
     Fast-LLM takes more documents per step than `docs_per_step` (whole micro-batches), so the
     actor cannot count steps × documents: it keeps the documents Fast-LLM has not read yet (the
@@ -61,11 +61,9 @@ class FastLlmView:
 
     def __init__(self, cfg: RunConfig, redis) -> None:
         from rlrun.backends.fast_llm.config import docs_per_step
-        from rlrun.backends.fast_llm.events import EventsReader
 
         self.cfg, self.redis = cfg, redis
         self.f = cfg.trainer.fast_llm
-        self.events = EventsReader(redis, self.f.events_stream)
         self.docs_per_step = docs_per_step(cfg)
 
     def destination(self, group: Group) -> tuple[str, list[str]]:
@@ -74,8 +72,9 @@ class FastLlmView:
         return self.f.stream, [fields["data"] for fields in encode_group(group, self.f.loss_masking_span_end)]
 
     def policy_version(self) -> int:
-        self.events.poll()
-        return self.events.last_weights_ready_step or 0
+        """The step whose weights vLLM serves (set by the weight follower once they are loaded;
+        `weights_ready` alone only says the broadcast is about to start)."""
+        return int(self.redis.get(names.POLICY_VERSION) or 0)
 
     def room_for_group(self, opened: int, in_flight: int) -> bool:
         unread = self._unread_documents()

@@ -18,7 +18,9 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def process_names(cfg: RunConfig) -> list[str]:
     """The processes of a run, as `roles.build_specs` names them (a test holds the two together)."""
     names = [] if cfg.streams.url else ["redis"]
-    return names + [f"vllm-{i}" for i in range(cfg.inference.num_servers)] + ["trainer", "actor"]
+    names += [f"vllm-{i}" for i in range(cfg.inference.num_servers)]
+    names += ["weights"] if cfg.trainer.backend == "fast_llm" else []
+    return names + ["trainer", "actor"]
 
 
 def run_tag(run_dir: RunDir) -> str:

@@ -10,6 +10,9 @@ from __future__ import annotations
 from rlrun.config.schema import WorldConfig
 
 ROLES = ("redis", "vllm", "trainer", "actor")
+# Light companion processes, placed like the role named (the Fast-LLM weight follower talks to
+# the vLLM servers' admin routes, as the actor talks to their completions).
+PLACED_LIKE = {"weights": "actor"}
 # Resources every Ray node reports that nobody asks for by hand: left out of messages.
 BOOKKEEPING = ("memory", "object_store_memory")
 
@@ -17,6 +20,7 @@ BOOKKEEPING = ("memory", "object_store_memory")
 def role_of(process: str) -> str:
     """'vllm-0' → 'vllm'; 'trainer' → 'trainer'."""
     role = process.rsplit("-", 1)[0] if process.rsplit("-", 1)[-1].isdigit() else process
+    role = PLACED_LIKE.get(role, role)
     if role not in ROLES:
         raise ValueError(f"no placement for process {process!r}: roles are {', '.join(ROLES)}")
     return role

@@ -202,6 +202,7 @@ class SupervisorConfig:
     vllm: RoleSupervision = field(default_factory=RoleSupervision)  # restarted alone, with the latest weights
     trainer: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its last complete checkpoint
     actor: RoleSupervision = field(default_factory=RoleSupervision)  # restarted alone; replays its journal
+    weights: RoleSupervision = field(default_factory=RoleSupervision)  # trainer=fast_llm: the weight follower
 
 
 @dataclass(frozen=True)

@@ -12,3 +12,4 @@ TRAINER_STATE = "rlrun:trainer:state"  # hash: the trainer's progress (steps, sa
 TRAINER_EVENTS = "rlrun:trainer:events"  # stream: trainer events (weights ready, training done)
 POLICY_VERSION = "rlrun:policy_version"  # string: the policy version vLLM currently serves
 ACTOR_STATE = "rlrun:actor:state"  # hash: the actor's progress (prompt cursor, groups published)
+WEIGHTS_STATE = "rlrun:weights"  # hash: the Fast-LLM weight follower (join requests, last event, counts)

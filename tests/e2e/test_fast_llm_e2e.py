@@ -18,6 +18,7 @@ import pytest
 from rlrun import completion
 from rlrun.backends.fast_llm.checkpoints import latest_complete_step
 from rlrun.rundir import RunDir
+from rlrun.streams import names
 from rlrun.streams.server import connect, managed_server
 
 from .conftest import left_behind, start_rlrun
@@ -53,11 +54,12 @@ def fast_llm_run(tmp_path_factory):
     with managed_server(RunDir(run_dir)) as srv:  # read the events back from the run's AOF
         client = connect(srv.url, srv.password)
         fast_llm_events = [json.loads(f["event"]) for _id, f in client.xrange("fast_llm_events")]
-    return proc.returncode, run_dir, fast_llm_events, interrupted_at, left_behind(proc)
+        served = {"policy_version": client.get(names.POLICY_VERSION), **client.hgetall(names.WEIGHTS_STATE)}
+    return proc.returncode, run_dir, fast_llm_events, interrupted_at, left_behind(proc), served
 
 
 def test_the_run_ends_at_exactly_train_iters(fast_llm_run):
-    code, run_dir, fl_events, _, left = fast_llm_run
+    code, run_dir, fl_events, _, left, _ = fast_llm_run
     assert code == 0, (run_dir.parent / "rlrun.out").read_text()[-3000:]
     assert latest_complete_step(run_dir / "fast_llm") == STEPS
     assert fl_events[-1]["type"] == "training_finished"
@@ -65,7 +67,7 @@ def test_the_run_ends_at_exactly_train_iters(fast_llm_run):
 
 
 def test_the_sample_counting_rule_would_have_stopped_it_early(fast_llm_run):
-    _, _, fl_events, _, _ = fast_llm_run
+    _, _, fl_events, _, _, _ = fast_llm_run
     seen = {}
     for event in fl_events:
         if event["type"] == "weights_ready" and event.get("documents_seen") is not None:
@@ -85,7 +87,7 @@ def test_the_sample_counting_rule_would_have_stopped_it_early(fast_llm_run):
 
 
 def test_a_half_written_checkpoint_was_moved_aside_and_training_resumed_before_it(fast_llm_run):
-    _, run_dir, _, _, _ = fast_llm_run
+    _, run_dir, _, _, _, _ = fast_llm_run
     moved = list((run_dir / "fast_llm" / "checkpoint_incomplete").iterdir())
     assert [p.name.split(".")[0] for p in moved] == ["4"]
     assert not (moved[0] / "ok").exists()
@@ -94,7 +96,7 @@ def test_a_half_written_checkpoint_was_moved_aside_and_training_resumed_before_i
 
 
 def test_training_finished_after_an_interrupt_is_not_completion(fast_llm_run):
-    _, run_dir, _, interrupted_at, _ = fast_llm_run
+    _, run_dir, _, interrupted_at, _, _ = fast_llm_run
     rejected = [e for e in events(run_dir) if e["event"] == "process_failed" and "before its work was done" in e["reason"]]
     assert rejected and f"of {STEPS}" in rejected[0]["reason"] and rejected[0]["action"] == "restart"
     assert interrupted_at < STEPS
@@ -103,7 +105,7 @@ def test_training_finished_after_an_interrupt_is_not_completion(fast_llm_run):
 def test_inspect_checkpoint_reads_the_stand_ins_fast_llm_checkpoints(fast_llm_run):
     from .conftest import run_cli
 
-    _, run_dir, _, _, _ = fast_llm_run
+    _, run_dir, _, _, _, _ = fast_llm_run
     final = run_cli(["inspect-checkpoint", str(run_dir / "fast_llm" / "checkpoint" / str(STEPS)), "--json"], timeout=60)
     assert final.returncode == 0, final.stderr
     report = json.loads(final.stdout)
@@ -112,3 +114,13 @@ def test_inspect_checkpoint_reads_the_stand_ins_fast_llm_checkpoints(fast_llm_ru
     half = next((run_dir / "fast_llm" / "checkpoint_incomplete").iterdir())
     moved = run_cli(["inspect-checkpoint", str(half)], timeout=60)
     assert moved.returncode == 4 and "half-written" in moved.stderr
+
+
+def test_vllm_loaded_every_broadcast_of_every_trainer_start(fast_llm_run):
+    _, run_dir, fl_events, _, _, served = fast_llm_run
+    ready = [e for e in fl_events if e["type"] == "weights_ready"]
+    assert int(served["policy_version"]) == STEPS  # the actor tagged the last tokens with the final policy
+    assert int(served["joins"]) == 3  # one join per trainer start: first, after the crash, after the SIGTERM
+    assert int(served["broadcasts_loaded"]) == len(ready) and int(served["broadcasts_failed"]) == 0
+    log = (run_dir / "logs" / "weights.log").read_text()
+    assert log.count("vLLM serves step") == len(ready)

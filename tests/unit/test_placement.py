@@ -40,7 +40,8 @@ def test_world_ray_bundles_follow_the_config():
 
 @pytest.mark.parametrize(
     "overrides",
-    [[], RAY, [*RAY, "inference.num_servers=3"], [*RAY, "streams.url=redis://10.0.0.2:6379/0"]],
+    [[], RAY, [*RAY, "inference.num_servers=3"], [*RAY, "streams.url=redis://10.0.0.2:6379/0"],
+     [*RAY, "trainer=fast_llm", "trainer.device=cpu", "inference.num_servers=2"]],
 )
 def test_process_names_are_the_ones_the_roles_build(overrides, tmp_path):
     cfg, _ = compose(overrides)
@@ -106,3 +107,15 @@ def test_role_of_a_process():
     ]  # fmt: skip
     with pytest.raises(ValueError, match="no placement for process 'judge'"):
         placement.role_of("judge")
+
+
+def test_the_fast_llm_weight_follower_is_placed_like_the_actor():
+    from rlrun.cluster import process_names
+    from rlrun.config import compose
+
+    cfg, _ = compose(["trainer=fast_llm", "trainer.device=cpu", "world=ray", "world.actor.cpus=0.5"])
+    names = process_names(cfg)
+    assert names.index("weights") < names.index("trainer")  # the trainer waits for it at start
+    assert placement.role_of("weights") == "actor"
+    assert placement.bundles(cfg.world, names)["weights"] == placement.bundles(cfg.world, names)["actor"]
+    assert "weights" not in process_names(compose(["world=ray"])[0])  # hf: no follower

@@ -1,0 +1,123 @@
+"""The receiving end of Fast-LLM's weight broadcast (what a vLLM worker runs).
+
+Fast-LLM's trainer rank 0 (fast_llm/engine/training/streaming.py, `StreamingTrainerCallback`)
+opens a torch.distributed group of `external_world_size + 1` ranks at
+`tcp://{broadcast.host}:{broadcast.port}`: `torch.distributed.rendezvous` gives a TCP store whose
+server is rank 0, and the group is made on that store under the prefix its `ProcessGroupPool`
+gives the ranks `range(0, n)`. After every `weights_ready` event it sends, for every exported
+tensor, `broadcast_object((shard_name, layer_name, shape, dtype))` then the tensor itself, and at
+the end `broadcast_object(None)`. Its `broadcast_object` (fast_llm/core/distributed.py) sends the
+pickle's byte count as a one-element int64 tensor, then the bytes as a uint8 tensor.
+
+This module reads exactly that. The pickled headers come from the network, so they are unpickled
+by an allow-list: tuples of strings, `torch.Size` and `torch` dtypes, nothing else.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+SOURCE_RANK = 0  # Fast-LLM's trainer rank 0 sends; the vLLM workers are ranks 1..n
+WEIGHTS_SHARD = "weights"  # the shard of `iter_checkpoint` that holds the model's parameters
+
+
+def store_prefix(world_size: int) -> str:
+    """The store prefix of Fast-LLM's group over ranks `range(0, world_size)`
+    (`ProcessGroupPool.get_process_group`: `range_{start}_{stop}_{step}/`)."""
+    return f"range_0_{world_size}_1/"
+
+
+@dataclass(frozen=True)
+class BroadcastGroup:
+    """One member's view of the trainer's broadcast group."""
+
+    group: dist.ProcessGroup
+    rank: int
+    world_size: int
+    device: torch.device
+
+
+def join(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> BroadcastGroup:
+    """Join the group Fast-LLM's rank 0 opens at `host:port` as `rank` (1..world_size-1).
+
+    Blocks until every member has joined, or raises after `timeout_s` (the trainer is not there).
+    """
+    if not 0 < rank < world_size:
+        raise ValueError(f"a receiver's rank must be in 1..{world_size - 1}, got {rank}")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    url = f"tcp://{host}:{port}"
+    store, _, _ = next(dist.rendezvous(url, rank, world_size, timeout=timeout))
+    prefixed = dist.PrefixStore(store_prefix(world_size), store)
+    if backend == "gloo":
+        group, device = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout), torch.device("cpu")
+    elif backend == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+        group = dist.ProcessGroupNCCL(prefixed, rank, world_size, timeout)
+    else:
+        raise ValueError(f"unknown broadcast backend {backend!r} (gloo or nccl)")
+    return BroadcastGroup(group, rank, world_size, device)
+
+
+def receive_tensor(member: BroadcastGroup, tensor: torch.Tensor) -> torch.Tensor:
+    """Fill `tensor` with what rank 0 broadcasts (Fast-LLM's `broadcast`: rootRank, rootTensor 0)."""
+    options = dist.BroadcastOptions()
+    options.rootRank = SOURCE_RANK
+    options.rootTensor = 0
+    member.group.broadcast([tensor], options).wait()
+    return tensor
+
+
+def receive_object(member: BroadcastGroup) -> object:
+    """One `broadcast_object` from rank 0: the byte count, then the pickle's bytes."""
+    size = receive_tensor(member, torch.empty([1], dtype=torch.int64, device=member.device))
+    payload = receive_tensor(member, torch.empty(int(size.item()), dtype=torch.uint8, device=member.device))
+    return loads_header(payload.cpu().numpy().tobytes())
+
+
+def receive_weights(member: BroadcastGroup) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """One whole broadcast: `(shard_name, layer_name, tensor)` for every tensor, until rank 0's
+    end marker. Consume it to the end: the sender waits for every receiver at every tensor."""
+    while True:
+        header = receive_object(member)
+        if header is None:
+            return
+        shard_name, layer_name, shape, dtype = _check_header(header)
+        tensor = torch.empty(shape, dtype=dtype, device=member.device)
+        yield shard_name, layer_name, receive_tensor(member, tensor)
+
+
+def _check_header(header: object) -> tuple[str, str, torch.Size, torch.dtype]:
+    if not (isinstance(header, tuple) and len(header) == 4):
+        raise ValueError(f"a weight header must be (shard_name, layer_name, shape, dtype), got {header!r}")
+    shard_name, layer_name, shape, dtype = header
+    if not (isinstance(shard_name, str) and isinstance(layer_name, str) and isinstance(dtype, torch.dtype)):
+        raise ValueError(f"malformed weight header {header!r}")
+    if not (isinstance(shape, tuple) and all(type(d) is int and d >= 0 for d in shape)):
+        raise ValueError(f"malformed shape in weight header {header!r}")
+    return shard_name, layer_name, torch.Size(shape), dtype
+
+
+# --- headers are pickles from the network: an allow-list unpickler -------------------------------
+
+_DTYPES = {name for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)}
+
+
+class _HeaderUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if module == "torch" and name == "Size":
+            return torch.Size
+        if module == "torch" and name in _DTYPES:
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"a weight header may not name {module}.{name}")
+
+
+def loads_header(data: bytes) -> object:
+    """Unpickle a broadcast header, refusing any class but torch.Size and torch dtypes."""
+    return _HeaderUnpickler(io.BytesIO(data)).load()

@@ -1,0 +1,211 @@
+"""rlrun::weights — makes the vLLM servers serve every policy Fast-LLM broadcasts (trainer=fast_llm).
+
+Fast-LLM pushes its weights itself (see `broadcast.py`); someone must have each vLLM server take
+part. This process does, and nothing else:
+
+1. Join. Before every (re)start of the trainer, the supervisor records a join request in
+   `rlrun:weights`: a new `join_request` number, and `join_after`, the last id on the events
+   stream then. The follower asks every vLLM server to join the group the new trainer will open
+   (rank i+1 for server i) and records it has (`joined`), so a restarted follower does not ask
+   again while the trainer is the same.
+2. Follow `weights_ready`. For each one after `join_after` (earlier ones belong to a trainer
+   that is gone): pause every server (in-flight requests are aborted and continued by
+   the actor), have all of them receive the broadcast at once (it is collective: the trainer waits
+   for every receiver), drop their prefix caches, publish the step as the policy version vLLM
+   serves (`rlrun:policy_version`, as the hf trainer does), and resume them.
+
+A receive that fails (the trainer died mid-broadcast) is logged and counted; the servers keep
+the previous weights and the version stays. Progress (`last_event_id`) is kept in Redis, so a
+restarted follower neither repeats nor skips an event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor, wait
+from pathlib import Path
+
+import httpx
+
+from rlrun.backends.fast_llm.config import broadcast_backend
+from rlrun.backends.fast_llm.protocol import MalformedEvent, WeightsReady, parse_event
+from rlrun.config import RunConfig, load_resolved
+from rlrun.rundir import RunDir
+from rlrun.streams import names
+from rlrun.streams.server import connect
+
+log = logging.getLogger("rlrun.weights")
+
+BLOCK_MS = 500  # how long one read of the events stream waits (the heartbeat beats between reads)
+JOIN_CALL_TIMEOUT_S = 30.0  # a join only starts a thread in the worker: it answers at once
+
+
+def request_join(redis, events_stream: str) -> str:
+    """What the supervisor does before (re)starting Fast-LLM: ask the follower for a new join.
+    Returns `join_after`: the events stream's last id now (what follows is the new trainer's)."""
+    last = redis.xrevrange(events_stream, count=1)
+    after = last[0][0] if last else "0-0"
+    with redis.pipeline(transaction=True) as tx:
+        tx.hincrby(names.WEIGHTS_STATE, "join_request", 1)
+        tx.hset(names.WEIGHTS_STATE, "join_after", after)
+        tx.execute()
+    return after
+
+
+def stream_id_after(a: str, b: str) -> bool:
+    """True when stream id `a` is later than `b`."""
+    ams, _, aseq = a.partition("-")
+    bms, _, bseq = b.partition("-")
+    return (int(ams), int(aseq or 0)) > (int(bms), int(bseq or 0))
+
+
+class VllmBroadcastAdmin:
+    """The /pause, /collective_rpc, /reset_prefix_cache and /resume calls, on every server."""
+
+    def __init__(self, urls: list[str], receive_timeout_s: float) -> None:
+        self.urls = list(urls)
+        self.receive_timeout_s = receive_timeout_s
+        self._client = httpx.Client(timeout=httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0))
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(urls)), thread_name_prefix="receive")
+
+    def join(self, host: str, port: int, backend: str, timeout_s: float) -> None:
+        world_size = len(self.urls) + 1
+        for rank, url in enumerate(self.urls, start=1):
+            kwargs = {"host": host, "port": port, "rank": rank, "world_size": world_size, "backend": backend,
+                      "timeout_s": timeout_s}  # fmt: skip
+            self._rpc(url, "rlrun_join_broadcast", kwargs, timeout_s=JOIN_CALL_TIMEOUT_S)
+
+    def receive(self, event_id: str, step: int, while_waiting=lambda: None) -> list[dict]:
+        """Every server receives the broadcast announced by event `event_id` (of `step`), all at
+        once; their reports. `while_waiting` is called about once a second meanwhile (the heartbeat)."""
+        kwargs = {"event_id": event_id, "step": step, "timeout_s": self.receive_timeout_s}
+        futures = [self._pool.submit(self._rpc, url, "rlrun_receive_broadcast", kwargs, self.receive_timeout_s + 10)
+                   for url in self.urls]  # fmt: skip
+        while wait(futures, timeout=1.0).not_done:
+            while_waiting()
+        return [future.result() for future in futures]
+
+    def pause(self) -> None:
+        for url in self.urls:
+            self._post(f"{url}/pause", params={"mode": "abort"})
+
+    def reset_prefix_cache(self) -> None:
+        for url in self.urls:
+            self._post(f"{url}/reset_prefix_cache")
+
+    def resume(self) -> None:
+        for url in self.urls:
+            self._post(f"{url}/resume")
+
+    def _rpc(self, url: str, method: str, kwargs: dict, timeout_s: float) -> dict:
+        reply = self._post(f"{url}/collective_rpc", json={"method": method, "kwargs": kwargs, "timeout": timeout_s})
+        results = reply.json().get("results") or [None]
+        return results[0] if isinstance(results[0], dict) else {"reply": results[0]}
+
+    def _post(self, url: str, **kwargs) -> httpx.Response:
+        response = self._client.post(url, **kwargs)
+        if response.status_code != 200:
+            raise RuntimeError(f"vLLM {url} answered {response.status_code}: {response.text[:500]}")
+        return response
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        self._client.close()
+
+
+class WeightFollower:
+    def __init__(self, cfg: RunConfig, redis, admin: VllmBroadcastAdmin, broadcast_host: str, broadcast_port: int) -> None:
+        self.cfg, self.redis, self.admin = cfg, redis, admin
+        self.broadcast = (broadcast_host, broadcast_port, broadcast_backend(cfg), cfg.trainer.fast_llm.timeout_s)
+        self.stream = cfg.trainer.fast_llm.events_stream
+        state = redis.hgetall(names.WEIGHTS_STATE) or {}
+        self.last_id = state.get("last_event_id", "0")
+        self.counters = {key: int(state.get(key, 0)) for key in ("broadcasts_loaded", "broadcasts_failed", "joins")}
+        self._last_heartbeat = 0.0
+
+    def run_forever(self) -> None:
+        while True:
+            self.step()
+
+    def step(self) -> None:
+        """One turn: heartbeat, join if asked, then the events published meanwhile."""
+        self._heartbeat()
+        state = self.redis.hgetall(names.WEIGHTS_STATE) or {}
+        request, after = state.get("join_request"), state.get("join_after")
+        if request and state.get("joined") != request:
+            self._join(request)
+        reply = self.redis.xread({self.stream: self.last_id}, count=100, block=BLOCK_MS)
+        for _stream, messages in reply or []:
+            for message_id, fields in messages:
+                self._handle(message_id, fields, after)
+                self.last_id = message_id
+                self.redis.hset(names.WEIGHTS_STATE, mapping={"last_event_id": message_id, **self.counters})
+
+    def _join(self, request: str) -> None:
+        host, port, backend, timeout_s = self.broadcast
+        log.info("asking %d vLLM server(s) to join the trainer's broadcast group at %s:%d (%s)",
+                 len(self.admin.urls), host, port, backend)  # fmt: skip
+        self.admin.join(host, port, backend, timeout_s)
+        self.counters["joins"] += 1
+        self.redis.hset(names.WEIGHTS_STATE, mapping={"joined": request, "joins": self.counters["joins"]})
+
+    def _handle(self, message_id: str, fields: dict, join_after: str | None) -> None:
+        try:
+            event = parse_event(fields)
+        except MalformedEvent:
+            return  # counted and logged by the supervisor, which reads the same stream
+        if not isinstance(event, WeightsReady):
+            return
+        if join_after is None or not stream_id_after(message_id, join_after):
+            log.info("skipping weights_ready %s (step %d): it came from an earlier trainer", message_id, event.step)
+            return
+        self._load(message_id, event.step)
+
+    def _load(self, event_id: str, step: int) -> None:
+        started = time.perf_counter()
+        self.admin.pause()
+        try:
+            reports = self.admin.receive(event_id, step, while_waiting=self._heartbeat)
+            self.admin.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            self.redis.set(names.POLICY_VERSION, step)
+            self.counters["broadcasts_loaded"] += 1
+            log.info("vLLM serves step %d (%.2f s): %s", step, time.perf_counter() - started, reports)
+        except (httpx.HTTPError, RuntimeError) as exc:
+            self.counters["broadcasts_failed"] += 1
+            log.error("the broadcast of step %d was not loaded (%s); the servers keep the previous weights", step, exc)
+        finally:
+            self.admin.resume()
+
+    def _heartbeat(self) -> None:
+        now = time.time()
+        if now - self._last_heartbeat >= 1.0:
+            self.redis.hset(names.WEIGHTS_STATE, mapping={"pid": os.getpgrp(), "heartbeat": now})
+            self._last_heartbeat = now
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlrun::weights")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--vllm-url", action="append", required=True)
+    parser.add_argument("--broadcast-host", required=True)
+    parser.add_argument("--broadcast-port", required=True, type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    run_dir = RunDir(args.run_dir)
+    cfg = load_resolved(run_dir.config)
+    redis = connect(args.redis_url, run_dir.redis_password.read_text().strip())
+    admin = VllmBroadcastAdmin(args.vllm_url, receive_timeout_s=cfg.trainer.fast_llm.timeout_s)
+    try:
+        WeightFollower(cfg, redis, admin, args.broadcast_host, args.broadcast_port).run_forever()
+    finally:
+        admin.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
