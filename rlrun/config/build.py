@@ -195,6 +195,23 @@ def _validate_fast_llm(cfg: RunConfig, need) -> None:
     )
     need(bool(f.experiment_dir_name) and "/" not in f.experiment_dir_name,
          f"trainer.fast_llm.experiment_dir_name must be a plain folder name (got {f.experiment_dir_name!r}).")
+    need(
+        not _sharded_vllm(cfg.inference.extra_args),
+        "trainer=fast_llm needs one vLLM worker per server: each server joins Fast-LLM's weight broadcast "
+        "as one rank. Remove --tensor-parallel-size/--pipeline-parallel-size from inference.extra_args "
+        "and use inference.num_servers for more servers.",
+    )
+
+
+def _sharded_vllm(extra_args) -> bool:
+    """True when vLLM's extra arguments split a server over several workers (TP or PP > 1)."""
+    args = [str(a) for a in extra_args]
+    for i, arg in enumerate(args):
+        for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "-tp", "-pp"):
+            value = arg.split("=", 1)[1] if arg.startswith(flag + "=") else (args[i + 1] if arg == flag and i + 1 < len(args) else None)
+            if value is not None and value.strip() not in ("", "1"):
+                return True
+    return False
 
 
 def _validate_world(cfg: RunConfig, need) -> None:

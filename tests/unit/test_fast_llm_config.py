@@ -104,6 +104,8 @@ def test_missing_fast_llm_is_reported_clearly():
         (["trainer=fast_llm", "trainer.fast_llm.command=[fast-llm,train]"], ["{config}"]),
         (["trainer=fast_llm", "trainer.fast_llm.docs_per_step=0"], ["trainer.fast_llm.docs_per_step must be at least 1"]),
         (["trainer=fast_llm", "trainer.fast_llm.events_stream=fast_llm_streaming"], ["two different"]),
+        (["trainer=fast_llm", 'inference.extra_args=["--tensor-parallel-size","2"]'], ["one vLLM worker per server"]),
+        (["trainer=fast_llm", 'inference.extra_args=["--pipeline-parallel-size=2"]'], ["inference.num_servers"]),
     ],
 )
 def test_inconsistent_fast_llm_config_is_refused_before_anything_starts(overrides, expected):
@@ -119,3 +121,5 @@ def test_agreeing_train_iters_and_hf_accumulation_are_accepted():
     assert cfg.trainer.fast_llm.train_iters == 7
     cfg, _ = compose(["trainer.gradient_accumulation_passes=4"])  # the hf trainer uses it
     assert cfg.trainer.backend == "hf" and cfg.trainer.samples_per_step == 1024
+    compose(["trainer=fast_llm", 'inference.extra_args=["--tensor-parallel-size=1"]'])  # one worker per server: fine
+    compose(['inference.extra_args=["--tensor-parallel-size","2"]'])  # hf reloads from disk: any layout
