@@ -39,15 +39,21 @@ class Ledger(Protocol):
 
 
 class JournalLedger:
+    """The actor is the journal's only writer (the supervisor runs one), so the prompt cursor is
+    read once and then followed locally: no round trip to count or open groups. Were it wrong,
+    the journal's compare-and-set refuses the open and the real cursor is taken."""
+
     def __init__(self, redis) -> None:
         self.journal = Journal(redis)
         self._deliveries = 0
+        self._cursor = self.journal.cursor()
 
     def opened(self, in_flight: int) -> int:
-        return self.journal.cursor()  # delivered + open: in-flight groups are in it already
+        return self._cursor  # delivered + open: in-flight groups are in it already
 
     def open_group(self, index_for, ids_for, size, budget, run) -> OpenedGroup:
-        r = self.journal.open_group(index_for, ids_for, group_size=size, max_new_tokens=budget, run=run)
+        r = self.journal.open_group(index_for, ids_for, group_size=size, max_new_tokens=budget, run=run, cursor_hint=self._cursor)
+        self._cursor = r.cursor + 1
         return OpenedGroup(r.group_id, r.cursor, r.prompt_index, list(r.prompt_ids))
 
     def load_open_groups(self):

@@ -288,6 +288,7 @@ class Journal:
         group_size: int,
         max_new_tokens: int,
         run: str,
+        cursor_hint: int | None = None,
     ) -> GroupRecord:
         """Hand out the next prompt: a new group `"<run>/<cursor>"` with every sample pending.
 
@@ -296,9 +297,12 @@ class Journal:
         the group only if the cursor has not moved meanwhile (compare-and-set). So a crash at any
         point leaves either the cursor unmoved and no group, or both: a restart neither skips
         nor repeats a prompt, and there is never a cursor without its group to replay.
+
+        `cursor_hint`: the cursor the caller expects (the one after its last open): tried first,
+        which saves reading the cursor; a wrong hint costs one refused try, never a wrong group.
         """
+        cursor = self.cursor() if cursor_hint is None else cursor_hint
         for _ in range(OPEN_GROUP_ATTEMPTS):
-            cursor = self.cursor()
             prompt_index = prompt_index_for(cursor)
             header = GroupHeader(
                 group_id=f"{run}/{cursor}",
@@ -321,7 +325,9 @@ class Journal:
                     f"{current}: the journal's keys were edited by hand, or two runs share one "
                     f"run name and Redis."
                 )
-            log.warning("prompt cursor moved from %d to %s while opening a group; retrying", cursor, current)
+            if cursor_hint is None or cursor != cursor_hint:  # a stale hint is not another writer
+                log.warning("prompt cursor moved from %d to %s while opening a group; retrying", cursor, current)
+            cursor = int(current)
         raise CursorConflict(
             f"the prompt cursor kept moving while opening a group ({OPEN_GROUP_ATTEMPTS} tries): "
             f"another actor is writing this journal ({self.prefix}). Stop it."

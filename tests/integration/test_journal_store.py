@@ -70,6 +70,28 @@ def test_open_group_refuses_to_advance_when_another_writer_moved_the_cursor(jour
     assert calls == [0, 1] and group.cursor == 1 and journal.cursor() == 2
 
 
+def test_a_cursor_hint_opens_at_the_hinted_cursor_and_a_stale_one_costs_one_try(journal, caplog):
+    journal.open_group(lambda c: c, lambda p: [p], group_size=1, max_new_tokens=2, run="run")
+    hinted = journal.open_group(lambda c: c, lambda p: [p], group_size=1, max_new_tokens=2, run="run", cursor_hint=1)
+    assert hinted.cursor == 1
+    calls = []
+    stale = journal.open_group(lambda c: calls.append(c) or c, lambda p: [p], group_size=1, max_new_tokens=2,
+                               run="run", cursor_hint=0)  # fmt: skip
+    assert calls == [0, 2] and stale.cursor == 2 and journal.cursor() == 3
+    assert journal.load_group("run/0").prompt_index == 0  # the stale try changed nothing
+    assert "moved" not in caplog.text  # a stale hint is not reported as another writer
+
+
+def test_the_actor_ledger_follows_the_cursor_itself_and_recovers_from_a_second_writer(client):
+    from rlrun.actor.ledger import JournalLedger
+
+    first, second = JournalLedger(client), JournalLedger(client)
+    opened = [first.open_group(lambda c: c, lambda p: [p], 1, 2, "run").cursor for _ in range(3)]
+    assert opened == [0, 1, 2] and first.opened(0) == 3
+    assert second.open_group(lambda c: c, lambda p: [p], 1, 2, "run").cursor == 3  # its hint (0) was stale
+    assert second.opened(0) == 4 and first.journal.cursor() == 4
+
+
 def test_cursor_persists_across_a_restart(server, journal):
     for _ in range(3):
         _open(journal)
