@@ -359,7 +359,8 @@ def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_stalenes
     `groups_ready` have every sample finished. `max_prefix_lag`: the largest
     `policy_version - oldest token's version` over unfinished samples with a prefix. With a
     staleness bound, `stale_prefixes`/`stale_tokens` are what a replay now would drop (None
-    without a bound or without a published policy version).
+    without a bound or without a published policy version). `groups_quarantined`: groups a
+    replay took out because their header was unreadable (their keys are kept).
     """
     from rlrun.journal import Journal, plan_replay
     from rlrun.journal.store import KEY_PREFIX, delivered_key
@@ -399,6 +400,7 @@ def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_stalenes
         "stale_prefixes": stale_prefixes,
         "stale_tokens": stale_tokens,
         "corrupt_records": len(loaded.corrupt),
+        "groups_quarantined": len(journal.quarantined()),
     }
 
 

@@ -34,6 +34,7 @@ class Ledger(Protocol):
     def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]: ...
     def finish(self, group_id: str, index: int, reason: str, length: int) -> None: ...
     def reset(self, group_id: str, index: int) -> None: ...
+    def quarantine(self, group_id: str) -> None: ...
     def read_group(self, group_id: str) -> tuple[Optional[GroupRecord], list[str]]: ...
     def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]: ...
 
@@ -95,6 +96,9 @@ class JournalLedger:
     def reset(self, group_id: str, index: int) -> None:
         self.journal.reset(group_id, index)
 
+    def quarantine(self, group_id: str) -> None:
+        self.journal.quarantine(group_id)
+
     def read_group(self, group_id: str) -> tuple[Optional[GroupRecord], list[str]]:
         return self.journal.read_group(group_id)
 
@@ -134,6 +138,9 @@ class MemoryLedger:
         pass
 
     def reset(self, group_id: str, index: int) -> None:
+        pass
+
+    def quarantine(self, group_id: str) -> None:
         pass
 
     def read_group(self, group_id: str) -> tuple[Optional[GroupRecord], list[str]]:

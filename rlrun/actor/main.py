@@ -161,7 +161,8 @@ class Actor:
         groups, corrupt = self.ledger.load_open_groups()
         for key, reason in corrupt:
             if ":group:" in key:
-                what = "that group is left out (its prompt is skipped)"
+                what = "that group is quarantined (its prompt is skipped; its keys are kept)"
+                self.ledger.quarantine(key.split(":group:", 1)[1])
             elif reason.endswith(("skipped", "ignored")):
                 what = "the entry is ignored"
             else:

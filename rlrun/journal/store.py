@@ -11,6 +11,8 @@ Key layout (all under `prefix`, "rlrun:journal:" by default; one Redis per run):
     <prefix>cursor            string  groups opened so far = the next prompt cursor
     <prefix>open              zset    group_id -> cursor, groups not yet delivered
     <prefix>delivered         zset    group_id -> cursor, delivered markers (see trim_delivered)
+    <prefix>quarantine        zset    group_id -> cursor, groups whose header is unreadable: taken
+                                      out of `open` once reported, their keys kept for a person
     <prefix>group:<group_id>  hash    header (GroupHeader JSON), state (open|delivered), size,
                                       cursor, and per sample i: "<i>:state"
                                       (pending|generating|finished), "<i>:len", "<i>:finish";
@@ -66,6 +68,10 @@ def open_key(prefix: str = KEY_PREFIX) -> str:
 
 def delivered_key(prefix: str = KEY_PREFIX) -> str:
     return f"{prefix}delivered"
+
+
+def quarantine_key(prefix: str = KEY_PREFIX) -> str:
+    return f"{prefix}quarantine"
 
 
 def group_key(group_id: str, prefix: str = KEY_PREFIX) -> str:
@@ -414,6 +420,22 @@ class Journal:
         if status == "unfinished":
             raise NotFinished(f"cannot deliver {group_id}: samples {detail} are not finished")
         raise UnknownGroup(f"cannot deliver {group_id}: it is not in the journal")
+
+    def quarantine(self, group_id: str) -> bool:
+        """Take an open group whose header is unreadable out of `open` (so no replay meets it
+        again), into the quarantine set; its hash and log stay as they are, for a person to read.
+        Its prompt is skipped. Returns False if it was not open."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.zscore(open_key(self.prefix), group_id)
+            pipe.zrem(open_key(self.prefix), group_id)
+            cursor, removed = pipe.execute()
+        if removed:
+            self.client.zadd(quarantine_key(self.prefix), {group_id: cursor})
+        return bool(removed)
+
+    def quarantined(self) -> list[str]:
+        """Groups taken out of replay because their header was unreadable, in cursor order."""
+        return self.client.zrange(quarantine_key(self.prefix), 0, -1)
 
     def delivered_id(self, group_id: str) -> str | None:
         """The stream id a delivered group was published under; None if not delivered (or its

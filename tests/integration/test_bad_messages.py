@@ -147,9 +147,9 @@ JOURNAL_DAMAGE = [
     ("log-names-no-sample", _damage_log(json.dumps({"schema_version": 1, "kind": "reset", "index": 5})), "log:",
      "the entry is ignored", [0, 1]),
     ("length-disagrees", lambda c, gid: c.hset(group_key(gid), "0:len", "99"), "log:", "that sample is generated again", [1]),
-    ("header-not-json", lambda c, gid: c.hset(group_key(gid), "header", "nope"), "group:", "that group is left out", None),
+    ("header-not-json", lambda c, gid: c.hset(group_key(gid), "header", "nope"), "group:", "that group is quarantined", None),
     ("header-unknown-schema", lambda c, gid: c.hset(group_key(gid), "header", json.dumps({"schema_version": 2})), "group:",
-     "that group is left out", None),
+     "that group is quarantined", None),
 ]  # fmt: skip
 
 
@@ -171,7 +171,10 @@ def test_a_restarted_actor_counts_and_logs_each_corrupt_journal_record(client, c
     line = next(r.getMessage() for r in caplog.records if "journal record" in r.getMessage())
     assert f"rlrun:journal:{key_kind}{group.group_id}" in line and consequence in line
     if kept is None:
-        assert replayed == []
+        assert replayed == [] and journal.quarantined() == [group.group_id]
+        again = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], JournalLedger(client), run_name="run")
+        assert again._replay_plan() == [] and again.counters["journal_corrupt_records"] == 0  # reported once
+        assert client.exists(group_key(group.group_id))  # kept for a person to read
         return
     (live,) = replayed
     held = {s.index: s.completion_ids for s in live.samples if s.completion_ids}

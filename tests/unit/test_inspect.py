@@ -359,7 +359,7 @@ def test_journal_summary_counts_the_open_groups(running_run):
     assert (summary["policy_version"], summary["max_prefix_lag"]) == (4, 3)
     assert summary["stale_prefixes"] is None  # no bound given
     assert (bounded["stale_prefixes"], bounded["stale_tokens"]) == (1, 3)  # version 1 < 4 - 2
-    assert summary["corrupt_records"] == 0
+    assert summary["corrupt_records"] == 0 and summary["groups_quarantined"] == 0
 
 
 def test_cli_shows_the_journal_of_a_running_run(running_run):
