@@ -411,9 +411,16 @@ class RedisEndpoint:
 
 
 def run_redis_endpoint(run: RunDir) -> Optional[RedisEndpoint]:
-    """The run's own Redis, from its redis.conf (`bind`, `port`) and its password file."""
+    """The run's Redis: the external one its config names (streams.url), else its own, from its
+    redis.conf (`bind`, `port`); with the run's password file."""
     from rlrun.streams.server import redis_url
 
+    external = _external_url(run)
+    if external is not None:
+        from rlrun.streams.external import process_url
+
+        password = _password(run)
+        return RedisEndpoint(process_url(external, password is not None), password)
     try:
         lines = run.redis_conf.read_text().splitlines()
     except OSError:
@@ -426,6 +433,15 @@ def run_redis_endpoint(run: RunDir) -> Optional[RedisEndpoint]:
     if not settings.get("port", "").isdigit():
         return None
     return RedisEndpoint(redis_url(settings.get("bind", "127.0.0.1"), int(settings["port"])), _password(run))
+
+
+def _external_url(run: RunDir) -> Optional[str]:
+    try:
+        from rlrun.config import load_resolved
+
+        return load_resolved(run.config).streams.url
+    except Exception:  # noqa: BLE001 - no readable config: not an external-Redis run as far as we can tell
+        return None
 
 
 def _password(run: RunDir) -> Optional[str]:

@@ -90,7 +90,9 @@ def model_path(cfg: RunConfig, build: bool) -> str:
 
 def plan_endpoints(cfg: RunConfig, pick_port: Callable[[str], int]) -> Endpoints:
     if cfg.streams.url:
-        redis_url, redis_port = cfg.streams.url, None
+        from rlrun.streams.external import process_url
+
+        redis_url, redis_port = process_url(cfg.streams.url, cfg.streams.password_file is not None), None
     else:
         redis_port = pick_port(cfg.streams.host)
         redis_url = redis_server.redis_url(cfg.streams.host, redis_port)
@@ -139,6 +141,8 @@ def train(
     directory and Redis hold (checkpoint, pending groups, token journal).
     """
     preflight.check(cfg, run_dir.root, fresh=False)  # packages, model, data, binary, ports, checkpoints
+    if cfg.streams.url is not None:
+        _use_external_redis(cfg, run_dir)
     path = model_path(cfg, build=True)
     run_dir.ensure_secret(run_dir.vllm_api_key)
     if not run_dir.current_weights.exists():
@@ -184,6 +188,20 @@ def train(
                 on_tick(supervisor.processes, progress.read(cfg))
         run_dir.write_state(status=status, stopped_at=time.time())
         events.emit("run_stopped", status=status, malformed_events=progress.malformed_events if progress else 0)
+
+
+def _use_external_redis(cfg: RunConfig, run_dir: RunDir) -> None:
+    """Claim the external Redis's database for this run and put its password (if any) where the
+    run's processes read it (0600, under secrets/)."""
+    from rlrun.streams import external
+
+    password = external.read_password(cfg.streams.password_file)
+    external.check_and_claim(cfg.streams.url, password, str(run_dir.root.resolve()), claim=True)
+    if password is not None:
+        run_dir.secrets.mkdir(parents=True, exist_ok=True, mode=0o700)
+        run_dir.write_secret(run_dir.redis_password, password)
+    elif run_dir.redis_password.exists():
+        run_dir.redis_password.unlink()  # none now: an old one would be sent to a server that wants none
 
 
 def _ticker(on_tick, progress: "ProgressReader", cfg: RunConfig):
@@ -235,8 +253,7 @@ class ProgressReader:
 
     def _redis(self):
         if self._client is None:
-            password = self._run_dir.redis_password.read_text().strip()
-            self._client = redis_server.connect(self._url, password, socket_timeout=2.0, reconnect_s=0)
+            self._client = redis_server.connect(self._url, self._run_dir.read_redis_password(), socket_timeout=2.0, reconnect_s=0)
         return self._client
 
     def trainer_state(self) -> dict:

@@ -37,6 +37,8 @@ def check(cfg: RunConfig, root: Path, *, fresh: bool, cheap: bool = False) -> No
     check_model(cfg)
     check_dataset(cfg, cheap=cheap)
     check_redis_binary(cfg)
+    if not cheap:
+        check_external_redis(cfg, root)
     check_ports(cfg)
     if not cheap:
         check_trainer_launchable(cfg)
@@ -176,6 +178,16 @@ def check_redis_binary(cfg: RunConfig) -> None:
         from rlrun.streams.server import find_server_binary
 
         find_server_binary(cfg.streams.server)  # EnvironmentProblem naming streams.server and what to install
+
+
+def check_external_redis(cfg: RunConfig, root: Path) -> None:
+    """An external Redis (streams.url) answers, takes the credentials, and its database is free
+    or already this run's."""
+    if cfg.streams.url is not None:
+        from rlrun.streams import external
+
+        password = external.read_password(cfg.streams.password_file)
+        external.check_and_claim(cfg.streams.url, password, str(Path(root).resolve()), claim=False)
 
 
 def explicit_ports(cfg: RunConfig) -> list[tuple[str, str, int]]:

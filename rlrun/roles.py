@@ -60,7 +60,7 @@ class RedisProbe:
 
     def _password(self) -> str | None:
         try:
-            return self._run_dir.redis_password.read_text().strip()
+            return self._run_dir.read_redis_password()
         except OSError:
             return None
 

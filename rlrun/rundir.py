@@ -48,6 +48,13 @@ class RunDir:
     def vllm_api_key(self) -> Path:
         return self.secrets / "vllm.key"
 
+    def read_redis_password(self) -> Optional[str]:
+        """The run's Redis password; None when its server wants none (an external one)."""
+        try:
+            return self.redis_password.read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
     def ensure_secret(self, path: Path) -> str:
         """The secret stored at `path`, generated (and stored 0600) on first use."""
         import secrets

@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = RunDir(args.run_dir)
     cfg = load_resolved(run_dir.config)
-    redis = connect(args.redis_url, run_dir.redis_password.read_text().strip())
+    redis = connect(args.redis_url, run_dir.read_redis_password())
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
     task = load_task(cfg.dataset, cfg.run.seed)
     ledger = JournalLedger(redis) if cfg.actor.journal else MemoryLedger(redis)

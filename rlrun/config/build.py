@@ -147,6 +147,7 @@ def validate(cfg: RunConfig) -> None:
             f"{key}={host}: with world=local servers listen on loopback only (127.0.0.1).",
         )
     _validate_fast_llm(cfg, need)
+    _validate_streams(cfg, need)
     _validate_world(cfg, need)
     if problems:
         raise ConfigError("invalid configuration: " + " ".join(problems))
@@ -212,6 +213,22 @@ def _sharded_vllm(extra_args) -> bool:
             if value is not None and value.strip() not in ("", "1"):
                 return True
     return False
+
+
+def _validate_streams(cfg: RunConfig, need) -> None:
+    from rlrun.streams.external import url_problems
+
+    s = cfg.streams
+    if s.url is None:
+        need(s.password_file is None, "streams.password_file is the password of an external Redis: set streams.url too, or remove it.")
+        return
+    for problem in url_problems(s.url):
+        need(False, problem + ".")
+    need(
+        cfg.trainer.backend != "fast_llm",
+        "trainer=fast_llm needs the run's own Redis (it grants Fast-LLM's passwordless clients a restricted user "
+        "of their own): unset streams.url.",
+    )
 
 
 def _validate_world(cfg: RunConfig, need) -> None:

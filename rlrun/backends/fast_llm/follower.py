@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     run_dir = RunDir(args.run_dir)
     cfg = load_resolved(run_dir.config)
-    redis = connect(args.redis_url, run_dir.redis_password.read_text().strip())
+    redis = connect(args.redis_url, run_dir.read_redis_password())
     admin = VllmBroadcastAdmin(args.vllm_url, receive_timeout_s=cfg.trainer.fast_llm.timeout_s)
     try:
         WeightFollower(cfg, redis, admin, args.broadcast_host, args.broadcast_port).run_forever()

@@ -1,0 +1,98 @@
+"""An external Redis (`streams.url`) instead of the run's own server.
+
+The URL names the server, the database and, if the server wants one, the user
+(`redis://alice@10.0.0.5:6379/3`); the password is read from `streams.password_file`, never from
+the URL (the URL is written to the run's config and passed on command lines). At start the
+password is copied into the run's 0600 secrets, where every process of the run reads it.
+
+rlrun's keys and streams have fixed names, so one database holds one run: the run claims it
+(`rlrun:run` = its directory) and a database claimed by another run is refused before anything
+starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from rlrun.errors import EnvironmentProblem
+
+SCHEMES = ("redis", "rediss", "unix")
+OWNER_KEY = "rlrun:run"  # the run directory that uses this database
+DEFAULT_USER = "default"  # Redis's own user, when the URL names none
+
+
+def url_problems(url: str) -> list[str]:
+    """What is wrong with `streams.url` (pure; empty when it is usable)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError as exc:
+        return [f"streams.url={url!r} is not a URL ({exc})"]
+    problems = []
+    if parts.scheme not in SCHEMES:
+        problems.append(f"streams.url must start with {', '.join(s + '://' for s in SCHEMES)} (got {url!r})")
+    if parts.password:
+        problems.append(
+            "streams.url holds a password, which would be written to the run's config and to command lines: "
+            "put it in a file of mode 0600 and set streams.password_file=PATH instead"
+        )
+    if parts.scheme in ("redis", "rediss") and not parts.hostname:
+        problems.append(f"streams.url names no host (got {url!r})")
+    return problems
+
+
+def process_url(url: str, has_password: bool) -> str:
+    """The URL the run's processes connect with: with a password and no user in the URL, Redis's
+    `default` user (rlrun's clients otherwise name rlrun's own ACL user)."""
+    parts = urlsplit(url)
+    if not has_password or parts.username or parts.scheme == "unix":
+        return url
+    return urlunsplit(parts._replace(netloc=f"{DEFAULT_USER}@{parts.netloc}"))
+
+
+def read_password(password_file: str | None) -> str | None:
+    if password_file is None:
+        return None
+    path = Path(password_file).expanduser()
+    try:
+        password = path.read_text().strip()
+    except OSError as exc:
+        raise EnvironmentProblem(f"streams.password_file={password_file} cannot be read ({exc.strerror}).") from None
+    if not password:
+        raise EnvironmentProblem(f"streams.password_file={password_file} is empty.")
+    return password
+
+
+def check_and_claim(url: str, password: str | None, owner: str, *, claim: bool) -> None:
+    """Reach the server, authenticate, and check that its database is free or already this
+    run's (`owner`: the run directory); with `claim`, mark it this run's. EnvironmentProblem
+    saying what to do otherwise."""
+    import redis
+
+    from rlrun.streams.server import connect
+
+    client = connect(process_url(url, password is not None), password, socket_timeout=5.0, reconnect_s=0)
+    try:
+        client.ping()
+        current = client.get(OWNER_KEY)
+        if current is None and claim:
+            client.set(OWNER_KEY, owner, nx=True)
+            current = client.get(OWNER_KEY)
+    except redis.AuthenticationError as exc:
+        raise EnvironmentProblem(
+            f"the Redis at streams.url={url} refused the credentials ({exc}). Check the user in the URL and "
+            "the password in streams.password_file."
+        ) from None
+    except (redis.RedisError, OSError) as exc:
+        raise EnvironmentProblem(
+            f"cannot use the Redis at streams.url={url} ({type(exc).__name__}: {exc}). Start it, or unset "
+            "streams.url to let rlrun start its own."
+        ) from None
+    finally:
+        client.close()
+    if current is not None and current != owner:
+        raise EnvironmentProblem(
+            f"the Redis database at streams.url={url} holds another run's keys (that of {current}). Give this run "
+            "its own database (redis://HOST:PORT/N with another N), or delete those keys if that run is over."
+        )
