@@ -22,12 +22,15 @@ class RecordingAdmin:
 
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
 
-    def __init__(self, fail_steps=()) -> None:
+    def __init__(self, fail_steps=(), down=()) -> None:
         self.calls: list[tuple] = []
         self.fail_steps = set(fail_steps)
+        self.down = set(down)  # servers that cannot be reached
 
-    def join(self, host, port, backend, timeout_s):
-        self.calls.append(("join", host, port, backend))
+    def join(self, host, port, backend, timeout_s, servers=None):
+        asked = [u for u in self.urls if servers is None or u in servers]
+        self.calls.append(("join", host, port, backend, *asked))
+        return [u for u in asked if u in self.down]
 
     def receive(self, event_id, step, while_waiting=lambda: None):
         self.calls.append(("receive", step))
@@ -37,6 +40,8 @@ class RecordingAdmin:
 
     def pause(self):
         self.calls.append(("pause",))
+        if self.down:
+            raise RuntimeError(f"vLLM {sorted(self.down)[0]} answered 503")
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
@@ -63,7 +68,7 @@ def test_it_joins_once_per_trainer_start_and_loads_each_broadcast_in_order(clien
     f.step()
     f.step()  # nothing new: no second join, nothing loaded twice
     assert admin.calls == [
-        ("join", "127.0.0.1", 29555, "gloo"),
+        ("join", "127.0.0.1", 29555, "gloo", *RecordingAdmin.urls),
         ("pause",), ("receive", 0), ("reset_prefix_cache",), ("resume",),
         ("pause",), ("receive", 1), ("reset_prefix_cache",), ("resume",),
     ]  # fmt: skip
@@ -123,3 +128,27 @@ def test_malformed_events_are_passed_over(client):
     weights_ready(client, 4)
     f.step()
     assert [c for c in admin.calls if c[0] == "receive"] == [("receive", 4)]
+
+
+def test_a_server_that_cannot_be_asked_to_join_is_asked_again_alone(client):
+    admin = RecordingAdmin(down={RecordingAdmin.urls[1]})  # restarting
+    f = follower(client, admin)
+    request_join(client, EVENTS)
+    f.step()
+    assert client.hget(names.WEIGHTS_STATE, "joined") is None  # not every server is in yet
+    admin.down.clear()
+    f.step()
+    assert [c[4:] for c in admin.calls if c[0] == "join"] == [tuple(RecordingAdmin.urls), (RecordingAdmin.urls[1],)]
+    assert client.hget(names.WEIGHTS_STATE, "joined") == client.hget(names.WEIGHTS_STATE, "join_request")
+
+
+def test_a_server_down_during_an_update_fails_that_update_only(client):
+    admin = RecordingAdmin()
+    f = follower(client, admin)
+    request_join(client, EVENTS)
+    f.step()
+    admin.down.add(RecordingAdmin.urls[0])
+    weights_ready(client, 1)
+    f.step()  # does not raise: the follower keeps running
+    assert admin.calls[-2:] == [("pause",), ("resume",)]
+    assert client.hget(names.WEIGHTS_STATE, "broadcasts_failed") == "1" and client.get(names.POLICY_VERSION) is None

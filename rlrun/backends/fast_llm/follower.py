@@ -71,12 +71,21 @@ class VllmBroadcastAdmin:
         self._client = httpx.Client(timeout=httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0))
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(urls)), thread_name_prefix="receive")
 
-    def join(self, host: str, port: int, backend: str, timeout_s: float) -> None:
+    def join(self, host: str, port: int, backend: str, timeout_s: float, servers: list[str] | None = None) -> list[str]:
+        """Ask `servers` (default: all) to join; returns those that could not be asked (down)."""
         world_size = len(self.urls) + 1
+        failed = []
         for rank, url in enumerate(self.urls, start=1):
+            if servers is not None and url not in servers:
+                continue
             kwargs = {"host": host, "port": port, "rank": rank, "world_size": world_size, "backend": backend,
                       "timeout_s": timeout_s}  # fmt: skip
-            self._rpc(url, "rlrun_join_broadcast", kwargs, timeout_s=JOIN_CALL_TIMEOUT_S)
+            try:
+                self._rpc(url, "rlrun_join_broadcast", kwargs, timeout_s=JOIN_CALL_TIMEOUT_S)
+            except (httpx.HTTPError, RuntimeError) as exc:
+                log.warning("vLLM %s could not be asked to join the broadcast (%s); asking again shortly", url, exc)
+                failed.append(url)
+        return failed
 
     def receive(self, event_id: str, step: int, while_waiting=lambda: None) -> list[dict]:
         """Every server receives the broadcast announced by event `event_id` (of `step`), all at
@@ -97,8 +106,12 @@ class VllmBroadcastAdmin:
             self._post(f"{url}/reset_prefix_cache")
 
     def resume(self) -> None:
+        """Resume every server that answers (never raises: a server left paused would stall the run)."""
         for url in self.urls:
-            self._post(f"{url}/resume")
+            try:
+                self._post(f"{url}/resume")
+            except (httpx.HTTPError, RuntimeError) as exc:
+                log.warning("vLLM %s could not be resumed (%s)", url, exc)
 
     def _rpc(self, url: str, method: str, kwargs: dict, timeout_s: float) -> dict:
         reply = self._post(f"{url}/collective_rpc", json={"method": method, "kwargs": kwargs, "timeout": timeout_s})
@@ -125,6 +138,7 @@ class WeightFollower:
         self.last_id = state.get("last_event_id", "0")
         self.counters = {key: int(state.get(key, 0)) for key in ("broadcasts_loaded", "broadcasts_failed", "joins")}
         self._last_heartbeat = 0.0
+        self._join_pending: tuple[str, list[str]] | None = None  # (request, servers still to ask)
 
     def run_forever(self) -> None:
         while True:
@@ -137,6 +151,8 @@ class WeightFollower:
         request, after = state.get("join_request"), state.get("join_after")
         if request and state.get("joined") != request:
             self._join(request)
+        elif request and self._join_pending and self._join_pending[0] != request:
+            self._join_pending = None
         reply = self.redis.xread({self.stream: self.last_id}, count=100, block=BLOCK_MS)
         for _stream, messages in reply or []:
             for message_id, fields in messages:
@@ -145,10 +161,17 @@ class WeightFollower:
                 self.redis.hset(names.WEIGHTS_STATE, mapping={"last_event_id": message_id, **self.counters})
 
     def _join(self, request: str) -> None:
+        """Ask the servers not asked yet for this request; `joined` once every one was."""
         host, port, backend, timeout_s = self.broadcast
-        log.info("asking %d vLLM server(s) to join the trainer's broadcast group at %s:%d (%s)",
-                 len(self.admin.urls), host, port, backend)  # fmt: skip
-        self.admin.join(host, port, backend, timeout_s)
+        pending = self._join_pending[1] if self._join_pending and self._join_pending[0] == request else None
+        if pending is None:
+            log.info("asking %d vLLM server(s) to join the trainer's broadcast group at %s:%d (%s)",
+                     len(self.admin.urls), host, port, backend)  # fmt: skip
+        failed = self.admin.join(host, port, backend, timeout_s, servers=pending)
+        if failed:  # a server down (restarting): asked again at the next turn
+            self._join_pending = (request, failed)
+            return
+        self._join_pending = None
         self.counters["joins"] += 1
         self.redis.hset(names.WEIGHTS_STATE, mapping={"joined": request, "joins": self.counters["joins"]})
 
@@ -166,8 +189,8 @@ class WeightFollower:
 
     def _load(self, event_id: str, step: int) -> None:
         started = time.perf_counter()
-        self.admin.pause()
         try:
+            self.admin.pause()
             reports = self.admin.receive(event_id, step, while_waiting=self._heartbeat)
             self.admin.reset_prefix_cache()  # cached KV blocks were computed with the old weights
             self.redis.set(names.POLICY_VERSION, step)
