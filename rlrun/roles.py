@@ -139,10 +139,7 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
             ProcessSpec(
                 name=f"vllm-{i}",
                 # Started (and restarted) from the newest weights the trainer published.
-                argv=vllm_server.server_argv(
-                    cfg.inference, cfg.model, str(run_dir.current_weights), port, tokenizer=model_path,
-                    worker_extension=vllm_server.FAST_LLM_RECEIVER if cfg.trainer.backend == "fast_llm" else None,
-                ),
+                argv=vllm_server.server_argv(cfg.inference, cfg.model, str(run_dir.current_weights), port, tokenizer=model_path),
                 env=vllm_server.server_env(cfg.inference),
                 secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # guards /v1 (not vLLM's admin routes)
                 log_path=run_dir.log(f"vllm-{i}"),

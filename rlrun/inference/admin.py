@@ -27,10 +27,10 @@ class VllmAdmin:
         """Load `weights_path` (a complete folder) into every server and drop its prefix cache.
 
         Cached KV blocks were computed with the old weights; reusing them after the update would
-        mix two policies in one sample. (Tied embeddings are a separate trap: vLLM 0.32 reloads
-        only one of the tied matrices, which is why the tiny model is untied.)
+        mix two policies in one sample. The reload is rlrun's (worker_extension.py): vLLM 0.32's
+        own leaves tied weights (embedding and LM head) apart.
         """
-        body = {"method": "reload_weights", "kwargs": {"weights_path": weights_path}}
+        body = {"method": "rlrun_reload_weights", "kwargs": {"weights_path": weights_path}}
         for url in self._urls:
             self._post(f"{url}/collective_rpc", json=body)
             self._post(f"{url}/reset_prefix_cache")

