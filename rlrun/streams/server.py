@@ -219,6 +219,19 @@ def redis_url(host: str, port: int) -> str:
     return f"redis://{host}:{port}/0"
 
 
+class _RetryUnlessRefused(Retry):
+    """Retries lost connections, but not refused credentials: redis-py's AuthenticationError is
+    a ConnectionError, and waiting a minute to report a wrong password helps nobody."""
+
+    def call_with_retry(self, do, fail, is_retryable=None, **kwargs):
+        def retryable(error: Exception) -> bool:
+            if isinstance(error, redis.exceptions.AuthenticationError):
+                return False
+            return is_retryable(error) if is_retryable else True
+
+        return super().call_with_retry(do, fail, retryable, **kwargs)
+
+
 def connect(
     url: str,
     password: str | None,
@@ -240,7 +253,7 @@ def connect(
     from redis.retry import Retry
 
     retries = max(0, int(reconnect_s / 2.0))  # the backoff reaches its 2 s cap after a few tries
-    retry = Retry(ExponentialBackoff(cap=2.0, base=0.1), retries, supported_errors=(RedisConnectionError, RedisTimeoutError))
+    retry = _RetryUnlessRefused(ExponentialBackoff(cap=2.0, base=0.1), retries, supported_errors=(RedisConnectionError, RedisTimeoutError))
     return redis.Redis.from_url(
         url,
         retry=retry,
