@@ -151,8 +151,6 @@ class WeightFollower:
         request, after = state.get("join_request"), state.get("join_after")
         if request and state.get("joined") != request:
             self._join(request)
-        elif request and self._join_pending and self._join_pending[0] != request:
-            self._join_pending = None
         reply = self.redis.xread({self.stream: self.last_id}, count=100, block=BLOCK_MS)
         for _stream, messages in reply or []:
             for message_id, fields in messages:
