@@ -11,17 +11,21 @@ import httpx
 
 
 class VllmAdmin:
-    def __init__(self, urls: list[str], timeout_s: float = 120.0) -> None:
-        self._urls = list(urls)
+    def __init__(self, urls: list[str], timeout_s: float | httpx.Timeout = 120.0) -> None:
+        self.urls = list(urls)
         self._client = httpx.Client(timeout=timeout_s)
 
     def pause(self) -> None:
-        for url in self._urls:
+        for url in self.urls:
             self._post(f"{url}/pause", params={"mode": "abort"})
 
     def resume(self) -> None:
-        for url in self._urls:
+        for url in self.urls:
             self._post(f"{url}/resume")
+
+    def reset_prefix_cache(self) -> None:
+        for url in self.urls:
+            self._post(f"{url}/reset_prefix_cache")
 
     def reload_weights(self, weights_path: str) -> None:
         """Load `weights_path` (a complete folder) into every server and drop its prefix cache.
@@ -31,14 +35,15 @@ class VllmAdmin:
         own leaves tied weights (embedding and LM head) apart.
         """
         body = {"method": "rlrun_reload_weights", "kwargs": {"weights_path": weights_path}}
-        for url in self._urls:
+        for url in self.urls:
             self._post(f"{url}/collective_rpc", json=body)
-            self._post(f"{url}/reset_prefix_cache")
+        self.reset_prefix_cache()
 
-    def _post(self, url: str, **kwargs) -> None:
+    def _post(self, url: str, **kwargs) -> httpx.Response:
         response = self._client.post(url, **kwargs)
         if response.status_code != 200:
             raise RuntimeError(f"vLLM {url} answered {response.status_code}: {response.text[:500]}")
+        return response
 
     def close(self) -> None:
         self._client.close()

@@ -33,6 +33,7 @@ import httpx
 from rlrun.backends.fast_llm.config import broadcast_backend
 from rlrun.backends.fast_llm.protocol import MalformedEvent, WeightsReady, parse_event
 from rlrun.config import RunConfig, load_resolved
+from rlrun.inference.admin import VllmAdmin
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams.server import connect
@@ -62,13 +63,13 @@ def stream_id_after(a: str, b: str) -> bool:
     return (int(ams), int(aseq or 0)) > (int(bms), int(bseq or 0))
 
 
-class VllmBroadcastAdmin:
-    """The /pause, /collective_rpc, /reset_prefix_cache and /resume calls, on every server."""
+class VllmBroadcastAdmin(VllmAdmin):
+    """The hf trainer's admin calls (pause, reset_prefix_cache), plus joining and receiving
+    Fast-LLM's broadcast through rlrun's worker extension, and a resume that never raises."""
 
     def __init__(self, urls: list[str], receive_timeout_s: float) -> None:
-        self.urls = list(urls)
+        super().__init__(urls, httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0))
         self.receive_timeout_s = receive_timeout_s
-        self._client = httpx.Client(timeout=httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0))
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(urls)), thread_name_prefix="receive")
 
     def join(self, host: str, port: int, backend: str, timeout_s: float, servers: list[str] | None = None) -> list[str]:
@@ -97,14 +98,6 @@ class VllmBroadcastAdmin:
             while_waiting()
         return [future.result() for future in futures]
 
-    def pause(self) -> None:
-        for url in self.urls:
-            self._post(f"{url}/pause", params={"mode": "abort"})
-
-    def reset_prefix_cache(self) -> None:
-        for url in self.urls:
-            self._post(f"{url}/reset_prefix_cache")
-
     def resume(self) -> None:
         """Resume every server that answers (never raises: a server left paused would stall the run)."""
         for url in self.urls:
@@ -118,15 +111,9 @@ class VllmBroadcastAdmin:
         results = reply.json().get("results") or [None]
         return results[0] if isinstance(results[0], dict) else {"reply": results[0]}
 
-    def _post(self, url: str, **kwargs) -> httpx.Response:
-        response = self._client.post(url, **kwargs)
-        if response.status_code != 200:
-            raise RuntimeError(f"vLLM {url} answered {response.status_code}: {response.text[:500]}")
-        return response
-
     def close(self) -> None:
         self._pool.shutdown(wait=False)
-        self._client.close()
+        super().close()
 
 
 class WeightFollower:
