@@ -165,6 +165,13 @@ def _validate_fast_llm(cfg: RunConfig, need) -> None:
         )
     if t.backend != "fast_llm":
         return
+    from rlrun.backends.fast_llm.revisions import AUTO, NAMES
+
+    need(
+        f.version == AUTO or f.version in NAMES,
+        f"trainer.fast_llm.version={f.version} is not a Fast-LLM revision rlrun drives: choose {AUTO} (ask the "
+        f"installed Fast-LLM) or one of {', '.join(NAMES)} (rlrun/backends/fast_llm/revisions.py).",
+    )
     need(
         t.gradient_accumulation_passes == 1,
         f"trainer.gradient_accumulation_passes={t.gradient_accumulation_passes} has no effect with "

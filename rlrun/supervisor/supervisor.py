@@ -151,8 +151,10 @@ class Supervisor:
             self._sleep(self._poll)
 
     def stop_all(self) -> None:
-        """Stop everything in reverse start order; nothing of the run is left afterwards."""
-        for proc in reversed(self.processes):
+        """Stop everything in reverse start order, those marked `stop_first` before the rest;
+        nothing of the run is left afterwards."""
+        in_order = sorted(reversed(self.processes), key=lambda proc: not proc.spec.stop_first)
+        for proc in in_order:
             self._stop(proc)
 
     # --- the state machine of one process ------------------------------------------------------

@@ -168,6 +168,30 @@ def test_stop_is_reverse_order_sigterm_then_sigkill_after_grace(tmp_path):
     assert all(p.state is ProcessState.STOPPED for p in sup.processes)
 
 
+def test_a_stop_first_process_is_stopped_while_the_others_still_run(tmp_path):
+    """A Fast-LLM trainer finishes its step on SIGTERM: it needs the actor's documents until it exits."""
+    specs = [spec("redis", tmp_path), spec("trainer", tmp_path, stop_first=True, stop_grace_s=30), spec("actor", tmp_path)]
+    sup, spawner, events, clock = make(specs)
+    sup.start_all()
+    trainer = spawner.handles["trainer"]
+    trainer.ignores_sigterm = True
+    running_while_trainer_stops = []
+
+    def sleep(seconds):  # the trainer takes 3 s to finish its step; who is still running meanwhile?
+        clock.now += seconds
+        running_while_trainer_stops.append({n for n, h in spawner.handles.items() if h.poll() is None})
+        if clock.now >= 3 and trainer.exit_code is None:
+            trainer.exit_code = 0
+
+    sup._sleep = sleep
+    sup.stop_all()
+    sigterms = [e[1] for e in spawner.log if e[0] == "signal" and e[2] == "SIGTERM"]
+    pid = {name: h.pid for name, h in spawner.handles.items()}
+    assert sigterms == [pid["trainer"], pid["actor"], pid["redis"]]
+    assert {"actor", "redis"} <= running_while_trainer_stops[0]
+    assert names_of(events, "process_killed") == []  # it exited within its grace period
+
+
 def test_stop_before_start_touches_nothing(tmp_path):
     sup, spawner, events, _ = make([spec("redis", tmp_path)])
     sup.stop_all()

@@ -14,6 +14,10 @@ part. This process does, and nothing else:
    for every receiver), drop their prefix caches, publish the step as the policy version vLLM
    serves (`rlrun:policy_version`, as the hf trainer does), and resume them.
 
+The broadcast's TCP store is served by Fast-LLM's rank 0, except where its torch makes rank 0 a
+client under torchrun (`installed.store_host`): then this process serves it, a fresh one for every
+join (keys left by an earlier trainer's group would mislead the new one).
+
 A receive that fails (the trainer died mid-broadcast) is logged and counted; the servers keep
 the previous weights and the version stays. Progress (`last_event_id`) is kept in Redis, so a
 restarted follower neither repeats nor skips an event.
@@ -31,6 +35,7 @@ from pathlib import Path
 import httpx
 
 from rlrun.backends.fast_llm.config import broadcast_backend
+from rlrun.backends.fast_llm.installed import store_host
 from rlrun.backends.fast_llm.protocol import MalformedEvent, WeightsReady, parse_event
 from rlrun.config import RunConfig, load_resolved
 from rlrun.inference.admin import VllmAdmin
@@ -117,8 +122,13 @@ class VllmBroadcastAdmin(VllmAdmin):
 
 
 class WeightFollower:
-    def __init__(self, cfg: RunConfig, redis, admin: VllmBroadcastAdmin, broadcast_host: str, broadcast_port: int) -> None:
+    def __init__(
+        self, cfg: RunConfig, redis, admin: VllmBroadcastAdmin, broadcast_host: str, broadcast_port: int,
+        host_store: bool = False,
+    ) -> None:  # fmt: skip
         self.cfg, self.redis, self.admin = cfg, redis, admin
+        self.host_store = host_store
+        self._store = None  # the broadcast's TCP store, when this process serves it
         self.broadcast = (broadcast_host, broadcast_port, broadcast_backend(cfg), cfg.trainer.fast_llm.timeout_s)
         self.stream = cfg.trainer.fast_llm.events_stream
         state = redis.hgetall(names.WEIGHTS_STATE) or {}
@@ -150,6 +160,8 @@ class WeightFollower:
         host, port, backend, timeout_s = self.broadcast
         pending = self._join_pending[1] if self._join_pending and self._join_pending[0] == request else None
         if pending is None:
+            if self.host_store:
+                self._serve_store(host, port, len(self.admin.urls) + 1)
             log.info("asking %d vLLM server(s) to join the trainer's broadcast group at %s:%d (%s)",
                      len(self.admin.urls), host, port, backend)  # fmt: skip
         failed = self.admin.join(host, port, backend, timeout_s, servers=pending)
@@ -159,6 +171,17 @@ class WeightFollower:
         self._join_pending = None
         self.counters["joins"] += 1
         self.redis.hset(names.WEIGHTS_STATE, mapping={"joined": request, "joins": self.counters["joins"]})
+
+    def _serve_store(self, host: str, port: int, world_size: int) -> None:
+        """Serve a fresh TCP store at host:port for the group the next trainer opens."""
+        import datetime
+
+        import torch.distributed as dist
+
+        self._store = None  # the old server stops with its last reference
+        self._store = dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=self.broadcast[3]))  # fmt: skip
+        log.info("serving the weight broadcast's TCP store at %s:%d (Fast-LLM's rank 0 is its client)", host, port)
 
     def _handle(self, message_id: str, fields: dict, join_after: str | None) -> None:
         try:
@@ -208,8 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_resolved(run_dir.config)
     redis = connect(args.redis_url, run_dir.read_redis_password())
     admin = VllmBroadcastAdmin(args.vllm_url, receive_timeout_s=cfg.trainer.fast_llm.timeout_s)
+    host_store = store_host(cfg) == "rlrun"
     try:
-        WeightFollower(cfg, redis, admin, args.broadcast_host, args.broadcast_port).run_forever()
+        WeightFollower(cfg, redis, admin, args.broadcast_host, args.broadcast_port, host_store).run_forever()
     finally:
         admin.close()
     return 0
