@@ -130,7 +130,7 @@ def test_missing_fast_llm_is_reported_clearly():
         (["trainer=fast_llm", "trainer.fast_llm.micro_batch_size=16"], ["trainer.fast_llm.micro_batch_size", "model.max_model_len"]),
         (["trainer=fast_llm", "trainer.fast_llm.command=[fast-llm,train]"], ["{config}"]),
         (["trainer=fast_llm", "trainer.fast_llm.docs_per_step=0"], ["trainer.fast_llm.docs_per_step must be at least 1"]),
-        (["trainer=fast_llm", "trainer.fast_llm.version=0.3"], ["trainer.fast_llm.version=0.3", "auto", "gspo, main"]),
+        (["trainer=fast_llm", "trainer.fast_llm.version=jlp"], ["trainer.fast_llm.version=jlp", "auto", "gspo, main"]),
         (["trainer=fast_llm", "trainer.fast_llm.events_stream=fast_llm_streaming"], ["two different"]),
         (["trainer=fast_llm", 'inference.extra_args=["--tensor-parallel-size","2"]'], ["one vLLM worker per server"]),
         (["trainer=fast_llm", 'inference.extra_args=["--pipeline-parallel-size=2"]'], ["inference.num_servers"]),
