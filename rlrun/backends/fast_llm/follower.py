@@ -174,13 +174,10 @@ class WeightFollower:
 
     def _serve_store(self, host: str, port: int, world_size: int) -> None:
         """Serve a fresh TCP store at host:port for the group the next trainer opens."""
-        import datetime
-
-        import torch.distributed as dist
+        from rlrun.backends.fast_llm.broadcast import serve_store
 
         self._store = None  # the old server stops with its last reference
-        self._store = dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False,
-                                    timeout=datetime.timedelta(seconds=self.broadcast[3]))  # fmt: skip
+        self._store = serve_store(host, port, world_size, self.broadcast[3])
         log.info("serving the weight broadcast's TCP store at %s:%d (Fast-LLM's rank 0 is its client)", host, port)
 
     def _handle(self, message_id: str, fields: dict, join_after: str | None) -> None:
