@@ -141,7 +141,7 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
                 # Started (and restarted) from the newest weights the trainer published.
                 argv=vllm_server.server_argv(cfg.inference, cfg.model, str(run_dir.current_weights), port, tokenizer=model_path),
                 env=vllm_server.server_env(cfg.inference),
-                secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # guards /v1 (not vLLM's admin routes)
+                secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # every route but /health (rlrun.inference.auth)
                 log_path=run_dir.log(f"vllm-{i}"),
                 ready=lambda pid, url=url: vllm_server.healthy(url),
                 alive=lambda pid, url=url: vllm_server.healthy(url),

@@ -55,6 +55,13 @@ class RunDir:
         except FileNotFoundError:
             return None
 
+    def read_vllm_api_key(self) -> str:
+        """The key the run's vLLM servers want on every route but /health ("" before it exists)."""
+        try:
+            return self.vllm_api_key.read_text().strip()
+        except FileNotFoundError:
+            return ""
+
     def ensure_secret(self, path: Path) -> str:
         """The secret stored at `path`, generated (and stored 0600) on first use."""
         import secrets

@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = RunDir(args.run_dir)
     cfg = load_resolved(run_dir.config)
     redis = connect(args.redis_url, run_dir.read_redis_password())
-    vllm = VllmAdmin(args.vllm_url)
+    vllm = VllmAdmin(args.vllm_url, api_key=run_dir.read_vllm_api_key())
     try:
         Trainer(cfg, run_dir, redis, args.model_path, vllm).train()
     except checkpoint.CorruptCheckpoint as exc:  # a restart would meet the same checkpoints: exit 2, not retried

@@ -67,8 +67,8 @@ class VllmBroadcastAdmin(VllmAdmin):
     """The hf trainer's admin calls (pause, reset_prefix_cache), plus joining and receiving
     Fast-LLM's broadcast through rlrun's worker extension, and a resume that never raises."""
 
-    def __init__(self, urls: list[str], receive_timeout_s: float) -> None:
-        super().__init__(urls, httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0))
+    def __init__(self, urls: list[str], receive_timeout_s: float, api_key: str = "") -> None:
+        super().__init__(urls, httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0), api_key=api_key)
         self.receive_timeout_s = receive_timeout_s
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(urls)), thread_name_prefix="receive")
 
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = RunDir(args.run_dir)
     cfg = load_resolved(run_dir.config)
     redis = connect(args.redis_url, run_dir.read_redis_password())
-    admin = VllmBroadcastAdmin(args.vllm_url, receive_timeout_s=cfg.trainer.fast_llm.timeout_s)
+    admin = VllmBroadcastAdmin(args.vllm_url, receive_timeout_s=cfg.trainer.fast_llm.timeout_s, api_key=run_dir.read_vllm_api_key())
     try:
         WeightFollower(cfg, redis, admin, args.broadcast_host, args.broadcast_port).run_forever()
     finally:
