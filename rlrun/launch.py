@@ -243,6 +243,12 @@ class ProgressReader:
             self.training_done_seen = True
         return self.training_done_seen
 
+    def note_rejected_event(self, stream: str, message_id: str, why: str) -> None:
+        """An event that is malformed or does not fit the run: counted, recorded, never acted on."""
+        self.malformed_events += 1
+        if self._events is not None:
+            self._events.emit("malformed_message", stream=stream, id=message_id, reason=why, count=self.malformed_events)
+
     @property
     def run_dir(self) -> RunDir:
         return self._run_dir
@@ -283,11 +289,10 @@ def _default_redis_user(cfg: RunConfig) -> str:
     """Redis's passwordless `default` user: off, or (Fast-LLM) limited to Fast-LLM's streams."""
     if cfg.trainer.backend != "fast_llm":
         return redis_server.DEFAULT_USER_OFF
-    from rlrun.backends.fast_llm.acl import FAST_LLM_USER, acl_lines
+    from rlrun.backends.fast_llm.acl import default_user_line
 
     f = cfg.trainer.fast_llm
-    lines = acl_lines("unused-here", [f.stream], f.events_stream)  # rlrun's own user is written by the server module
-    return next(line for line in lines if line.startswith(f"user {FAST_LLM_USER} "))
+    return default_user_line([f.stream], f.events_stream)  # rlrun's own user is written by the server module
 
 
 def completion_check(cfg: RunConfig, progress: ProgressReader):
@@ -328,7 +333,10 @@ def _fast_llm_completion_check(cfg: RunConfig, progress: ProgressReader):
     def check(exits: dict[str, Optional[int]]) -> tuple[bool, str]:
         try:
             if "events" not in reader:
-                reader["events"] = EventsReader(progress.redis(), cfg.trainer.fast_llm.events_stream)
+                reader["events"] = EventsReader(
+                    progress.redis(), cfg.trainer.fast_llm.events_stream, cfg.trainer.max_train_steps,
+                    skips_possible=cfg.model.dtype == "float16", on_rejected=lambda i, why: progress.note_rejected_event(cfg.trainer.fast_llm.events_stream, i, why),
+                )  # fmt: skip
             reader["events"].poll()
         except Exception:  # Redis restarting: decide on what was read so far
             reader.pop("events", None)

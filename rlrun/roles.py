@@ -212,7 +212,8 @@ def fast_llm_trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints,
         for path in moved:
             log.warning("moved a half-written Fast-LLM checkpoint aside: %s", path)
         # The new trainer opens its broadcast group at start and waits there for the vLLM servers.
-        if not probe.call(lambda client: request_join(client, f.events_stream)):
+        start_step = fl_checkpoints.latest_complete_step(experiment_dir) or 0  # what it resumes from
+        if not probe.call(lambda client: request_join(client, f.events_stream, start_step)):
             log.warning("could not ask the weight follower to join the trainer's broadcast (Redis unreachable); "
                         "the trainer waits for it up to trainer.fast_llm.timeout_s, then is restarted")  # fmt: skip
         write_config(
