@@ -67,7 +67,7 @@ def train(
         run_dir = launch.create_run(cfg, resolved, overrides)
         console.print(f"run directory: [bold]{run_dir.root}[/]")
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-        with LiveView(console) as view:
+        with LiveView(console, live=cfg.supervisor.live_view) as view:
             reason = launch.train(cfg, run_dir, on_tick=view.update)
         last = launch.summary(run_dir)["last_metrics"]
         console.print(f"[bold green]finished:[/] {reason}")
@@ -124,7 +124,7 @@ def resume(
         resuming.apply(plan)
         console.print(f"resuming run directory: [bold]{plan.run_dir.root}[/]")
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-        with LiveView(console) as view:
+        with LiveView(console, live=plan.cfg.supervisor.live_view) as view:
             reason = launch.train(plan.cfg, plan.run_dir, on_tick=view.update, resumed=True)
         console.print(f"[bold green]finished:[/] {reason}")
         console.print(f"metrics: {plan.run_dir.metrics}\nevents:  {plan.run_dir.events}")

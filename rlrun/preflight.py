@@ -57,9 +57,11 @@ def check_dependencies(cfg: RunConfig) -> None:
 
 
 def check_trainer_launchable(cfg: RunConfig) -> None:
-    """An external trainer's program is there (Fast-LLM); --dry-run only shows the command."""
+    """An external trainer's program is there (Fast-LLM), through whatever wraps it (env, nice,
+    bash -c, torchrun, python -m); --dry-run only shows the command."""
     if cfg.trainer.backend == "fast_llm":
-        from rlrun.backends.fast_llm.config import ensure_launchable, launch_argv
+        from rlrun.backends.fast_llm.config import launch_argv
+        from rlrun.backends.fast_llm.launchable import ensure_launchable
 
         ensure_launchable(launch_argv(cfg, Path("fast_llm.yaml")))
 
@@ -154,6 +156,14 @@ def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
     """The dataset loads and holds problems. With `cheap`, a hub dataset is not downloaded: only
     the `datasets` package and a local path are checked."""
     d = cfg.dataset
+    if d.name == "gsm8k":
+        import importlib.util
+
+        if importlib.util.find_spec("math_verify") is None:  # the actor scores every answer with it
+            raise EnvironmentProblem(
+                "dataset=gsm8k scores answers with math-verify, which is not installed: pip install 'rlrun[gpu]' "
+                "(or pip install math-verify), or choose dataset=arithmetic."
+            )
     if d.name != "arithmetic" and cheap:
         import importlib.util
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from rlrun.config.build import from_dict, validate
+from rlrun.config.relevance import ignored_overrides
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
 
@@ -51,6 +52,9 @@ def compose(overrides: list[str], root: Path | None = None) -> tuple[RunConfig, 
         raise ConfigError(_explain(exc, overrides, root)) from None
     cfg = from_dict(RunConfig, data)
     validate(cfg)
+    ignored = ignored_overrides(cfg, list(overrides))
+    if ignored:
+        raise ConfigError("invalid configuration: " + " ".join(ignored))
     return cfg, yaml.safe_dump(data, sort_keys=False)
 
 
