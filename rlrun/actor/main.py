@@ -29,6 +29,7 @@ from rlrun.actor.trainer_view import TrainerView, trainer_view
 from rlrun.actor.vllm_client import stream_completion
 from rlrun.config import RunConfig, load_resolved
 from rlrun.data.tasks import Task, load_task
+from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import Action, GroupPlan, plan_replay
 from rlrun.rollouts import Group, Sample
@@ -341,10 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     run_dir = RunDir(args.run_dir)
-    cfg = load_resolved(run_dir.config)
+    try:
+        cfg = load_resolved(run_dir.config)
+        task = load_task(cfg.dataset, cfg.run.seed)
+    except ConfigError as exc:  # a restart would fail the same way: exit 2, never retried
+        log.error("%s", exc)
+        return int(ExitCode.USAGE)
     redis = connect(args.redis_url, run_dir.read_redis_password())
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
-    task = load_task(cfg.dataset, cfg.run.seed)
     ledger = JournalLedger(redis) if cfg.actor.journal else MemoryLedger(redis)
     actor = Actor(cfg, redis, tokenizer, task, args.vllm_url, ledger, run_name=run_dir.root.name, api_key=run_dir.read_vllm_api_key())
     if cfg.actor.audit:

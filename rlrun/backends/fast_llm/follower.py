@@ -36,6 +36,7 @@ from rlrun.backends.fast_llm.config import broadcast_backend
 from rlrun.backends.fast_llm.events import EventJudge, stream_id_after
 from rlrun.backends.fast_llm.protocol import WeightsReady
 from rlrun.config import RunConfig, load_resolved
+from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin
 from rlrun.rundir import RunDir
 from rlrun.streams import names
@@ -215,7 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     run_dir = RunDir(args.run_dir)
-    cfg = load_resolved(run_dir.config)
+    try:
+        cfg = load_resolved(run_dir.config)
+    except ConfigError as exc:  # a restart would fail the same way: exit 2, never retried
+        log.error("%s", exc)
+        return int(ExitCode.USAGE)
     redis = connect(args.redis_url, run_dir.read_redis_password())
     admin = VllmBroadcastAdmin(args.vllm_url, receive_timeout_s=cfg.trainer.fast_llm.timeout_s, api_key=run_dir.read_vllm_api_key())
     try:
