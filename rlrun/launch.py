@@ -141,6 +141,7 @@ def train(
     directory and Redis hold (checkpoint, pending groups, token journal).
     """
     preflight.check(cfg, run_dir.root, fresh=False)  # packages, model, data, binary, ports, checkpoints
+    run_dir = run_dir.for_new_launch()  # logs/launch-<n>/: each train/resume keeps its own logs
     if cfg.streams.url is not None:
         _use_external_redis(cfg, run_dir)
     path = model_path(cfg, build=True)
@@ -149,8 +150,10 @@ def train(
         run_dir.point_current_weights(Path(path))  # vLLM starts from the base model
     events = EventLog(run_dir.events, clock=time.time)
     if resumed:
-        events.emit("run_resumed", previous_status=run_dir.read_state().get("status"))
-    run_dir.write_state(status="running", supervisor_pid=os.getpid(), started_at=time.time(), model_path=path)
+        events.emit("run_resumed", previous_status=run_dir.read_state().get("status"), launch=run_dir.launch)
+    else:
+        events.emit("run_started", launch=run_dir.launch)
+    run_dir.write_state(status="running", supervisor_pid=os.getpid(), started_at=time.time(), model_path=path, launch=run_dir.launch)
     status = "failed"
     supervisor: Optional[Supervisor] = None
     progress: Optional[ProgressReader] = None
@@ -223,6 +226,7 @@ class ProgressReader:
         self._trainer_events = StreamTail(names.TRAINER_EVENTS, "event", start_id=f"{int(time.time() * 1000) - 1}-{2**64 - 1}")
         self.training_done_seen = False
         self.malformed_events = 0
+        self._last: dict[str, dict] = {}  # the last value read of each hash
 
     def poll_trainer_events(self) -> bool:
         """Read the trainer's new events; True once its `training_done` event has been seen.
@@ -279,10 +283,13 @@ class ProgressReader:
 
     def _hash(self, key: str) -> dict:
         try:
-            return self._redis().hgetall(key) or {}
-        except Exception:  # Redis not up yet, or restarting: show nothing rather than fail
+            value = self._redis().hgetall(key) or {}
+        except Exception:  # Redis not up yet, restarting or stopped: what was read last
             self._client = None
-            return {}
+            return self._last.get(key, {})
+        # Kept so that the end of a run (Redis stopped) still shows the final step and reward.
+        self._last[key] = value
+        return value
 
 
 def _default_redis_user(cfg: RunConfig) -> str:
