@@ -105,6 +105,14 @@ def _unknown_key_message(dotted: str, overrides: list[str], root: Path) -> str:
     node = base
     for part in parent.split(".") if parent else []:
         node = node.get(part, {}) if isinstance(node, dict) else {}
+    # A real key that the chosen options leave out of the composed config (trainer.fast_llm.* with
+    # trainer=hf, world.address with world=local): say why it does not apply, not "unknown".
+    from rlrun.config.relevance import RULES, schema_has
+
+    if schema_has(dotted):
+        for prefix, _ignored, fix in RULES:
+            if dotted == prefix or dotted.startswith(prefix + "."):
+                return f"invalid configuration: {dotted} has no effect here: {fix}."
     valid = ", ".join(node) if isinstance(node, dict) else "(none)"
     where = f"under '{parent}'" if parent else "at the top level"
     return (
