@@ -67,7 +67,7 @@ def train(
         run_dir = launch.create_run(cfg, resolved, overrides)
         console.print(f"run directory: [bold]{run_dir.root}[/]")
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-        with LiveView(console) as view:
+        with LiveView(console, live=cfg.supervisor.live_view) as view:
             reason = launch.train(cfg, run_dir, on_tick=view.update)
         last = launch.summary(run_dir)["last_metrics"]
         console.print(f"[bold green]finished:[/] {reason}")
@@ -124,7 +124,7 @@ def resume(
         resuming.apply(plan)
         console.print(f"resuming run directory: [bold]{plan.run_dir.root}[/]")
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-        with LiveView(console) as view:
+        with LiveView(console, live=plan.cfg.supervisor.live_view) as view:
             reason = launch.train(plan.cfg, plan.run_dir, on_tick=view.update, resumed=True)
         console.print(f"[bold green]finished:[/] {reason}")
         console.print(f"metrics: {plan.run_dir.metrics}\nevents:  {plan.run_dir.events}")
@@ -166,16 +166,17 @@ def logs(
     run_dir: Path = typer.Argument(..., help="A run directory."),
     process: str = typer.Option("trainer", "--process", "-c", help="redis, vllm-0, trainer or actor."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (Ctrl-C to stop)."),
+    launch: Optional[int] = typer.Option(None, "--launch", "-l", help="Which launch (1 = the first `rlrun train`, 2 = the first resume, ...); default the newest."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
-    """Print a process's log (its latest start attempt)."""
+    """Print a process's log (its latest start attempt, in the newest launch unless --launch)."""
     import time
 
     from rlrun import status as run_status
     from rlrun.rundir import RunDir
 
     try:
-        path = run_status.latest_log(RunDir(run_dir.resolve()), process)
+        path = run_status.latest_log(RunDir(run_dir.resolve()), process, launch)
         with open(path, errors="replace") as handle:
             sys.stdout.write(handle.read())
             while follow:

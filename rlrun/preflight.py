@@ -58,7 +58,8 @@ def check_dependencies(cfg: RunConfig) -> None:
 
 
 def check_trainer_launchable(cfg: RunConfig, root: Path) -> None:
-    """An external trainer's program is there and accepts the config rlrun generates for it.
+    """An external trainer's program is there (through whatever wraps it: env, nice, bash -c,
+    torchrun, python -m) and accepts the config rlrun generates for it.
 
     Fast-LLM: its own validate-only mode reads the generated config of each candidate revision
     (so the tiny model is built first: Fast-LLM reads the pretrained model's config too); the
@@ -67,7 +68,8 @@ def check_trainer_launchable(cfg: RunConfig, root: Path) -> None:
     if cfg.trainer.backend == "fast_llm":
         from rlrun import launch
         from rlrun.backends.fast_llm import installed
-        from rlrun.backends.fast_llm.config import ensure_launchable, launch_argv
+        from rlrun.backends.fast_llm.config import launch_argv
+        from rlrun.backends.fast_llm.launchable import ensure_launchable
 
         ensure_launchable(launch_argv(cfg, Path("fast_llm.yaml")))
         experiment_dir = Path(root).expanduser().absolute() / cfg.trainer.fast_llm.experiment_dir_name
@@ -164,6 +166,14 @@ def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
     """The dataset loads and holds problems. With `cheap`, a hub dataset is not downloaded: only
     the `datasets` package and a local path are checked."""
     d = cfg.dataset
+    if d.name == "gsm8k":
+        import importlib.util
+
+        if importlib.util.find_spec("math_verify") is None:  # the actor scores every answer with it
+            raise EnvironmentProblem(
+                "dataset=gsm8k scores answers with math-verify, which is not installed: pip install 'rlrun[gpu]' "
+                "(or pip install math-verify), or choose dataset=arithmetic."
+            )
     if d.name != "arithmetic" and cheap:
         import importlib.util
 

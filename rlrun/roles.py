@@ -141,7 +141,7 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
                 # Started (and restarted) from the newest weights the trainer published.
                 argv=vllm_server.server_argv(cfg.inference, cfg.model, str(run_dir.current_weights), port, tokenizer=model_path),
                 env=vllm_server.server_env(cfg.inference),
-                secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # guards /v1 (not vLLM's admin routes)
+                secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # every route but /health (rlrun.inference.auth)
                 log_path=run_dir.log(f"vllm-{i}"),
                 ready=lambda pid, url=url: vllm_server.healthy(url),
                 alive=lambda pid, url=url: vllm_server.healthy(url),
@@ -239,7 +239,8 @@ def fast_llm_trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints,
         for path in moved:
             log.warning("moved a half-written Fast-LLM checkpoint aside: %s", path)
         # The new trainer opens its broadcast group at start and waits there for the vLLM servers.
-        if not probe.call(lambda client: request_join(client, f.events_stream)):
+        start_step = fl_checkpoints.latest_complete_step(experiment_dir) or 0  # what it resumes from
+        if not probe.call(lambda client: request_join(client, f.events_stream, start_step)):
             log.warning("could not ask the weight follower to join the trainer's broadcast (Redis unreachable); "
                         "the trainer waits for it up to trainer.fast_llm.timeout_s, then is restarted")  # fmt: skip
         rewind_documents()

@@ -79,12 +79,33 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
     return state, replay_events(events), (metrics[-1] if metrics else None)
 
 
-def latest_log(run_dir: RunDir, process: str) -> Path:
+def latest_log(run_dir: RunDir, process: str, launch: Optional[int] = None) -> Path:
+    """The log of `process`'s latest start attempt in launch `launch` (default: the newest launch)."""
+    if launch is not None:
+        return _attempt_log(run_dir, process, launch)
     rows = {row.name: row for row in replay_events(_read_jsonl(run_dir.events))}
     if process not in rows:
         known = ", ".join(rows) or "none yet"
         raise RunDirError(f"no process named '{process}' in {run_dir.root}. Processes: {known}.")
-    return Path(rows[process].log) if rows[process].log else run_dir.log(process)
+    if rows[process].log:
+        return Path(rows[process].log)
+    launches = run_dir.launches()
+    return _attempt_log(run_dir, process, launches[-1]) if launches else run_dir.log(process)
+
+
+def _attempt_log(run_dir: RunDir, process: str, launch: int) -> Path:
+    """The newest attempt's log of `process` in launch `launch` (`<process>.log`, `<process>.<k>.log`)."""
+    folder = run_dir.launch_logs(launch)
+    if not folder.is_dir():
+        have = ", ".join(map(str, run_dir.launches())) or "none"
+        raise RunDirError(f"{run_dir.root} has no launch {launch}. Launches: {have}.")
+    attempts = {0 if p.name == f"{process}.log" else int(p.name[len(process) + 1 : -4]): p
+                for p in folder.glob(f"{process}*.log")
+                if p.name == f"{process}.log" or p.name[len(process) + 1 : -4].isdigit()}  # fmt: skip
+    if not attempts:
+        known = sorted({p.name.split(".")[0] for p in folder.glob("*.log")})
+        raise RunDirError(f"no log of '{process}' in launch {launch} of {run_dir.root}. Processes: {', '.join(known) or 'none'}.")
+    return attempts[max(attempts)]
 
 
 def _read_jsonl(path: Path) -> list[dict]:

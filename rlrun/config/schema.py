@@ -199,7 +199,7 @@ class SupervisorConfig:
     stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
     poll_interval_s: float = 0.5  # how often exits, liveness and completion are checked
     ready_timeout_s: float = 120.0  # default readiness deadline (vLLM has its own)
-    live_view: bool = True  # rich live table when stdout is a terminal
+    live_view: bool = True  # rich live table when stdout is a terminal; false: one plain line per change
     redis: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its AOF
     vllm: RoleSupervision = field(default_factory=RoleSupervision)  # restarted alone, with the latest weights
     trainer: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its last complete checkpoint

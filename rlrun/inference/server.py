@@ -7,6 +7,7 @@ import sys
 import httpx
 
 from rlrun.config.schema import InferenceConfig, ModelConfig
+from rlrun.inference.auth import MIDDLEWARE
 
 SERVED_MODEL_NAME = "policy"  # the actor names the model this way whatever its path
 
@@ -29,6 +30,7 @@ def server_argv(inference: InferenceConfig, model: ModelConfig, weights_path: st
         "--gpu-memory-utilization", str(inference.gpu_memory_utilization),
         "--disable-log-stats",
         "--worker-extension-cls", WORKER_EXTENSION,
+        "--middleware", MIDDLEWARE,  # the run's key on every route but /health (key: VLLM_API_KEY)
     ]  # fmt: skip
     if inference.enforce_eager:
         argv.append("--enforce-eager")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from rlrun.config import RunConfig, load_resolved
+from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin
 from rlrun.metrics import MetricsWriter, actor_counters
 from rlrun.rollouts import Group, MalformedGroup
@@ -321,16 +322,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_dir = RunDir(args.run_dir)
-    cfg = load_resolved(run_dir.config)
-    redis = connect(args.redis_url, run_dir.read_redis_password())
-    vllm = VllmAdmin(args.vllm_url)
+    vllm = None
     try:
+        cfg = load_resolved(run_dir.config)
+        redis = connect(args.redis_url, run_dir.read_redis_password())
+        vllm = VllmAdmin(args.vllm_url, api_key=run_dir.read_vllm_api_key())
         Trainer(cfg, run_dir, redis, args.model_path, vllm).train()
-    except checkpoint.CorruptCheckpoint as exc:  # a restart would meet the same checkpoints: exit 2, not retried
+    except (ConfigError, checkpoint.CorruptCheckpoint) as exc:
+        # A restart would meet the same config or checkpoints: exit 2, which the supervisor never
+        # retries (the run stops at once with exit 5, naming this log).
         log.error("%s", exc)
-        return 2
+        return int(ExitCode.USAGE)
     finally:
-        vllm.close()
+        if vllm is not None:
+            vllm.close()
     return 0
 
 

@@ -111,12 +111,12 @@ def test_killed_vllm_is_restarted_alone(chaos_run):
     assert failed and "killed by SIGKILL" in failed[0]["reason"] and failed[0]["action"] == "restart"
     # Redis was never restarted for it: one start, no restart
     assert restarts(run_dir, "redis") == 0
-    assert (run_dir / "logs" / "vllm-0.1.log").is_file()  # the restart logs to its own file
+    assert (run_dir / "logs" / "launch-1" / "vllm-0.1.log").is_file()  # the restart logs to its own file
 
 
 def test_killed_trainer_resumes_from_its_checkpoint(chaos_run):
     _, run_dir, _, timeline, _ = chaos_run
-    log = (run_dir / "logs" / "trainer.1.log").read_text()
+    log = (run_dir / "logs" / "launch-1" / "trainer.1.log").read_text()
     assert "resumed from" in log and f"at step {timeline['checkpoint_step_at_kill']}" in log
 
 

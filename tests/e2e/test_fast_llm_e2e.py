@@ -124,7 +124,7 @@ def test_vllm_loaded_every_broadcast_of_every_trainer_start(fast_llm_run):
     assert int(served["policy_version"]) == STEPS  # the actor tagged the last tokens with the final policy
     assert int(served["joins"]) == 3  # one join per trainer start: first, after the crash, after the SIGTERM
     assert int(served["broadcasts_loaded"]) == len(ready) and int(served["broadcasts_failed"]) == 0
-    log = (run_dir / "logs" / "weights.log").read_text()
+    log = (run_dir / "logs" / "launch-1" / "weights.log").read_text()
     assert log.count("vLLM serves step") == len(ready)
 
 

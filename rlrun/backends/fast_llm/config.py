@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,6 @@ import yaml
 
 from rlrun.backends.fast_llm.revisions import Revision
 from rlrun.config.schema import RunConfig
-from rlrun.errors import EnvironmentProblem
 
 # Fast-LLM's docs: "The Python hash seed must be set to 0 ... Training will fail if this isn't set."
 LAUNCH_ENV = {"PYTHONHASHSEED": "0"}
@@ -182,31 +180,6 @@ def launch_argv(cfg: RunConfig, config_path: Path) -> list[str]:
             arg = arg.replace(placeholder, value)
         argv.append(arg)
     return argv
-
-
-def ensure_launchable(argv: list[str]) -> None:
-    """Raise EnvironmentProblem naming what is missing when `argv` cannot start Fast-LLM here.
-
-    Checks the program and, for `torchrun --no_python <program>`, the program torchrun runs.
-    `--dry-run` does not call this: it only shows the command.
-    """
-    needed = [argv[0]] if argv else []
-    if argv and Path(argv[0]).name == "torchrun" and "--no_python" in argv:
-        rest = [a for a in argv[1:] if not a.startswith("-")]
-        if rest:
-            needed.append(rest[0])
-    missing = [name for name in needed if shutil.which(name) is None and not _is_executable(name)]
-    if missing:
-        raise EnvironmentProblem(
-            f"cannot start Fast-LLM: {', '.join(missing)} not found (command: {' '.join(argv)}). Install "
-            "Fast-LLM on a machine with GPUs (pip install 'fast-llm[CORE,OPTIONAL]', see "
-            "https://servicenow.github.io/Fast-LLM/), or set trainer.fast_llm.command, or use trainer=hf."
-        )
-
-
-def _is_executable(name: str) -> bool:
-    path = Path(name)
-    return os.sep in name and path.is_file() and os.access(path, os.X_OK)
 
 
 def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
