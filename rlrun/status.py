@@ -36,6 +36,7 @@ class ProcessRow:
     last_failure: str = ""
     log: str = ""
     since: Optional[float] = None  # time of the last state change
+    last_dump: str = ""  # the diagnostics file of the last stack dump taken before a kill
     history: list[str] = field(default_factory=list)
 
 
@@ -45,6 +46,8 @@ def replay_events(events: list[dict]) -> list[ProcessRow]:
     for event in events:
         name = event.get("process")
         kind = event.get("event")
+        if name and kind == "stack_dump":
+            rows.setdefault(name, ProcessRow(name)).last_dump = event.get("file") or ""
         if not name or kind not in EVENT_STATES:
             continue
         row = rows.setdefault(name, ProcessRow(name))

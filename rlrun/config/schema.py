@@ -199,6 +199,7 @@ class SupervisorConfig:
     poll_interval_s: float = 0.5  # how often exits, liveness and completion are checked
     ready_timeout_s: float = 120.0  # default readiness deadline (vLLM has its own)
     live_view: bool = True  # rich live table when stdout is a terminal
+    dump_timeout_s: float = 5.0  # before a kill for a stall (or a SIGKILL after stop_grace_s): at most this long dumping stacks into diagnostics/ (0: no dump)
     redis: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its AOF
     vllm: RoleSupervision = field(default_factory=RoleSupervision)  # restarted alone, with the latest weights
     trainer: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its last complete checkpoint

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from rlrun.config import RunConfig, load_resolved
 from rlrun.inference.admin import VllmAdmin
-from rlrun.metrics import MetricsWriter, actor_counters
+from rlrun.ettr import split_wall_time
+from rlrun.metrics import MetricsWriter, actor_counters, read_metrics
+from rlrun.supervisor.events import read_events
 from rlrun.rollouts import Group, MalformedGroup
 from rlrun.rundir import RunDir
 from rlrun.streams import names
@@ -62,6 +64,7 @@ class Trainer:
         # where the replay is; None once it is done and new entries (">") are read.
         self._pending_from: str | None = "0"
         self.metrics = MetricsWriter(run_dir.metrics, run_dir.tensorboard if cfg.metrics.tensorboard else None)
+        self.history = read_metrics(run_dir.metrics)  # every record so far, this run's earlier launches too: for ETTR
 
     # --- the loop ------------------------------------------------------------------------------
     def train(self) -> None:
@@ -72,6 +75,7 @@ class Trainer:
         while self.state.step < self.cfg.trainer.max_train_steps:
             started = time.monotonic()
             groups, message_ids = self._next_batch()
+            waited = time.monotonic() - started
             metrics = self._optimizer_step(groups)
             self.state = TrainerState(
                 step=self.state.step + 1,
@@ -79,9 +83,12 @@ class Trainer:
                 policy_version=self.state.policy_version + 1,
                 config_hash=self.state.config_hash,
             )
+            pushing = time.monotonic()
             self._push_weights()
             self.unacked.extend(message_ids)
             metrics["step_time_s"] = round(time.monotonic() - started, 4)
+            metrics["wait_s"] = round(waited, 4)
+            metrics["weights_s"] = round(time.monotonic() - pushing, 4)
             self._record(metrics, groups)
             if self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
                 self._save_checkpoint()
@@ -230,6 +237,8 @@ class Trainer:
             "time": round(time.time(), 3),
             **{k: round(v, 6) if isinstance(v, float) else v for k, v in metrics.items()},
         }
+        self.history.append(record)
+        record["ettr"] = self._ettr(record["time"])
         self.metrics.write(record)
         with open(self.run_dir.trained_groups, "a") as handle:  # a restarted step appears again, later
             handle.write(json.dumps({"step": self.state.step, "groups": [g.group_id for g in groups]}) + "\n")
@@ -240,6 +249,11 @@ class Trainer:
             self.state.step, self.cfg.trainer.max_train_steps, self.state.samples_processed,
             record["reward_mean"], record["loss"], record["clip_fraction"], record["step_time_s"],
         )  # fmt: skip
+
+    def _ettr(self, now: float) -> float | None:
+        """The run's effective training time ratio so far (rlrun/ettr.py), from its events and steps."""
+        ratio = split_wall_time(read_events(self.run_dir.events), self.history, now=now).ettr
+        return round(ratio, 4) if ratio is not None else None
 
     def _heartbeat(self) -> None:
         self.redis.hset(names.TRAINER_STATE, mapping={"pid": os.getpgrp(), "heartbeat": time.time()})
@@ -335,4 +349,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from rlrun import stackdump
+
+    stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)
     raise SystemExit(main())
