@@ -124,6 +124,10 @@ def check_dependencies(cfg: RunConfig) -> None:
         from rlrun.metrics import require_tensorboard
 
         require_tensorboard()
+    if cfg.metrics.wandb:
+        from rlrun.wandb_sink import require_wandb
+
+        require_wandb()
 
 
 PORT_ATTEMPTS = 3  # a service losing its port to another process at start gets new ports

@@ -178,6 +178,9 @@ class MetricsConfig:
     """What the trainer writes per optimizer step (`metrics.*`); metrics.jsonl is always written."""
 
     tensorboard: bool = False  # also write every step's scalars to <run>/tensorboard/ (needs `pip install 'rlrun[tensorboard]'`)
+    wandb: bool = False  # also send every step's scalars and the restart/failure events to Weights & Biases (needs `pip install 'rlrun[wandb]'`)
+    wandb_project: str = "rlrun"  # the W&B project; the W&B run is named after the run directory and continued on resume
+    wandb_mode: Literal["online", "offline"] = "online"  # offline: write under <run>/wandb/ only, send nothing (`wandb sync` later)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,12 @@ class Trainer:
         self._pending_from: str | None = "0"
         self.metrics = MetricsWriter(run_dir.metrics, run_dir.tensorboard if cfg.metrics.tensorboard else None)
         self.history = read_metrics(run_dir.metrics)  # every record so far, this run's earlier launches too: for ETTR
+        self.wandb = None
+        if cfg.metrics.wandb:  # the same W&B run for every trainer attempt and every launch of this run
+            from rlrun.wandb_sink import WandbSink
+
+            last = self.history[-1]["time"] if self.history else None
+            self.wandb = WandbSink(run_dir, cfg.metrics.wandb_project, cfg.metrics.wandb_mode, last_step_time=last)
 
     # --- the loop ------------------------------------------------------------------------------
     def train(self) -> None:
@@ -94,6 +100,8 @@ class Trainer:
                 self._save_checkpoint()
         self._announce_done()
         self.metrics.close()
+        if self.wandb is not None:
+            self.wandb.close()
 
     def _is_last_step(self) -> bool:
         return self.state.step >= self.cfg.trainer.max_train_steps
@@ -238,8 +246,12 @@ class Trainer:
             **{k: round(v, 6) if isinstance(v, float) else v for k, v in metrics.items()},
         }
         self.history.append(record)
-        record["ettr"] = self._ettr(record["time"])
+        events = read_events(self.run_dir.events)
+        ratio = split_wall_time(events, self.history, now=record["time"]).ettr  # rlrun/ettr.py
+        record["ettr"] = round(ratio, 4) if ratio is not None else None
         self.metrics.write(record)
+        if self.wandb is not None:
+            self.wandb.log(record, events)
         with open(self.run_dir.trained_groups, "a") as handle:  # a restarted step appears again, later
             handle.write(json.dumps({"step": self.state.step, "groups": [g.group_id for g in groups]}) + "\n")
         self._publish_state(reward_mean=record["reward_mean"])
@@ -249,11 +261,6 @@ class Trainer:
             self.state.step, self.cfg.trainer.max_train_steps, self.state.samples_processed,
             record["reward_mean"], record["loss"], record["clip_fraction"], record["step_time_s"],
         )  # fmt: skip
-
-    def _ettr(self, now: float) -> float | None:
-        """The run's effective training time ratio so far (rlrun/ettr.py), from its events and steps."""
-        ratio = split_wall_time(read_events(self.run_dir.events), self.history, now=now).ettr
-        return round(ratio, 4) if ratio is not None else None
 
     def _heartbeat(self) -> None:
         self.redis.hset(names.TRAINER_STATE, mapping={"pid": os.getpgrp(), "heartbeat": time.time()})
