@@ -21,7 +21,7 @@ from .test_failures import current_pid, events, steps_done, wait_for
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 16
+STEPS = 24
 STALL_S = 10
 
 
@@ -35,10 +35,10 @@ def frozen_run(tmp_path_factory):
     seen = {}
     try:
         wait_for(lambda: steps_done(run_dir) >= 2, 600, "step 2", proc)
-        seen["live_status"] = run_cli(["status", str(run_dir), "--json"], timeout=120)
-        seen["live_runs"] = run_cli(["runs", str(run_dir.parent), "--json"], timeout=120)
-        os.kill(current_pid(run_dir, "actor"), signal.SIGSTOP)
+        os.kill(current_pid(run_dir, "actor"), signal.SIGSTOP)  # at once: steps take ~1 s here
         seen["frozen_at"] = time.time()
+        seen["live_status"] = run_cli(["status", str(run_dir), "--json"], timeout=120)  # live, while frozen
+        seen["live_runs"] = run_cli(["runs", str(run_dir.parent), "--json"], timeout=120)
         proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
