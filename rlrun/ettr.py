@@ -8,7 +8,8 @@ The wall time of every launch (`rlrun train`, then each `rlrun resume`) is split
 - training: a step's optimizer work (its record's `step_time_s` less `wait_s` and `weights_s`);
 - waiting: the trainer waiting for the actor's groups (`wait_s`);
 - weights: saving the new weights and loading them into vLLM (`weights_s`);
-- recovery: from a failure (`process_failed`) to the end of the first step recorded after it; a
+- recovery: from a failure (`process_failed`; for a stall, from when the process went quiet) to
+  the end of the first step recorded after it; a
   step whose record is later written again (taken again after a trainer restart) — its work was
   lost; and the start of a resumed launch, up to its first step;
 - start_stop: from a fresh launch's start to its first step, from its last step to its stop;
@@ -180,7 +181,7 @@ def _failures(events: list[dict], records: list[dict], launches: list[_Launch]) 
         seen.add(record["step"])
     costs = []
     for i, event in enumerate(failed):
-        t = event["time"]
+        t = _onset(events, event)
         launch = _launch_of(launches, t)
         after = next((r for r in records if r["time"] > t and r["time"] <= launch.end), None)
         before = next((r for r in reversed(records) if r["time"] <= t), None)
@@ -198,6 +199,17 @@ def _failures(events: list[dict], records: list[dict], launches: list[_Launch]) 
             )  # fmt: skip
         )
     return costs
+
+
+def _onset(events: list[dict], failed: dict) -> float:
+    """When a failure began: a stall began `quiet_s` before the watchdog declared it."""
+    stalls = [
+        e for e in events
+        if e.get("event") == "process_stalled" and e.get("process") == failed.get("process") and 0 <= failed["time"] - e["time"] < 60
+    ]  # fmt: skip
+    if stalls and _num(stalls[-1].get("quiet_s")) is not None:
+        return stalls[-1]["time"] - float(stalls[-1]["quiet_s"])
+    return failed["time"]
 
 
 def _sweep(intervals: list[tuple[float, float, str]]) -> dict[str, float]:

@@ -95,3 +95,16 @@ def test_the_parts_always_add_up_to_the_wall_time(steps, failure_times):
     assert sum(split.seconds.values()) == pytest.approx(split.wall_s, abs=1e-6)
     assert all(value >= -1e-9 for value in split.seconds.values())
     assert 0 <= split.ettr <= 1
+
+
+def test_a_stall_costs_from_when_the_process_went_quiet_not_from_when_it_was_declared():
+    events = [
+        ev(0, "run_started"),
+        ev(30, "process_stalled", process="actor", quiet_s=12),
+        ev(31, "process_failed", process="actor", reason="stalled: no progress for 12 s"),
+        ev(60, "run_stopped"),
+    ]
+    split = split_wall_time(events, [rec(10, 1, 5), rec(40, 2, 5)])
+    (failure,) = split.failures
+    assert failure.time == 18 and failure.recovery_s == 22  # quiet from 18, the next step ends at 40
+    assert split.seconds["recovery"] == 22
