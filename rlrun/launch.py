@@ -124,6 +124,10 @@ def check_dependencies(cfg: RunConfig) -> None:
         from rlrun.metrics import require_tensorboard
 
         require_tensorboard()
+    if cfg.metrics.wandb:
+        from rlrun.wandb_sink import require_wandb
+
+        require_wandb()
 
 
 PORT_ATTEMPTS = 3  # a service losing its port to another process at start gets new ports
@@ -152,7 +156,7 @@ def train(
     if resumed:
         events.emit("run_resumed", previous_status=run_dir.read_state().get("status"), launch=run_dir.launch)
     else:
-        events.emit("run_started", launch=run_dir.launch)
+        events.emit("run_started", launch=run_dir.launch)  # where the run's wall time begins (rlrun/ettr.py)
     run_dir.write_state(status="running", supervisor_pid=os.getpid(), started_at=time.time(), model_path=path, launch=run_dir.launch)
     status = "failed"
     supervisor: Optional[Supervisor] = None
@@ -168,7 +172,10 @@ def train(
                 )
             progress = ProgressReader(endpoints.redis_url, run_dir, events)
             tick = _ticker(on_tick, progress, cfg)
-            supervisor = Supervisor(build_specs(cfg, run_dir, endpoints, path), events, spawner=spawner_for(cfg, run_dir), poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick)
+            supervisor = Supervisor(
+                build_specs(cfg, run_dir, endpoints, path), events, spawner=spawner_for(cfg, run_dir),
+                poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick, diagnose=diagnoser_for(cfg, run_dir),
+            )  # fmt: skip
             try:
                 supervisor.start_all()
                 break
@@ -191,6 +198,15 @@ def train(
                 on_tick(supervisor.processes, progress.read(cfg))
         run_dir.write_state(status=status, stopped_at=time.time())
         events.emit("run_stopped", status=status, malformed_events=progress.malformed_events if progress else 0)
+
+
+def diagnoser_for(cfg: RunConfig, run_dir: RunDir):
+    """Stack dumps before kills (local processes only: under Ray the pids live on other nodes)."""
+    if cfg.supervisor.dump_timeout_s <= 0 or cfg.world.kind != "local":
+        return None
+    from rlrun.supervisor.diagnostics import Diagnoser
+
+    return Diagnoser(run_dir.diagnostics, budget_s=cfg.supervisor.dump_timeout_s).capture
 
 
 def _use_external_redis(cfg: RunConfig, run_dir: RunDir) -> None:

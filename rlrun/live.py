@@ -41,7 +41,8 @@ def status_table(rows) -> Table:
     for column in ("process", "pid", "state", "restarts", "last failure", "log"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(row.name, str(row.pid or "-"), _state(row.state), str(row.restarts), row.last_failure or "-", row.log)
+        failure = row.last_failure + (f" (stacks: {row.last_dump})" if row.last_dump else "")
+        table.add_row(row.name, str(row.pid or "-"), _state(row.state), str(row.restarts), failure or "-", row.log)
     return table
 
 

@@ -65,7 +65,8 @@ class RedisProbe:
             return None
 
     def ping(self, pid: int = 0) -> bool:
-        return redis_server.ping(self._url, self._password())
+        """PING on the probe's own connection (a new connection and AUTH per poll cost CPU)."""
+        return self.call(lambda client: client.ping())
 
     def heartbeat(self, key: str, pid: int, max_age_s: float = HEARTBEAT_FRESH_S) -> bool:
         """True when process `pid` wrote a heartbeat into hash `key` less than max_age_s ago."""
@@ -143,8 +144,8 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
                 env=vllm_server.server_env(cfg.inference),
                 secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # every route but /health (rlrun.inference.auth)
                 log_path=run_dir.log(f"vllm-{i}"),
-                ready=lambda pid, url=url: vllm_server.healthy(url),
-                alive=lambda pid, url=url: vllm_server.healthy(url),
+                ready=vllm_server.HealthCheck(url),
+                alive=vllm_server.HealthCheck(url),
                 ready_timeout_s=cfg.inference.ready_timeout_s,
                 stop_grace_s=grace,
                 restart=restart_policy(sup.vllm),

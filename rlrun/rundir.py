@@ -173,6 +173,11 @@ class RunDir:
         return self.root / "events.jsonl"
 
     @property
+    def diagnostics(self) -> Path:
+        """Stack dumps taken before a stalled process was killed, one file per dump."""
+        return self.root / "diagnostics"
+
+    @property
     def state(self) -> Path:
         """Small run-state file read by `rlrun resume` and `rlrun inspect-checkpoint`."""
         return self.root / "state.json"

@@ -179,6 +179,9 @@ class MetricsConfig:
     """What the trainer writes per optimizer step (`metrics.*`); metrics.jsonl is always written."""
 
     tensorboard: bool = False  # also write every step's scalars to <run>/tensorboard/ (needs `pip install 'rlrun[tensorboard]'`)
+    wandb: bool = False  # also send every step's scalars and the restart/failure events to Weights & Biases (needs `pip install 'rlrun[wandb]'`)
+    wandb_project: str = "rlrun"  # the W&B project; the W&B run is named after the run directory and continued on resume
+    wandb_mode: Literal["online", "offline"] = "online"  # offline: write under <run>/wandb/ only, send nothing (`wandb sync` later)
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,7 @@ class SupervisorConfig:
     poll_interval_s: float = 0.5  # how often exits, liveness and completion are checked
     ready_timeout_s: float = 120.0  # default readiness deadline (vLLM has its own)
     live_view: bool = True  # rich live table when stdout is a terminal; false: one plain line per change
+    dump_timeout_s: float = 5.0  # before a kill for a stall (or a SIGKILL after stop_grace_s): at most this long dumping stacks into diagnostics/ (0: no dump)
     redis: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its AOF
     vllm: RoleSupervision = field(default_factory=RoleSupervision)  # restarted alone, with the latest weights
     trainer: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its last complete checkpoint

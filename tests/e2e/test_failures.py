@@ -137,6 +137,23 @@ def test_a_frozen_process_is_reported_as_stalled_and_recovered(chaos_run):
     assert restarts(run_dir, "actor") >= 2
 
 
+def test_the_fault_matrix_reports_ettr_and_the_work_lost_per_failure(chaos_run):
+    from rlrun.ettr import split_wall_time
+    from rlrun.metrics import read_metrics
+
+    _, run_dir, _, timeline, _ = chaos_run
+    split = split_wall_time(events(run_dir), read_metrics(run_dir / "metrics.jsonl"))
+    print(f"\nchaos run: ETTR {split.ettr:.2f} of {split.wall_s:.0f} s; {json.dumps({k: round(v, 1) for k, v in split.seconds.items()})}")
+    for f in split.failures:
+        print(f"  {f.process}: {f.reason} -> recovery {f.recovery_s} s, {f.steps_retaken} steps retaken, {f.tokens_regenerated} tokens regenerated")
+    assert {"vllm-0", "actor", "trainer"} <= {f.process for f in split.failures}
+    assert all(f.recovery_s is not None and f.recovery_s > 0 for f in split.failures)  # each one recovered
+    # the trainer restarts from its checkpoint: whatever it had recorded past it is taken again
+    recorded = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
+    assert split.steps_retaken == len(recorded) - len(set(recorded))
+    assert sum(split.seconds.values()) == pytest.approx(split.wall_s, abs=0.1) and 0 < split.ettr < 1
+
+
 def test_nothing_is_left_after_the_chaos_run(chaos_run):
     _, _, left, _, _ = chaos_run
     assert left == []

@@ -306,3 +306,34 @@ def test_an_exit_rejected_by_the_completion_rule_is_restarted_and_before_start_r
     failed = next(e for e in events.recorded if e["event"] == "process_failed")
     assert "before its work was done (interrupted at step 3 of 10)" in failed["reason"] and failed["action"] == "restart"
     assert calls == ["tidy", "tidy"]  # before the first start and before the restart
+
+
+def test_a_stalled_process_is_diagnosed_before_the_kill_and_the_event_names_the_file(tmp_path):
+    alive = {"value": True}
+    clock = FakeClock()
+    spawner = FakeSpawner()
+    events = EventLog(None, clock=clock)
+    calls = []
+
+    def diagnose(process, attempt, pids, log_path, reason):
+        killed = [entry for entry in spawner.log if entry[0] == "signal"]
+        calls.append((process, attempt, pids, log_path.name, reason, killed))
+        return tmp_path / f"{process}-{attempt}.txt"
+
+    specs = [spec("actor", tmp_path, restart=RESTARTING, alive=lambda pid: alive["value"], stall_timeout_s=10, stop_grace_s=1)]
+    sup = Supervisor(specs, events, spawner=spawner, clock=clock, sleep=clock.sleep, diagnose=diagnose)
+    sup.start_all()
+    stalled_pid = spawner.handles["actor"].pid
+    alive["value"] = False
+    run_until(sup, clock, lambda: sup.status("actor").attempt == 1)
+    assert calls == [("actor", 0, [stalled_pid], "actor.log", "stalled: no progress for 10 s, killed by the watchdog", [])]  # not yet killed
+    dump = next(e for e in events.recorded if e["event"] == "stack_dump")
+    assert dump["file"] == str(tmp_path / "actor-0.txt") and dump["attempt"] == 0
+    assert sup.status("actor").last_dump == tmp_path / "actor-0.txt"
+
+    # A stop whose SIGTERM is ignored is diagnosed before the SIGKILL; one that obeys is not.
+    spawner.handles["actor"].ignores_sigterm = True
+    sup.stop_all()
+    assert calls[-1][0:2] == ("actor", 1) and "after SIGTERM" in calls[-1][4]
+    assert calls[-1][5][-1] == ("signal", spawner.handles["actor"].pid, "SIGTERM")
+    assert len(calls) == 2
