@@ -60,7 +60,7 @@ def test_the_real_fast_llm_ends_at_exactly_train_iters(real_run):
     assert latest_complete_step(run_dir / "fast_llm") == STEPS
     assert fl_events[-1] == {"type": "training_finished"}
     assert left == []
-    log = (run_dir / "logs" / "weights.log").read_text()
+    log = (run_dir / "logs" / "launch-1" / "weights.log").read_text()
     ready = [e for e in fl_events if e["type"] == "weights_ready"]
     assert log.count("vLLM serves step") == len(ready) == STEPS + 1
 
