@@ -42,7 +42,7 @@ from pathlib import Path
 
 import redis
 
-from rlrun.journal.store import Journal
+from rlrun.journal.store import Append, Journal
 from rlrun.rundir import RunDir
 from rlrun.streams.server import connect, managed_server
 
@@ -71,7 +71,7 @@ def trial(root: Path, policy: str, mode: str, seconds: float, rng: random.Random
         if mode == "journal":
             group = journal.open_group(lambda cursor: 0, lambda index: [1, 2, 3], group_size=1, max_new_tokens=10**9, run="bench")
             group_id = group.group_id
-            journal.append(group_id, 0, 0, [], [], 0)  # load the script before the clock starts
+            journal.append_many([Append(group_id, 0, 0, [], [], 0)])  # load the script before the clock starts
         acks: list[tuple[float, int]] = []  # (ack time, length after it): tokens, or seq + 1
         killed: dict[str, float] = {}
 
@@ -87,7 +87,7 @@ def trial(root: Path, policy: str, mode: str, seconds: float, rng: random.Random
             while True:
                 if mode == "journal":
                     tokens = [(length + k) % 50 for k in range(TOKENS_PER_APPEND)]
-                    result = journal.append(group_id, 0, length, tokens, [-0.5] * TOKENS_PER_APPEND, 0)
+                    (result,) = journal.append_many([Append(group_id, 0, length, tokens, [-0.5] * TOKENS_PER_APPEND, 0)])
                     if not result.accepted:
                         raise RuntimeError(f"append refused: {result}")
                     length = result.length
@@ -106,7 +106,7 @@ def trial(root: Path, policy: str, mode: str, seconds: float, rng: random.Random
         restart_s = time.time() - restart_started
         c = client(server)
         if mode == "journal":
-            record = Journal(c).load_group(group_id)
+            record, _ = Journal(c).read_group(group_id)
             restored = len(record.samples[0].token_ids) if record else 0
         else:
             entries = [json.loads(e) for e in c.lrange(LIST_KEY, 0, -1)]

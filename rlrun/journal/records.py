@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from rlrun.streams.codec import json_object
@@ -141,47 +141,6 @@ class SampleRecord:
     def finished(self) -> bool:
         return self.state in ("finished", "delivered")
 
-    def to_dict(self) -> dict:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "sample",
-            "group_id": self.group_id,
-            "index": self.index,
-            "state": self.state,
-            "token_ids": list(self.token_ids),
-            "logprobs": list(self.logprobs),
-            "versions": list(self.versions),
-            "finish_reason": self.finish_reason,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "SampleRecord":
-        if not isinstance(data, dict):
-            raise CorruptRecord(f"sample record must be a JSON object, got {type(data).__name__}")
-        _check_header(data, "sample")
-        group_id = _str(_field(data, "group_id", "sample"), "sample group_id")
-        index = _int(_field(data, "index", "sample"), "sample index")
-        what = f"sample {group_id!r}#{index}"
-        finish_reason = data.get("finish_reason")
-        if finish_reason is not None and not isinstance(finish_reason, str):
-            raise CorruptRecord(f"{what}: finish_reason must be a string or null")
-        return cls(
-            group_id=group_id,
-            index=index,
-            state=_field(data, "state", "sample"),
-            token_ids=_int_list(_field(data, "token_ids", "sample"), f"{what}: token_ids"),
-            logprobs=_float_list(_field(data, "logprobs", "sample"), f"{what}: logprobs"),
-            versions=_int_list(_field(data, "versions", "sample"), f"{what}: versions"),
-            finish_reason=finish_reason,
-        )
-
-    def to_json(self) -> str:
-        return dumps(self.to_dict())
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> "SampleRecord":
-        return cls.from_dict(loads(raw, "sample"))
-
 
 @dataclass(frozen=True)
 class GroupHeader:
@@ -203,40 +162,14 @@ class GroupHeader:
         _int(self.group_size, f"{what}: group_size", minimum=1)
         _int(self.max_new_tokens, f"{what}: max_new_tokens", minimum=1)
 
-    def to_dict(self) -> dict:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "group_header",
-            "group_id": self.group_id,
-            "cursor": self.cursor,
-            "prompt_index": self.prompt_index,
-            "prompt_ids": list(self.prompt_ids),
-            "group_size": self.group_size,
-            "max_new_tokens": self.max_new_tokens,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any, kind: str = "group_header") -> "GroupHeader":
-        if not isinstance(data, dict):
-            raise CorruptRecord(f"{kind} record must be a JSON object, got {type(data).__name__}")
-        _check_header(data, kind)
-        return cls(
-            group_id=_str(_field(data, "group_id", kind), f"{kind} group_id"),
-            cursor=_int(_field(data, "cursor", kind), f"{kind} cursor"),
-            prompt_index=_int(_field(data, "prompt_index", kind), f"{kind} prompt_index"),
-            prompt_ids=_int_list(_field(data, "prompt_ids", kind), f"{kind} prompt_ids"),
-            group_size=_int(_field(data, "group_size", kind), f"{kind} group_size", minimum=1),
-            max_new_tokens=_int(
-                _field(data, "max_new_tokens", kind), f"{kind} max_new_tokens", minimum=1
-            ),
-        )
-
     def to_json(self) -> str:
-        return dumps(self.to_dict())
+        return dumps({"schema_version": SCHEMA_VERSION, "kind": "group_header", **header_fields(self)})
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "GroupHeader":
-        return cls.from_dict(loads(raw, "group_header"))
+        data = loads(raw, "group_header")
+        _check_header(data, "group_header")
+        return cls(**{name: _field(data, name, "group_header") for name in HEADER_FIELDS})  # __post_init__ checks types
 
 
 @dataclass(frozen=True)
@@ -279,44 +212,13 @@ class GroupRecord:
     def from_header(cls, header: GroupHeader, state: str, samples: list[SampleRecord]) -> "GroupRecord":
         return cls(**header_fields(header), state=state, samples=samples)
 
-    def to_dict(self) -> dict:
-        return {
-            **self.header.to_dict(),
-            "kind": "group",
-            "state": self.state,
-            "samples": [sample.to_dict() for sample in self.samples],
-        }
 
-    @classmethod
-    def from_dict(cls, data: Any) -> "GroupRecord":
-        header = GroupHeader.from_dict(data, kind="group")
-        samples = _field(data, "samples", "group")
-        if not isinstance(samples, list):
-            raise CorruptRecord(f"group {header.group_id!r}: samples must be a list")
-        return cls.from_header(
-            header,
-            state=_field(data, "state", "group"),
-            samples=[SampleRecord.from_dict(sample) for sample in samples],
-        )
-
-    def to_json(self) -> str:
-        return dumps(self.to_dict())
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> "GroupRecord":
-        return cls.from_dict(loads(raw, "group"))
+HEADER_FIELDS = tuple(f.name for f in fields(GroupHeader))  # the one list of a header's fields
 
 
 def header_fields(header: GroupHeader | GroupRecord) -> dict:
     """The fields a group's header and its record share."""
-    return {
-        "group_id": header.group_id,
-        "cursor": header.cursor,
-        "prompt_index": header.prompt_index,
-        "prompt_ids": header.prompt_ids,
-        "group_size": header.group_size,
-        "max_new_tokens": header.max_new_tokens,
-    }
+    return {name: getattr(header, name) for name in HEADER_FIELDS}
 
 
 # --- the token log -----------------------------------------------------------------------------

@@ -340,19 +340,6 @@ class Journal:
         )
 
     # --- tokens ----------------------------------------------------------------------------------
-    def append(
-        self,
-        group_id: str,
-        index: int,
-        expected_offset: int,
-        token_ids: Sequence[int],
-        logprobs: Sequence[float],
-        version: int,
-    ) -> WriteResult:
-        """Append tokens to a sample if it holds exactly `expected_offset` tokens (else nothing
-        is stored and the result says why and how many it holds). Marks it generating."""
-        return self.append_many([Append(group_id, index, expected_offset, token_ids, logprobs, version)])[0]
-
     def append_many(self, appends: Sequence[Append]) -> list[WriteResult]:
         """Several appends in one round trip and one atomic step, each accepted or rejected on
         its own (in order: two appends to one sample chain)."""
@@ -437,12 +424,6 @@ class Journal:
         """Groups taken out of replay because their header was unreadable, in cursor order."""
         return self.client.zrange(quarantine_key(self.prefix), 0, -1)
 
-    def delivered_id(self, group_id: str) -> str | None:
-        """The stream id a delivered group was published under; None if not delivered (or its
-        marker was trimmed)."""
-        state, stream_id = self.client.hmget(self.group_key(group_id), "state", "stream_id")
-        return stream_id if state == "delivered" else None
-
     def trim_delivered(self, keep_last: int) -> int:
         """Delete the delivered markers of groups older than the last `keep_last` cursors;
         returns how many were deleted."""
@@ -501,14 +482,6 @@ class Journal:
         if not fields or fields.get("state") == "delivered":
             return None, []
         return fold_group(group_id, fields, entries)
-
-    def load_group(self, group_id: str) -> GroupRecord | None:
-        """One open group, strictly: raises CorruptRecord if any of it is corrupt. None when the
-        group is delivered or not in the journal."""
-        group, problems = self.read_group(group_id)
-        if problems:
-            raise CorruptRecord(f"group {group_id}: " + "; ".join(problems))
-        return group
 
 
 def _append_entry(item: Append) -> LogEntry:

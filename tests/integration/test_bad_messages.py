@@ -16,7 +16,7 @@ from rlrun import launch
 from rlrun.actor.ledger import JournalLedger
 from rlrun.actor.main import Actor
 from rlrun.config import compose
-from rlrun.journal.store import group_key, log_key
+from rlrun.journal.store import Append, group_key, log_key
 from rlrun.streams import names
 from rlrun.streams.codec import encode
 from rlrun.supervisor import EventLog
@@ -159,8 +159,7 @@ def test_a_restarted_actor_counts_and_logs_each_corrupt_journal_record(client, c
     ledger = JournalLedger(client)
     journal = ledger.journal
     group = journal.open_group(lambda c: c, lambda p: [1, 2], group_size=2, max_new_tokens=8, run="run")
-    journal.append(group.group_id, 0, 0, [5, 6, 7], [-0.1, -0.2, -0.3], 0)
-    journal.append(group.group_id, 1, 0, [8, 9], [-0.4, -0.5], 0)
+    journal.append_many([Append(group.group_id, 0, 0, [5, 6, 7], [-0.1, -0.2, -0.3], 0), Append(group.group_id, 1, 0, [8, 9], [-0.4, -0.5], 0)])
     journal.finish(group.group_id, 1, "stop", 2)
     damage(client, group.group_id)
 
@@ -188,8 +187,7 @@ def _restarted_actor(client, damage=None):
     cfg, _ = compose(["recipe=math_grpo"])
     ledger = JournalLedger(client)
     group = ledger.journal.open_group(lambda c: c, lambda p: [1, 2], group_size=2, max_new_tokens=8, run="run")
-    ledger.journal.append(group.group_id, 0, 0, [5, 6, 7], [-0.1, -0.2, -0.3], 0)
-    ledger.journal.append(group.group_id, 1, 0, [8, 9], [-0.4, -0.5], 0)
+    ledger.journal.append_many([Append(group.group_id, 0, 0, [5, 6, 7], [-0.1, -0.2, -0.3], 0), Append(group.group_id, 1, 0, [8, 9], [-0.4, -0.5], 0)])
     ledger.journal.finish(group.group_id, 1, "stop", 2)
     if damage is not None:
         damage(client, group.group_id)
@@ -233,7 +231,7 @@ def test_a_sample_that_reads_as_empty_on_a_reread_is_reset_in_the_journal(client
     sample.append([12, 13], [-0.1, -0.2], 0)
     actor._flush(live, [sample])  # generated again from the prompt: the journal takes it
     assert sample.journaled == 2
-    assert actor.ledger.journal.load_group(group_id).samples[0].token_ids == [12, 13]
+    assert actor.ledger.journal.read_group(group_id)[0].samples[0].token_ids == [12, 13]
 
 
 # --- a port taken between picking it and binding it ---------------------------------------------

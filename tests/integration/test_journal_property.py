@@ -91,6 +91,9 @@ def make_machine(client):
             found = self._candidates(want)
             return found[pick % len(found)] if found else None
 
+        def _append(self, gid, i, offset, tokens, logprobs, version):
+            return self.journal.append_many([Append(gid, i, offset, tokens, logprobs, version)])[0]
+
         def _record(self, gid, i, tokens, logprobs, version):
             t, lp, v = self.truth[gid][i]
             t += tokens
@@ -120,8 +123,8 @@ def make_machine(client):
 
         def _resync(self, gid):
             """The actor lost track of a group (a rejected append): read it back and replan it."""
-            record = self.journal.load_group(gid)
-            assert record is not None
+            record, problems = self.journal.read_group(gid)
+            assert record is not None and problems == []
             self._adopt(plan_replay([record], current_version=self.version, max_prefix_staleness=STALENESS).groups[0])
 
         def _adopt(self, plan):
@@ -188,7 +191,7 @@ def make_machine(client):
             gid, i = found
             sample = self.actor[gid].samples[i]
             tokens, logprobs = self._generate(gid, i, n)
-            result = self.journal.append(gid, i, len(sample.tokens), tokens, logprobs, self.version)
+            result = self._append(gid, i, len(sample.tokens), tokens, logprobs, self.version)
             if not result.accepted:  # only after a lost acknowledgement
                 assert result.reason == "duplicate" and result.length > len(sample.tokens)
                 self._resync(gid)
@@ -243,7 +246,7 @@ def make_machine(client):
             tokens, logprobs = self._generate(gid, i, 1)
             if tokens:
                 stored = len(self.truth[gid][i][0])  # what the journal holds, maybe ahead of the actor
-                assert self.journal.append(gid, i, stored, tokens, logprobs, self.version).accepted
+                assert self._append(gid, i, stored, tokens, logprobs, self.version).accepted
                 self._record(gid, i, tokens, logprobs, self.version)
 
         @rule(pick=PICK, back=st.integers(1, 3))
@@ -255,7 +258,7 @@ def make_machine(client):
             gid, i = found
             sample = self.actor[gid].samples[i]
             offset = max(0, len(sample.tokens) - back)
-            result = self.journal.append(gid, i, offset, sample.tokens[offset:], sample.logprobs[offset:], self.version)
+            result = self._append(gid, i, offset, sample.tokens[offset:], sample.logprobs[offset:], self.version)
             assert not result.accepted
             assert result.reason == ("finished" if sample.finish else "duplicate")
 
@@ -267,7 +270,7 @@ def make_machine(client):
             gid, i = found
             sample = self.actor[gid].samples[i]
             truth_len = len(self.truth[gid][i][0])
-            result = self.journal.append(gid, i, truth_len + ahead, [1], [-1.0], self.version)
+            result = self._append(gid, i, truth_len + ahead, [1], [-1.0], self.version)
             assert not result.accepted
             assert result.reason == ("finished" if sample.finish else "gap")
             assert result.length == truth_len
@@ -337,7 +340,7 @@ def make_machine(client):
                 for i, sample in enumerate(self.actor[gid].samples):
                     while sample.finish is None:
                         tokens, logprobs = self._generate(gid, i, 2)
-                        assert self.journal.append(gid, i, len(sample.tokens), tokens, logprobs, self.version).accepted
+                        assert self._append(gid, i, len(sample.tokens), tokens, logprobs, self.version).accepted
                         self._record(gid, i, tokens, logprobs, self.version)
                         self._apply(gid, i, tokens, logprobs)
                         self._close_if_spent(gid, i)

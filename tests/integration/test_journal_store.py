@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from rlrun.journal import Append, CorruptRecord, Journal, NotFinished, UnknownGroup, plan_replay
-from rlrun.journal.records import SampleRecord
-from rlrun.journal.store import cursor_key, delivered_key, open_key
+from rlrun.journal import Append, Journal, NotFinished, UnknownGroup, plan_replay
+from rlrun.journal.records import GroupRecord, SampleRecord
+from rlrun.journal.store import WriteResult, cursor_key, delivered_key, open_key
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -19,6 +19,18 @@ STREAM = "rlrun:groups"
 @pytest.fixture
 def journal(client):
     return Journal(client)
+
+
+def append(journal: Journal, *args, **kwargs) -> WriteResult:
+    """One append, through the batch path the actor uses."""
+    return journal.append_many([Append(*args, **kwargs)])[0]
+
+
+def read(journal: Journal, group_id: str) -> GroupRecord | None:
+    """One open group, which must read back without problems."""
+    group, problems = journal.read_group(group_id)
+    assert problems == []
+    return group
 
 
 def _open(journal: Journal, size=2, budget=8, run="run"):
@@ -78,7 +90,7 @@ def test_a_cursor_hint_opens_at_the_hinted_cursor_and_a_stale_one_costs_one_try(
     stale = journal.open_group(lambda c: calls.append(c) or c, lambda p: [p], group_size=1, max_new_tokens=2,
                                run="run", cursor_hint=0)  # fmt: skip
     assert calls == [0, 2] and stale.cursor == 2 and journal.cursor() == 3
-    assert journal.load_group("run/0").prompt_index == 0  # the stale try changed nothing
+    assert read(journal, "run/0").prompt_index == 0  # the stale try changed nothing
     assert "moved" not in caplog.text  # a stale hint is not reported as another writer
 
 
@@ -105,18 +117,18 @@ def test_cursor_persists_across_a_restart(server, journal):
 
 def test_append_is_idempotent_duplicates_and_gaps_are_rejected(journal):
     g = _open(journal).group_id
-    ok = journal.append(g, 0, 0, [1, 2], [-0.5, -0.25], version=3)
+    ok = append(journal, g, 0, 0, [1, 2], [-0.5, -0.25], version=3)
     assert (ok.accepted, ok.length, ok.reason) == (True, 2, "ok")
-    again = journal.append(g, 0, 0, [1, 2], [-0.5, -0.25], version=3)  # a retried append
+    again = append(journal, g, 0, 0, [1, 2], [-0.5, -0.25], version=3)  # a retried append
     assert (again.accepted, again.length, again.reason) == (False, 2, "duplicate")
-    gap = journal.append(g, 0, 5, [9], [-1.0], version=3)
+    gap = append(journal, g, 0, 5, [9], [-1.0], version=3)
     assert (gap.accepted, gap.length, gap.reason) == (False, 2, "gap")
-    stale = journal.append(g, 0, 1, [2, 7], [-0.25, -1.0], version=3)  # overlaps what is stored
+    stale = append(journal, g, 0, 1, [2, 7], [-0.25, -1.0], version=3)  # overlaps what is stored
     assert (stale.accepted, stale.reason) == (False, "duplicate")
-    assert journal.append(g, 0, 2, [3], [-0.125], version=4).length == 3
-    sample = journal.load_group(g).samples[0]
+    assert append(journal, g, 0, 2, [3], [-0.125], version=4).length == 3
+    sample = read(journal, g).samples[0]
     assert sample == SampleRecord(g, 0, "generating", [1, 2, 3], [-0.5, -0.25, -0.125], [3, 3, 4])
-    assert journal.load_group(g).samples[1].state == "pending"
+    assert read(journal, g).samples[1].state == "pending"
 
 
 def test_a_batch_of_appends_is_one_call_each_judged_on_its_own(journal, client):
@@ -140,17 +152,17 @@ def test_a_batch_of_appends_is_one_call_each_judged_on_its_own(journal, client):
 
 def test_appends_to_unknown_groups_and_samples_are_rejected(journal):
     g = _open(journal, size=2).group_id
-    assert journal.append("run/99", 0, 0, [1], [-1.0], 0).reason == "unknown"
-    assert journal.append(g, 2, 0, [1], [-1.0], 0).reason == "unknown"
+    assert append(journal, "run/99", 0, 0, [1], [-1.0], 0).reason == "unknown"
+    assert append(journal, g, 2, 0, [1], [-1.0], 0).reason == "unknown"
     with pytest.raises(ValueError, match="2 token ids but 1 logprobs"):
-        journal.append(g, 0, 0, [1, 2], [-1.0], 0)
+        append(journal, g, 0, 0, [1, 2], [-1.0], 0)
 
 
 def test_logprobs_are_kept_bit_for_bit(journal):
     g = _open(journal, size=1).group_id
     logprobs = [-1 / 3, -2.220446049250313e-16, -123.456789012345678, -0.0, -1e-300]
-    journal.append(g, 0, 0, [1, 2, 3, 4, 5], logprobs, 0)
-    assert journal.load_group(g).samples[0].logprobs == logprobs
+    append(journal, g, 0, 0, [1, 2, 3, 4, 5], logprobs, 0)
+    assert read(journal, g).samples[0].logprobs == logprobs
 
 
 # --- finishing and delivering ------------------------------------------------------------------
@@ -158,21 +170,21 @@ def test_logprobs_are_kept_bit_for_bit(journal):
 
 def test_finish_checks_the_length_and_is_idempotent(journal):
     g = _open(journal).group_id
-    journal.append(g, 0, 0, [1, 2], [-1.0, -2.0], 0)
+    append(journal, g, 0, 0, [1, 2], [-1.0, -2.0], 0)
     assert journal.finish(g, 0, "stop", expected_length=1).reason == "length_mismatch"
     assert journal.finish(g, 0, "stop", expected_length=2).accepted
     assert journal.finish(g, 0, "stop", expected_length=2).accepted  # a retry
     assert journal.finish(g, 0, "length", expected_length=2).reason == "finished"
-    assert journal.append(g, 0, 2, [3], [-3.0], 0).reason == "finished"
+    assert append(journal, g, 0, 2, [3], [-3.0], 0).reason == "finished"
     with pytest.raises(ValueError, match="abort"):
         journal.finish(g, 1, "abort", expected_length=0)
-    sample = journal.load_group(g).samples[0]
+    sample = read(journal, g).samples[0]
     assert (sample.state, sample.finish_reason, sample.token_ids) == ("finished", "stop", [1, 2])
 
 
 def _finish_all(journal, group, tokens=2):
     for s in group.samples:
-        journal.append(group.group_id, s.index, 0, list(range(tokens)), [-0.5] * tokens, 0)
+        append(journal, group.group_id, s.index, 0, list(range(tokens)), [-0.5] * tokens, 0)
         journal.finish(group.group_id, s.index, "stop", tokens)
 
 
@@ -183,25 +195,24 @@ def test_deliver_publishes_exactly_once_and_trims_the_tokens(journal, client):
     assert entry_id is not None
     assert journal.deliver(group.group_id, STREAM, '{"group":"run/0"}') is None
     assert client.xrange(STREAM) == [(entry_id, {"data": '{"group":"run/0"}'})]
-    assert journal.delivered_id(group.group_id) == entry_id
     # the group message holds everything: only a small marker stays
     assert client.hgetall(journal.group_key(group.group_id)) == {"state": "delivered", "cursor": "0", "stream_id": entry_id}
     assert not client.exists(journal.log_key(group.group_id))
-    assert journal.load_open_groups() == ([], []) and journal.load_group(group.group_id) is None
+    assert journal.load_open_groups() == ([], []) and read(journal, group.group_id) is None
     # a delivered group takes no more writes
-    assert journal.append(group.group_id, 0, 2, [1], [-1.0], 0).reason == "delivered"
+    assert append(journal, group.group_id, 0, 2, [1], [-1.0], 0).reason == "delivered"
     assert journal.finish(group.group_id, 0, "stop", 2).reason == "delivered"
 
 
 def test_deliver_refuses_a_group_with_unfinished_samples(journal, client):
     group = _open(journal, size=3)
-    journal.append(group.group_id, 0, 0, [1], [-1.0], 0)
+    append(journal, group.group_id, 0, 0, [1], [-1.0], 0)
     journal.finish(group.group_id, 0, "stop", 1)
-    journal.append(group.group_id, 2, 0, [1], [-1.0], 0)
+    append(journal, group.group_id, 2, 0, [1], [-1.0], 0)
     with pytest.raises(NotFinished, match="samples 1,2 are not finished"):
         journal.deliver(group.group_id, STREAM, "{}")
     assert not client.exists(STREAM)
-    assert journal.load_group(group.group_id).state == "open"
+    assert read(journal, group.group_id).state == "open"
     with pytest.raises(UnknownGroup):
         journal.deliver("run/42", STREAM, "{}")
 
@@ -209,12 +220,12 @@ def test_deliver_refuses_a_group_with_unfinished_samples(journal, client):
 def test_reset_drops_a_sample_so_it_can_be_generated_again(journal):
     group = _open(journal)
     g = group.group_id
-    journal.append(g, 0, 0, [1, 2, 3], [-1.0] * 3, 0)
-    journal.append(g, 1, 0, [7], [-7.0], 0)
+    append(journal, g, 0, 0, [1, 2, 3], [-1.0] * 3, 0)
+    append(journal, g, 1, 0, [7], [-7.0], 0)
     journal.reset(g, 0)
-    assert journal.append(g, 0, 3, [4], [-1.0], 1).reason == "gap"
-    assert journal.append(g, 0, 0, [5], [-5.0], 1).accepted
-    loaded = journal.load_group(g)
+    assert append(journal, g, 0, 3, [4], [-1.0], 1).reason == "gap"
+    assert append(journal, g, 0, 0, [5], [-5.0], 1).accepted
+    loaded = read(journal, g)
     assert loaded.samples[0] == SampleRecord(g, 0, "generating", [5], [-5.0], [1])
     assert loaded.samples[1].token_ids == [7]
     with pytest.raises(UnknownGroup):
@@ -231,7 +242,7 @@ def _busy_journal(journal):
     journal.deliver(delivered.group_id, STREAM, "{}")
     g = in_flight.group_id
     journal.append_many([Append(g, 0, 0, [1, 2], [-0.5, -1 / 3], 0), Append(g, 1, 0, [4], [-0.75], 0)])
-    journal.append(g, 0, 2, [3], [-2.0], 1)
+    append(journal, g, 0, 2, [3], [-2.0], 1)
     journal.finish(g, 1, "stop", 1)
     return untouched
 
@@ -249,7 +260,7 @@ def test_journal_contents_are_identical_after_a_redis_restart_from_the_aof(serve
     assert journal.load_open_groups() == loaded_before
     assert journal.cursor() == 3
     # the scripts were flushed with the restart; the journal reloads them on its own
-    assert journal.append(loaded_before.groups[0].group_id, 0, 3, [9], [-9.0], 2).accepted
+    assert append(journal, loaded_before.groups[0].group_id, 0, 3, [9], [-9.0], 2).accepted
 
 
 def test_replay_plan_from_a_loaded_journal(journal):
@@ -268,10 +279,10 @@ def test_replay_plan_from_a_loaded_journal(journal):
 def test_corrupt_records_are_reported_and_their_samples_restarted(journal, client):
     broken_header, broken_log, fine = _open(journal), _open(journal), _open(journal)
     client.hset(journal.group_key(broken_header.group_id), "header", "not json")
-    journal.append(broken_log.group_id, 0, 0, [1, 2], [-1.0, -2.0], 0)
-    journal.append(broken_log.group_id, 1, 0, [3], [-3.0], 0)
+    append(journal, broken_log.group_id, 0, 0, [1, 2], [-1.0, -2.0], 0)
+    append(journal, broken_log.group_id, 1, 0, [3], [-3.0], 0)
     client.lset(journal.log_key(broken_log.group_id), 0, '{"schema_version":7,"kind":"append","index":0}')
-    journal.append(fine.group_id, 0, 0, [5], [-5.0], 0)
+    append(journal, fine.group_id, 0, 0, [5], [-5.0], 0)
 
     groups, corrupt = journal.load_open_groups()
     assert [g.group_id for g in groups] == [broken_log.group_id, fine.group_id]
@@ -281,15 +292,16 @@ def test_corrupt_records_are_reported_and_their_samples_restarted(journal, clien
     keys = [key for key, _ in corrupt]
     assert keys == [journal.group_key(broken_header.group_id), journal.log_key(broken_log.group_id)]
     assert "not JSON" in corrupt[0][1] and "unknown schema_version 7" in corrupt[1][1]
-    with pytest.raises(CorruptRecord, match="sample 0"):
-        journal.load_group(broken_log.group_id)
+    group, problems = journal.read_group(broken_log.group_id)  # one group alone reads the same
+    assert problems == [corrupt[1][1]] and problems[0].startswith("sample 0:")
+    assert group.samples[0] == SampleRecord(broken_log.group_id, 0, "pending")
 
     # the plan restarts the corrupt sample; a reset clears it in the journal
     plan = plan_replay(groups, current_version=0, max_prefix_staleness=0)
     assert plan.groups[0].samples[0].action == "restart"
     journal.reset(broken_log.group_id, 0)
-    assert journal.append(broken_log.group_id, 0, 0, [8], [-8.0], 0).accepted
-    assert journal.load_group(broken_log.group_id).samples[0].token_ids == [8]
+    assert append(journal, broken_log.group_id, 0, 0, [8], [-8.0], 0).accepted
+    assert read(journal, broken_log.group_id).samples[0].token_ids == [8]
 
 
 # --- trimming ----------------------------------------------------------------------------------
@@ -302,7 +314,7 @@ def test_trim_delivered_keeps_the_markers_of_the_last_cursors(journal, client):
         journal.deliver(group.group_id, STREAM, group.group_id)
     assert journal.trim_delivered(keep_last=3) == 3  # cursor 6: markers of cursors 0, 1, 2 go
     assert client.zrange(delivered_key(), 0, -1) == ["run/3", "run/4"]
-    assert [journal.delivered_id(g.group_id) is not None for g in groups] == [False] * 3 + [True] * 2 + [False]
+    assert [client.hget(journal.group_key(g.group_id), "stream_id") is not None for g in groups] == [False] * 3 + [True] * 2 + [False]
     assert not client.exists(journal.group_key("run/0"))
     assert client.zrange(open_key(), 0, -1) == ["run/5"]  # an open group is never trimmed
     assert journal.load_open_groups().groups[0].group_id == "run/5"
@@ -332,13 +344,13 @@ def test_an_append_can_finish_its_sample_in_the_same_call(journal):
         ]
     )
     assert [(r.accepted, r.length) for r in results] == [(True, 2), (True, 1)]
-    stored = journal.load_group(g.group_id)
+    stored = read(journal, g.group_id)
     assert stored.samples[0].finished and stored.samples[0].finish_reason == "stop"
     assert stored.samples[1].state == "generating"
     # a finished sample takes no more tokens; a zero-token append can finish the other one
-    assert journal.append(g.group_id, 0, 2, [8], [-0.1], 3).reason == "finished"
+    assert append(journal, g.group_id, 0, 2, [8], [-0.1], 3).reason == "finished"
     (done,) = journal.append_many([Append(g.group_id, 1, 1, [], [], 3, finish_reason="length")])
-    assert done.accepted and journal.load_group(g.group_id).samples[1].finish_reason == "length"
+    assert done.accepted and read(journal, g.group_id).samples[1].finish_reason == "length"
     with pytest.raises(ValueError, match="does not end a sample"):
         journal.append_many([Append(g.group_id, 1, 1, [], [], 3, finish_reason="abort")])
 
@@ -352,4 +364,4 @@ def test_repeating_a_finish_in_an_append_is_accepted_another_reason_is_not(journ
     assert (other.accepted, other.reason) == (False, "finished")
     (elsewhere,) = journal.append_many([Append(g.group_id, 0, 1, [], [], 3, finish_reason="stop")])
     assert (elsewhere.accepted, elsewhere.reason) == (False, "finished")
-    assert journal.load_group(g.group_id).samples[0].finish_reason == "stop"
+    assert read(journal, g.group_id).samples[0].finish_reason == "stop"

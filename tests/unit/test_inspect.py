@@ -318,24 +318,23 @@ def running_run(tmp_path, resolved_yaml):
 
 
 def _fill_journal(client) -> None:
-    from rlrun.journal import Journal
+    from rlrun.journal import Append, Journal
     from rlrun.streams import names
 
     journal = Journal(client)
     opened = [journal.open_group(lambda c: c, lambda p: [1, 2], group_size=2, max_new_tokens=6, run="r") for _ in range(3)]
     first, second, third = (g.group_id for g in opened)
-    # first: both samples finished, then delivered
-    journal.append(first, 0, 0, [5], [-0.1], version=1)
-    journal.append(first, 1, 0, [6], [-0.1], version=1)
-    journal.finish(first, 0, "stop", 1)
-    journal.finish(first, 1, "stop", 1)
+    journal.append_many([
+        # first: both samples finished (then delivered)
+        Append(first, 0, 0, [5], [-0.1], version=1, finish_reason="stop"),
+        Append(first, 1, 0, [6], [-0.1], version=1, finish_reason="stop"),
+        # second: one sample finished (2 tokens), one generating from an old policy (3 tokens)
+        Append(second, 0, 0, [7, 8], [-0.2, -0.3], version=3, finish_reason="stop"),
+        Append(second, 1, 0, [9, 9, 9], [-0.1] * 3, version=1),
+        # third: one sample generating (1 token, fresh), one pending
+        Append(third, 0, 0, [4], [-0.5], version=4),
+    ])  # fmt: skip
     journal.deliver(first, names.GROUPS_STREAM, "{}")
-    # second: one sample finished (2 tokens), one generating from an old policy (3 tokens)
-    journal.append(second, 0, 0, [7, 8], [-0.2, -0.3], version=3)
-    journal.finish(second, 0, "stop", 2)
-    journal.append(second, 1, 0, [9, 9, 9], [-0.1] * 3, version=1)
-    # third: one sample generating (1 token, fresh), one pending
-    journal.append(third, 0, 0, [4], [-0.5], version=4)
     client.set(names.POLICY_VERSION, 4)
 
 

@@ -1,4 +1,5 @@
-"""Journal records: JSON round trips, and clear refusals of corrupt records."""
+"""Journal records: JSON round trips of what Redis stores (headers, log entries), and clear
+refusals of corrupt records."""
 
 from __future__ import annotations
 
@@ -39,39 +40,44 @@ def _group() -> GroupRecord:
 # --- round trips -------------------------------------------------------------------------------
 
 
-def test_sample_round_trip_keeps_every_field_exactly():
-    record = _sample(logprobs=[-0.1, -1 / 3, -1e-300])
-    raw = record.to_json()
+def _entry(**overrides) -> dict:
+    """An append log entry as JSON data, with `overrides`."""
+    data = {"schema_version": 1, "kind": "append", "index": 1, "offset": 0, "token_ids": [11, 12, 13],
+            "logprobs": [-0.1, -2.5e-7, -13.0], "version": 2}  # fmt: skip
+    return data | overrides
+
+
+def test_log_entries_round_trip_exactly():
+    append = LogEntry("append", index=2, offset=5, token_ids=[1, 2], logprobs=[-0.1, -1 / 3], version=7)
+    raw = append.to_json()
     assert json.loads(raw)["schema_version"] == SCHEMA_VERSION == 1
-    assert SampleRecord.from_json(raw) == record
-    assert SampleRecord.from_json(raw).logprobs[1] == -1 / 3  # floats survive bit for bit
-
-
-def test_group_round_trip():
-    record = _group()
-    assert GroupRecord.from_json(record.to_json()) == record
-    assert GroupRecord.from_json(record.to_json()).header == GroupHeader("run/3", 3, 17, [5, 6, 7], 2, 16)
-
-
-def test_header_and_log_entries_round_trip():
-    header = GroupHeader("r/0", 0, 4, [1, 2], 3, 8)
-    assert GroupHeader.from_json(header.to_json()) == header
-    append = LogEntry("append", index=2, offset=5, token_ids=[1, 2], logprobs=[-0.5, -0.25], version=7)
-    assert LogEntry.from_json(append.to_json()) == append
+    assert LogEntry.from_json(raw) == append
+    assert LogEntry.from_json(raw).logprobs[1] == -1 / 3  # floats survive bit for bit
     reset = LogEntry("reset", index=1)
     assert LogEntry.from_json(reset.to_json()) == reset
     assert json.loads(reset.to_json()) == {"schema_version": 1, "kind": "reset", "index": 1}
 
 
+def test_header_round_trip_and_a_group_holds_its_header():
+    header = GroupHeader("r/0", 0, 4, [1, 2], 3, 8)
+    assert GroupHeader.from_json(header.to_json()) == header
+    assert json.loads(header.to_json()) == {
+        "schema_version": 1, "kind": "group_header", "group_id": "r/0", "cursor": 0, "prompt_index": 4,
+        "prompt_ids": [1, 2], "group_size": 3, "max_new_tokens": 8,
+    }  # fmt: skip
+    assert _group().header == GroupHeader("run/3", 3, 17, [5, 6, 7], 2, 16)
+    assert GroupRecord.from_header(_group().header, "open", _group().samples) == _group()
+
+
 def test_records_are_json_never_pickle():
-    raw = _group().to_json()
-    assert raw.startswith("{") and json.loads(raw)["kind"] == "group"
+    for raw in (GroupHeader("r/0", 0, 4, [1, 2], 3, 8).to_json(), LogEntry("reset", 0).to_json()):
+        assert raw.startswith("{") and json.loads(raw)["schema_version"] == 1
 
 
 # --- corrupt records ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("parse", [SampleRecord.from_json, GroupRecord.from_json, GroupHeader.from_json, LogEntry.from_json])
+@pytest.mark.parametrize("parse", [GroupHeader.from_json, LogEntry.from_json])
 def test_not_json_is_refused_with_a_clear_reason(parse):
     with pytest.raises(CorruptRecord, match="not JSON"):
         parse('{"schema_version": 1, "kind": ')
@@ -82,19 +88,17 @@ def test_not_json_is_refused_with_a_clear_reason(parse):
 
 
 def test_unknown_schema_version_is_refused():
-    data = _sample().to_dict()
     for bad in (2, 0, "1", True, None):
-        data["schema_version"] = bad
         with pytest.raises(CorruptRecord, match=r"unknown schema_version .* reads version 1"):
-            SampleRecord.from_json(json.dumps(data))
-    entry = json.loads(LogEntry("reset", 0).to_json()) | {"schema_version": 9}
+            LogEntry.from_json(json.dumps(_entry(schema_version=bad)))
+    header = json.loads(GroupHeader("r/0", 0, 4, [1, 2], 3, 8).to_json()) | {"schema_version": 9}
     with pytest.raises(CorruptRecord, match="unknown schema_version 9"):
-        LogEntry.from_json(json.dumps(entry))
+        GroupHeader.from_json(json.dumps(header))
 
 
 def test_a_record_of_another_kind_is_refused():
-    with pytest.raises(CorruptRecord, match="expected a sample record, got kind 'group'"):
-        SampleRecord.from_json(_group().to_json())
+    with pytest.raises(CorruptRecord, match="expected a group_header record, got kind 'reset'"):
+        GroupHeader.from_json(LogEntry("reset", 0).to_json())
     with pytest.raises(CorruptRecord, match="unknown kind 'truncate'"):
         LogEntry.from_json('{"schema_version":1,"kind":"truncate","index":0}')
 
@@ -104,17 +108,13 @@ def test_a_record_of_another_kind_is_refused():
     [("token_ids", [1, 2]), ("logprobs", [-1.0]), ("versions", [1, 2, 3, 4])],
 )
 def test_tokens_logprobs_and_versions_of_different_lengths_are_refused(field, value):
-    data = _sample().to_dict() | {field: value}
-    with pytest.raises(CorruptRecord, match="differ in length"):
-        SampleRecord.from_json(json.dumps(data))
     with pytest.raises(CorruptRecord, match="differ in length"):
         _sample(**{field: value})
 
 
 def test_log_entry_with_misaligned_logprobs_is_refused():
-    raw = '{"schema_version":1,"kind":"append","index":0,"offset":0,"token_ids":[1,2],"logprobs":[-1.0],"version":0}'
     with pytest.raises(CorruptRecord, match="differ in length"):
-        LogEntry.from_json(raw)
+        LogEntry.from_json(json.dumps(_entry(token_ids=[1, 2], logprobs=[-1.0])))
 
 
 @pytest.mark.parametrize(
@@ -124,33 +124,54 @@ def test_log_entry_with_misaligned_logprobs_is_refused():
         ("token_ids", [1, True], "token_ids must be a list of integers"),
         ("token_ids", [-1, 2, 3], "token_ids must be a list of integers"),
         ("logprobs", [-1.0, None, 0.0], "logprobs must be a list of finite numbers"),
-        ("versions", [1.5, 2, 3], "versions must be a list of integers"),
+        ("version", 1.5, "version must be an integer"),
+        ("offset", -1, "offset must be >= 0"),
         ("index", "1", "index must be an integer"),
+        ("index", -1, "index must be >= 0"),
+    ],
+)
+def test_wrong_types_in_a_log_entry_are_refused_naming_the_field(field, value, message):
+    with pytest.raises(CorruptRecord, match=message):
+        LogEntry.from_json(json.dumps(_entry(**{field: value})))
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
         ("index", -1, "index must be >= 0"),
         ("group_id", "", "group_id must be a non-empty string"),
         ("state", "lost", "unknown state 'lost'"),
-        ("finish_reason", 3, "finish_reason must be a string"),
     ],
 )
-def test_wrong_types_are_refused_naming_the_field(field, value, message):
-    data = _sample().to_dict() | {field: value}
+def test_wrong_values_in_a_sample_are_refused_naming_the_field(field, value, message):
     with pytest.raises(CorruptRecord, match=message):
-        SampleRecord.from_json(json.dumps(data))
+        _sample(**{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("cursor", "3"), ("group_size", 0), ("prompt_ids", [1, None])])
+def test_wrong_types_in_a_header_are_refused_naming_the_field(field, value):
+    header = json.loads(GroupHeader("r/0", 0, 4, [1, 2], 3, 8).to_json()) | {field: value}
+    with pytest.raises(CorruptRecord, match=field):
+        GroupHeader.from_json(json.dumps(header))
 
 
 def test_nan_and_infinity_are_refused():
-    raw = _sample().to_json().replace("-13.0", "NaN")
+    raw = json.dumps(_entry()).replace("-13.0", "NaN")
     with pytest.raises(CorruptRecord, match="NaN is not valid JSON"):
-        SampleRecord.from_json(raw)
+        LogEntry.from_json(raw)
     with pytest.raises(CorruptRecord, match="cannot encode"):
-        _sample(logprobs=[-1.0, float("-inf"), 0.0]).to_json()
+        LogEntry("append", 0, 0, [1, 2, 3], [-1.0, float("-inf"), 0.0], 0).to_json()
 
 
 def test_a_missing_field_is_named():
-    data = _sample().to_dict()
-    del data["versions"]
-    with pytest.raises(CorruptRecord, match="no 'versions'"):
-        SampleRecord.from_json(json.dumps(data))
+    data = _entry()
+    del data["version"]
+    with pytest.raises(CorruptRecord, match="no 'version'"):
+        LogEntry.from_json(json.dumps(data))
+    header = json.loads(GroupHeader("r/0", 0, 4, [1, 2], 3, 8).to_json())
+    del header["prompt_ids"]
+    with pytest.raises(CorruptRecord, match="no 'prompt_ids'"):
+        GroupHeader.from_json(json.dumps(header))
 
 
 @pytest.mark.parametrize(
@@ -168,17 +189,14 @@ def test_inconsistent_states_are_refused(overrides, message):
 
 
 def test_group_shape_is_checked():
-    data = _group().to_dict()
-    data["samples"] = data["samples"][:1]
+    group = _group()
+    fixed = {name: getattr(group, name) for name in ("group_id", "cursor", "prompt_index", "prompt_ids", "group_size")}
     with pytest.raises(CorruptRecord, match="open with 1 samples, expected 2"):
-        GroupRecord.from_json(json.dumps(data))
-    data = _group().to_dict()
-    data["samples"].reverse()
+        GroupRecord(**fixed, max_new_tokens=16, state="open", samples=group.samples[:1])
     with pytest.raises(CorruptRecord, match="sample at position 0"):
-        GroupRecord.from_json(json.dumps(data))
-    data = _group().to_dict() | {"max_new_tokens": 0}
+        GroupRecord(**fixed, max_new_tokens=16, state="open", samples=group.samples[::-1])
     with pytest.raises(CorruptRecord, match="max_new_tokens must be >= 1"):
-        GroupRecord.from_json(json.dumps(data))
+        GroupRecord(**fixed, max_new_tokens=0, state="open", samples=group.samples)
 
 
 # --- folding a group's log (what the store reads back) ------------------------------------------
