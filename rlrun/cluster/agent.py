@@ -89,12 +89,6 @@ class NodeAgent:
         self._remember_descendants(pid)
         return sorted(self._descendants.get(pid, ()))
 
-    def tail(self, log_path: str, lines: int = 20) -> str:
-        """The last lines of a log file on this node ('' when it cannot be read)."""
-        from rlrun.supervisor.supervisor import log_tail
-
-        return log_tail(Path(log_path), lines)
-
     def stop_all(self) -> list[int]:
         """SIGKILL every group this agent started that still runs; return their pids."""
         running = [pid for pid, popen in self._children.items() if popen.poll() is None]

@@ -18,7 +18,7 @@ none has room within `world.placement_timeout_s`, the run stops with a message.
 
 Logs: the agent writes each process's log at its spec's path, on its node. The run directory must
 be on a filesystem every node mounts at the same path (it also holds the config, weights and
-checkpoints the roles read); `RayHandle.tail()` reads a log through the agent where it is not.
+checkpoints the roles read), so the supervisor reads a failed process's log tail where it is.
 
 Secrets: `secret_env` files are read here, on the head, and sent to the agent with the call that
 starts the process: they reach the child's environment, never a command line.
@@ -131,13 +131,6 @@ class RayHandle:
 
     def descendants(self) -> list[int]:
         return []  # recorded and swept by the agent on the process's own node (see the module doc)
-
-    def tail(self, log_path: str, lines: int = 20) -> str:
-        """The last lines of a log file on this process's node ('' when its agent is gone)."""
-        if self.lost:
-            return ""
-        answered, text = self._call(self._agent.tail.remote(log_path, lines))
-        return text if answered else ""
 
     def _call(self, ref) -> tuple[bool, object]:
         """(answered, value) of an agent call; no answer in time is no news, a dead agent is lost."""

@@ -6,6 +6,6 @@ completion predicate.
 
 from rlrun.supervisor.events import EventLog
 from rlrun.supervisor.spec import ProcessSpec, ProcessState
-from rlrun.supervisor.supervisor import ExitRejected, ProcessStatus, Supervisor, describe_exit
+from rlrun.supervisor.supervisor import ExitRejected, ProcessStatus, Supervisor
 
-__all__ = ["EventLog", "ExitRejected", "ProcessSpec", "ProcessState", "ProcessStatus", "Supervisor", "describe_exit"]
+__all__ = ["EventLog", "ExitRejected", "ProcessSpec", "ProcessState", "ProcessStatus", "Supervisor"]

@@ -317,18 +317,6 @@ def _with_log(spec: ProcessSpec, path: Path) -> ProcessSpec:
     return replace(spec, log_path=path)
 
 
-def describe_exit(code: Optional[int]) -> str:
-    """'code 1', 'signal SIGKILL' — as a person wants to read it."""
-    if code is None:
-        return "no exit yet"
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"code {code}"
-
-
 def log_tail(path: Path, lines: int = 20) -> str:
     try:
         with open(path, "rb") as handle:

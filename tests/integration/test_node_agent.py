@@ -40,7 +40,7 @@ def wait_for(condition, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-def test_exit_status_signals_sweep_and_tail(tmp_path):
+def test_exit_status_signals_and_sweep(tmp_path):
     agent = NodeAgent()
     log = tmp_path / "logs" / "p.log"
     pid = agent.spawn([sys.executable, "-c", ESCAPING], str(log), {"SECRET": "x"})
@@ -49,7 +49,6 @@ def test_exit_status_signals_sweep_and_tail(tmp_path):
     grandchild = int(log.read_text().split()[1])
     assert agent.poll(pid) is None
     assert grandchild in agent.descendants(pid)  # recorded although it left the group
-    assert agent.tail(str(log)) == f"grandchild {grandchild}"
 
     agent.signal_group(pid, signal.SIGKILL)  # the group, and the descendants seen: a sweep
     wait_for(lambda: agent.poll(pid) is not None)

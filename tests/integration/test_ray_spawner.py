@@ -128,7 +128,6 @@ def test_a_process_runs_on_the_node_its_resources_pick_and_answers_through_its_a
         while "up" not in spec.log_path.read_text() and time.time() < deadline:
             time.sleep(0.1)
         assert "up" in spec.log_path.read_text()
-        assert handle.tail(str(spec.log_path)).strip() == "up"
         # the secret reaches the environment, never a command line
         assert child.environ()["THE_KEY"] == "s3cret-value" and child.environ()["PLAIN"] == "1"
         assert not any("s3cret" in " ".join(p.cmdline()) for p in [child, psutil.Process(handle.pid)])
