@@ -16,7 +16,6 @@ This module never prints and never loads model weights (only file names, sizes a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -37,6 +36,7 @@ log = logging.getLogger(__name__)
 HF = "hf"
 FAST_LLM = "fast_llm"
 FAST_LLM_METADATA = "metadata.yaml"
+HALF = "half-written"  # why a candidate checkpoint is skipped (the damaged ones say their damage)
 HALF_WRITTEN = "half-written checkpoint (no ok marker): it will be skipped on resume"
 REDIS_NOT_RUNNING = "Redis not running (start the run with `rlrun resume` to see it)"
 NO_RUN_FOR_JOURNAL = "no run directory around this checkpoint (pass --redis-url to read a journal)"
@@ -86,6 +86,7 @@ class CheckpointReport:
     run_dir: Optional[str]  # the run directory holding the checkpoint, if any
     selected_from_run: bool  # PATH was a run directory and this is its latest complete checkpoint
     skipped_half_written: list[str]  # run directory only: newer half-written checkpoints skipped
+    skipped_damaged: list[str]  # run directory only: newer damaged checkpoints skipped ("name: why"), as resume does
     config: Optional[ConfigSummary]  # from the run's config.yaml
     config_hash: Optional[str]  # sha256[:12] of the run's config.yaml
     checkpoint_config_hash: Optional[str]  # hf: the hash recorded in trainer_state.json
@@ -121,17 +122,22 @@ def inspect_path(path: Path) -> CheckpointReport:
         raise RunDirError(f"{path} is a file, not a directory: {_EXPECTED}.")
     run = RunDir(path)
     if run.is_run():
-        chosen, skipped = latest_in_run(run)
+        chosen, skipped, damaged = latest_in_run(run)
+        if chosen is None and damaged:
+            raise RunDirError(
+                f"the run directory {path} holds no usable checkpoint: every complete one is damaged "
+                f"({'; '.join(damaged)}), so resuming it is refused."
+            )
         if chosen is None:
             half = f" ({len(skipped)} half-written one(s) skipped: {', '.join(skipped)})" if skipped else ""
             raise RunDirError(
                 f"the run directory {path} holds no complete checkpoint yet{half}: resuming it "
                 f"starts the trainer from the base model."
             )
-        return _read_checkpoint(chosen, selected_from_run=True, skipped=skipped)
+        return _read_checkpoint(chosen, selected_from_run=True, skipped=skipped, damaged=damaged)
     if layout_of(path) is None:
         raise RunDirError(f"{path} is not a checkpoint: {_EXPECTED}.{_hint(path)}")
-    return _read_checkpoint(path, selected_from_run=False, skipped=[])
+    return _read_checkpoint(path, selected_from_run=False, skipped=[], damaged=[])
 
 
 def layout_of(path: Path) -> Optional[str]:
@@ -148,28 +154,42 @@ def _hf_name(path: Path) -> str:
     return path.name.removeprefix(".tmp-")
 
 
-def latest_in_run(run: RunDir) -> tuple[Optional[Path], list[str]]:
-    """(the highest-step complete checkpoint of either layout, newer half-written ones skipped).
+def latest_in_run(run: RunDir) -> tuple[Optional[Path], list[str], list[str]]:
+    """(the checkpoint a resume loads, newer half-written ones skipped, newer damaged ones skipped
+    with why), as run-relative names.
 
-    Uses the same completeness rule and order as `rlrun.trainer.checkpoint.latest_complete`
-    (what a resume loads), also for Fast-LLM's `checkpoint/<step>/` folders inside the run.
+    hf checkpoints are chosen by the trainer's own rule (`rlrun.trainer.checkpoint.scan`), so a
+    damaged one is skipped here exactly as resume skips it; Fast-LLM's `checkpoint/<step>/`
+    folders inside the run by theirs (an `ok` marker).
     """
-    candidates: list[tuple[int, Path]] = []
-    if run.checkpoints.is_dir():
-        for folder in run.checkpoints.glob("step_*"):
-            match = _HF_NAME.fullmatch(folder.name)
-            if match and folder.is_dir():
-                candidates.append((int(match.group(1)), folder))
+    from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
+
+    hf = hf_checkpoint.scan(run.checkpoints)
+    candidates: list[tuple[int, Path, Optional[str]]] = []  # (step, folder, why skipped or None)
+    candidates += [(_hf_step(path), path, HALF) for path in hf.half_written]
+    candidates += [(_hf_step(path), path, why) for path, why in hf.damaged]
+    if hf.usable is not None:
+        candidates.append((_hf_step(hf.usable), hf.usable, None))
     for pattern in _FAST_LLM_GLOBS:
         for folder in run.root.glob(pattern):
             if folder.name.isdigit() and folder.is_dir():
-                candidates.append((int(folder.name), folder))
-    skipped: list[str] = []
-    for _, folder in sorted(candidates, key=lambda c: (c[0], str(c[1])), reverse=True):
-        if _is_complete(folder, layout_of(folder)):
-            return folder, skipped
-        skipped.append(str(folder.relative_to(run.root)))
-    return None, skipped
+                candidates.append((int(folder.name), folder, None if fl_checkpoints.is_complete(folder) else HALF))
+    half: list[str] = []
+    damaged: list[str] = []
+    for _, folder, why in sorted(candidates, key=lambda c: (c[0], str(c[1])), reverse=True):
+        name = str(folder.relative_to(run.root))
+        if why is None:
+            return folder, half, damaged
+        if why == HALF:
+            half.append(name)
+        else:
+            damaged.append(f"{name}: {why}")
+    return None, half, damaged
+
+
+def _hf_step(path: Path) -> int:
+    match = _HF_NAME.fullmatch(path.name)
+    return int(match.group(1)) if match else -1
 
 
 def _is_complete(path: Path, layout: Optional[str]) -> bool:
@@ -190,7 +210,7 @@ def _hint(path: Path) -> str:
     return ""
 
 
-def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str]) -> CheckpointReport:
+def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str], damaged: list[str]) -> CheckpointReport:
     layout = layout_of(path)
     warnings: list[str] = []
     complete = _is_complete(path, layout)
@@ -224,6 +244,7 @@ def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str])
         run_dir=None if run is None else str(run.root),
         selected_from_run=selected_from_run,
         skipped_half_written=list(skipped),
+        skipped_damaged=list(damaged),
         config=config,
         config_hash=config_hash,
         checkpoint_config_hash=recorded or None,
@@ -312,18 +333,13 @@ def find_run(checkpoint: Path) -> Optional[RunDir]:
     return None
 
 
-def config_hash(run: RunDir) -> str:
-    """sha256[:12] of the run's config.yaml: the hash the hf trainer records in its checkpoints."""
-    return hashlib.sha256(run.config.read_bytes()).hexdigest()[:12]
-
-
 def _run_config(run: RunDir, warnings: list[str]) -> tuple[Optional[ConfigSummary], Optional[str]]:
     from rlrun.config.compose import load_resolved
 
     if not run.config.is_file():
         warnings.append(f"the run directory {run.root} has no {run.config.name}")
         return None, None
-    digest = config_hash(run)
+    digest = run.config_hash()
     try:
         cfg = load_resolved(run.config)
     except ConfigError as exc:
@@ -523,6 +539,8 @@ def renderables(report: CheckpointReport, journal: Optional[dict], journal_note:
         out.append(f"run directory {escape(str(report.run_dir))}: latest complete checkpoint is [bold]{escape(report.path)}[/]")
         for skipped in report.skipped_half_written:
             out.append(f"[yellow]skipped half-written checkpoint {escape(skipped)} (no ok marker)[/]")
+        for damaged in report.skipped_damaged:
+            out.append(f"[yellow]skipped damaged checkpoint {escape(damaged)}[/]")
 
     main = Table(title="checkpoint", show_header=False, title_justify="left")
     main.add_column("field", style="bold")

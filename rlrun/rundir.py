@@ -6,6 +6,7 @@ deleted as a unit. Nothing else in rlrun builds paths into a run directory by ha
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -34,6 +35,10 @@ class RunDir:
     def config(self) -> Path:
         """The resolved config every process of the run reads (YAML)."""
         return self.root / "config.yaml"
+
+    def config_hash(self) -> str:
+        """sha256[:12] of `config`: the hf trainer records it in its checkpoints; inspect compares."""
+        return hashlib.sha256(self.config.read_bytes()).hexdigest()[:12]
 
     @property
     def overrides(self) -> Path:

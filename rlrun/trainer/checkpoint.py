@@ -48,42 +48,51 @@ def is_complete(path: Path) -> bool:
     return (path / OK_MARKER).is_file() and (path / STATE_FILE).is_file()
 
 
+@dataclass(frozen=True)
+class Scan:
+    """What a (re)started trainer finds among its checkpoints: the one rule of which it loads."""
+
+    usable: Optional[Path]  # the newest complete, undamaged checkpoint
+    damaged: list[tuple[Path, str]]  # complete but damaged and newer than `usable`, newest first, with why
+    half_written: list[Path]  # no `ok` marker and newer than `usable`, newest first
+
+
+def scan(checkpoints: Path) -> Scan:
+    """Checkpoints from the newest down to the first usable one; the others are logged as skipped."""
+    corrupt: list[tuple[Path, str]] = []
+    half: list[Path] = []
+    folders = sorted((p for p in checkpoints.glob("step_*") if p.is_dir()), reverse=True) if checkpoints.is_dir() else []
+    for path in folders:
+        if not (path / OK_MARKER).is_file():
+            log.warning("skipping half-written checkpoint %s (no '%s' marker)", path, OK_MARKER)
+            half.append(path)
+            continue
+        why = problem(path)
+        if why is None:
+            return Scan(path, corrupt, half)
+        log.warning("skipping damaged checkpoint %s: %s; falling back to an older one", path, why)
+        corrupt.append((path, why))
+    return Scan(None, corrupt, half)
+
+
 def latest_complete(checkpoints: Path) -> Optional[Path]:
     """The highest-step complete and undamaged checkpoint; others are skipped with a warning."""
-    usable, _ = _scan(checkpoints)
-    return usable
+    return scan(checkpoints).usable
 
 
 def resume_point(checkpoints: Path) -> Optional[Path]:
     """The checkpoint a (re)started trainer loads: the newest complete, undamaged one; None when
     there is none and none was ever completed (start from the base model). Raises
     CorruptCheckpoint when complete checkpoints exist but every one of them is damaged."""
-    usable, corrupt = _scan(checkpoints)
-    if usable is None and corrupt:
-        listed = "; ".join(f"{p.name}: {why}" for p, why in corrupt)
+    found = scan(checkpoints)
+    if found.usable is None and found.damaged:
+        listed = "; ".join(f"{p.name}: {why}" for p, why in found.damaged)
         raise CorruptCheckpoint(
             f"no usable checkpoint in {checkpoints}: every complete one is damaged ({listed}). "
             f"Restore the damaged files from a copy, or move those folders out of {checkpoints} "
             f"to train again from the base model."
         )
-    return usable
-
-
-def _scan(checkpoints: Path) -> tuple[Optional[Path], list[tuple[Path, str]]]:
-    """(the newest usable checkpoint, the damaged ones newer than it, newest first)."""
-    if not checkpoints.is_dir():
-        return None, []
-    corrupt: list[tuple[Path, str]] = []
-    for path in sorted((p for p in checkpoints.glob("step_*") if p.is_dir()), reverse=True):
-        if not (path / OK_MARKER).is_file():
-            log.warning("skipping half-written checkpoint %s (no '%s' marker)", path, OK_MARKER)
-            continue
-        why = problem(path)
-        if why is None:
-            return path, corrupt
-        log.warning("skipping damaged checkpoint %s: %s; falling back to an older one", path, why)
-        corrupt.append((path, why))
-    return None, corrupt
+    return found.usable
 
 
 def problem(path: Path) -> Optional[str]:

@@ -8,7 +8,6 @@ publish progress, and checkpoint every N steps; finally announce `training_done`
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -44,7 +43,7 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)
         torch.set_num_threads(cfg.trainer.threads)
         self.device = torch.device(cfg.trainer.device)
-        self.state = TrainerState(step=0, samples_processed=0, policy_version=0, config_hash=config_hash(run_dir))
+        self.state = TrainerState(step=0, samples_processed=0, policy_version=0, config_hash=run_dir.config_hash())
         resume_from = checkpoint.resume_point(run_dir.checkpoints)  # damaged ones skipped, with a warning
         source = str(resume_from) if resume_from else model_path
         self.model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, cfg.model.dtype)).to(self.device)
@@ -323,10 +322,6 @@ def collate(samples, device) -> dict:
         "old_logprobs": old.to(device),
         "advantages": advantages.to(device),
     }
-
-
-def config_hash(run_dir: RunDir) -> str:
-    return hashlib.sha256(run_dir.config.read_bytes()).hexdigest()[:12]
 
 
 def _std(values: list[float]) -> float:

@@ -190,6 +190,24 @@ def test_run_directory_picks_the_latest_complete_checkpoint_and_skips_newer_half
     assert Path(report.path) == hf_checkpoint.latest_complete(run.checkpoints).absolute()  # what resume loads
 
 
+def test_run_directory_skips_a_damaged_checkpoint_as_resume_does(tmp_path, resolved_yaml):
+    run = make_run(tmp_path / "run", resolved_yaml)
+    write_hf(run.checkpoint(10), 10, samples=100, version=11)
+    damaged = write_hf(run.checkpoint(20), 20, samples=200, version=21)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8])  # truncated after the `ok` marker was written
+
+    report = ci.inspect_path(run.root)
+
+    assert report.step == 10 and Path(report.path) == hf_checkpoint.resume_point(run.checkpoints).absolute()
+    (skipped,) = report.skipped_damaged
+    assert skipped.startswith("checkpoints/step_000020: model.safetensors is truncated") and report.skipped_half_written == []
+    weights.unlink()
+    (run.checkpoint(10) / "config.json").write_text("[]")
+    with pytest.raises(RunDirError, match="every complete one is damaged"):
+        ci.inspect_path(run.root)
+
+
 def test_run_directory_with_fast_llm_checkpoints(tmp_path, resolved_yaml):
     run = make_run(tmp_path / "run", resolved_yaml)
     write_fast_llm(run.root / "fast_llm" / "checkpoint" / "4", 4, documents=400)
