@@ -3,9 +3,9 @@
 A pure function over records (no Redis, no clock). For each open group, per sample:
 
 - `keep`: the sample is finished; its tokens are used as they are.
-- `continue`: the sample holds a prefix; generate again with `prompt + prefix` as the prompt and
-  `max_tokens = max_new_tokens - len(prefix)`. The prefix's token ids, logprobs and policy
-  versions are kept exactly.
+- `continue`: the sample holds a prefix; generate again with `prompt + prefix` as the prompt, for
+  what is left of its budget (`rlrun.actor.sampling.remaining_budget`, the one budget rule). The
+  prefix's token ids, logprobs and policy versions are kept exactly.
 - `finish_length`: the sample holds a prefix that spends its whole budget; it is finished locally
   with reason "length", without a request.
 - `restart`: the sample holds no tokens, or its prefix is stale (its OLDEST token was produced by
@@ -38,7 +38,6 @@ class SamplePlan:
     prefix_token_ids: list[int]  # tokens kept (all of them for keep/finish_length; none for restart)
     prefix_logprobs: list[float]
     prefix_versions: list[int]
-    max_tokens: int  # tokens the next request may generate (0 for keep/finish_length)
     finish_reason: Optional[str] = None  # keep: the recorded reason; finish_length: "length"
     dropped_tokens: int = 0  # restart: tokens of a stale prefix that were dropped
 
@@ -119,7 +118,7 @@ def _plan_sample(
 ) -> SamplePlan:
     held = len(sample.token_ids)
 
-    def kept(action: Action, max_tokens: int, finish_reason: Optional[str]) -> SamplePlan:
+    def kept(action: Action, finish_reason: Optional[str]) -> SamplePlan:
         counters.tokens_reused += held
         return SamplePlan(
             index=sample.index,
@@ -127,13 +126,12 @@ def _plan_sample(
             prefix_token_ids=list(sample.token_ids),
             prefix_logprobs=list(sample.logprobs),
             prefix_versions=list(sample.versions),
-            max_tokens=max_tokens,
             finish_reason=finish_reason,
         )
 
     if sample.state == "finished":
         counters.samples_kept += 1
-        return kept(Action.KEEP, 0, sample.finish_reason)
+        return kept(Action.KEEP, sample.finish_reason)
     dropped = 0
     if held and min(sample.versions) < oldest_allowed:
         counters.prefixes_dropped_stale += 1
@@ -141,10 +139,10 @@ def _plan_sample(
         dropped = held
     elif held and held >= budget:
         counters.samples_finished_length += 1
-        return kept(Action.FINISH_LENGTH, 0, "length")
+        return kept(Action.FINISH_LENGTH, "length")
     elif held:
         counters.samples_continued += 1
-        return kept(Action.CONTINUE, budget - held, None)
+        return kept(Action.CONTINUE, None)
     counters.samples_restarted += 1
     return SamplePlan(
         index=sample.index,
@@ -152,6 +150,5 @@ def _plan_sample(
         prefix_token_ids=[],
         prefix_logprobs=[],
         prefix_versions=[],
-        max_tokens=budget,
         dropped_tokens=dropped,
     )

@@ -267,7 +267,7 @@ def test_replay_plan_from_a_loaded_journal(journal):
     _busy_journal(journal)
     plan = plan_replay(journal.load_open_groups().groups, current_version=1, max_prefix_staleness=1)
     in_flight = plan.groups[0]
-    assert [(s.action, s.max_tokens) for s in in_flight.samples] == [("continue", 5), ("keep", 0), ("restart", 8)]
+    assert [(s.action, len(s.prefix_token_ids)) for s in in_flight.samples] == [("continue", 3), ("keep", 1), ("restart", 0)]
     assert in_flight.samples[0].prefix_logprobs == [-0.5, -1 / 3, -2.0]
     assert in_flight.samples[0].prefix_versions == [0, 0, 1]
     assert plan.counters.tokens_reused == 4

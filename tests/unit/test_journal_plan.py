@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlrun.actor.sampling import SampleState, remaining_budget
 from rlrun.journal.plan import Action, plan_replay
 from rlrun.journal.records import GroupRecord, SampleRecord
 
@@ -38,7 +39,7 @@ def test_pending_sample_without_tokens_restarts_with_the_whole_budget():
     (s,), counters = plan_one([{}])
     assert s.action == Action.RESTART
     assert (s.prefix_token_ids, s.prefix_logprobs, s.prefix_versions) == ([], [], [])
-    assert s.max_tokens == BUDGET and s.dropped_tokens == 0
+    assert s.dropped_tokens == 0
     assert counters.samples_restarted == 1
     assert counters.prefixes_dropped_stale == counters.tokens_dropped_stale == counters.tokens_reused == 0
 
@@ -52,7 +53,6 @@ def test_generating_sample_continues_from_its_exact_prefix_with_what_is_left_of_
     assert s.prefix_token_ids == source.token_ids == [0, 1, 2]
     assert s.prefix_logprobs == source.logprobs == [-0.125, -0.25, -0.375]
     assert s.prefix_versions == [4, 5, 5]
-    assert s.max_tokens == BUDGET - 3
     assert s.finish_reason is None
     assert plan.counters.samples_continued == 1 and plan.counters.tokens_reused == 3
 
@@ -70,7 +70,7 @@ def test_finished_sample_is_kept_with_its_reason():
     )
     assert stop.action == length.action == Action.KEEP
     assert (stop.finish_reason, length.finish_reason) == ("stop", "length")
-    assert stop.prefix_token_ids == [0, 1, 2] and stop.max_tokens == 0
+    assert stop.prefix_token_ids == [0, 1, 2]
     assert counters.samples_kept == 2 and counters.tokens_reused == 3 + BUDGET
 
 
@@ -92,7 +92,7 @@ def test_delivered_group_is_skipped_and_counted():
 def test_unfinished_sample_with_its_budget_spent_is_finished_locally_as_length(held):
     (s,), counters = plan_one([{"state": "generating", "n": held}])
     assert s.action == Action.FINISH_LENGTH
-    assert s.finish_reason == "length" and s.max_tokens == 0
+    assert s.finish_reason == "length"
     assert len(s.prefix_token_ids) == held  # kept exactly, never truncated
     assert counters.samples_finished_length == 1 and counters.tokens_reused == held
 
@@ -100,21 +100,21 @@ def test_unfinished_sample_with_its_budget_spent_is_finished_locally_as_length(h
 @pytest.mark.parametrize("held, left", [(1, BUDGET - 1), (BUDGET - 1, 1), (BUDGET, 0)])
 def test_budget_arithmetic(held, left):
     (s,), _ = plan_one([{"state": "generating", "n": held}])
-    assert s.max_tokens == left
     assert s.action == (Action.CONTINUE if left else Action.FINISH_LENGTH)
-    assert len(s.prefix_token_ids) + s.max_tokens == BUDGET
+    continued = SampleState(s.index, list(s.prefix_token_ids))  # what the actor rebuilds from the plan
+    assert remaining_budget(continued, BUDGET) == left
 
 
 def test_budget_of_one_token():
     (fresh, spent), _ = plan_one([{}, {"state": "generating", "n": 1}], budget=1)
-    assert (fresh.action, fresh.max_tokens) == (Action.RESTART, 1)
-    assert (spent.action, spent.max_tokens) == (Action.FINISH_LENGTH, 0)
+    assert (fresh.action, fresh.prefix_token_ids) == (Action.RESTART, [])
+    assert (spent.action, len(spent.prefix_token_ids)) == (Action.FINISH_LENGTH, 1)
 
 
 def test_stale_prefix_is_dropped_counted_and_restarted():
     (s,), counters = plan_one([{"state": "generating", "versions": [2, 2, 3]}], current_version=5, staleness=2)
     assert s.action == Action.RESTART
-    assert s.prefix_token_ids == [] and s.max_tokens == BUDGET and s.dropped_tokens == 3
+    assert s.prefix_token_ids == [] and s.dropped_tokens == 3
     assert counters.prefixes_dropped_stale == 1 and counters.tokens_dropped_stale == 3
     assert counters.samples_restarted == 1 and counters.tokens_reused == 0
 
@@ -162,7 +162,7 @@ def test_a_mixed_group_and_all_counters():
         Action.RESTART, Action.CONTINUE, Action.KEEP, Action.FINISH_LENGTH, Action.RESTART,
     ]
     assert [s.index for s in samples] == [0, 1, 2, 3, 4]
-    assert [s.max_tokens for s in samples] == [BUDGET, BUDGET - 3, 0, 0, BUDGET]
+    assert [len(s.prefix_token_ids) for s in samples] == [0, 3, 4, BUDGET, 0]
     assert counters.as_dict() == {
         "groups_planned": 1,
         "groups_skipped_delivered": 0,
