@@ -29,7 +29,7 @@ from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server
 from rlrun.streams.tail import StreamTail
-from rlrun.supervisor import EventLog, ExitRejected, ProcessSpec, ProcessStatus, Supervisor
+from rlrun.supervisor import EventLog, ProcessSpec, ProcessStatus, RunVerdict, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -319,12 +319,12 @@ def _default_redis_user(cfg: RunConfig) -> str:
 
 
 def completion_check(cfg: RunConfig, progress: ProgressReader):
-    """The supervisor's completion predicate for this run's trainer backend."""
+    """The supervisor's completion check for this run's trainer backend (a RunVerdict per poll)."""
     if cfg.trainer.backend == "fast_llm":
         return _fast_llm_completion_check(cfg, progress)
     target = completion.HfTarget(cfg.trainer.max_train_steps, cfg.trainer.train_batch_size, cfg.trainer.gradient_accumulation_passes)
 
-    def check(exits: dict[str, Optional[int]]) -> tuple[bool, str]:
+    def check(exits: dict[str, Optional[int]]) -> RunVerdict:
         state = progress.trainer_state()
         obs = completion.TrainerObservation(
             samples_processed=int(state.get("samples_processed", 0)),
@@ -332,12 +332,16 @@ def completion_check(cfg: RunConfig, progress: ProgressReader):
             training_done_event=progress.poll_trainer_events(),  # the trainer's own training_done event
             last_step=int(state.get("step", 0)),
         )
-        verdict = completion.is_finished(cfg.trainer.backend, obs, hf_target=target)
-        if not verdict.finished and exits.get("trainer") == 0:
-            raise ExitRejected("trainer", verdict.reason)  # restarted from its checkpoint
-        return verdict.finished, verdict.reason
+        return _run_verdict(completion.is_finished(cfg.trainer.backend, obs, hf_target=target), exits)
 
     return check
+
+
+def _run_verdict(verdict: completion.Verdict, exits: dict[str, Optional[int]]) -> RunVerdict:
+    """The trainer's verdict for the supervisor: a trainer that exited 0 before the end is
+    rejected, so it is restarted from its checkpoint."""
+    rejected = not verdict.finished and exits.get("trainer") == 0
+    return RunVerdict(verdict.finished, verdict.reason, reject="trainer" if rejected else None)
 
 
 def _fast_llm_completion_check(cfg: RunConfig, progress: ProgressReader):
@@ -353,7 +357,7 @@ def _fast_llm_completion_check(cfg: RunConfig, progress: ProgressReader):
     experiment_dir = fast_llm_experiment_dir(cfg, progress.run_dir)
     reader: dict[str, EventsReader] = {}
 
-    def check(exits: dict[str, Optional[int]]) -> tuple[bool, str]:
+    def check(exits: dict[str, Optional[int]]) -> RunVerdict:
         try:
             if "events" not in reader:
                 reader["events"] = EventsReader(
@@ -373,10 +377,7 @@ def _fast_llm_completion_check(cfg: RunConfig, progress: ProgressReader):
             last_checkpoint_step=fl_checkpoints.latest_complete_step(experiment_dir),
             last_weights_ready_step=events.last_weights_ready_step if events else None,
         )
-        verdict = completion.is_finished("fast_llm", obs, train_iters=cfg.trainer.max_train_steps)
-        if not verdict.finished and exits.get("trainer") == 0:
-            raise ExitRejected("trainer", verdict.reason)
-        return verdict.finished, verdict.reason
+        return _run_verdict(completion.is_finished("fast_llm", obs, train_iters=cfg.trainer.max_train_steps), exits)
 
     return check
 

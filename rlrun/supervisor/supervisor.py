@@ -1,6 +1,6 @@
 """The supervisor: start processes in order, watch them, restart what fails, stop in order.
 
-It is given process specs and a completion predicate and knows nothing about RL. Each process
+It is given process specs and a completion check and knows nothing about RL. Each process
 goes through an explicit state machine
 
     pending → starting → ready → exited            (a finishing role's exit 0)
@@ -64,18 +64,22 @@ def attempt_log(base: Path, attempt: int) -> Path:
     return base if attempt == 0 else base.with_name(f"{base.stem}.{attempt}{base.suffix}")
 
 
-# The completion predicate: given exit codes of processes whose work is done (None otherwise),
-# is the run finished, and why? It raises ExitRejected when a process exited 0 without having
-# done its work (e.g. a trainer interrupted early that still reports success).
-CompletionCheck = Callable[[dict[str, Optional[int]]], tuple[bool, str]]
+@dataclass(frozen=True)
+class RunVerdict:
+    """A completion check's answer: is the run finished, and why (one line for the log)?
+
+    `reject` names a process that exited 0 without having done its work (e.g. a trainer
+    interrupted early that still reports success): its exit is treated as a crash, so it is
+    restarted per its policy.
+    """
+
+    finished: bool
+    reason: str
+    reject: Optional[str] = None
 
 
-class ExitRejected(Exception):
-    """Raised by a completion predicate: `process` exited 0 but its work is not done."""
-
-    def __init__(self, process: str, reason: str) -> None:
-        super().__init__(reason)
-        self.process, self.reason = process, reason
+# The completion check: given the exit codes of processes that exited (None otherwise), a verdict.
+CompletionCheck = Callable[[dict[str, Optional[int]]], RunVerdict]
 Tick = Callable[[list[ProcessStatus]], None]
 # Before a kill for a stall (or a SIGKILL after the stop grace): (process, attempt, pids, log,
 # reason) -> the diagnostics file written, or None. Must be bounded in time and never raise.
@@ -133,7 +137,7 @@ class Supervisor:
                     self._sleep(self._poll)
 
     def watch(self, is_finished: CompletionCheck) -> str:
-        """Watch and restart until the completion predicate says done.
+        """Watch and restart until the completion check says done.
 
         Raises ProcessFailed when a process fails and its policy does not restart it, and
         RestartsExhausted when it keeps failing past its restart budget.
@@ -143,16 +147,15 @@ class Supervisor:
             for proc in self.processes:
                 self._advance(proc, now)
             done = {p.name: p.exit_code if p.state is ProcessState.EXITED else None for p in self.processes}
-            try:
-                finished, reason = is_finished(done)
-            except ExitRejected as rejected:  # treated as a failure: restarted per its policy
-                proc = self.status(rejected.process)
-                info = ExitInfo(ExitKind.CRASH, proc.exit_code, f"exited with code 0 before its work was done ({rejected.reason})")
+            verdict = is_finished(done)
+            if verdict.reject is not None:  # treated as a failure: restarted per its policy
+                proc = self.status(verdict.reject)
+                info = ExitInfo(ExitKind.CRASH, proc.exit_code, f"exited with code 0 before its work was done ({verdict.reason})")
                 self._fail(proc, info, now, info.description)
                 continue
-            if finished:
-                self._events.emit("run_finished", reason=reason)
-                return reason
+            if verdict.finished:
+                self._events.emit("run_finished", reason=verdict.reason)
+                return verdict.reason
             self._on_tick(self.processes)
             self._sleep(self._poll)
 

@@ -19,7 +19,7 @@ from rlrun.config import compose
 from rlrun.journal.store import Append, group_key, log_key
 from rlrun.streams import names
 from rlrun.streams.codec import encode
-from rlrun.supervisor import EventLog
+from rlrun.supervisor import EventLog, RunVerdict
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,8 +113,8 @@ def test_supervisor_reads_the_events_stream_and_counts_malformed_events(server, 
     assert all(e["stream"] == names.TRAINER_EVENTS and e["reason"] for e in recorded)
     for message_id in bad_ids:
         assert message_id in caplog.text
-    with pytest.raises(Exception, match="no training_done event"):  # the trainer exit is refused
-        check({"trainer": 0})  # exit 0 without reaching the target or announcing it: not done
+    verdict = check({"trainer": 0})  # exit 0 without reaching the target or announcing it: not done
+    assert (verdict.finished, verdict.reject) == (False, "trainer") and "no training_done event" in verdict.reason
 
     server.restart()  # Redis restarts from its AOF: the reader carries on from the id it reached
     client.xadd(names.TRAINER_EVENTS, {"event": "still garbage"})
@@ -124,8 +124,8 @@ def test_supervisor_reads_the_events_stream_and_counts_malformed_events(server, 
         time.sleep(0.1)
     assert reader.training_done_seen
     assert reader.malformed_events == len(BAD_EVENTS) + 1  # nothing read twice, nothing skipped
-    finished, reason = check({"trainer": 0})
-    assert finished and "training_done" in reason
+    verdict = check({"trainer": 0})
+    assert verdict.finished and verdict.reject is None and "training_done" in verdict.reason
 
 
 # --- the token journal, replayed by a restarted actor -------------------------------------------
@@ -251,7 +251,7 @@ def test_a_port_taken_at_start_is_retried_on_fresh_ports(tmp_path, monkeypatch):
         monkeypatch.setattr(launch.redis_server, "pick_free_port", lambda host: next(picks, None) or real_pick(host))
         monkeypatch.setattr(launch, "model_path", lambda cfg, build: str(tmp_path / "model"))
         monkeypatch.setattr(launch, "build_specs", lambda *a, **k: [s for s in real_specs(*a, **k) if s.name == "redis"])
-        monkeypatch.setattr(launch, "completion_check", lambda cfg, progress: lambda exits: (True, "Redis is up"))
+        monkeypatch.setattr(launch, "completion_check", lambda cfg, progress: lambda exits: RunVerdict(True, "Redis is up"))
         assert launch.train(cfg, run_dir) == "Redis is up"
     recorded = [json.loads(line) for line in run_dir.events.read_text().splitlines()]
     assert [(e["process"], e["attempt"]) for e in recorded if e["event"] == "port_taken"] == [("redis", 1)]

@@ -13,7 +13,7 @@ from rlrun.config import compose
 from rlrun.errors import ExitCode, ProcessFailed, RestartsExhausted
 from rlrun.roles import Endpoints, build_specs
 from rlrun.rundir import RunDir
-from rlrun.supervisor import EventLog, Supervisor
+from rlrun.supervisor import EventLog, RunVerdict, Supervisor
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,7 +37,7 @@ def test_a_child_config_error_stops_the_run_at_once(tmp_path, role, overrides):
     with pytest.raises(ProcessFailed) as failed:
         try:
             supervisor.start_all()
-            supervisor.watch(lambda exits: (False, "running"))
+            supervisor.watch(lambda exits: RunVerdict(False, "running"))
         finally:
             supervisor.stop_all()
     assert not isinstance(failed.value, RestartsExhausted) and failed.value.exit_code == ExitCode.PROCESS_FAILED

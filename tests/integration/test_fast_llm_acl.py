@@ -215,7 +215,6 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
     from rlrun import launch
     from rlrun.backends.fast_llm.follower import WeightFollower, request_join
     from rlrun.config import compose
-    from rlrun.supervisor import ExitRejected
     from rlrun.rundir import RunDir
     from rlrun.streams import names
     from rlrun.streams.server import connect, managed_server
@@ -237,10 +236,8 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
         verdict = launch.completion_check(cfg, progress)
 
         def outcome(trainer_exit):
-            try:
-                return verdict({"trainer": trainer_exit})
-            except ExitRejected as exc:
-                return f"exit rejected: {exc}"
+            judged = verdict({"trainer": trainer_exit})
+            return f"exit rejected: {judged.reason}" if judged.reject else (judged.finished, judged.reason)
 
         request_join(rlrun, EVENTS, start_step=0)  # the supervisor, before starting the trainer
         for step in (0, 1):  # the real trainer's announcements (also passwordless)

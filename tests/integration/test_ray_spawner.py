@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 from rlrun.cluster.ray_world import RaySpawner, connect  # noqa: E402
 from rlrun.config.schema import WorldConfig  # noqa: E402
 from rlrun.errors import EnvironmentProblem  # noqa: E402
-from rlrun.supervisor import EventLog, ProcessSpec, Supervisor  # noqa: E402
+from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict, Supervisor  # noqa: E402
 from rlrun.supervisor.policy import RestartPolicy  # noqa: E402
 from tests.ray_node import LocalRayCluster  # noqa: E402
 
@@ -214,7 +214,7 @@ def test_the_supervisor_restarts_a_killed_remote_process_and_stops_everything(cl
         assert cluster.node_of(first) == cluster.vllm_node and cluster.node_of(sup.status("redis").pid) is None
         child_of(first).kill()
         deadline = time.time() + 60
-        sup.watch(lambda exits: (sup.status("vllm-0").attempt >= 1 and sup.status("vllm-0").state.value == "ready" or time.time() > deadline, ""))
+        sup.watch(lambda exits: RunVerdict(sup.status("vllm-0").attempt >= 1 and sup.status("vllm-0").state.value == "ready" or time.time() > deadline, ""))
         status = sup.status("vllm-0")
         assert status.attempt == 1 and status.pid != first and cluster.node_of(status.pid) == cluster.vllm_node
         failed = [e for e in events.recorded if e["event"] == "process_failed"]

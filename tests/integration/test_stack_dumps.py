@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlrun.supervisor import EventLog, ProcessSpec, Supervisor
+from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict, Supervisor
 from rlrun.supervisor.diagnostics import Diagnoser, find_py_spy
 from rlrun.supervisor.policy import RestartPolicy
 
@@ -59,7 +59,7 @@ def stall_once(tmp_path: Path, diagnoser: Diagnoser) -> list[dict]:
         deadline = time.time() + 30
         while not any(e["event"] == "process_failed" for e in events.recorded):
             assert time.time() < deadline, events.recorded
-            sup.watch(lambda exits: (True, "one poll"))
+            sup.watch(lambda exits: RunVerdict(True, "one poll"))
     finally:
         sup.stop_all()
     return events.recorded

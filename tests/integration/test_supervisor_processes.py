@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from rlrun.errors import ProcessFailed
-from rlrun.supervisor import EventLog, ProcessSpec, Supervisor
+from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict, Supervisor
 
 # A process that starts a grandchild in a *new session* (as some servers do), then sleeps.
 ESCAPING_PARENT = textwrap.dedent(
@@ -47,7 +47,7 @@ def test_children_get_their_own_group_log_to_file_and_are_all_stopped(tmp_path):
     grandchild = int((tmp_path / "escaper.log").read_text().split()[1])
     for proc in sup.processes:
         assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)  # its own process group
-    sup.watch(lambda exits: (True, "done"))  # one poll records the descendants
+    sup.watch(lambda exits: RunVerdict(True, "done"))  # one poll records the descendants
     pids = [p.pid for p in sup.processes]
     sup.stop_all()
     time.sleep(0.2)
@@ -62,7 +62,7 @@ def test_a_crashing_process_is_reported_with_its_log_tail(tmp_path):
     sup = Supervisor(specs, EventLog(None), poll_interval_s=0.05)
     sup.start_all()
     with pytest.raises(ProcessFailed) as info:
-        sup.watch(lambda exits: (False, "not yet"))
+        sup.watch(lambda exits: RunVerdict(False, "not yet"))
     sup.stop_all()
     assert "code 3" in str(info.value) and "boom: bad thing" in info.value.log_tail
 
@@ -114,7 +114,7 @@ def test_a_process_crashing_at_every_start_spends_its_budget(tmp_path):
     sup = Supervisor([crasher], EventLog(tmp_path / "events.jsonl"), poll_interval_s=0.05)
     with pytest.raises(RestartsExhausted) as info:
         sup.start_all()
-        sup.watch(lambda exits: (False, "not yet"))
+        sup.watch(lambda exits: RunVerdict(False, "not yet"))
     sup.stop_all()
     assert info.value.exit_code == 6
     assert "2 restarts within 60 s used up" in str(info.value) and "cannot start: no GPU" in info.value.log_tail

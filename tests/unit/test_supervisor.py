@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlrun.errors import ProcessFailed, RestartsExhausted
-from rlrun.supervisor import EventLog, ProcessSpec, ProcessState, Supervisor
+from rlrun.supervisor import EventLog, ProcessSpec, ProcessState, RunVerdict, Supervisor
 from rlrun.supervisor.policy import RestartPolicy
 
 
@@ -126,7 +126,7 @@ def test_watch_returns_when_the_completion_rule_says_finished(tmp_path):
         checks.append(dict(exits))
         if clock.now >= 2.0:
             spawner.handles["trainer"].exit_code = 0
-        return exits["trainer"] == 0, "trainer done"
+        return RunVerdict(exits["trainer"] == 0, "trainer done")
 
     assert sup.watch(finished) == "trainer done"
     assert sup.processes[1].state is ProcessState.EXITED  # exit 0 of a finishing role is expected
@@ -139,7 +139,7 @@ def test_a_service_exiting_even_with_0_is_a_failure(tmp_path):
     sup.start_all()
     spawner.handles["redis"].exit_code = 0
     with pytest.raises(ProcessFailed, match="'redis' exited with code 0 although it is a service"):
-        sup.watch(lambda exits: (False, "not yet"))
+        sup.watch(lambda exits: RunVerdict(False, "not yet"))
 
 
 def test_sigkill_death_mentions_the_oom_killer(tmp_path):
@@ -147,7 +147,7 @@ def test_sigkill_death_mentions_the_oom_killer(tmp_path):
     sup.start_all()
     spawner.handles["trainer"].exit_code = -signal.SIGKILL
     with pytest.raises(ProcessFailed, match="killed by SIGKILL .possibly the OOM killer"):
-        sup.watch(lambda exits: (False, "not yet"))
+        sup.watch(lambda exits: RunVerdict(False, "not yet"))
 
 
 def test_stop_is_reverse_order_sigterm_then_sigkill_after_grace(tmp_path):
@@ -212,7 +212,7 @@ def crash(spawner, name, code=1):
 
 def run_until(sup, clock, condition, limit_s=60):
     """Drive watch() until `condition()` holds (the completion predicate is our hook)."""
-    return sup.watch(lambda exits: (condition() or clock.now > limit_s, "stop"))
+    return sup.watch(lambda exits: RunVerdict(condition() or clock.now > limit_s, "stop"))
 
 
 def test_a_crashed_process_is_restarted_alone_after_its_backoff_with_a_new_log(tmp_path):
@@ -289,8 +289,6 @@ def test_a_process_failing_at_its_first_start_follows_its_restart_policy(tmp_pat
 
 
 def test_an_exit_rejected_by_the_completion_rule_is_restarted_and_before_start_runs_each_time(tmp_path):
-    from rlrun.supervisor import ExitRejected
-
     calls = []
     trainer = spec("trainer", tmp_path, finishes=True, restart=RESTARTING, before_start=lambda: calls.append("tidy"))
     sup, spawner, events, clock = make([trainer])
@@ -299,8 +297,8 @@ def test_an_exit_rejected_by_the_completion_rule_is_restarted_and_before_start_r
 
     def rule(exits):
         if exits["trainer"] == 0 and sup.status("trainer").attempt == 0:
-            raise ExitRejected("trainer", "interrupted at step 3 of 10")
-        return sup.status("trainer").attempt == 1, "restarted"
+            return RunVerdict(False, "interrupted at step 3 of 10", reject="trainer")
+        return RunVerdict(sup.status("trainer").attempt == 1, "restarted")
 
     sup.watch(rule)
     failed = next(e for e in events.recorded if e["event"] == "process_failed")
