@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import yaml
 
 from rlrun import completion, preflight
-from rlrun.cluster import spawner_for
+from rlrun.cluster.world import spawner_for
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, EnvironmentProblem, ProcessFailed
 from rlrun.inference.server import base_url
@@ -160,6 +160,7 @@ def train(
     run_dir.write_state(status="running", supervisor_pid=os.getpid(), started_at=time.time(), model_path=path, launch=run_dir.launch)
     status = "failed"
     supervisor: Optional[Supervisor] = None
+    spawner = None
     progress: Optional[ProgressReader] = None
     try:
         for attempt in range(1, PORT_ATTEMPTS + 1):
@@ -172,8 +173,9 @@ def train(
                 )
             progress = ProgressReader(endpoints.redis_url, run_dir, events)
             tick = _ticker(on_tick, progress, cfg)
+            spawner = spawner or spawner_for(cfg, run_dir)  # one per launch: a retry keeps its placement
             supervisor = Supervisor(
-                build_specs(cfg, run_dir, endpoints, path), events, spawner=spawner_for(cfg, run_dir),
+                build_specs(cfg, run_dir, endpoints, path), events, spawner=spawner,
                 poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick, diagnose=diagnoser_for(cfg, run_dir),
             )  # fmt: skip
             try:
@@ -196,6 +198,8 @@ def train(
             supervisor.stop_all()
             if on_tick and progress is not None:
                 on_tick(supervisor.processes, progress.read(cfg))
+        if spawner is not None:
+            spawner.close()  # world=ray: the agents and the placement group go
         run_dir.write_state(status=status, stopped_at=time.time())
         events.emit("run_stopped", status=status, malformed_events=progress.malformed_events if progress else 0)
 

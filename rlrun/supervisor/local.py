@@ -26,6 +26,7 @@ class Handle(Protocol):
 
 class Spawner(Protocol):
     def spawn(self, spec: ProcessSpec) -> Handle: ...
+    def close(self) -> None: ...  # after the supervisor stopped everything: release what it holds
 
 
 class ProcessTree:
@@ -109,6 +110,9 @@ class LocalSpawner:
                 start_new_session=True,
             )
         return LocalHandle(popen, self._tree)
+
+    def close(self) -> None:
+        """Nothing to release: the supervisor's stop already reaped every child."""
 
 
 def kill_pids(pids: list[int]) -> list[int]:

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from rlrun.cluster import placement, process_names, spawner_for
+from rlrun.cluster import placement
+from rlrun.cluster.world import process_names, spawner_for
 from rlrun.config import compose
 from rlrun.errors import ConfigError
 from rlrun.launch import plan_specs
@@ -110,7 +111,7 @@ def test_role_of_a_process():
 
 
 def test_the_fast_llm_weight_follower_is_placed_like_the_actor():
-    from rlrun.cluster import process_names
+    from rlrun.cluster.world import process_names
     from rlrun.config import compose
 
     cfg, _ = compose(["trainer=fast_llm", "trainer.device=cpu", "world=ray", "world.actor.cpus=0.5"])

@@ -1,0 +1,40 @@
+"""Which spawner a run's config asks for, and the names of the processes it places.
+
+`spawner_for` gives a local spawner for world=local (the default) and a Ray spawner for
+world=ray; Ray is imported only then.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from rlrun.cluster import placement
+from rlrun.config import RunConfig
+from rlrun.rundir import RunDir
+from rlrun.supervisor.local import LocalSpawner, Spawner
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def process_names(cfg: RunConfig) -> list[str]:
+    """The processes of a run, as `roles.build_specs` names them (a test holds the two together)."""
+    names = [] if cfg.streams.url else ["redis"]
+    names += [f"vllm-{i}" for i in range(cfg.inference.num_servers)]
+    names += ["weights"] if cfg.trainer.backend == "fast_llm" else []
+    return names + ["trainer", "actor"]
+
+
+def run_tag(run_dir: RunDir) -> str:
+    """A short name for the run in a shared cluster (its placement group, its agents)."""
+    return hashlib.sha1(str(run_dir.root).encode()).hexdigest()[:10]
+
+
+def spawner_for(cfg: RunConfig, run_dir: RunDir) -> Spawner:
+    if cfg.world.kind == "local":
+        return LocalSpawner()
+    from rlrun.cluster.ray_world import RaySpawner
+
+    loopback = cfg.inference.host in LOOPBACK or (cfg.streams.url is None and cfg.streams.host in LOOPBACK)
+    return RaySpawner(
+        cfg.world, placement.bundles(cfg.world, process_names(cfg)), run_tag(run_dir), same_machine_only=loopback
+    )
