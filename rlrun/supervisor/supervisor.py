@@ -29,6 +29,10 @@ from rlrun.supervisor.spec import ProcessSpec, ProcessState
 
 log = logging.getLogger(__name__)
 
+# A process still there this long after SIGKILL (stuck in the kernel, or on a node that no longer
+# answers) is reported and left behind: waiting for it forever would hang the run's stop.
+KILL_WAIT_S = 10.0
+
 RUNNING = (ProcessState.STARTING, ProcessState.READY)
 
 
@@ -261,9 +265,18 @@ class Supervisor:
         """SIGKILL the current attempt's whole group (a stalled or hung process)."""
         proc.known_descendants.update(proc.handle.descendants())
         proc.handle.signal_group(signal.SIGKILL)
-        while proc.handle.poll() is None:
+        proc.exit_code = self._wait_killed(proc)
+
+    def _wait_killed(self, proc: ProcessStatus) -> Optional[int]:
+        """The exit code of a SIGKILLed attempt, waited for at most KILL_WAIT_S; None (and an
+        `process_unkillable` event) when it would not die."""
+        deadline = self._clock() + KILL_WAIT_S
+        while (code := proc.handle.poll()) is None and self._clock() < deadline:
             self._sleep(0.05)
-        proc.exit_code = proc.handle.poll()
+        if code is None:
+            log.error("process '%s' (pid %s) is still there %g s after SIGKILL; left behind", proc.name, proc.pid, KILL_WAIT_S)
+            self._events.emit("process_unkillable", process=proc.name, pid=proc.pid, waited_s=KILL_WAIT_S)
+        return code
 
     def _dump(self, proc: ProcessStatus, reason: str) -> None:
         """Capture the stacks of a process about to be killed; the event names the file."""
@@ -300,8 +313,7 @@ class Supervisor:
                 self._dump(proc, f"still running {proc.spec.stop_grace_s:g} s after SIGTERM")
                 self._events.emit("process_killed", process=proc.name, signal="SIGKILL", after_grace_s=proc.spec.stop_grace_s)
                 proc.handle.signal_group(signal.SIGKILL)
-                while proc.handle.poll() is None:
-                    self._sleep(0.05)
+                self._wait_killed(proc)
             proc.exit_code = proc.handle.poll()
             proc.state = ProcessState.STOPPED
         elif proc.state is ProcessState.BACKOFF:

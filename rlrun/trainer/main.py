@@ -99,9 +99,13 @@ class Trainer:
             if self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
                 self._save_checkpoint()
         self._announce_done()
+
+    def close(self) -> None:
+        """Close the metric sinks (TensorBoard, W&B), whether training finished or failed."""
         self.metrics.close()
         if self.wandb is not None:
             self.wandb.close()
+            self.wandb = None
 
     def _is_last_step(self) -> bool:
         return self.state.step >= self.cfg.trainer.max_train_steps
@@ -343,7 +347,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_resolved(run_dir.config)
         redis = connect(args.redis_url, run_dir.read_redis_password())
         vllm = VllmAdmin(args.vllm_url, api_key=run_dir.read_vllm_api_key())
-        Trainer(cfg, run_dir, redis, args.model_path, vllm).train()
+        trainer = Trainer(cfg, run_dir, redis, args.model_path, vllm)
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
     except (ConfigError, checkpoint.CorruptCheckpoint) as exc:
         # A restart would meet the same config or checkpoints: exit 2, which the supervisor never
         # retries (the run stops at once with exit 5, naming this log).

@@ -30,13 +30,14 @@ class FakeHandle:
         self.exit_code = None
         self.log = log
         self.ignores_sigterm = False
+        self.unkillable = False  # e.g. stuck in the kernel: not even SIGKILL ends it
 
     def poll(self):
         return self.exit_code
 
     def signal_group(self, sig: int) -> None:
         self.log.append(("signal", self.pid, signal.Signals(sig).name))
-        if self.exit_code is None and (sig == signal.SIGKILL or not self.ignores_sigterm):
+        if self.exit_code is None and not self.unkillable and (sig == signal.SIGKILL or not self.ignores_sigterm):
             self.exit_code = -sig
 
     def descendants(self) -> list[int]:
@@ -286,6 +287,20 @@ def test_a_process_failing_at_its_first_start_follows_its_restart_policy(tmp_pat
     with pytest.raises(RestartsExhausted, match="was not ready within 5 s.*2 restarts within 100 s used up"):
         sup.start_all()
     assert [e["event"] for e in events.recorded].count("process_restarted") == 2
+
+
+def test_a_process_that_survives_sigkill_is_reported_and_the_stop_goes_on(tmp_path):
+    from rlrun.supervisor.supervisor import KILL_WAIT_S
+
+    sup, spawner, events, clock = make([spec("redis", tmp_path), spec("vllm", tmp_path, stop_grace_s=5)])
+    sup.start_all()
+    spawner.handles["vllm"].unkillable = True
+    started = clock.now
+    sup.stop_all()  # returns: the wait after SIGKILL has a deadline
+    assert KILL_WAIT_S <= clock.now - started - 5 < KILL_WAIT_S + 1
+    (stuck,) = [e for e in events.recorded if e["event"] == "process_unkillable"]
+    assert (stuck["process"], stuck["pid"]) == ("vllm", spawner.handles["vllm"].pid)
+    assert spawner.handles["redis"].poll() == -signal.SIGTERM  # stopped after it, as usual
 
 
 def test_an_exit_rejected_by_the_completion_rule_is_restarted_and_before_start_runs_each_time(tmp_path):
