@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -22,28 +21,16 @@ import yaml
 from rlrun import completion, preflight
 from rlrun.cluster.world import spawner_for
 from rlrun.config import RunConfig
-from rlrun.errors import ConfigError, EnvironmentProblem, ProcessFailed
+from rlrun.errors import ProcessFailed
 from rlrun.inference.server import base_url
+from rlrun.models.source import model_path
+from rlrun.progress import Progress, ProgressReader
 from rlrun.roles import Endpoints, build_specs
 from rlrun.rundir import RunDir
-from rlrun.streams import names
 from rlrun.streams import server as redis_server
-from rlrun.streams.tail import StreamTail
 from rlrun.supervisor import EventLog, ProcessSpec, ProcessStatus, RunVerdict, Supervisor
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Progress:
-    """What the live view shows of training, read from the trainer's published state."""
-
-    step: int = 0
-    max_train_steps: int = 0
-    samples: int = 0
-    reward_mean: Optional[float] = None
-    policy_version: int = 0
-    groups_published: int = 0
 
 
 def run_root(cfg: RunConfig) -> Path:
@@ -59,33 +46,6 @@ def create_run(cfg: RunConfig, resolved_yaml: str, overrides: list[str], root: O
     run_dir.overrides.write_text(yaml.safe_dump(list(overrides)))
     run_dir.write_state(status="created")
     return run_dir
-
-
-def model_path(cfg: RunConfig, build: bool) -> str:
-    """The folder (or hub id) vLLM and the trainer load. Builds the tiny model if asked to."""
-    m = cfg.model
-    if m.source == "tiny":
-        from rlrun.models.tiny import TinyBuild, ensure_tiny_model
-
-        args = dict(seed=cfg.run.seed, warm_start_steps=m.warm_start_steps, max_operand=cfg.dataset.max_operand, max_model_len=m.max_model_len)
-        if not build:
-            return str(Path(m.cache_dir).expanduser() / TinyBuild(**args).folder_name())
-        return str(ensure_tiny_model(Path(m.cache_dir), **args))
-    if m.source == "path":
-        path = Path(m.path).expanduser()
-        if not (path / "config.json").is_file():
-            what = "does not exist" if not path.exists() else "is not a Hugging Face model folder (no config.json)"
-            raise ConfigError(f"model.path={m.path} {what}. Point model.path at a folder saved with save_pretrained, or use model=tiny.")
-        return str(path.resolve())
-    try:  # a hub id: fetched once into the Hugging Face cache, then served from that folder
-        from huggingface_hub import snapshot_download
-
-        return snapshot_download(m.path)
-    except Exception as exc:  # noqa: BLE001 - any failure means "cannot get the model"
-        raise EnvironmentProblem(
-            f"cannot fetch model {m.path!r} from the Hugging Face hub ({exc}). Download it where the hub is "
-            f"reachable and use model.source=path model.path=FOLDER."
-        ) from None
 
 
 def plan_endpoints(cfg: RunConfig, pick_port: Callable[[str], int]) -> Endpoints:
@@ -107,27 +67,6 @@ def plan_specs(cfg: RunConfig, run_dir: RunDir) -> list[ProcessSpec]:
     """The specs `train` would start (for --dry-run): ports are placeholders, nothing is built."""
     endpoints = plan_endpoints(cfg, pick_port=lambda host: 0)
     return build_specs(cfg, run_dir, endpoints, model_path(cfg, build=False))
-
-
-def check_dependencies(cfg: RunConfig) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        raise EnvironmentProblem(
-            "vLLM is not installed in this environment. Install the inference stack: "
-            "pip install 'rlrun[cpu]' on a laptop, or 'rlrun[gpu]' on GPU machines."
-        )
-    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
-        raise EnvironmentProblem("torch and transformers are needed by the trainer: pip install 'rlrun[cpu]' (or 'rlrun[gpu]').")
-
-    if cfg.metrics.tensorboard:
-        from rlrun.metrics import require_tensorboard
-
-        require_tensorboard()
-    if cfg.metrics.wandb:
-        from rlrun.wandb_sink import require_wandb
-
-        require_wandb()
 
 
 PORT_ATTEMPTS = 3  # a service losing its port to another process at start gets new ports
@@ -231,85 +170,6 @@ def _ticker(on_tick, progress: "ProgressReader", cfg: RunConfig):
     if on_tick is None:
         return None
     return lambda processes: on_tick(processes, progress.read(cfg))
-
-
-class ProgressReader:
-    """Reads the trainer's and actor's published state, and the trainer's events stream from
-    where it stopped last time; tolerant of Redis being down or restarting."""
-
-    def __init__(self, url: str, run_dir: RunDir, events: Optional[EventLog] = None) -> None:
-        self._url, self._run_dir = url, run_dir
-        self._client = None
-        self._events = events
-        # This launch's events only: a resumed run's stream still holds the previous launch's.
-        # Stream ids start with the server's time in ms: read from this millisecond on.
-        self._trainer_events = StreamTail(names.TRAINER_EVENTS, "event", start_id=f"{int(time.time() * 1000) - 1}-{2**64 - 1}")
-        self.training_done_seen = False
-        self.malformed_events = 0
-        self._last: dict[str, dict] = {}  # the last value read of each hash
-
-    def poll_trainer_events(self) -> bool:
-        """Read the trainer's new events; True once its `training_done` event has been seen.
-        A malformed event is counted, logged with its id and recorded in events.jsonl."""
-        try:
-            polled = self._trainer_events.poll(self._redis())
-        except Exception:  # Redis not up yet, or restarting: read on from the same id next time
-            self._client = None
-            return self.training_done_seen
-        for message_id, why in polled.malformed:
-            self.malformed_events += 1
-            log.warning("rejected message %s on %s: %s", message_id, names.TRAINER_EVENTS, why)
-            if self._events is not None:
-                self._events.emit(
-                    "malformed_message", stream=names.TRAINER_EVENTS, id=message_id, reason=why, count=self.malformed_events
-                )
-        if any(message.get("type") == "training_done" for _id, message in polled.messages):
-            self.training_done_seen = True
-        return self.training_done_seen
-
-    def note_rejected_event(self, stream: str, message_id: str, why: str) -> None:
-        """An event that is malformed or does not fit the run: counted, recorded, never acted on."""
-        self.malformed_events += 1
-        if self._events is not None:
-            self._events.emit("malformed_message", stream=stream, id=message_id, reason=why, count=self.malformed_events)
-
-    @property
-    def run_dir(self) -> RunDir:
-        return self._run_dir
-
-    def redis(self):
-        """A client for the run's Redis (made on first use, again after a failure)."""
-        return self._redis()
-
-    def _redis(self):
-        if self._client is None:
-            self._client = redis_server.connect(self._url, self._run_dir.read_redis_password(), socket_timeout=2.0, reconnect_s=0)
-        return self._client
-
-    def trainer_state(self) -> dict:
-        return self._hash(names.TRAINER_STATE)
-
-    def read(self, cfg: RunConfig) -> Progress:
-        t, a = self._hash(names.TRAINER_STATE), self._hash(names.ACTOR_STATE)
-        reward = t.get("reward_mean")
-        return Progress(
-            step=int(t.get("step", 0)),
-            max_train_steps=cfg.trainer.max_train_steps,
-            samples=int(t.get("samples_processed", 0)),
-            reward_mean=float(reward) if reward is not None else None,
-            policy_version=int(t.get("policy_version", 0)),
-            groups_published=int(a.get("groups_published", 0)),
-        )
-
-    def _hash(self, key: str) -> dict:
-        try:
-            value = self._redis().hgetall(key) or {}
-        except Exception:  # Redis not up yet, restarting or stopped: what was read last
-            self._client = None
-            return self._last.get(key, {})
-        # Kept so that the end of a run (Redis stopped) still shows the final step and reward.
-        self._last[key] = value
-        return value
 
 
 def _default_redis_user(cfg: RunConfig) -> str:

@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from rlrun.launch import Progress
+from rlrun.progress import Progress
 from rlrun.supervisor import ProcessStatus
 
 

@@ -51,10 +51,26 @@ def check(cfg: RunConfig, root: Path, *, fresh: bool, cheap: bool = False) -> No
 
 
 def check_dependencies(cfg: RunConfig) -> None:
-    """vLLM, torch and transformers importable; EnvironmentProblem naming the extra otherwise."""
-    from rlrun import launch  # owns the list of what a run imports
+    """vLLM, torch and transformers importable (and the metric sinks asked for); EnvironmentProblem
+    naming the extra otherwise."""
+    import importlib.util
 
-    launch.check_dependencies(cfg)
+    if importlib.util.find_spec("vllm") is None:
+        raise EnvironmentProblem(
+            "vLLM is not installed in this environment. Install the inference stack: "
+            "pip install 'rlrun[cpu]' on a laptop, or 'rlrun[gpu]' on GPU machines."
+        )
+    if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
+        raise EnvironmentProblem("torch and transformers are needed by the trainer: pip install 'rlrun[cpu]' (or 'rlrun[gpu]').")
+
+    if cfg.metrics.tensorboard:
+        from rlrun.metrics import require_tensorboard
+
+        require_tensorboard()
+    if cfg.metrics.wandb:
+        from rlrun.wandb_sink import require_wandb
+
+        require_wandb()
 
 
 def check_trainer_launchable(cfg: RunConfig, root: Path) -> None:
@@ -66,14 +82,14 @@ def check_trainer_launchable(cfg: RunConfig, root: Path) -> None:
     revision it accepts is the run's. --dry-run only shows the command.
     """
     if cfg.trainer.backend == "fast_llm":
-        from rlrun import launch
         from rlrun.backends.fast_llm import installed
         from rlrun.backends.fast_llm.config import launch_argv
         from rlrun.backends.fast_llm.launchable import ensure_launchable
+        from rlrun.models.source import model_path
 
         ensure_launchable(launch_argv(cfg, Path("fast_llm.yaml")))
         experiment_dir = Path(root).expanduser().absolute() / cfg.trainer.fast_llm.experiment_dir_name
-        installed.choose_revision(cfg, launch.model_path(cfg, build=True), experiment_dir)
+        installed.choose_revision(cfg, model_path(cfg, build=True), experiment_dir)
 
 
 # --- the run directory -------------------------------------------------------------------------

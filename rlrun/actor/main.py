@@ -36,7 +36,7 @@ from rlrun.rollouts import Group, Sample
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams.server import connect
-from rlrun.trainer.advantages import group_advantages
+from rlrun.advantages import group_advantages
 
 log = logging.getLogger("rlrun.actor")
 

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -239,7 +240,7 @@ class Trainer:
             "samples": self.state.samples_processed,
             "policy_version": self.state.policy_version,
             "reward_mean": round(sum(rewards) / len(rewards), 4),
-            "reward_std": round(_std(rewards), 4),
+            "reward_std": round(statistics.pstdev(rewards), 4),
             "tokens": sum(len(s.completion_ids) for g in groups for s in g.samples),
             # how many versions behind the weights that trained on them the tokens were sampled
             "policy_lag_max": (self.state.policy_version - 1 - min(versions)) if versions else 0,
@@ -326,11 +327,6 @@ def collate(samples, device) -> dict:
         "old_logprobs": old.to(device),
         "advantages": advantages.to(device),
     }
-
-
-def _std(values: list[float]) -> float:
-    mean = sum(values) / len(values)
-    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
 
 
 def main(argv: list[str] | None = None) -> int:

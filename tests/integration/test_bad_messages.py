@@ -16,6 +16,7 @@ from rlrun import launch
 from rlrun.actor.ledger import JournalLedger
 from rlrun.actor.main import Actor
 from rlrun.config import compose
+from rlrun.progress import ProgressReader
 from rlrun.journal.store import Append, group_key, log_key
 from rlrun.streams import names
 from rlrun.streams.codec import encode
@@ -101,7 +102,7 @@ def test_supervisor_reads_the_events_stream_and_counts_malformed_events(server, 
     client.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "training_done", "step": 2})})  # a previous launch's
     time.sleep(0.01)
     events = EventLog(tmp_path / "events.jsonl")
-    reader = launch.ProgressReader(server.url, server.run_dir, events)
+    reader = ProgressReader(server.url, server.run_dir, events)
     check = launch.completion_check(cfg, reader)
     bad_ids = [client.xadd(names.TRAINER_EVENTS, fields) for fields in BAD_EVENTS]
     client.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", "step": 1})})

@@ -213,6 +213,7 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
     is refused every command it could damage the run with; the events it may append, forged,
     are counted and ignored: the follower loads nothing for them, the verdict stays the same."""
     from rlrun import launch
+    from rlrun.progress import ProgressReader
     from rlrun.backends.fast_llm.follower import WeightFollower, request_join
     from rlrun.config import compose
     from rlrun.rundir import RunDir
@@ -232,7 +233,7 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
 
         admin = RecordingAdmin()
         follower = WeightFollower(cfg, rlrun, admin, "127.0.0.1", 29555)
-        progress = launch.ProgressReader(server.url, run, EventLog(run.events, clock=time.time))
+        progress = ProgressReader(server.url, run, EventLog(run.events, clock=time.time))
         verdict = launch.completion_check(cfg, progress)
 
         def outcome(trainer_exit):

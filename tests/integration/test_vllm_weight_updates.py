@@ -19,11 +19,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlrun import launch
 from rlrun.backends.fast_llm.follower import VllmBroadcastAdmin
 from rlrun.config import compose
 from rlrun.inference.auth import bearer_header
 from rlrun.inference.server import SERVED_MODEL_NAME, base_url, healthy, server_argv, server_env
+from rlrun.models.source import model_path
 from rlrun.streams.server import pick_free_port
 from tests.fast_llm_standin import Broadcaster, weights_at
 
@@ -52,7 +52,7 @@ def tied_copy(model_path: str, folder) -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     cfg, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu"])
-    model = tied_copy(launch.model_path(cfg, build=True), tmp_path_factory.mktemp("tied"))
+    model = tied_copy(model_path(cfg, build=True), tmp_path_factory.mktemp("tied"))
     port = pick_free_port(HOST)
     argv = server_argv(cfg.inference, cfg.model, model, port, tokenizer=model)
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"

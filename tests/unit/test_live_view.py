@@ -7,9 +7,10 @@ import io
 
 from rich.console import Console
 
-from rlrun import launch
 from rlrun.config import compose
+from rlrun import progress
 from rlrun.live import LiveView, progress_line
+from rlrun.progress import Progress, ProgressReader
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 
@@ -35,8 +36,8 @@ def test_the_progress_after_redis_stopped_is_the_last_one_read(tmp_path, monkeyp
         names.TRAINER_STATE: {"step": "60", "samples_processed": "15360", "reward_mean": "0.812", "policy_version": "60"},
         names.ACTOR_STATE: {"groups_published": "1950"},
     })  # fmt: skip
-    monkeypatch.setattr(launch.redis_server, "connect", lambda *a, **k: fake)
-    reader = launch.ProgressReader("redis://127.0.0.1:1/0", RunDir(tmp_path))
+    monkeypatch.setattr(progress.redis_server, "connect", lambda *a, **k: fake)
+    reader = ProgressReader("redis://127.0.0.1:1/0", RunDir(tmp_path))
     running = reader.read(cfg)
     fake.stop()  # the end of the run: everything was stopped, the view draws once more
     final = reader.read(cfg)
@@ -46,7 +47,7 @@ def test_the_progress_after_redis_stopped_is_the_last_one_read(tmp_path, monkeyp
 
 def test_nothing_read_yet_shows_nothing():
     cfg, _ = compose(["trainer.max_train_steps=60"])
-    assert progress_line(launch.ProgressReader("redis://127.0.0.1:1/0", RunDir(__import__("pathlib").Path("/nonexistent"))).read(cfg)).startswith("step 0/60")
+    assert progress_line(ProgressReader("redis://127.0.0.1:1/0", RunDir(__import__("pathlib").Path("/nonexistent"))).read(cfg)).startswith("step 0/60")
 
 
 def test_live_view_off_prints_plain_lines_on_a_terminal():
@@ -54,7 +55,7 @@ def test_live_view_off_prints_plain_lines_on_a_terminal():
     console = Console(file=out, force_terminal=True, width=200)
     with LiveView(console, live=False) as view:
         assert view._live is None
-        view.update([], launch.Progress(step=3, max_train_steps=60, samples=768, reward_mean=0.5))
+        view.update([], Progress(step=3, max_train_steps=60, samples=768, reward_mean=0.5))
     assert "[train] step 3/60  samples 768  reward 0.500" in out.getvalue()
     with LiveView(Console(file=io.StringIO(), force_terminal=True), live=True) as view:
         assert view._live is not None

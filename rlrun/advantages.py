@@ -1,6 +1,8 @@
 """Group-relative advantages: one group's rewards → one advantage per sample.
 
-Pure Python over plain floats; knows nothing about torch, tokens or the trainer loop.
+Pure Python over plain floats; knows nothing about torch, tokens or the trainer loop. The actor
+computes them when it delivers a group (so a group message carries its advantages); it lives
+outside both roles' packages so neither imports the other.
 """
 
 from __future__ import annotations

@@ -1,0 +1,35 @@
+"""Where a run's model comes from: the tiny model rlrun builds, a local folder, or the hub."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlrun.config import RunConfig
+from rlrun.errors import ConfigError, EnvironmentProblem
+
+
+def model_path(cfg: RunConfig, build: bool) -> str:
+    """The folder (or hub id) vLLM and the trainer load. Builds the tiny model if asked to."""
+    m = cfg.model
+    if m.source == "tiny":
+        from rlrun.models.tiny import TinyBuild, ensure_tiny_model
+
+        args = dict(seed=cfg.run.seed, warm_start_steps=m.warm_start_steps, max_operand=cfg.dataset.max_operand, max_model_len=m.max_model_len)
+        if not build:
+            return str(Path(m.cache_dir).expanduser() / TinyBuild(**args).folder_name())
+        return str(ensure_tiny_model(Path(m.cache_dir), **args))
+    if m.source == "path":
+        path = Path(m.path).expanduser()
+        if not (path / "config.json").is_file():
+            what = "does not exist" if not path.exists() else "is not a Hugging Face model folder (no config.json)"
+            raise ConfigError(f"model.path={m.path} {what}. Point model.path at a folder saved with save_pretrained, or use model=tiny.")
+        return str(path.resolve())
+    try:  # a hub id: fetched once into the Hugging Face cache, then served from that folder
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(m.path)
+    except Exception as exc:  # noqa: BLE001 - any failure means "cannot get the model"
+        raise EnvironmentProblem(
+            f"cannot fetch model {m.path!r} from the Hugging Face hub ({exc}). Download it where the hub is "
+            f"reachable and use model.source=path model.path=FOLDER."
+        ) from None
