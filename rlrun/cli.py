@@ -243,6 +243,7 @@ def inspect_checkpoint(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Show a checkpoint: step, samples, policy version, completeness, config, files, and the run's token journal."""
+    from rlrun import cli_render
     from rlrun import inspection as checkpoint_inspect
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.ERROR, format="%(name)s: %(message)s")
@@ -252,9 +253,9 @@ def inspect_checkpoint(
     except BaseException as exc:  # noqa: BLE001 - the one place errors become messages
         _fail(exc, debug)
     if as_json:
-        typer.echo(checkpoint_inspect.to_json(report, journal, note))
+        typer.echo(cli_render.checkpoint_json(report, journal, note))
     else:
-        for item in checkpoint_inspect.renderables(report, journal, note):
+        for item in cli_render.checkpoint_renderables(report, journal, note):
             console.print(item)
     if not report.complete:
         _fail(RunDirError(checkpoint_inspect.HALF_WRITTEN), debug)

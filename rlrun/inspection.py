@@ -11,12 +11,12 @@ The journal lives in the run's Redis, so it can only be read while a server hold
 `journal_summary(client)` sums up the open groups of an already-connected client, and
 `read_journal(report, redis_url)` decides whether there is one to connect to.
 
-This module never prints and never loads model weights (only file names, sizes and metadata).
+This module never prints and never loads model weights (only file names, sizes and metadata);
+`rlrun.cli_render` turns its report into what the CLI shows.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-import yaml
 
 from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
 from rlrun.rundir import MARKER, RunDir
@@ -298,10 +297,6 @@ def _fast_llm_fields(path: Path, warnings: list[str]) -> dict:
     return fields
 
 
-def _int_or_none(value: Any) -> Optional[int]:
-    return value if type(value) is int else None
-
-
 def _mtime(path: Path) -> tuple[Optional[float], str]:
     """When the checkpoint was finished: its `ok` marker's mtime, else its newest file's."""
     ok = path / hf_checkpoint.OK_MARKER
@@ -515,86 +510,3 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
     finally:
         if client is not None:
             client.close()
-
-
-# --- rendering (rich renderables; the CLI prints them) -----------------------------------------
-
-
-def human_size(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"  # pragma: no cover
-
-
-def renderables(report: CheckpointReport, journal: Optional[dict], journal_note: Optional[str]) -> list:
-    """The tables `rlrun inspect-checkpoint` prints, in order."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    out: list = []
-    if report.selected_from_run:
-        out.append(f"run directory {escape(str(report.run_dir))}: latest complete checkpoint is [bold]{escape(report.path)}[/]")
-        for skipped in report.skipped_half_written:
-            out.append(f"[yellow]skipped half-written checkpoint {escape(skipped)} (no ok marker)[/]")
-        for damaged in report.skipped_damaged:
-            out.append(f"[yellow]skipped damaged checkpoint {escape(damaged)}[/]")
-
-    main = Table(title="checkpoint", show_header=False, title_justify="left")
-    main.add_column("field", style="bold")
-    main.add_column("value", overflow="fold")
-    main.add_row("path", escape(report.path))
-    main.add_row("layout", report.layout)
-    main.add_row("step", _text(report.step))
-    if report.layout == HF:
-        main.add_row("samples processed", _text(report.samples_processed))
-        main.add_row("policy version", _text(report.policy_version))
-    else:
-        main.add_row("documents seen", _text(report.documents_seen))
-    when = "-" if report.written_at is None else time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report.written_at))
-    main.add_row("written", f"{when} ({report.written_at_source})")
-    main.add_row("complete", "yes (ok marker)" if report.complete else "[bold red]NO: half-written, no ok marker[/]")
-    main.add_row("run directory", escape(report.run_dir) if report.run_dir else "- (not inside a run directory)")
-    if report.config_hash or report.checkpoint_config_hash:
-        recorded = f" (recorded in checkpoint: {report.checkpoint_config_hash})" if report.checkpoint_config_hash else ""
-        main.add_row("config hash", f"{report.config_hash or '-'}{recorded}")
-    out.append(main)
-
-    if report.config is not None:
-        cfg = Table(title="config", show_header=False, title_justify="left")
-        cfg.add_column("field", style="bold")
-        cfg.add_column("value")
-        for name, value in asdict(report.config).items():
-            cfg.add_row(name.replace("_", " "), escape(str(value)))
-        out.append(cfg)
-
-    files = Table(title=f"files ({len(report.files)}, {human_size(report.total_bytes)})", title_justify="left")
-    files.add_column("file", overflow="fold")
-    files.add_column("size", justify="right")
-    for entry in report.files:
-        files.add_row(escape(entry.name), human_size(entry.size))
-    out.append(files)
-
-    if journal is not None:
-        table = Table(title="journal", show_header=False, title_justify="left")
-        table.add_column("field", style="bold")
-        table.add_column("value", justify="right")
-        for name, value in journal.items():
-            table.add_row(name.replace("_", " "), _text(value))
-        out.append(table)
-    else:
-        out.append(f"journal: {escape(journal_note or '')}")
-    for warning in report.warnings:
-        out.append(f"[yellow]warning:[/] {escape(warning)}")
-    return out
-
-
-def _text(value: Any) -> str:
-    return "-" if value is None else str(value)
-
-
-def to_json(report: CheckpointReport, journal: Optional[dict], journal_note: Optional[str]) -> str:
-    """The one JSON document `--json` prints."""
-    return json.dumps({**report.to_dict(), "journal": journal, "journal_note": journal_note}, indent=2)

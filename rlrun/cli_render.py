@@ -1,0 +1,96 @@
+"""How the CLI shows what library calls return: rich renderables and JSON documents.
+
+The library reads and decides (`rlrun.inspection` finds a checkpoint and sums up the journal);
+this module only turns its plain data into what `rlrun inspect-checkpoint` prints. Rich is
+imported when something is rendered.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Any, Optional
+
+from rlrun import inspection
+from rlrun.inspection import CheckpointReport
+
+
+def human_size(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"  # pragma: no cover
+
+
+def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], journal_note: Optional[str]) -> list:
+    """The tables `rlrun inspect-checkpoint` prints, in order."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    out: list = []
+    if report.selected_from_run:
+        out.append(f"run directory {escape(str(report.run_dir))}: latest complete checkpoint is [bold]{escape(report.path)}[/]")
+        for skipped in report.skipped_half_written:
+            out.append(f"[yellow]skipped half-written checkpoint {escape(skipped)} (no ok marker)[/]")
+        for damaged in report.skipped_damaged:
+            out.append(f"[yellow]skipped damaged checkpoint {escape(damaged)}[/]")
+
+    main = Table(title="checkpoint", show_header=False, title_justify="left")
+    main.add_column("field", style="bold")
+    main.add_column("value", overflow="fold")
+    main.add_row("path", escape(report.path))
+    main.add_row("layout", report.layout)
+    main.add_row("step", _text(report.step))
+    if report.layout == inspection.HF:
+        main.add_row("samples processed", _text(report.samples_processed))
+        main.add_row("policy version", _text(report.policy_version))
+    else:
+        main.add_row("documents seen", _text(report.documents_seen))
+    when = "-" if report.written_at is None else time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report.written_at))
+    main.add_row("written", f"{when} ({report.written_at_source})")
+    main.add_row("complete", "yes (ok marker)" if report.complete else "[bold red]NO: half-written, no ok marker[/]")
+    main.add_row("run directory", escape(report.run_dir) if report.run_dir else "- (not inside a run directory)")
+    if report.config_hash or report.checkpoint_config_hash:
+        recorded = f" (recorded in checkpoint: {report.checkpoint_config_hash})" if report.checkpoint_config_hash else ""
+        main.add_row("config hash", f"{report.config_hash or '-'}{recorded}")
+    out.append(main)
+
+    if report.config is not None:
+        cfg = Table(title="config", show_header=False, title_justify="left")
+        cfg.add_column("field", style="bold")
+        cfg.add_column("value")
+        for name, value in asdict(report.config).items():
+            cfg.add_row(name.replace("_", " "), escape(str(value)))
+        out.append(cfg)
+
+    files = Table(title=f"files ({len(report.files)}, {human_size(report.total_bytes)})", title_justify="left")
+    files.add_column("file", overflow="fold")
+    files.add_column("size", justify="right")
+    for entry in report.files:
+        files.add_row(escape(entry.name), human_size(entry.size))
+    out.append(files)
+
+    if journal is not None:
+        table = Table(title="journal", show_header=False, title_justify="left")
+        table.add_column("field", style="bold")
+        table.add_column("value", justify="right")
+        for name, value in journal.items():
+            table.add_row(name.replace("_", " "), _text(value))
+        out.append(table)
+    else:
+        out.append(f"journal: {escape(journal_note or '')}")
+    for warning in report.warnings:
+        out.append(f"[yellow]warning:[/] {escape(warning)}")
+    return out
+
+
+def _text(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def checkpoint_json(report: CheckpointReport, journal: Optional[dict], journal_note: Optional[str]) -> str:
+    """The one JSON document `--json` prints."""
+    return json.dumps({**report.to_dict(), "journal": journal, "journal_note": journal_note}, indent=2)
