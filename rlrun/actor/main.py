@@ -360,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rlrun import stackdump
+    from rlrun import proctitle, stackdump
 
+    proctitle.name("actor")  # `ps` shows rlrun:actor
     stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)
     raise SystemExit(main())

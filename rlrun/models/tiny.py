@@ -13,7 +13,6 @@ torch, transformers and tokenizers are imported inside the functions that need t
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -21,10 +20,11 @@ import os
 import shutil
 import string
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from filelock import FileLock
 
 from rlrun.data.arithmetic import Problem, arithmetic_problems
 from rlrun.errors import ConfigError
@@ -90,7 +90,7 @@ def ensure_tiny_model(cache_dir: Path, seed: int, warm_start_steps: int, max_ope
     final = cache_dir / build.folder_name()
     if (final / MARKER).is_file():
         return final
-    with _locked(cache_dir / f".{build.folder_name()}.lock"):
+    with FileLock(cache_dir / f".{build.folder_name()}.lock"):  # one build per folder, across processes
         if (final / MARKER).is_file():  # another caller built it while we waited
             return final
         for stale in cache_dir.glob(f".{build.folder_name()}.tmp-*"):  # left by a crashed build
@@ -130,16 +130,6 @@ def _check(build: TinyBuild) -> None:
             f"model.max_model_len={build.max_model_len} is too short for sums up to "
             f"{build.max_operand}+{build.max_operand}: set it to {need} or more."
         )
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # --- the build -----------------------------------------------------------------------------------

@@ -360,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rlrun import stackdump
+    from rlrun import proctitle, stackdump
 
+    proctitle.name("trainer")  # `ps` shows rlrun:trainer
     stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)
     raise SystemExit(main())
