@@ -9,6 +9,19 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
+
+E2E_DIR = Path(__file__).parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(items) -> None:
+    """Every test in tests/e2e runs the full stack: marked `e2e` whether its module says so or not,
+    so `pytest -m "not e2e"` (the fast lane) never starts one."""
+    for item in items:
+        if E2E_DIR in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.e2e)
+
 
 class RunProcesses:
     """Every process that descends from one `rlrun` process, collected while it runs.
