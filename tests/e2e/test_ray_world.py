@@ -23,7 +23,6 @@ from tests.ray_node import LocalRayCluster
 from .conftest import RunProcesses, read_jsonl
 
 pytestmark = pytest.mark.e2e
-pytest.importorskip("ray")
 
 STEPS = 6
 RUN_MARKERS = ("rlrun.cluster.holder", "ray::NodeAgent")  # a run's processes on a node: its agents, and what they start

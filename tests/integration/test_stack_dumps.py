@@ -65,8 +65,8 @@ def stall_once(tmp_path: Path, diagnoser: Diagnoser) -> list[dict]:
     return events.recorded
 
 
-@pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed (pip install 'rlrun[test]')")
 def test_a_stalled_process_is_dumped_with_py_spy_before_it_is_killed(tmp_path):
+    assert find_py_spy() is not None, "py-spy is in the test extra: pip install 'rlrun[test]'"
     recorded = stall_once(tmp_path, Diagnoser(tmp_path / "diagnostics"))
     kinds = [e["event"] for e in recorded]
     assert kinds.index("process_stalled") < kinds.index("stack_dump") < kinds.index("process_failed")

@@ -69,7 +69,6 @@ def test_every_actor_counter_is_a_documented_field():
     assert all(FIELDS.values())
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard not installed (pip install 'rlrun[tensorboard]')")
 def test_tensorboard_gets_the_same_scalars_per_step(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
