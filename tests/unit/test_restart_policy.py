@@ -50,10 +50,10 @@ def test_zero_is_a_crash_for_a_service():
 
 @pytest.mark.parametrize("finishes", [True, False])
 def test_two_is_a_config_error(finishes):
-    assert CONFIG_ERROR_CODE == 2
-    info = classify_exit(2, finishes=finishes)
-    assert info.kind is ExitKind.CONFIG_ERROR
-    assert "code 2" in info.description
+    info = classify_exit(2, finishes=finishes)  # the code a role exits with on a usage/config error (the CLI's too)
+    assert info.kind is ExitKind.CONFIG_ERROR and info.is_failure
+    assert info.description == "exited with code 2 (usage or configuration error)"
+    assert classify_exit(CONFIG_ERROR_CODE, finishes=finishes) == info
 
 
 @pytest.mark.parametrize("code", [1, 3, 137])
