@@ -179,25 +179,9 @@ class LocalRayCluster:
 
     def left_behind(self, grace_s: float = 10.0) -> list[str]:
         """Processes the nodes ever ran that are still alive (after up to grace_s)."""
-        import time
+        from tests.processes import still_alive
 
-        import psutil
-
-        def alive() -> list[str]:
-            left = []
-            for pid, started in self.seen:
-                try:
-                    p = psutil.Process(pid)
-                    if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
-                        left.append(f"{pid}: {' '.join(p.cmdline())[:120]}")
-                except psutil.Error:
-                    pass
-            return left
-
-        deadline = time.time() + grace_s
-        while alive() and time.time() < deadline:
-            time.sleep(0.3)
-        return alive()
+        return still_alive(self.seen, grace_s)
 
     def kill_left_behind(self) -> None:
         """Last resort after a failed test: SIGKILL what is left, by pid."""

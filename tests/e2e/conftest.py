@@ -11,6 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.processes import still_alive
+
 E2E_DIR = Path(__file__).parent
 
 
@@ -57,16 +59,8 @@ class RunProcesses:
         self._stop.set()
         self._thread.join(timeout=5)
 
-    def alive(self) -> list[str]:
-        left = []
-        for pid, started in self.seen:
-            try:
-                proc = psutil.Process(pid)
-                if proc.create_time() == started and proc.status() != psutil.STATUS_ZOMBIE:
-                    left.append(f"{pid}: {' '.join(proc.cmdline())[:120]}")
-            except psutil.Error:
-                pass
-        return left
+    def alive(self, grace_s: float = 0.0) -> list[str]:
+        return still_alive(self.seen, grace_s)
 
 
 def run_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -104,17 +98,37 @@ def start_rlrun(run_dir: Path, *args: str, command: str = "train", env: dict | N
 
 def left_behind(proc: subprocess.Popen, grace_s: float = 5.0) -> list[str]:
     """Descendants of a finished (or killed) rlrun still alive after `grace_s`."""
-    import time
-
     proc.run_processes.stop()
-    deadline = time.time() + grace_s
-    while proc.run_processes.alive() and time.time() < deadline:
-        time.sleep(0.2)
-    return proc.run_processes.alive()
+    return proc.run_processes.alive(grace_s)
 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def events(run_dir: Path) -> list[dict]:
+    """The run's events.jsonl so far ([] before it exists)."""
+    path = run_dir / "events.jsonl"
+    return read_jsonl(path) if path.is_file() else []
+
+
+def steps_done(run_dir: Path) -> int:
+    """The last step in the run's metrics.jsonl (0 before the first)."""
+    path = run_dir / "metrics.jsonl"
+    return max((m["step"] for m in read_jsonl(path)), default=0) if path.is_file() else 0
+
+
+def wait_for(condition, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+    """Poll `condition` until it holds; fail naming `what` on a timeout or when rlrun exits."""
+    import time
+
+    deadline = time.time() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"rlrun exited ({proc.returncode}) while waiting for {what}")
+        if time.time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.5)
 
 
 def leaked_secrets(run_dir: Path, cmdlines, outputs: tuple[str, ...] = ()) -> list[str]:

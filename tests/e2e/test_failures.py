@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -15,31 +14,11 @@ import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import left_behind, read_jsonl, start_rlrun
+from .conftest import events, left_behind, start_rlrun, steps_done, wait_for
 
 pytestmark = pytest.mark.e2e
 
 STEPS = 24
-
-
-def events(run_dir: Path) -> list[dict]:
-    path = run_dir / "events.jsonl"
-    return read_jsonl(path) if path.is_file() else []
-
-
-def steps_done(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return max((m["step"] for m in read_jsonl(path)), default=0) if path.is_file() else 0
-
-
-def wait_for(condition, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"rlrun exited ({proc.returncode}) while waiting for {what}")
-        if time.time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def current_pid(run_dir: Path, process: str) -> int:

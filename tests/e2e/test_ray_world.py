@@ -11,31 +11,21 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
+from tests.processes import still_alive
 from tests.ray_node import LocalRayCluster
 
-from .conftest import RunProcesses, read_jsonl
+from .conftest import RunProcesses, events, read_jsonl, steps_done, wait_for
 
 pytestmark = pytest.mark.e2e
 
 STEPS = 6
 RUN_MARKERS = ("rlrun.cluster.holder", "ray::NodeAgent")  # a run's processes on a node: its agents, and what they start
-
-
-def events(run_dir: Path) -> list[dict]:
-    path = run_dir / "events.jsonl"
-    return read_jsonl(path) if path.is_file() else []
-
-
-def steps_done(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    return max((m["step"] for m in read_jsonl(path)), default=0) if path.is_file() else 0
 
 
 def started_pid(run_dir: Path, process: str) -> int:
@@ -49,16 +39,6 @@ def process_under(pid: int) -> psutil.Process:
     while any(m in " ".join(proc.cmdline()) for m in ("rlrun.cluster.holder", "rlrun.supervisor.guard")):
         proc = proc.children()[0]
     return proc
-
-
-def wait_for(condition, timeout: float, what: str, proc: subprocess.Popen) -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"rlrun exited ({proc.returncode}) while waiting for {what}")
-        if time.time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.5)
 
 
 class NodeProcesses:
@@ -79,7 +59,7 @@ class NodeProcesses:
                         try:
                             if any(m in " ".join(p.cmdline()) for m in RUN_MARKERS):
                                 for q in [p, *p.children(recursive=True)]:
-                                    self.seen.add((q.pid, q.create_time(), " ".join(q.cmdline())[:100]))
+                                    self.seen.add((q.pid, q.create_time()))
                         except psutil.Error:
                             pass
                 except psutil.Error:
@@ -92,21 +72,7 @@ class NodeProcesses:
         self._thread.join(timeout=10)
 
     def alive(self, grace_s: float = 15.0) -> list[str]:
-        def still() -> list[str]:
-            left = []
-            for pid, started, cmd in self.seen:
-                try:
-                    p = psutil.Process(pid)
-                    if p.create_time() == started and p.status() != psutil.STATUS_ZOMBIE:
-                        left.append(f"{pid}: {cmd}")
-                except psutil.Error:
-                    pass
-            return left
-
-        deadline = time.time() + grace_s
-        while still() and time.time() < deadline:
-            time.sleep(0.3)
-        return still()
+        return still_alive(self.seen, grace_s)
 
 
 @pytest.fixture(scope="module")

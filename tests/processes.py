@@ -1,0 +1,31 @@
+"""The one "is anything of ours left?" check of the tests: processes recorded by pid and start
+time (so a recycled pid is never mistaken for ours), looked up again after a grace period."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import psutil
+
+
+def still_alive(seen: Iterable[tuple[int, float]], grace_s: float = 0.0) -> list[str]:
+    """Of the processes `seen` as (pid, start time), those still alive after up to `grace_s`,
+    as "pid: command line" (zombies count as gone: their parent has yet to reap them)."""
+    seen = list(seen)
+
+    def alive() -> list[str]:
+        left = []
+        for pid, started in seen:
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() == started and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"{pid}: {' '.join(proc.cmdline())[:120]}")
+            except psutil.Error:
+                pass
+        return left
+
+    deadline = time.time() + grace_s
+    while alive() and time.time() < deadline:
+        time.sleep(0.2)
+    return alive()
