@@ -3,10 +3,30 @@ time (so a recycled pid is never mistaken for ours), looked up again after a gra
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Iterable
 
 import psutil
+
+# A process that starts a grandchild in a session of its own (it leaves the process group, as
+# vLLM's engine core may), prints "grandchild <pid>", then sleeps: what a sweep must still find.
+ESCAPING_PARENT = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    print("grandchild", child.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def alive(pid: int) -> bool:
+    """The process runs (a zombie does not: it has exited, its parent has yet to reap it)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def still_alive(seen: Iterable[tuple[int, float]], grace_s: float = 0.0) -> list[str]:

@@ -15,23 +15,7 @@ import time
 import psutil
 
 from rlrun.cluster.agent import NodeAgent
-
-ESCAPING = textwrap.dedent(
-    """
-    import subprocess, sys, time
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-    print("grandchild", child.pid, flush=True)
-    time.sleep(600)
-    """
-)
-
-
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
+from tests.processes import ESCAPING_PARENT, alive
 
 def wait_for(condition, timeout: float = 20.0) -> None:
     deadline = time.time() + timeout
@@ -43,7 +27,7 @@ def wait_for(condition, timeout: float = 20.0) -> None:
 def test_exit_status_signals_and_sweep(tmp_path):
     agent = NodeAgent()
     log = tmp_path / "logs" / "p.log"
-    pid = agent.spawn([sys.executable, "-c", ESCAPING], str(log), {"SECRET": "x"})
+    pid = agent.spawn([sys.executable, "-c", ESCAPING_PARENT], str(log), {"SECRET": "x"})
     assert os.getpgid(pid) == pid != os.getpgid(0)
     wait_for(lambda: "grandchild" in log.read_text())
     grandchild = int(log.read_text().split()[1])
@@ -53,7 +37,7 @@ def test_exit_status_signals_and_sweep(tmp_path):
     agent.signal_group(pid, signal.SIGKILL)  # the group, and the descendants seen: a sweep
     wait_for(lambda: agent.poll(pid) is not None)
     assert agent.poll(pid) == -signal.SIGKILL
-    wait_for(lambda: gone(grandchild))
+    wait_for(lambda: not alive(grandchild))
 
     done = agent.spawn([sys.executable, "-c", "raise SystemExit(3)"], str(log), {})
     wait_for(lambda: agent.poll(done) is not None)
@@ -66,7 +50,7 @@ def test_the_group_dies_when_the_outer_guard_is_sigkilled(tmp_path):
     wait_for(lambda: len(psutil.Process(pid).children(recursive=True)) == 2)
     members = [p.pid for p in psutil.Process(pid).children(recursive=True)]  # inner guard, the process
     os.kill(pid, signal.SIGKILL)  # what Ray does to the direct children of a worker that exits
-    wait_for(lambda: all(gone(m) for m in members), timeout=10)
+    wait_for(lambda: not any(alive(m) for m in members), timeout=10)
 
 
 def test_the_group_dies_with_its_agent(tmp_path):
@@ -86,4 +70,4 @@ def test_the_group_dies_with_its_agent(tmp_path):
     members = [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
     holder.kill()  # the agent's process dies (its node, or its driver, is gone)
     holder.wait()
-    wait_for(lambda: all(gone(m) for m in members), timeout=10)
+    wait_for(lambda: not any(alive(m) for m in members), timeout=10)

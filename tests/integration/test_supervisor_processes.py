@@ -15,25 +15,9 @@ import pytest
 
 from rlrun.errors import ProcessFailed
 from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict, Supervisor
+from tests.processes import ESCAPING_PARENT, alive
 
 # A process that starts a grandchild in a *new session* (as some servers do), then sleeps.
-ESCAPING_PARENT = textwrap.dedent(
-    """
-    import subprocess, sys, time
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
-    print("grandchild", child.pid, flush=True)
-    time.sleep(600)
-    """
-)
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_children_get_their_own_group_log_to_file_and_are_all_stopped(tmp_path):
     specs = [
         ProcessSpec("sleeper", [sys.executable, "-c", "print('hello', flush=True); import time; time.sleep(600)"], tmp_path / "sleeper.log", stop_grace_s=2),
