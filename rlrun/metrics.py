@@ -44,6 +44,9 @@ FIELDS: dict[str, str] = {
     "mean_ratio": "mean importance ratio new/old policy; far from 1 on the first steps means the trainer and vLLM disagree about the weights",
     "grad_norm": "global gradient norm before clipping",
     "step_time_s": "seconds from the start of waiting for this step's groups to the record (step 1 includes start-up)",
+    "wait_s": "of step_time_s: seconds waiting for this step's groups (the actor is the bottleneck when this dominates)",
+    "compute_s": "of step_time_s: seconds of forward, backward and the optimizer step",
+    "weight_sync_s": "of step_time_s: seconds saving the weights and having vLLM pause, reload them and resume",
 }
 
 # The actor's counters copied into every record, from its state hash in Redis.

@@ -72,7 +72,9 @@ class Trainer:
         while self.state.step < self.cfg.trainer.max_train_steps:
             started = time.monotonic()
             groups, message_ids = self._next_batch()
+            fed = time.monotonic()
             metrics = self._optimizer_step(groups)
+            stepped = time.monotonic()
             self.state = TrainerState(
                 step=self.state.step + 1,
                 samples_processed=self.state.samples_processed + sum(len(g.samples) for g in groups),
@@ -82,6 +84,10 @@ class Trainer:
             self._push_weights()
             self.unacked.extend(message_ids)
             metrics["step_time_s"] = round(time.monotonic() - started, 4)
+            # where the step's time went: the profile bench/vs_trl.py and `rlrun plot` readers need
+            metrics["wait_s"] = round(fed - started, 4)
+            metrics["compute_s"] = round(stepped - fed, 4)
+            metrics["weight_sync_s"] = round(time.monotonic() - stepped, 4)
             self._record(metrics, groups)
             if self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
                 self._save_checkpoint()

@@ -143,7 +143,7 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     trainer.metrics = MetricsWriter(trainer.run_dir.metrics)
     samples = [Sample(i, [1, 2, 3], [-0.1] * 3, [0, 1, 1], "stop", float(i % 2), 0.0) for i in range(4)]
     trainer._record(
-        {"loss": 0.1, "clip_fraction": 0.0, "mean_ratio": 1.0, "grad_norm": 2.0, "step_time_s": 0.5},
+        {"loss": 0.1, "clip_fraction": 0.0, "mean_ratio": 1.0, "grad_norm": 2.0, "step_time_s": 0.5, "wait_s": 0.2, "compute_s": 0.1, "weight_sync_s": 0.2},
         [Group("run/0", 0, [5, 6], samples)],
     )
     (written,) = read_metrics(trainer.run_dir.metrics)
