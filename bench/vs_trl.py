@@ -102,6 +102,12 @@ def samples_per_s(points: list[Point], first_step_s: float) -> float | None:
     return points[-1].samples / (points[-1].seconds - first_step_s)
 
 
+def within(points: list[Point], budget_s: float) -> list[Point]:
+    """The steps recorded within the budget: an rlrun run told to stop at the cap finishes the
+    step in flight while its processes stop in order; those late steps do not count."""
+    return [p for p in points if p.seconds <= budget_s]
+
+
 def ratio(reference: float | None, value: float | None) -> str:
     if reference is None or value is None or value == 0:
         return "-"
@@ -175,6 +181,7 @@ def run_system(name: str, out: Path, budget_s: float, overrides: list[str], trl_
     print(f"[{name}] {' '.join(command)}  (budget {budget_s:.0f} s; load {before})", flush=True)
     code, wall = run_capped(command, folder / "log.txt", budget_s)
     points, first_start = rlrun_points(folder / "run", launched) if kind == "rlrun" else trl_points(folder / "steps.jsonl")
+    points = within(points, budget_s)
     print(f"[{name}] exit {code} after {wall:.0f} s, {len(points)} steps; load {load()}", flush=True)
     return {"name": name, "kind": kind, "recipe": recipe, "code": code, "wall_s": wall, "first_step_s": first_start,
             "points": points, "load": f"{before} -> {load()}"}  # fmt: skip
@@ -351,11 +358,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=None, help="where runs, logs, results.json and vs_trl.png go")
     parser.add_argument("--window", type=int, default=10, help="steps in the reward's trailing mean (default 10)")
     parser.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1, help="torch threads of the TRL process")
+    parser.add_argument("--report", type=Path, help="print the table and draw the PNG again from a results.json; runs nothing")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--launched", type=float, default=0.0, help=argparse.SUPPRESS)
     args, overrides = parser.parse_known_args(argv)
     if args.worker:
         return trl_worker(args, overrides)
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        results = [{**r, "points": within([Point(**p) for p in r["points"]], args.budget_s)} for r in saved]
+        print(report(results, args.window))
+        draw(results, args.window, args.report.with_name("vs_trl.png"))
+        return 0
     names = [n.strip() for n in args.systems.split(",") if n.strip()]
     unknown = sorted(set(names) - set(SYSTEMS))
     if unknown:

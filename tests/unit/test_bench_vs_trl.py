@@ -54,3 +54,8 @@ def test_the_table_compares_each_system_with_trl_of_the_same_algorithm():
     assert rows["rlrun-gspo"][10] == f"{38 / 37:.2f}"  # x TRL to 0.8
     assert rows["trl-gspo"][10] == "1.00"
     assert "goal gspo: rlrun reaches 0.8 in at most half of TRL's time: NOT met" in text
+
+
+def test_steps_after_the_budget_do_not_count():
+    pts = points([0.5] * 5, every_s=10.0, start_s=250.0)  # 250, 260, ..., 290 s
+    assert [p.step for p in vs_trl.within(pts, 270.0)] == [1, 2, 3]
