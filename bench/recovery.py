@@ -275,7 +275,7 @@ def fmt(x) -> str:
 
 
 def actor_counters(run_dir: Path) -> str:
-    logs = sorted((run_dir / "logs").glob("actor*.log"))
+    logs = sorted((run_dir / "logs").rglob("actor*.log"))
     lines = [line for log in logs for line in log.read_text(errors="replace").splitlines() if "actor stops (" in line]
     return lines[-1].split("actor stops (", 1)[1].rstrip(")") if lines else "(no closing line)"
 

@@ -63,6 +63,7 @@ from rlrun.actor.main import Actor
 from rlrun.actor.vllm_client import stream_completion
 from rlrun.config import compose
 from rlrun.data.tasks import load_task
+from rlrun.inference.auth import bearer_header
 from rlrun.inference.server import base_url, healthy, server_argv, server_env
 from rlrun.journal.store import KEY_PREFIX
 from rlrun.launch import create_run, model_path
@@ -96,11 +97,11 @@ def load() -> str:
 
 
 @contextlib.contextmanager
-def vllm_server(cfg, path: str, log_path: Path):
+def vllm_server(cfg, path: str, log_path: Path, api_key: str):
     port = pick_free_port(cfg.inference.host)
     url = base_url(cfg.inference.host, port)
     argv = server_argv(cfg.inference, cfg.model, path, port, tokenizer=path)  # serve the base model
-    env = {**os.environ, **server_env(cfg.inference)}
+    env = {**os.environ, **server_env(cfg.inference), "VLLM_API_KEY": api_key}  # as the run's spec: never on argv
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
         process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -148,7 +149,7 @@ def _group_alive(pgid: int) -> bool:
 # --- the phases ----------------------------------------------------------------------------------
 
 
-async def phase_vllm_alone(cfg, url: str, prompts: list[list[int]], groups: int) -> dict:
+async def phase_vllm_alone(cfg, url: str, prompts: list[list[int]], groups: int, api_key: str) -> dict:
     """The actor's requests with its concurrency, straight to vLLM; stop when `groups` are done."""
     size, concurrency = cfg.algo.group_size, cfg.actor.max_concurrent_groups
     count = {"tokens": 0, "done": 0}
@@ -170,7 +171,7 @@ async def phase_vllm_alone(cfg, url: str, prompts: list[list[int]], groups: int)
             end.update(time=time.perf_counter(), tokens=count["tokens"])
 
     limits = httpx.Limits(max_connections=concurrency * size)
-    async with httpx.AsyncClient(limits=limits, timeout=cfg.actor.request_timeout_s) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=cfg.actor.request_timeout_s, headers=bearer_header(api_key)) as client:
         running: set[asyncio.Task] = set()
         cursor = 0
         started = time.perf_counter()
@@ -260,7 +261,7 @@ def reset_redis(redis) -> int:
     return deleted + redis.delete(names.ACTOR_STATE, names.GROUPS_STREAM)
 
 
-async def phase_actor(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int, journal: bool) -> dict:
+async def phase_actor(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int, journal: bool, api_key: str) -> dict:
     """rlrun's Actor in-process, no trainer, with (B) or without (C) the journal; stop it once
     `groups` are published."""
     reset_redis(redis)  # the actor resumes its cursor from the journal / state hash: start at 0
@@ -268,7 +269,7 @@ async def phase_actor(cfg, redis, tokenizer, task, url: str, run_name: str, grou
     rtt = redis_rtt_ms(redis)
     inner = JournalLedger(redis) if journal else MemoryLedger(redis)
     ledger = TimedLedger(inner)
-    actor = TimedActor(cfg, redis, tokenizer, task, [url], ledger, run_name=run_name, target=groups)
+    actor = TimedActor(cfg, redis, tokenizer, task, [url], ledger, run_name=run_name, target=groups, api_key=api_key)
     started = time.perf_counter()
     run = asyncio.create_task(actor.run())
     while actor.reached is None:
@@ -331,24 +332,24 @@ def verdict(per_round: list[float], tolerance: float) -> str:
     return spread
 
 
-async def run_phases(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int, rounds: int) -> list[tuple[str, dict]]:
+async def run_phases(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int, rounds: int, api_key: str) -> list[tuple[str, dict]]:
     probe = Actor(cfg, redis, tokenizer, task, [url], MemoryLedger(redis), run_name=run_name)  # only for its prompt order
     horizon = groups + 4 * cfg.actor.max_concurrent_groups
     prompts = [tokenizer.encode(task.problems[probe._problem_index(c)].prompt, add_special_tokens=False) for c in range(horizon)]
     # Warm-up (untimed): one wave of groups per phase, so no phase pays for its first requests
     # (connections, the journal's Lua scripts loaded into Redis, ...).
     wave = min(groups, cfg.actor.max_concurrent_groups)
-    await phase_vllm_alone(cfg, url, prompts, wave)
+    await phase_vllm_alone(cfg, url, prompts, wave, api_key)
     for journal in (True, False):
-        await phase_actor(cfg, redis, tokenizer, task, url, run_name, wave, journal=journal)
+        await phase_actor(cfg, redis, tokenizer, task, url, run_name, wave, journal=journal, api_key=api_key)
     results = []
     for r in range(1, rounds + 1):
         for name in phase_order(r):
             before = load()
             if name == "A":
-                result = await phase_vllm_alone(cfg, url, prompts, groups)
+                result = await phase_vllm_alone(cfg, url, prompts, groups, api_key)
             else:
-                result = await phase_actor(cfg, redis, tokenizer, task, url, run_name, groups, journal=name == "B")
+                result = await phase_actor(cfg, redis, tokenizer, task, url, run_name, groups, journal=name == "B", api_key=api_key)
             result["load"] = f"{before} -> {load()}"
             results.append((f"{name}{r}", result))
             print(
@@ -448,8 +449,9 @@ def main(argv: list[str] | None = None) -> int:
         with managed_server(run_dir, host=cfg.streams.host, appendfsync=cfg.streams.appendfsync, binary=cfg.streams.server) as server:
             redis = connect(server.url, server.password)
             try:
-                with vllm_server(cfg, path, run_dir.log("vllm-0")) as url:
-                    results = asyncio.run(run_phases(cfg, redis, tokenizer, task, url, run_dir.root.name, args.groups, args.rounds))
+                api_key = run_dir.ensure_secret(run_dir.vllm_api_key)
+                with vllm_server(cfg, path, run_dir.log("vllm-0"), api_key) as url:
+                    results = asyncio.run(run_phases(cfg, redis, tokenizer, task, url, run_dir.root.name, args.groups, args.rounds, api_key))
             finally:
                 redis.close()
     print_table(cfg, results, args.groups, args.tolerance)

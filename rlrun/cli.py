@@ -67,12 +67,13 @@ def train(
         run_dir = launch.create_run(cfg, resolved, overrides)
         console.print(f"run directory: [bold]{run_dir.root}[/]")
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-        with LiveView(console) as view:
+        with LiveView(console, live=cfg.supervisor.live_view) as view:
             reason = launch.train(cfg, run_dir, on_tick=view.update)
         last = launch.summary(run_dir)["last_metrics"]
         console.print(f"[bold green]finished:[/] {reason}")
         if last:
             console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
+        _print_time_split(run_dir)
         console.print(f"metrics: {run_dir.metrics}\nevents:  {run_dir.events}")
         _plot_at_end(run_dir)
     except KeyboardInterrupt:
@@ -124,9 +125,10 @@ def resume(
         resuming.apply(plan)
         console.print(f"resuming run directory: [bold]{plan.run_dir.root}[/]")
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-        with LiveView(console) as view:
+        with LiveView(console, live=plan.cfg.supervisor.live_view) as view:
             reason = launch.train(plan.cfg, plan.run_dir, on_tick=view.update, resumed=True)
         console.print(f"[bold green]finished:[/] {reason}")
+        _print_time_split(plan.run_dir)
         console.print(f"metrics: {plan.run_dir.metrics}\nevents:  {plan.run_dir.events}")
         _plot_at_end(plan.run_dir)
     except KeyboardInterrupt:
@@ -141,15 +143,22 @@ def resume(
 @app.command()
 def status(
     run_dir: Path = typer.Argument(..., help="A run directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout, for scripts."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
-    """Show the processes and progress of a running or finished run."""
+    """Show the processes, progress and effective training time of a running or finished run."""
+    import json
+
     from rlrun import status as run_status
     from rlrun.live import status_table
     from rlrun.rundir import RunDir
 
     try:
+        if as_json:
+            typer.echo(json.dumps(run_status.report(RunDir(run_dir.resolve())), indent=2))
+            return
         state, rows, last = run_status.load(RunDir(run_dir.resolve()))
+        split = run_status.time_split(RunDir(run_dir.resolve()))
     except BaseException as exc:  # noqa: BLE001
         _fail(exc, debug)
     console.print(f"run {run_dir}: [bold]{state.get('status', 'unknown')}[/]")
@@ -159,6 +168,38 @@ def status(
             f"step {last.get('step')}  samples {last.get('samples')}  reward {last.get('reward_mean')}  "
             f"policy v{last.get('policy_version')}"
         )
+    console.print(run_status.describe_split(split), highlight=False, markup=False)
+
+
+@app.command()
+def runs(
+    root: Path = typer.Argument(Path("runs"), help="The folder holding run directories (run.runs_root)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON list on stdout, for scripts."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """List the runs under ROOT, newest first: state, step, reward, ETTR, restarts and last event."""
+    import json
+
+    from rlrun import status as run_status
+
+    try:
+        found = run_status.list_runs(root)
+    except BaseException as exc:  # noqa: BLE001
+        _fail(exc, debug)
+    if as_json:
+        typer.echo(json.dumps(found, indent=2))
+        return
+    table = Table(title=f"runs under {root}", expand=False)
+    for column in ("run", "status", "step", "reward", "ETTR", "restarts", "last event"):
+        table.add_column(column, overflow="fold")
+    for run in found:
+        step = "-" if run["step"] is None else f"{run['step']}/{run.get('max_train_steps') or '?'}"
+        last = run["last_event"] or {}
+        event = " ".join(str(last[k]) for k in ("event", "process", "reason", "status") if last.get(k))
+        ettr = "-" if run["ettr"] is None else f"{run['ettr']:.2f}"
+        reward = "-" if run["reward_mean"] is None else str(run["reward_mean"])
+        table.add_row(Path(run["run_dir"]).name, run["status"], step, reward, ettr, str(run["restarts"]), event or "-")
+    console.print(table if found else f"no runs under {root}")
 
 
 @app.command()
@@ -166,16 +207,17 @@ def logs(
     run_dir: Path = typer.Argument(..., help="A run directory."),
     process: str = typer.Option("trainer", "--process", "-c", help="redis, vllm-0, trainer or actor."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (Ctrl-C to stop)."),
+    launch: Optional[int] = typer.Option(None, "--launch", "-l", help="Which launch (1 = the first `rlrun train`, 2 = the first resume, ...); default the newest."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
-    """Print a process's log (its latest start attempt)."""
+    """Print a process's log (its latest start attempt, in the newest launch unless --launch)."""
     import time
 
     from rlrun import status as run_status
     from rlrun.rundir import RunDir
 
     try:
-        path = run_status.latest_log(RunDir(run_dir.resolve()), process)
+        path = run_status.latest_log(RunDir(run_dir.resolve()), process, launch)
         with open(path, errors="replace") as handle:
             sys.stdout.write(handle.read())
             while follow:
@@ -233,6 +275,13 @@ def plot(
     except BaseException as exc:  # noqa: BLE001 - the one place errors become messages
         _fail(exc, debug)
     console.print(f"plot: {result.path} ({result.steps} steps, {result.restarts} restarts, {result.failures} failures)", soft_wrap=True)
+
+
+def _print_time_split(run_dir) -> None:
+    """The final summary's ETTR line: where the wall time went, what each failure cost."""
+    from rlrun import status as run_status
+
+    console.print(run_status.describe_split(run_status.time_split(run_dir)), highlight=False, markup=False, soft_wrap=True)
 
 
 def _plot_at_end(run_dir) -> None:

@@ -258,29 +258,22 @@ def _hf_fields(path: Path, warnings: list[str]) -> dict:
 
 
 def _fast_llm_fields(path: Path, warnings: list[str]) -> dict:
-    """Fast-LLM writes `completed_steps` (and, in the versions rlrun drives, `documents_seen`)
-    either at the top of metadata.yaml or under its `metadata` key; both are read."""
+    """Step and documents seen, as the backend's one metadata reader reads them."""
+    from rlrun.backends.fast_llm.checkpoints import CheckpointError, read_metadata
+
     fields: dict[str, Any] = {"step": int(path.name) if path.name.isdigit() else None}
-    meta_file = path / FAST_LLM_METADATA
-    if not meta_file.is_file():
+    if not (path / FAST_LLM_METADATA).is_file():
         warnings.append(f"no {FAST_LLM_METADATA}: step taken from the folder name")
         return fields
     try:
-        meta = yaml.safe_load(meta_file.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        warnings.append(f"cannot read {FAST_LLM_METADATA}: {' '.join(str(exc).split())}")
+        meta = read_metadata(path)
+    except CheckpointError as exc:
+        warnings.append(" ".join(str(exc).split()))
         return fields
-    if not isinstance(meta, dict):
-        warnings.append(f"{FAST_LLM_METADATA} is not a mapping")
-        return fields
-    nested = meta.get("metadata") if isinstance(meta.get("metadata"), dict) else {}
-    steps = _int_or_none(meta.get("completed_steps", nested.get("completed_steps")))
-    documents = _int_or_none(meta.get("documents_seen", nested.get("documents_seen")))
-    if steps is not None:
-        if fields["step"] is not None and fields["step"] != steps:
-            warnings.append(f"the folder name says step {fields['step']} but {FAST_LLM_METADATA} says {steps}")
-        fields["step"] = steps
-    fields["documents_seen"] = documents
+    if fields["step"] is not None and fields["step"] != meta.completed_steps:
+        warnings.append(f"the folder name says step {fields['step']} but {FAST_LLM_METADATA} says {meta.completed_steps}")
+    fields["step"] = meta.completed_steps
+    fields["documents_seen"] = meta.documents_seen
     return fields
 
 

@@ -124,6 +124,10 @@ def check_dependencies(cfg: RunConfig) -> None:
         from rlrun.metrics import require_tensorboard
 
         require_tensorboard()
+    if cfg.metrics.wandb:
+        from rlrun.wandb_sink import require_wandb
+
+        require_wandb()
 
 
 PORT_ATTEMPTS = 3  # a service losing its port to another process at start gets new ports
@@ -141,6 +145,7 @@ def train(
     directory and Redis hold (checkpoint, pending groups, token journal).
     """
     preflight.check(cfg, run_dir.root, fresh=False)  # packages, model, data, binary, ports, checkpoints
+    run_dir = run_dir.for_new_launch()  # logs/launch-<n>/: each train/resume keeps its own logs
     if cfg.streams.url is not None:
         _use_external_redis(cfg, run_dir)
     path = model_path(cfg, build=True)
@@ -149,8 +154,10 @@ def train(
         run_dir.point_current_weights(Path(path))  # vLLM starts from the base model
     events = EventLog(run_dir.events, clock=time.time)
     if resumed:
-        events.emit("run_resumed", previous_status=run_dir.read_state().get("status"))
-    run_dir.write_state(status="running", supervisor_pid=os.getpid(), started_at=time.time(), model_path=path)
+        events.emit("run_resumed", previous_status=run_dir.read_state().get("status"), launch=run_dir.launch)
+    else:
+        events.emit("run_started", launch=run_dir.launch)  # where the run's wall time begins (rlrun/ettr.py)
+    run_dir.write_state(status="running", supervisor_pid=os.getpid(), started_at=time.time(), model_path=path, launch=run_dir.launch)
     status = "failed"
     supervisor: Optional[Supervisor] = None
     progress: Optional[ProgressReader] = None
@@ -165,7 +172,10 @@ def train(
                 )
             progress = ProgressReader(endpoints.redis_url, run_dir, events)
             tick = _ticker(on_tick, progress, cfg)
-            supervisor = Supervisor(build_specs(cfg, run_dir, endpoints, path), events, spawner=spawner_for(cfg, run_dir), poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick)
+            supervisor = Supervisor(
+                build_specs(cfg, run_dir, endpoints, path), events, spawner=spawner_for(cfg, run_dir),
+                poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick, diagnose=diagnoser_for(cfg, run_dir),
+            )  # fmt: skip
             try:
                 supervisor.start_all()
                 break
@@ -188,6 +198,15 @@ def train(
                 on_tick(supervisor.processes, progress.read(cfg))
         run_dir.write_state(status=status, stopped_at=time.time())
         events.emit("run_stopped", status=status, malformed_events=progress.malformed_events if progress else 0)
+
+
+def diagnoser_for(cfg: RunConfig, run_dir: RunDir):
+    """Stack dumps before kills (local processes only: under Ray the pids live on other nodes)."""
+    if cfg.supervisor.dump_timeout_s <= 0 or cfg.world.kind != "local":
+        return None
+    from rlrun.supervisor.diagnostics import Diagnoser
+
+    return Diagnoser(run_dir.diagnostics, budget_s=cfg.supervisor.dump_timeout_s).capture
 
 
 def _use_external_redis(cfg: RunConfig, run_dir: RunDir) -> None:
@@ -223,6 +242,7 @@ class ProgressReader:
         self._trainer_events = StreamTail(names.TRAINER_EVENTS, "event", start_id=f"{int(time.time() * 1000) - 1}-{2**64 - 1}")
         self.training_done_seen = False
         self.malformed_events = 0
+        self._last: dict[str, dict] = {}  # the last value read of each hash
 
     def poll_trainer_events(self) -> bool:
         """Read the trainer's new events; True once its `training_done` event has been seen.
@@ -242,6 +262,12 @@ class ProgressReader:
         if any(message.get("type") == "training_done" for _id, message in polled.messages):
             self.training_done_seen = True
         return self.training_done_seen
+
+    def note_rejected_event(self, stream: str, message_id: str, why: str) -> None:
+        """An event that is malformed or does not fit the run: counted, recorded, never acted on."""
+        self.malformed_events += 1
+        if self._events is not None:
+            self._events.emit("malformed_message", stream=stream, id=message_id, reason=why, count=self.malformed_events)
 
     @property
     def run_dir(self) -> RunDir:
@@ -273,21 +299,23 @@ class ProgressReader:
 
     def _hash(self, key: str) -> dict:
         try:
-            return self._redis().hgetall(key) or {}
-        except Exception:  # Redis not up yet, or restarting: show nothing rather than fail
+            value = self._redis().hgetall(key) or {}
+        except Exception:  # Redis not up yet, restarting or stopped: what was read last
             self._client = None
-            return {}
+            return self._last.get(key, {})
+        # Kept so that the end of a run (Redis stopped) still shows the final step and reward.
+        self._last[key] = value
+        return value
 
 
 def _default_redis_user(cfg: RunConfig) -> str:
     """Redis's passwordless `default` user: off, or (Fast-LLM) limited to Fast-LLM's streams."""
     if cfg.trainer.backend != "fast_llm":
         return redis_server.DEFAULT_USER_OFF
-    from rlrun.backends.fast_llm.acl import FAST_LLM_USER, acl_lines
+    from rlrun.backends.fast_llm.acl import default_user_line
 
     f = cfg.trainer.fast_llm
-    lines = acl_lines("unused-here", [f.stream], f.events_stream)  # rlrun's own user is written by the server module
-    return next(line for line in lines if line.startswith(f"user {FAST_LLM_USER} "))
+    return default_user_line([f.stream], f.events_stream)  # rlrun's own user is written by the server module
 
 
 def completion_check(cfg: RunConfig, progress: ProgressReader):
@@ -328,7 +356,10 @@ def _fast_llm_completion_check(cfg: RunConfig, progress: ProgressReader):
     def check(exits: dict[str, Optional[int]]) -> tuple[bool, str]:
         try:
             if "events" not in reader:
-                reader["events"] = EventsReader(progress.redis(), cfg.trainer.fast_llm.events_stream)
+                reader["events"] = EventsReader(
+                    progress.redis(), cfg.trainer.fast_llm.events_stream, cfg.trainer.max_train_steps,
+                    skips_possible=cfg.model.dtype == "float16", on_rejected=lambda i, why: progress.note_rejected_event(cfg.trainer.fast_llm.events_stream, i, why),
+                )  # fmt: skip
             reader["events"].poll()
         except Exception:  # Redis restarting: decide on what was read so far
             reader.pop("events", None)

@@ -41,7 +41,8 @@ def status_table(rows) -> Table:
     for column in ("process", "pid", "state", "restarts", "last failure", "log"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(row.name, str(row.pid or "-"), _state(row.state), str(row.restarts), row.last_failure or "-", row.log)
+        failure = row.last_failure + (f" (stacks: {row.last_dump})" if row.last_dump else "")
+        table.add_row(row.name, str(row.pid or "-"), _state(row.state), str(row.restarts), failure or "-", row.log)
     return table
 
 
@@ -54,16 +55,18 @@ def progress_line(progress: Progress) -> str:
 
 
 class LiveView:
-    """A rich Live display on a terminal; one line per change otherwise (logs, CI)."""
+    """A rich Live display on a terminal (unless `live` is off: supervisor.live_view=false); one
+    line per change otherwise (logs, CI)."""
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, live: bool = True) -> None:
         self.console = console
+        self.live = live
         self._live: Optional[Live] = None
         self._last_line = ""
         self._last_states: dict[str, str] = {}
 
     def __enter__(self) -> "LiveView":
-        if self.console.is_terminal:
+        if self.live and self.console.is_terminal:
             self._live = Live(console=self.console, refresh_per_second=4, transient=False)
             self._live.__enter__()
         return self

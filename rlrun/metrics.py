@@ -44,9 +44,9 @@ FIELDS: dict[str, str] = {
     "mean_ratio": "mean importance ratio new/old policy; far from 1 on the first steps means the trainer and vLLM disagree about the weights",
     "grad_norm": "global gradient norm before clipping",
     "step_time_s": "seconds from the start of waiting for this step's groups to the record (step 1 includes start-up)",
-    "wait_s": "of step_time_s: seconds waiting for this step's groups (the actor is the bottleneck when this dominates)",
-    "compute_s": "of step_time_s: seconds of forward, backward and the optimizer step",
-    "weight_sync_s": "of step_time_s: seconds saving the weights and having vLLM pause, reload them and resume",
+    "wait_s": "of step_time_s, seconds spent waiting for the actor's groups",
+    "weights_s": "of step_time_s, seconds spent saving the new weights and loading them into vLLM",
+    "ettr": "effective training time ratio of the run so far: optimizer work over wall time, every launch of the run counted (see `rlrun status`)",
 }
 
 # The actor's counters copied into every record, from its state hash in Redis.

@@ -7,7 +7,8 @@ one message naming the problem and the fix, and its run directory is left exactl
 
 Raises ConfigError (exit 2), EnvironmentProblem (exit 3) or RunDirError (exit 4). Each check asks
 the module that owns the thing (the Redis binary lookup, the dataset loader, the checkpoint reader)
-and only adds the order and, where needed, the message. Starts no process, writes no file.
+and only adds the order and, where needed, the message. Writes nothing in the run directory; the one
+process it starts is Fast-LLM's own config validation (trainer=fast_llm), which opens nothing.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def check(cfg: RunConfig, root: Path, *, fresh: bool, cheap: bool = False) -> No
         check_external_redis(cfg, root)
     check_ports(cfg)
     if not cheap:
-        check_trainer_launchable(cfg)
+        check_trainer_launchable(cfg, root)
     if not fresh and cfg.trainer.backend == "hf":
         check_checkpoints(RunDir(root))
 
@@ -56,12 +57,23 @@ def check_dependencies(cfg: RunConfig) -> None:
     launch.check_dependencies(cfg)
 
 
-def check_trainer_launchable(cfg: RunConfig) -> None:
-    """An external trainer's program is there (Fast-LLM); --dry-run only shows the command."""
+def check_trainer_launchable(cfg: RunConfig, root: Path) -> None:
+    """An external trainer's program is there (through whatever wraps it: env, nice, bash -c,
+    torchrun, python -m) and accepts the config rlrun generates for it.
+
+    Fast-LLM: its own validate-only mode reads the generated config of each candidate revision
+    (so the tiny model is built first: Fast-LLM reads the pretrained model's config too); the
+    revision it accepts is the run's. --dry-run only shows the command.
+    """
     if cfg.trainer.backend == "fast_llm":
-        from rlrun.backends.fast_llm.config import ensure_launchable, launch_argv
+        from rlrun import launch
+        from rlrun.backends.fast_llm import installed
+        from rlrun.backends.fast_llm.config import launch_argv
+        from rlrun.backends.fast_llm.launchable import ensure_launchable
 
         ensure_launchable(launch_argv(cfg, Path("fast_llm.yaml")))
+        experiment_dir = Path(root).expanduser().absolute() / cfg.trainer.fast_llm.experiment_dir_name
+        installed.choose_revision(cfg, launch.model_path(cfg, build=True), experiment_dir)
 
 
 # --- the run directory -------------------------------------------------------------------------
@@ -154,6 +166,14 @@ def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
     """The dataset loads and holds problems. With `cheap`, a hub dataset is not downloaded: only
     the `datasets` package and a local path are checked."""
     d = cfg.dataset
+    if d.name == "gsm8k":
+        import importlib.util
+
+        if importlib.util.find_spec("math_verify") is None:  # the actor scores every answer with it
+            raise EnvironmentProblem(
+                "dataset=gsm8k scores answers with math-verify, which is not installed: pip install 'rlrun[gpu]' "
+                "(or pip install math-verify), or choose dataset=arithmetic."
+            )
     if d.name != "arithmetic" and cheap:
         import importlib.util
 

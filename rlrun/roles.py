@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from rlrun.config import RunConfig
 from rlrun.config.schema import RoleSupervision
@@ -20,7 +20,7 @@ from rlrun.inference import server as vllm_server
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server
-from rlrun.supervisor import ProcessSpec
+from rlrun.supervisor import EventLog, ProcessSpec
 from rlrun.supervisor.policy import RestartPolicy
 
 HEARTBEAT_FRESH_S = 5.0  # a heartbeat older than this is "no sign of life" for this poll
@@ -65,7 +65,8 @@ class RedisProbe:
             return None
 
     def ping(self, pid: int = 0) -> bool:
-        return redis_server.ping(self._url, self._password())
+        """PING on the probe's own connection (a new connection and AUTH per poll cost CPU)."""
+        return self.call(lambda client: client.ping())
 
     def heartbeat(self, key: str, pid: int, max_age_s: float = HEARTBEAT_FRESH_S) -> bool:
         """True when process `pid` wrote a heartbeat into hash `key` less than max_age_s ago."""
@@ -141,10 +142,10 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
                 # Started (and restarted) from the newest weights the trainer published.
                 argv=vllm_server.server_argv(cfg.inference, cfg.model, str(run_dir.current_weights), port, tokenizer=model_path),
                 env=vllm_server.server_env(cfg.inference),
-                secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # guards /v1 (not vLLM's admin routes)
+                secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # every route but /health (rlrun.inference.auth)
                 log_path=run_dir.log(f"vllm-{i}"),
-                ready=lambda pid, url=url: vllm_server.healthy(url),
-                alive=lambda pid, url=url: vllm_server.healthy(url),
+                ready=vllm_server.HealthCheck(url),
+                alive=vllm_server.HealthCheck(url),
                 ready_timeout_s=cfg.inference.ready_timeout_s,
                 stop_grace_s=grace,
                 restart=restart_policy(sup.vllm),
@@ -200,11 +201,38 @@ def fast_llm_trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints,
     from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
     from rlrun.backends.fast_llm.config import LAUNCH_ENV, launch_argv, write_config
     from rlrun.backends.fast_llm.follower import request_join
+    from rlrun.backends.fast_llm.installed import choose_revision
+    from rlrun.backends.fast_llm.rewind import Rewind, rewind_group
 
     sup, f = cfg.supervisor, cfg.trainer.fast_llm
     experiment_dir = fast_llm_experiment_dir(cfg, run_dir)
     config_path = run_dir.root / "fast_llm.yaml"
     redis_host, _, redis_port = endpoints.redis_url.split("://", 1)[1].split("/", 1)[0].rpartition(":")
+
+    events = EventLog(run_dir.events)
+
+    def rewind_documents() -> None:
+        """The documents read after the checkpoint the trainer restarts from are delivered again."""
+        latest = fl_checkpoints.latest_complete(experiment_dir)
+        try:
+            checkpoint = fl_checkpoints.read_metadata(latest) if latest is not None else None
+        except fl_checkpoints.CheckpointError as exc:
+            logging.getLogger(__name__).error("documents not rewound: %s", exc)
+            return
+        done: list[Rewind | str] = []
+
+        def rewind(client) -> None:
+            try:
+                done.append(rewind_group(client, f.stream, f.consumer_group, checkpoint))
+            except RuntimeError as exc:  # the stream holds fewer documents than the checkpoint covers
+                done.append(str(exc))
+
+        if not probe.call(rewind) or not done:
+            logging.getLogger(__name__).warning("documents not rewound: Redis unreachable")
+        elif isinstance(done[0], str):
+            events.emit("documents_rewound", error=done[0])
+        else:
+            events.emit("documents_rewound", **asdict(done[0]))
 
     def before_start() -> None:
         log = logging.getLogger(__name__)
@@ -212,11 +240,14 @@ def fast_llm_trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints,
         for path in moved:
             log.warning("moved a half-written Fast-LLM checkpoint aside: %s", path)
         # The new trainer opens its broadcast group at start and waits there for the vLLM servers.
-        if not probe.call(lambda client: request_join(client, f.events_stream)):
+        start_step = fl_checkpoints.latest_complete_step(experiment_dir) or 0  # what it resumes from
+        if not probe.call(lambda client: request_join(client, f.events_stream, start_step)):
             log.warning("could not ask the weight follower to join the trainer's broadcast (Redis unreachable); "
                         "the trainer waits for it up to trainer.fast_llm.timeout_s, then is restarted")  # fmt: skip
+        rewind_documents()
+        revision = choose_revision(cfg, model_path, experiment_dir)  # asked in preflight: remembered
         write_config(
-            cfg, config_path, redis_host=redis_host, redis_port=int(redis_port), experiment_dir=experiment_dir,
+            cfg, revision, config_path, redis_host=redis_host, redis_port=int(redis_port), experiment_dir=experiment_dir,
             model_path=model_path, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
         )  # fmt: skip
 
@@ -237,6 +268,9 @@ def fast_llm_trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints,
         finishes=True,
         restart=restart_policy(sup.trainer),
         before_start=before_start,
+        # SIGTERMed, Fast-LLM finishes its step (it needs documents, and the vLLM servers for its
+        # broadcast), saves a checkpoint and exits: everything else keeps running until then.
+        stop_first=True,
     )
 
 

@@ -17,9 +17,13 @@ from rlrun.errors import RunDirError
 MARKER = "rlrun-run.json"  # present in every run directory; its absence means "not a run"
 
 
+LAUNCH_PREFIX = "launch-"  # logs/launch-<n>/: the n-th `rlrun train`/`rlrun resume` of the run
+
+
 @dataclass(frozen=True)
 class RunDir:
     root: Path
+    launch: Optional[int] = None  # set by the launcher: this launch's logs go to logs/launch-<n>/
 
     # --- what the launcher writes once -------------------------------------------------------
     @property
@@ -55,6 +59,13 @@ class RunDir:
         except FileNotFoundError:
             return None
 
+    def read_vllm_api_key(self) -> str:
+        """The key the run's vLLM servers want on every route but /health ("" before it exists)."""
+        try:
+            return self.vllm_api_key.read_text().strip()
+        except FileNotFoundError:
+            return ""
+
     def ensure_secret(self, path: Path) -> str:
         """The secret stored at `path`, generated (and stored 0600) on first use."""
         import secrets
@@ -77,10 +88,30 @@ class RunDir:
     def logs(self) -> Path:
         return self.root / "logs"
 
+    def launch_logs(self, launch: Optional[int] = None) -> Path:
+        """The log folder of launch `launch` (default this RunDir's; logs/ itself when none is set)."""
+        n = self.launch if launch is None else launch
+        return self.logs if n is None else self.logs / f"{LAUNCH_PREFIX}{n}"
+
+    def launches(self) -> list[int]:
+        """The numbers of the launches that have a log folder, in order."""
+        if not self.logs.is_dir():
+            return []
+        found = (p.name[len(LAUNCH_PREFIX):] for p in self.logs.iterdir() if p.is_dir() and p.name.startswith(LAUNCH_PREFIX))
+        return sorted(int(n) for n in found if n.isdigit())
+
+    def for_new_launch(self) -> "RunDir":
+        """This run directory for its next launch (1, 2, ...): a log folder of its own, created now,
+        so a resumed run never writes into an earlier launch's files."""
+        n = max(self.launches(), default=0) + 1
+        launched = RunDir(self.root, n)
+        launched.launch_logs().mkdir(parents=True, exist_ok=False)
+        return launched
+
     def log(self, process: str, attempt: int = 0) -> Path:
-        """One log file per process and start attempt."""
+        """One log file per process and start attempt, in this launch's log folder."""
         suffix = "" if attempt == 0 else f".{attempt}"
-        return self.logs / f"{process}{suffix}.log"
+        return self.launch_logs() / f"{process}{suffix}.log"
 
     # --- trainer outputs ---------------------------------------------------------------------
     @property
@@ -140,6 +171,11 @@ class RunDir:
     def events(self) -> Path:
         """Structured supervisor events (one JSON object a line)."""
         return self.root / "events.jsonl"
+
+    @property
+    def diagnostics(self) -> Path:
+        """Stack dumps taken before a stalled process was killed, one file per dump."""
+        return self.root / "diagnostics"
 
     @property
     def state(self) -> Path:

@@ -1,17 +1,23 @@
-"""What `rlrun status` and `rlrun logs` read back from a run directory (running or finished).
+"""What `rlrun status`, `rlrun runs` and `rlrun logs` read back from run directories (running or
+finished).
 
 The supervisor's events are the record: replaying them gives each process's last pid, state,
-restarts and log file, without asking the (possibly dead) supervisor anything.
+restarts and log file, without asking the (possibly dead) supervisor anything. `report` is the
+whole picture of one run as plain data (what `rlrun status --json` prints); `list_runs` is one
+line per run under a folder.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from rlrun.errors import RunDirError
+from rlrun.ettr import TimeSplit, split_wall_time
+from rlrun.metrics import read_metrics
 from rlrun.rundir import RunDir
 
 # The state each supervisor event leaves a process in.
@@ -36,6 +42,7 @@ class ProcessRow:
     last_failure: str = ""
     log: str = ""
     since: Optional[float] = None  # time of the last state change
+    last_dump: str = ""  # the diagnostics file of the last stack dump taken before a kill
     history: list[str] = field(default_factory=list)
 
 
@@ -45,6 +52,8 @@ def replay_events(events: list[dict]) -> list[ProcessRow]:
     for event in events:
         name = event.get("process")
         kind = event.get("event")
+        if name and kind == "stack_dump":
+            rows.setdefault(name, ProcessRow(name)).last_dump = event.get("file") or ""
         if not name or kind not in EVENT_STATES:
             continue
         row = rows.setdefault(name, ProcessRow(name))
@@ -79,12 +88,140 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
     return state, replay_events(events), (metrics[-1] if metrics else None)
 
 
-def latest_log(run_dir: RunDir, process: str) -> Path:
+def report(run_dir: RunDir, now: Optional[float] = None) -> dict:
+    """One run as plain data: state, processes, restarts, last failure, progress and ETTR."""
+    state, rows, last = load(run_dir)
+    events = _read_jsonl(run_dir.events)
+    live = run_dir.running_supervisor() is not None
+    split = time_split(run_dir, now)
+    failures = [e for e in events if e.get("event") == "process_failed"]
+    return {
+        "run_dir": str(run_dir.root),
+        "status": state.get("status", "unknown"),
+        "live": live,
+        "processes": [{k: v for k, v in asdict(row).items() if k != "history"} for row in rows],
+        "restarts": sum(row.restarts for row in rows),
+        "last_failure": _failure(failures[-1]) if failures else None,
+        "progress": _progress(last, _max_train_steps(run_dir)),
+        "ettr": split.to_dict(),
+        "last_event": _event_line(events[-1]) if events else None,
+    }
+
+
+def time_split(run_dir: RunDir, now: Optional[float] = None) -> TimeSplit:
+    """The run's wall time split (rlrun/ettr.py); a running run is counted up to `now`."""
+    live = run_dir.running_supervisor() is not None
+    return split_wall_time(_read_jsonl(run_dir.events), read_metrics(run_dir.metrics), now=(now or time.time()) if live else None)
+
+
+def list_runs(root: Path) -> list[dict]:
+    """One summary per run directory directly under `root` (or `root` itself if it is a run),
+    newest first: state, step, reward, ETTR and last event."""
+    root = Path(root)
+    if not root.is_dir():
+        raise RunDirError(f"{root} is not a directory. Give the folder your runs are in (run.runs_root, default runs/).")
+    candidates = [root] if RunDir(root).is_run() else sorted(p for p in root.iterdir() if p.is_dir())
+    runs = []
+    for path in candidates:
+        run_dir = RunDir(path.resolve())
+        if not run_dir.is_run():
+            continue
+        try:
+            full = report(run_dir)
+        except (RunDirError, OSError, ValueError) as exc:  # one unreadable run does not hide the others
+            runs.append({"run_dir": str(path), "status": f"unreadable: {exc}", "step": None, "reward_mean": None, "ettr": None, "restarts": 0, "last_event": None, "updated": None})
+            continue
+        progress = full["progress"]
+        runs.append(
+            {
+                "run_dir": full["run_dir"], "status": full["status"], "step": progress["step"],
+                "max_train_steps": progress["max_train_steps"], "reward_mean": progress["reward_mean"],
+                "ettr": full["ettr"]["ettr"], "restarts": full["restarts"], "last_event": full["last_event"],
+                "updated": _updated(run_dir),
+            }  # fmt: skip
+        )
+    return sorted(runs, key=lambda r: r["updated"] or 0, reverse=True)
+
+
+def describe_split(split: TimeSplit) -> str:
+    """'ETTR 0.72 of 310 s: training 223 s, waiting 40 s, ...; 1 failure: ...' for people."""
+    if split.ettr is None:
+        return "ETTR: no time recorded yet"
+    parts = ", ".join(f"{name.replace('_', '/')} {value:.0f} s" for name, value in split.seconds.items())
+    text = f"ETTR {split.ettr:.2f} of {split.wall_s:.0f} s: {parts}"
+    if split.failures:
+        costs = "; ".join(
+            f"{f.process} {'recovered in ' + format(f.recovery_s, '.1f') + ' s' if f.recovery_s is not None else 'not recovered yet'}"
+            f", {f.steps_retaken} steps retaken, {f.tokens_regenerated} tokens regenerated"
+            for f in split.failures
+        )
+        text += f"\n{len(split.failures)} failure(s): {costs}"
+    return text
+
+
+def _progress(last: Optional[dict], max_train_steps: Optional[int]) -> dict:
+    last = last or {}
+    return {
+        "step": last.get("step", 0), "max_train_steps": max_train_steps, "samples": last.get("samples", 0),
+        "reward_mean": last.get("reward_mean"), "policy_version": last.get("policy_version"), "time": last.get("time"),
+    }  # fmt: skip
+
+
+def _max_train_steps(run_dir: RunDir) -> Optional[int]:
+    import yaml
+
+    try:
+        value = (yaml.safe_load(run_dir.config.read_text()) or {}).get("trainer", {}).get("max_train_steps")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def _failure(event: dict) -> dict:
+    return {k: event.get(k) for k in ("time", "process", "reason", "action")}
+
+
+def _event_line(event: dict) -> dict:
+    return {k: v for k, v in event.items() if k in ("time", "event", "process", "reason", "status", "file")}
+
+
+def _updated(run_dir: RunDir) -> Optional[float]:
+    times = []
+    for path in (run_dir.events, run_dir.metrics, run_dir.state):
+        try:
+            times.append(path.stat().st_mtime)
+        except OSError:
+            pass
+    return max(times) if times else None
+
+
+def latest_log(run_dir: RunDir, process: str, launch: Optional[int] = None) -> Path:
+    """The log of `process`'s latest start attempt in launch `launch` (default: the newest launch)."""
+    if launch is not None:
+        return _attempt_log(run_dir, process, launch)
     rows = {row.name: row for row in replay_events(_read_jsonl(run_dir.events))}
     if process not in rows:
         known = ", ".join(rows) or "none yet"
         raise RunDirError(f"no process named '{process}' in {run_dir.root}. Processes: {known}.")
-    return Path(rows[process].log) if rows[process].log else run_dir.log(process)
+    if rows[process].log:
+        return Path(rows[process].log)
+    launches = run_dir.launches()
+    return _attempt_log(run_dir, process, launches[-1]) if launches else run_dir.log(process)
+
+
+def _attempt_log(run_dir: RunDir, process: str, launch: int) -> Path:
+    """The newest attempt's log of `process` in launch `launch` (`<process>.log`, `<process>.<k>.log`)."""
+    folder = run_dir.launch_logs(launch)
+    if not folder.is_dir():
+        have = ", ".join(map(str, run_dir.launches())) or "none"
+        raise RunDirError(f"{run_dir.root} has no launch {launch}. Launches: {have}.")
+    attempts = {0 if p.name == f"{process}.log" else int(p.name[len(process) + 1 : -4]): p
+                for p in folder.glob(f"{process}*.log")
+                if p.name == f"{process}.log" or p.name[len(process) + 1 : -4].isdigit()}  # fmt: skip
+    if not attempts:
+        known = sorted({p.name.split(".")[0] for p in folder.glob("*.log")})
+        raise RunDirError(f"no log of '{process}' in launch {launch} of {run_dir.root}. Processes: {', '.join(known) or 'none'}.")
+    return attempts[max(attempts)]
 
 
 def _read_jsonl(path: Path) -> list[dict]:

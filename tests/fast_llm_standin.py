@@ -1,6 +1,7 @@
 """A stand-in for Fast-LLM's trainer (`fast-llm train gpt --config <file>`) that needs no GPU.
 
-    python tests/fast_llm_standin.py --config <fast-llm.yaml> [--data-parallel N] [--step-delay S]
+    python tests/fast_llm_standin.py --config <fast-llm.yaml> [--revision main|pr520|pr502] [-v]
+                                     [--data-parallel N] [--step-delay S]
 
 It reads the Fast-LLM YAML rlrun generates and behaves like Fast-LLM where rlrun can see it
 (ServiceNow/Fast-LLM: fast_llm/data/dataset/streaming.py, fast_llm/engine/training/trainer.py and
@@ -34,10 +35,23 @@ its "weights" after step s are the pretrained ones moved s times along a fixed s
   step and asserts its `ok` exists (a half-written highest checkpoint makes it fail), exactly as
   Fast-LLM does: rlrun must move such a directory aside first.
 
+Per revision (`--revision`, the real commits of rlrun/backends/fast_llm/revisions.py):
+- `pr520` (d3d20226, the default) and `pr502` (227f8bc1) know `schedule.docs_per_step`; `main`
+  (7d61a1ba) does not: a step there is one micro-batch per rank (`schedule.depth_first_micro_batches`).
+- `pr502` sends no `documents_seen` with `weights_ready` and records none in its checkpoints.
+- On `main` the GRPO/GSPO loss's `metrics` default (`auto`) needs a per-document `reward`: a
+  document without one crashes the first step, as the real one does.
+Like the real one on every revision: the config is read strictly (an unknown key is refused with
+Fast-LLM's "Unknown field" message, at start and with `-v`, which validates and stops); a
+pretrained `config.json` with a `head_dim` key is refused (its Qwen2 importer does); the streaming
+dataset crashes the first batch unless `training.num_workers` is 0 or 1; without CUDA it refuses
+to start unless `model.distributed.use_cuda` is false; checkpoint metadata nests the trainer's
+counts under `metadata:`.
+
 Test hooks (not Fast-LLM's): `broadcast.port: 0` means no receivers (no group, no broadcast);
 `--step-delay` sleeps after each step; `--crash-in-checkpoint K`
 writes checkpoint K without `ok` and dies (as if killed during the save), once per experiment
-directory.
+directory; `--trained-log FILE` appends one JSON line per step with the stream ids it trained.
 """
 
 from __future__ import annotations
@@ -69,6 +83,69 @@ EVENTS = "fast_llm_events"  # fast_llm/engine/training/streaming.py REDIS_TRAINI
 EVENT_FIELD = "event"  # REDIS_TRAINING_FIELD
 
 log = logging.getLogger("fast_llm_standin")
+
+REVISIONS = ("main", "pr520", "pr502")
+LOSS_KEYS = {"type": None, "weight": None, "epsilon_low": None, "epsilon_high": None, "logits_scale_factor": None,
+             "metrics": None}  # fmt: skip
+# The keys the stand-in knows (a subset of the real schema: what rlrun writes, and a few more).
+# None: a leaf. A key not listed is refused as Fast-LLM refuses it.
+SCHEMA = {
+    "run": {"experiment_dir": None},
+    "pretrained": {"format": None, "path": None, "model_weights": None},
+    "model": {"base_model": {"head": {"losses": "losses"}},
+              "distributed": {"compute_dtype": None, "use_cuda": None, "backend": None}},
+    "training": {"train_iters": None, "num_workers": None, "checkpoint": {"interval": None, "keep": None},
+                 "logs": {"interval": None}},
+    "schedule": {"depth_first_micro_batches": None},
+    "data": {"micro_batch_size": None, "maximum_document_length": None, "truncate_documents": None, "gpu": None,
+             "datasets": {"training": {"type": None, "host": None, "port": None, "timeout": None}}},
+    "optimizer": {"learning_rate": {"base": None}, "beta_1": None, "beta_2": None, "weight_decay": None,
+                  "gradient_norm_clipping": None},
+    "callbacks": {"streaming": {"type": None, "host": None, "port": None, "timeout": None,
+                                "broadcast": {"host": None, "port": None, "backend": None, "external_world_size": None},
+                                "export": {"format": None}}},
+}  # fmt: skip
+
+
+def unknown_keys(config: dict, revision: str) -> list[str]:
+    """Fast-LLM's "Unknown field" lines for `config` on `revision`."""
+    schema = json.loads(json.dumps(SCHEMA))
+    if revision != "main":
+        schema["schedule"]["docs_per_step"] = None
+    found: list[str] = []
+
+    def walk(value, allowed, path):
+        if allowed == "losses":
+            for name, loss in (value or {}).items():
+                if isinstance(loss, dict):
+                    walk(loss, LOSS_KEYS, f"{path}[{name}]")
+                    if loss.get("type") not in ("grpo", "gspo", "label"):
+                        found.append(f"Unknown type `{loss.get('type')}` in {path}[{name}]")
+            return
+        if not isinstance(value, dict) or allowed is None:
+            return
+        for key, sub in value.items():
+            if key not in allowed:
+                found.append(f"Unknown field `!!! {key}` in {path or 'config'}")
+            else:
+                walk(sub, allowed[key], f"{path}.{key}" if path else key)
+
+    walk(config, schema, "")
+    return found
+
+
+def refusal(config: dict, revision: str) -> str | None:
+    """Why the real Fast-LLM of `revision` would refuse to start on `config` (None: it starts)."""
+    unknown = unknown_keys(config, revision)
+    if unknown:
+        return "fast_llm.config.NestedValidationError: Validation failed for field `config`:\n" + "\n".join(unknown)
+    hf_config = pathlib.Path(config["pretrained"]["path"]) / "config.json"
+    if hf_config.is_file() and "head_dim" in json.loads(hf_config.read_text()):
+        return "ValueError: Qwen2BaseModelConverter: HF config has unknown key 'head_dim'"
+    use_cuda = config.get("model", {}).get("distributed", {}).get("use_cuda", True)
+    if use_cuda and not torch.cuda.is_available():
+        return "AssertionError: CUDA is not available (set model.distributed.use_cuda: false to run on the CPU)"
+    return None
 
 
 class Interrupter:
@@ -168,8 +245,8 @@ class Rank:
             if messages:
                 for stream_key, entries in messages:
                     assert stream_key == STREAM.encode()
-                    for _, message in entries:
-                        return parse_document(message)
+                    for message_id, message in entries:
+                        return parse_document(message, message_id.decode())
             elif (t := time.time() - start) > self.timeout:
                 raise TimeoutError(f"No document received after {t} seconds")
 
@@ -187,7 +264,7 @@ class Rank:
         return documents
 
 
-def parse_document(message: dict) -> dict:
+def parse_document(message: dict, message_id: str = "") -> dict:
     """Like Fast-LLM's `RedisStreamingDocumentData.from_message` + `_validate`."""
     fields: dict = {}
     for key, value in message.items():
@@ -206,11 +283,13 @@ def parse_document(message: dict) -> dict:
     for begin, end in fields.get("loss_masking_spans") or []:
         if not 0 <= begin <= end <= len(tokens):
             raise AssertionError(f"loss masking span {[begin, end]} outside a {len(tokens)}-token document")
-    return {**fields, "tokens": tokens, "old_log_probabilities": old}
+    return {**fields, "tokens": tokens, "old_log_probabilities": old, "id": message_id}
 
 
 class Trainer:
-    def __init__(self, config: dict, data_parallel: int, step_delay: float, crash_in_checkpoint: int | None):
+    def __init__(self, config: dict, revision: str, data_parallel: int, step_delay: float,
+                 crash_in_checkpoint: int | None, trained_log: pathlib.Path | None):  # fmt: skip
+        self.revision = revision
         dataset = config["data"]["datasets"]["training"]
         if dataset.get("type") != "streaming":
             raise ValueError("the stand-in only reads a `streaming` training dataset")
@@ -219,7 +298,17 @@ class Trainer:
         checkpoint = config["training"].get("checkpoint", {})
         self.interval = checkpoint.get("interval")
         self.keep = checkpoint.get("keep", 5)
-        self.docs_per_step = int(config["schedule"]["docs_per_step"])
+        schedule = config.get("schedule", {})
+        # main has no docs_per_step: a step is `depth_first_micro_batches` micro-batches per rank
+        self.docs_per_step = int(schedule["docs_per_step"]) if "docs_per_step" in schedule else None
+        self.micro_batches = int(schedule.get("depth_first_micro_batches", 1))
+        self.num_workers = int(config["training"].get("num_workers", 2))
+        losses = config.get("model", {}).get("base_model", {}).get("head", {}).get("losses", {})
+        # main's policy-loss metrics default to `auto`, which reads every document's reward
+        self.needs_reward = revision == "main" and any(
+            loss.get("type") in ("grpo", "gspo") and loss.get("metrics", "auto") != "none" for loss in losses.values()
+        )
+        self.trained_log = trained_log
         self.micro_batch_size = int(config["data"]["micro_batch_size"])
         self.experiment_dir = pathlib.Path(config["run"]["experiment_dir"])
         self.timeout = float(dataset.get("timeout", 600.0))
@@ -253,7 +342,7 @@ class Trainer:
         log.info("Loading checkpoint from iteration %d...", last)
         if not (directory / "ok").is_file():
             raise AssertionError(f"checkpoint {directory} has no 'ok' file")
-        metadata = yaml.safe_load((directory / "metadata.yaml").read_text())
+        metadata = yaml.safe_load((directory / "metadata.yaml").read_text())["metadata"]
         self.completed_steps = int(metadata["completed_steps"])
         self.documents_seen = int(metadata.get("documents_seen") or 0)
         assert self.completed_steps == last
@@ -262,7 +351,10 @@ class Trainer:
         directory = self.checkpoint_root / str(self.completed_steps)
         log.info("Saving checkpoint at iteration %d", self.completed_steps)
         directory.mkdir(exist_ok=False, parents=True)
-        metadata = {"completed_steps": self.completed_steps, "documents_seen": self.documents_seen}
+        counts = {"completed_steps": self.completed_steps}
+        if self.revision != "pr502":
+            counts["documents_seen"] = self.documents_seen
+        metadata = {"fast_llm_version": "standin", "metadata": counts}  # the trainer's counts are nested
         (directory / "metadata.yaml").write_text(yaml.safe_dump(metadata))
         (directory / "state.json").write_text(json.dumps(metadata))  # stands in for the weights
         once = self.checkpoint_root.parent / f".standin-crashed-in-{self.completed_steps}"
@@ -283,7 +375,10 @@ class Trainer:
         self.events_client.xadd(EVENTS, {EVENT_FIELD: json.dumps(event)})
 
     def broadcast_weights(self, step: int) -> None:
-        self.send({"type": "weights_ready", "step": step, "documents_seen": self.documents_seen})
+        event = {"type": "weights_ready", "step": step}
+        if self.revision != "pr502":  # PR #502's head does not send it
+            event["documents_seen"] = self.documents_seen
+        self.send(event)
         if self.broadcaster is not None:
             self.broadcaster.send(weights_at(self.pretrained, step))
 
@@ -297,12 +392,19 @@ class Trainer:
         self.broadcaster = Broadcaster(b["host"], int(b["port"]), int(b["external_world_size"]), b["backend"], self.timeout)
 
     # --- the loop, as Trainer._train ---------------------------------------------------------
-    def step(self) -> int:
-        """One optimizer step: whole micro-batches from every rank until docs_per_step is reached."""
-        taken = 0
-        while taken < self.docs_per_step:
+    def step(self) -> list[dict]:
+        """One optimizer step's documents: whole micro-batches from every rank until docs_per_step
+        is reached (the RL branches), or `micro_batches` per rank (main)."""
+        if self.num_workers > 1:
+            raise RuntimeError("StreamingDataset can work only with one instance per rank")
+        taken: list[dict] = []
+        rounds = 0
+        while (len(taken) < self.docs_per_step) if self.docs_per_step is not None else (rounds < self.micro_batches):
             for rank in self.ranks:
-                taken += len(rank.micro_batch(self.micro_batch_size))
+                taken += rank.micro_batch(self.micro_batch_size)
+            rounds += 1
+        if self.needs_reward and any(document.get("reward") is None for document in taken):
+            raise AttributeError("'NoneType' object has no attribute 'float'")  # main's loss metrics read the reward
         return taken
 
     def run(self) -> None:
@@ -323,9 +425,12 @@ class Trainer:
             while not stop:
                 documents = self.step()
                 self.completed_steps += 1
-                self.documents_seen += documents
-                log.info("step %d: %d documents (target %d), %d seen", self.completed_steps, documents,
+                self.documents_seen += len(documents)
+                log.info("step %d: %d documents (target %s), %d seen", self.completed_steps, len(documents),
                          self.docs_per_step, self.documents_seen)
+                if self.trained_log is not None:
+                    with self.trained_log.open("a") as out:
+                        out.write(json.dumps({"step": self.completed_steps, "ids": [d["id"] for d in documents]}) + "\n")
                 self.broadcast_weights(self.completed_steps)  # step_end
                 if self.step_delay:
                     time.sleep(self.step_delay)
@@ -342,10 +447,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-parallel", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--crash-in-checkpoint", type=int, default=None)
+    parser.add_argument("--trained-log", type=pathlib.Path, default=None)
+    parser.add_argument("--revision", choices=REVISIONS, default="pr520")
+    parser.add_argument("-v", "--validate", action="store_true", help="validate the config and stop")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout)
     config = yaml.safe_load(args.config.read_text())
-    Trainer(config, args.data_parallel, args.step_delay, args.crash_in_checkpoint).run()
+    why = refusal(config, args.revision)
+    if why is not None:
+        print(why, file=sys.stderr)
+        return 1
+    if args.validate:
+        return 0
+    Trainer(config, args.revision, args.data_parallel, args.step_delay, args.crash_in_checkpoint, args.trained_log).run()
     return 0
 
 

@@ -28,6 +28,8 @@ from rlrun.actor.trainer_view import TrainerView, trainer_view
 from rlrun.actor.vllm_client import stream_completion
 from rlrun.config import RunConfig, load_resolved
 from rlrun.data.tasks import Task, load_task, problem_index
+from rlrun.errors import ConfigError, ExitCode
+from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import Action, GroupPlan, plan_replay
 from rlrun.rollouts import Group, Sample
 from rlrun.rundir import RunDir
@@ -81,7 +83,7 @@ class Actor:
         self._continue_counters()
         resumed = self._replay_plan()
         limits = httpx.Limits(max_connections=self.cfg.actor.max_concurrent_groups * self.cfg.algo.group_size)
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = bearer_header(self.api_key) if self.api_key else {}
         async with httpx.AsyncClient(limits=limits, timeout=self.cfg.actor.request_timeout_s, headers=headers) as client:
             running: set[asyncio.Task] = set()
 
@@ -335,13 +337,16 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     run_dir = RunDir(args.run_dir)
-    cfg = load_resolved(run_dir.config)
+    try:
+        cfg = load_resolved(run_dir.config)
+        task = load_task(cfg.dataset, cfg.run.seed)
+    except ConfigError as exc:  # a restart would fail the same way: exit 2, never retried
+        log.error("%s", exc)
+        return int(ExitCode.USAGE)
     redis = connect(args.redis_url, run_dir.read_redis_password())
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
-    task = load_task(cfg.dataset, cfg.run.seed)
     ledger = JournalLedger(redis) if cfg.actor.journal else MemoryLedger(redis)
-    api_key = run_dir.vllm_api_key.read_text().strip() if run_dir.vllm_api_key.is_file() else ""
-    actor = Actor(cfg, redis, tokenizer, task, args.vllm_url, ledger, run_name=run_dir.root.name, api_key=api_key)
+    actor = Actor(cfg, redis, tokenizer, task, args.vllm_url, ledger, run_name=run_dir.root.name, api_key=run_dir.read_vllm_api_key())
     if cfg.actor.audit:
         run_dir.audit.mkdir(exist_ok=True)
         actor.audit_path = run_dir.audit / "actor.jsonl"
@@ -350,4 +355,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from rlrun import stackdump
+
+    stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)
     raise SystemExit(main())

@@ -136,6 +136,7 @@ def validate(cfg: RunConfig) -> None:
     need(cfg.inference.num_servers >= 1, "inference.num_servers must be at least 1.")
     need(0 < cfg.inference.gpu_memory_utilization <= 1, "inference.gpu_memory_utilization must be in (0, 1].")
     need(cfg.model.source == "tiny" or bool(cfg.model.path), f"model.path must be set when model.source={cfg.model.source}.")
+    _validate_tiny(cfg, need)
     need(
         cfg.model.source != "tiny" or cfg.dataset.name == "arithmetic",
         "model=tiny has a character vocabulary made for dataset=arithmetic; choose a real model for "
@@ -153,6 +154,23 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("invalid configuration: " + " ".join(problems))
 
 
+def _validate_tiny(cfg: RunConfig, need) -> None:
+    """What building the tiny model would refuse, refused before the run directory exists."""
+    m, d = cfg.model, cfg.dataset
+    if m.source != "tiny":
+        return
+    need(m.warm_start_steps >= 0, f"model.warm_start_steps must be 0 or more (got {m.warm_start_steps}).")
+    if d.name == "arithmetic" and d.max_operand >= 0:
+        from rlrun.models.tiny import longest_sequence  # no torch at import
+
+        longest = longest_sequence(d.max_operand)
+        need(
+            m.max_model_len >= longest,
+            f"model.max_model_len={m.max_model_len} is too short for sums up to {d.max_operand}+{d.max_operand} "
+            f"({longest} tokens): set model.max_model_len={longest} or more, or lower dataset.max_operand.",
+        )
+
+
 def _validate_fast_llm(cfg: RunConfig, need) -> None:
     t, f = cfg.trainer, cfg.trainer.fast_llm
     if f.train_iters is not None:
@@ -165,6 +183,13 @@ def _validate_fast_llm(cfg: RunConfig, need) -> None:
         )
     if t.backend != "fast_llm":
         return
+    from rlrun.backends.fast_llm.revisions import AUTO, NAMES
+
+    need(
+        f.version == AUTO or f.version in NAMES,
+        f"trainer.fast_llm.version={f.version} is not a Fast-LLM revision rlrun drives: choose {AUTO} (ask the "
+        f"installed Fast-LLM) or one of {', '.join(NAMES)} (rlrun/backends/fast_llm/revisions.py).",
+    )
     need(
         t.gradient_accumulation_passes == 1,
         f"trainer.gradient_accumulation_passes={t.gradient_accumulation_passes} has no effect with "

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 from rlrun.config.build import from_dict, validate
+from rlrun.config.relevance import ignored_overrides
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
 
@@ -51,6 +52,9 @@ def compose(overrides: list[str], root: Path | None = None) -> tuple[RunConfig, 
         raise ConfigError(_explain(exc, overrides, root)) from None
     cfg = from_dict(RunConfig, data)
     validate(cfg)
+    ignored = ignored_overrides(cfg, list(overrides))
+    if ignored:
+        raise ConfigError("invalid configuration: " + " ".join(ignored))
     return cfg, yaml.safe_dump(data, sort_keys=False)
 
 
@@ -101,6 +105,14 @@ def _unknown_key_message(dotted: str, overrides: list[str], root: Path) -> str:
     node = base
     for part in parent.split(".") if parent else []:
         node = node.get(part, {}) if isinstance(node, dict) else {}
+    # A real key that the chosen options leave out of the composed config (trainer.fast_llm.* with
+    # trainer=hf, world.address with world=local): say why it does not apply, not "unknown".
+    from rlrun.config.relevance import RULES, schema_has
+
+    if schema_has(dotted):
+        for prefix, _ignored, fix in RULES:
+            if dotted == prefix or dotted.startswith(prefix + "."):
+                return f"invalid configuration: {dotted} has no effect here: {fix}."
     valid = ", ".join(node) if isinstance(node, dict) else "(none)"
     where = f"under '{parent}'" if parent else "at the top level"
     return (

@@ -77,11 +77,11 @@ class StreamsConfig:
 class FastLlmConfig:
     """The external Fast-LLM trainer (`trainer.fast_llm.*`, used when trainer.backend=fast_llm).
 
-    Stream, group and event names are hard-coded inside Fast-LLM and change between its versions
-    (`fast_llm_group` vs `fast_llm_dp_group`): they are kept here, next to the version they match.
+    Stream, group and event names are hard-coded inside Fast-LLM: they are kept here, next to the
+    revision they match. What differs between revisions is in rlrun/backends/fast_llm/revisions.py.
     """
 
-    version: str = "0.3"  # the Fast-LLM version the names and keys below match (main, 2025: streaming dataset + callback)
+    version: str = "auto"  # Fast-LLM revision (rlrun/backends/fast_llm/revisions.py): gspo (PR #502/#520 RL branches), main, or auto (ask the installed Fast-LLM)
     command: list[str] = field(
         default_factory=lambda: [
             "torchrun", "--nproc_per_node={nproc}", "--no_python", "fast-llm", "train", "gpt", "--config", "{config}",
@@ -93,12 +93,13 @@ class FastLlmConfig:
     data_parallel: Optional[int] = None  # data-parallel ranks; default nproc_per_node (the stand-in simulates this many)
     checkpoint_format: str = "qwen2"  # Fast-LLM's HF converter for pretrained weights and the broadcast export
     stream: str = "fast_llm_streaming"  # documents, actor → Fast-LLM (XREADGROUP ... NOACK)
-    consumer_group: str = "fast_llm_group"  # Fast-LLM's consumer group on `stream` (fast_llm_dp_group in later versions)
+    consumer_group: str = "fast_llm_group"  # Fast-LLM's consumer group on `stream` (fast_llm_dp_group only in pre-merge commits of 2025-11)
     events_stream: str = "fast_llm_events"  # Fast-LLM → rlrun: weights_ready, training_finished (field `event`)
     loss_masking_span_end: Literal["exclusive", "inclusive"] = "exclusive"  # end convention of loss_masking_spans
     timeout_s: float = 600.0  # Fast-LLM's Redis timeout: it dies when fed no document this long
     broadcast_port: int = 0  # weight-broadcast rendezvous port; 0 picks a free one at launch
     broadcast_backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: gloo when trainer.device=cpu, else nccl
+    broadcast_store: Literal["auto", "trainer", "rlrun"] = "auto"  # who serves the broadcast's TCP store: Fast-LLM's rank 0, rlrun's weight follower, or auto (ask Fast-LLM's torch)
     experiment_dir_name: str = "fast_llm"  # Fast-LLM's run.experiment_dir, under the run directory
     train_iters: Optional[int] = None  # leave unset: rlrun sets training.train_iters = trainer.max_train_steps
     extra: dict[str, Any] = field(default_factory=dict)  # merged last into the generated Fast-LLM config (escape hatch)
@@ -178,6 +179,9 @@ class MetricsConfig:
     """What the trainer writes per optimizer step (`metrics.*`); metrics.jsonl is always written."""
 
     tensorboard: bool = False  # also write every step's scalars to <run>/tensorboard/ (needs `pip install 'rlrun[tensorboard]'`)
+    wandb: bool = False  # also send every step's scalars and the restart/failure events to Weights & Biases (needs `pip install 'rlrun[wandb]'`)
+    wandb_project: str = "rlrun"  # the W&B project; the W&B run is named after the run directory and continued on resume
+    wandb_mode: Literal["online", "offline"] = "online"  # offline: write under <run>/wandb/ only, send nothing (`wandb sync` later)
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,8 @@ class SupervisorConfig:
     stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
     poll_interval_s: float = 0.5  # how often exits, liveness and completion are checked
     ready_timeout_s: float = 120.0  # default readiness deadline (vLLM has its own)
-    live_view: bool = True  # rich live table when stdout is a terminal
+    live_view: bool = True  # rich live table when stdout is a terminal; false: one plain line per change
+    dump_timeout_s: float = 5.0  # before a kill for a stall (or a SIGKILL after stop_grace_s): at most this long dumping stacks into diagnostics/ (0: no dump)
     redis: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its AOF
     vllm: RoleSupervision = field(default_factory=RoleSupervision)  # restarted alone, with the latest weights
     trainer: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its last complete checkpoint

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import httpx
 
+from rlrun.inference.auth import bearer_header
+
 
 class VllmAdmin:
-    def __init__(self, urls: list[str], timeout_s: float | httpx.Timeout = 120.0) -> None:
+    """`api_key`: the run's vLLM key (every route but /health needs it; see auth.py)."""
+
+    def __init__(self, urls: list[str], timeout_s: float | httpx.Timeout = 120.0, api_key: str = "") -> None:
         self.urls = list(urls)
-        self._client = httpx.Client(timeout=timeout_s)
+        self._client = httpx.Client(timeout=timeout_s, headers=bearer_header(api_key) if api_key else {})
 
     def pause(self) -> None:
         for url in self.urls:

@@ -31,13 +31,12 @@ from rlrun.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 3  # bump when the architecture, tokenizer or warm start changes: new folder names
+FORMAT_VERSION = 4  # bump when the architecture, tokenizer or warm start changes: new folder names
 MARKER = "rlrun-model.json"  # written last; a folder without it is not a finished build
 
 # --- the model's shape ---------------------------------------------------------------------------
 HIDDEN = 128
-HEADS = 2
-HEAD_DIM = 64  # vLLM's CPU attention rejects head dims below 64
+HEADS = 2  # head_dim = HIDDEN / HEADS = 64: vLLM's CPU attention rejects head dims below 64
 KV_HEADS = 1
 INTERMEDIATE = 256
 LAYERS = 2
@@ -269,7 +268,8 @@ def _new_model(build: TinyBuild, tokenizer):
         dtype="float32",
         **ids,
     )
-    config.head_dim = HEAD_DIM
+    # No explicit `head_dim` key: it equals hidden/heads, and Fast-LLM's Qwen2 importer refuses a
+    # config.json that has one ("HF config has unknown key 'head_dim'").
     model = Qwen2ForCausalLM(config).float()
     # Token ids only: vLLM takes sampling defaults from generation_config, and the actor sets its own.
     model.generation_config = GenerationConfig(**ids)

@@ -296,9 +296,11 @@ class ManagedServer:
     """A Redis server started by this process for a run directory (see `managed_server`)."""
 
     def __init__(
-        self, run_dir: RunDir, binary: Path, host: str, appendfsync: str, ready_timeout: float
+        self, run_dir: RunDir, binary: Path, host: str, appendfsync: str, ready_timeout: float,
+        default_user: str = DEFAULT_USER_OFF,
     ) -> None:
         self.run_dir = run_dir
+        self.default_user = default_user
         self.binary = binary
         self.host = host
         self.appendfsync = appendfsync
@@ -365,7 +367,7 @@ class ManagedServer:
 
     def _launch(self, port: int) -> bool:
         """Start the server on `port` and wait until it answers. False when the port was taken."""
-        write_server_config(self.run_dir, port, self.host, self.appendfsync)
+        write_server_config(self.run_dir, port, self.host, self.appendfsync, default_user=self.default_user)
         self.password = ensure_password(self.run_dir)
         self.port = port
         argv = server_argv(self.binary, self.run_dir)
@@ -439,10 +441,12 @@ def managed_server(
     binary: str = "auto",
     *,
     ready_timeout: float = 30.0,
+    default_user: str = DEFAULT_USER_OFF,
 ) -> Iterator[ManagedServer]:
     """Start the run's Redis, yield it ready (`.url`, `.password`, `.port`, `.process`,
-    `.stop()`, `.kill()`, `.restart()`), and stop it on exit. Output goes to the run's redis log."""
-    server = ManagedServer(run_dir, find_server_binary(binary), host, appendfsync, ready_timeout)
+    `.stop()`, `.kill()`, `.restart()`), and stop it on exit. Output goes to the run's redis log.
+    `default_user`: the passwordless user's ACL line (off; a Fast-LLM run's: see launch.py)."""
+    server = ManagedServer(run_dir, find_server_binary(binary), host, appendfsync, ready_timeout, default_user)
     server.start()
     try:
         yield server

@@ -47,3 +47,6 @@ class ProcessSpec:
     alive: Optional[Probe] = None  # liveness: True while it shows life (heartbeat, health check)
     stall_timeout_s: float = 60.0  # `alive` false this long while ready: stalled, killed, restarted
     before_start: Optional[Callable[[], None]] = None  # run before every (re)start, e.g. tidy a checkpoint dir
+    # Stopped before every other process, which keep running meanwhile: a trainer that finishes
+    # its step on SIGTERM needs its inputs (and the weight receivers) until it has exited.
+    stop_first: bool = False

@@ -46,6 +46,7 @@ class ProcessStatus:
     restart_at: Optional[float] = None
     exit_code: Optional[int] = None
     last_failure: str = ""
+    last_dump: Optional[Path] = None  # the diagnostics file of the last stack dump taken before a kill
     handle: Optional[Handle] = field(default=None, repr=False)
     known_descendants: set[int] = field(default_factory=set, repr=False)
 
@@ -76,6 +77,9 @@ class ExitRejected(Exception):
         super().__init__(reason)
         self.process, self.reason = process, reason
 Tick = Callable[[list[ProcessStatus]], None]
+# Before a kill for a stall (or a SIGKILL after the stop grace): (process, attempt, pids, log,
+# reason) -> the diagnostics file written, or None. Must be bounded in time and never raise.
+Diagnose = Callable[[str, int, list[int], Path, str], Optional[Path]]
 
 
 class Supervisor:
@@ -89,6 +93,7 @@ class Supervisor:
         sleep: Callable[[float], None] = time.sleep,
         poll_interval_s: float = 0.5,
         on_tick: Optional[Tick] = None,
+        diagnose: Optional[Diagnose] = None,
     ) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
@@ -100,6 +105,7 @@ class Supervisor:
         self._sleep = sleep
         self._poll = poll_interval_s
         self._on_tick = on_tick or (lambda _: None)
+        self._diagnose = diagnose
 
     def status(self, name: str) -> ProcessStatus:
         return next(p for p in self.processes if p.name == name)
@@ -151,8 +157,10 @@ class Supervisor:
             self._sleep(self._poll)
 
     def stop_all(self) -> None:
-        """Stop everything in reverse start order; nothing of the run is left afterwards."""
-        for proc in reversed(self.processes):
+        """Stop everything in reverse start order, those marked `stop_first` before the rest;
+        nothing of the run is left afterwards."""
+        in_order = sorted(reversed(self.processes), key=lambda proc: not proc.spec.stop_first)
+        for proc in in_order:
             self._stop(proc)
 
     # --- the state machine of one process ------------------------------------------------------
@@ -173,8 +181,9 @@ class Supervisor:
             proc.last_alive = now
             self._events.emit("process_ready", process=proc.name, pid=proc.pid, after_s=round(now - proc.started_at, 2))
         elif now - proc.started_at > proc.spec.ready_timeout_s:
-            self._kill_attempt(proc)
             info = ExitInfo(ExitKind.STALLED, None, f"was not ready within {proc.spec.ready_timeout_s:.0f} s")
+            self._dump(proc, info.description)
+            self._kill_attempt(proc)
             self._fail(proc, info, now, info.description)
 
     def _advance_ready(self, proc: ProcessStatus, now: float) -> None:
@@ -191,8 +200,9 @@ class Supervisor:
         if now - last > proc.spec.stall_timeout_s:
             quiet = now - last
             self._events.emit("process_stalled", process=proc.name, pid=proc.pid, quiet_s=round(quiet, 1))
-            self._kill_attempt(proc)
             info = classify_exit(None, finishes=proc.spec.finishes, stalled=True, stalled_for_s=round(quiet))
+            self._dump(proc, info.description)
+            self._kill_attempt(proc)
             self._fail(proc, info, now, info.description)
 
     def _on_exit(self, proc: ProcessStatus, code: int, now: float, when: str = "") -> None:
@@ -252,6 +262,19 @@ class Supervisor:
             self._sleep(0.05)
         proc.exit_code = proc.handle.poll()
 
+    def _dump(self, proc: ProcessStatus, reason: str) -> None:
+        """Capture the stacks of a process about to be killed; the event names the file."""
+        if self._diagnose is None or proc.handle is None:
+            return
+        started = time.monotonic()
+        pids = [*proc.handle.descendants(), proc.handle.pid]  # the process itself first, its guard last
+        path = self._diagnose(proc.name, proc.attempt, pids, proc.log_path, reason)
+        proc.last_dump = path
+        self._events.emit(
+            "stack_dump", process=proc.name, pid=proc.pid, attempt=proc.attempt, reason=reason,
+            file=str(path) if path else None, took_s=round(time.monotonic() - started, 2),
+        )  # fmt: skip
+
     def _sweep(self, proc: ProcessStatus) -> None:
         """Kill what an attempt left behind: its group, and descendants that left the group."""
         proc.handle.signal_group(signal.SIGKILL)
@@ -271,6 +294,7 @@ class Supervisor:
             while proc.handle.poll() is None and self._clock() < deadline:
                 self._sleep(0.05)
             if proc.handle.poll() is None:
+                self._dump(proc, f"still running {proc.spec.stop_grace_s:g} s after SIGTERM")
                 self._events.emit("process_killed", process=proc.name, signal="SIGKILL", after_grace_s=proc.spec.stop_grace_s)
                 proc.handle.signal_group(signal.SIGKILL)
                 while proc.handle.poll() is None:

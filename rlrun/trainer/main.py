@@ -17,8 +17,11 @@ import time
 from pathlib import Path
 
 from rlrun.config import RunConfig, load_resolved
+from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin
-from rlrun.metrics import MetricsWriter, actor_counters
+from rlrun.ettr import split_wall_time
+from rlrun.metrics import MetricsWriter, actor_counters, read_metrics
+from rlrun.supervisor.events import read_events
 from rlrun.rollouts import Group, MalformedGroup
 from rlrun.rundir import RunDir
 from rlrun.streams import names
@@ -62,6 +65,13 @@ class Trainer:
         # where the replay is; None once it is done and new entries (">") are read.
         self._pending_from: str | None = "0"
         self.metrics = MetricsWriter(run_dir.metrics, run_dir.tensorboard if cfg.metrics.tensorboard else None)
+        self.history = read_metrics(run_dir.metrics)  # every record so far, this run's earlier launches too: for ETTR
+        self.wandb = None
+        if cfg.metrics.wandb:  # the same W&B run for every trainer attempt and every launch of this run
+            from rlrun.wandb_sink import WandbSink
+
+            last = self.history[-1]["time"] if self.history else None
+            self.wandb = WandbSink(run_dir, cfg.metrics.wandb_project, cfg.metrics.wandb_mode, last_step_time=last)
 
     # --- the loop ------------------------------------------------------------------------------
     def train(self) -> None:
@@ -72,27 +82,27 @@ class Trainer:
         while self.state.step < self.cfg.trainer.max_train_steps:
             started = time.monotonic()
             groups, message_ids = self._next_batch()
-            fed = time.monotonic()
+            waited = time.monotonic() - started
             metrics = self._optimizer_step(groups)
-            stepped = time.monotonic()
             self.state = TrainerState(
                 step=self.state.step + 1,
                 samples_processed=self.state.samples_processed + sum(len(g.samples) for g in groups),
                 policy_version=self.state.policy_version + 1,
                 config_hash=self.state.config_hash,
             )
+            pushing = time.monotonic()
             self._push_weights()
             self.unacked.extend(message_ids)
             metrics["step_time_s"] = round(time.monotonic() - started, 4)
-            # where the step's time went: the profile bench/vs_trl.py and `rlrun plot` readers need
-            metrics["wait_s"] = round(fed - started, 4)
-            metrics["compute_s"] = round(stepped - fed, 4)
-            metrics["weight_sync_s"] = round(time.monotonic() - stepped, 4)
+            metrics["wait_s"] = round(waited, 4)
+            metrics["weights_s"] = round(time.monotonic() - pushing, 4)
             self._record(metrics, groups)
             if self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
                 self._save_checkpoint()
         self._announce_done()
         self.metrics.close()
+        if self.wandb is not None:
+            self.wandb.close()
 
     def _is_last_step(self) -> bool:
         return self.state.step >= self.cfg.trainer.max_train_steps
@@ -236,7 +246,13 @@ class Trainer:
             "time": round(time.time(), 3),
             **{k: round(v, 6) if isinstance(v, float) else v for k, v in metrics.items()},
         }
+        self.history.append(record)
+        events = read_events(self.run_dir.events)
+        ratio = split_wall_time(events, self.history, now=record["time"]).ettr  # rlrun/ettr.py
+        record["ettr"] = round(ratio, 4) if ratio is not None else None
         self.metrics.write(record)
+        if self.wandb is not None:
+            self.wandb.log(record, events)
         with open(self.run_dir.trained_groups, "a") as handle:  # a restarted step appears again, later
             handle.write(json.dumps({"step": self.state.step, "groups": [g.group_id for g in groups]}) + "\n")
         self._publish_state(reward_mean=record["reward_mean"])
@@ -327,18 +343,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     run_dir = RunDir(args.run_dir)
-    cfg = load_resolved(run_dir.config)
-    redis = connect(args.redis_url, run_dir.read_redis_password())
-    vllm = VllmAdmin(args.vllm_url)
+    vllm = None
     try:
+        cfg = load_resolved(run_dir.config)
+        redis = connect(args.redis_url, run_dir.read_redis_password())
+        vllm = VllmAdmin(args.vllm_url, api_key=run_dir.read_vllm_api_key())
         Trainer(cfg, run_dir, redis, args.model_path, vllm).train()
-    except checkpoint.CorruptCheckpoint as exc:  # a restart would meet the same checkpoints: exit 2, not retried
+    except (ConfigError, checkpoint.CorruptCheckpoint) as exc:
+        # A restart would meet the same config or checkpoints: exit 2, which the supervisor never
+        # retries (the run stops at once with exit 5, naming this log).
         log.error("%s", exc)
-        return 2
+        return int(ExitCode.USAGE)
     finally:
-        vllm.close()
+        if vllm is not None:
+            vllm.close()
     return 0
 
 
 if __name__ == "__main__":
+    from rlrun import stackdump
+
+    stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)
     raise SystemExit(main())

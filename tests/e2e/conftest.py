@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,15 +75,16 @@ def run_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     return result
 
 
-def start_rlrun(run_dir: Path, *args: str, command: str = "train") -> subprocess.Popen:
+def start_rlrun(run_dir: Path, *args: str, command: str = "train", env: dict | None = None) -> subprocess.Popen:
     """Start `rlrun train run.dir=RUN ARGS` (or `rlrun resume RUN ARGS`) in the background.
 
     Its output goes to RUN/../rlrun.out; `.run_processes` tracks its descendants."""
     log = open(run_dir.parent / "rlrun.out", "a")
     argv = ["train", f"run.dir={run_dir}", *args] if command == "train" else ["resume", str(run_dir), *args]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlrun", *argv], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-    )
+        [sys.executable, "-m", "rlrun", *argv], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
     proc.run_processes = RunProcesses(proc.pid)
     return proc
 

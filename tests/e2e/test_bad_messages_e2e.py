@@ -103,7 +103,7 @@ def test_the_run_completes_at_exactly_max_train_steps(poisoned_run):
 def test_bad_groups_are_counted_by_the_trainer(poisoned_run):
     _, run_dir, injected, _, _, _ = poisoned_run
     assert read_jsonl(run_dir / "metrics.jsonl")[-1]["bad_messages"] == len(BAD_GROUPS)
-    log = (run_dir / "logs" / "trainer.log").read_text()
+    log = (run_dir / "logs" / "launch-1" / "trainer.log").read_text()
     for message_id in injected["groups"]:
         assert f"rejected message {message_id} on {names.GROUPS_STREAM}" in log
 
@@ -119,7 +119,7 @@ def test_bad_events_are_counted_by_the_supervisor(poisoned_run):
 
 def test_corrupt_journal_entries_are_counted_by_the_restarted_actor(poisoned_run):
     _, run_dir, injected, _, _, _ = poisoned_run
-    log = (run_dir / "logs" / "actor.1.log").read_text()
+    log = (run_dir / "logs" / "launch-1" / "actor.1.log").read_text()
     closing = [line for line in log.splitlines() if "actor stops (" in line][-1]
     counters = ast.literal_eval(closing.split("actor stops (", 1)[1].rstrip(")"))
     assert counters["journal_corrupt_records"] == len(BAD_LOG_ENTRIES)

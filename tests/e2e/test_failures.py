@@ -111,12 +111,12 @@ def test_killed_vllm_is_restarted_alone(chaos_run):
     assert failed and "killed by SIGKILL" in failed[0]["reason"] and failed[0]["action"] == "restart"
     # Redis was never restarted for it: one start, no restart
     assert restarts(run_dir, "redis") == 0
-    assert (run_dir / "logs" / "vllm-0.1.log").is_file()  # the restart logs to its own file
+    assert (run_dir / "logs" / "launch-1" / "vllm-0.1.log").is_file()  # the restart logs to its own file
 
 
 def test_killed_trainer_resumes_from_its_checkpoint(chaos_run):
     _, run_dir, _, timeline, _ = chaos_run
-    log = (run_dir / "logs" / "trainer.1.log").read_text()
+    log = (run_dir / "logs" / "launch-1" / "trainer.1.log").read_text()
     assert "resumed from" in log and f"at step {timeline['checkpoint_step_at_kill']}" in log
 
 
@@ -135,6 +135,23 @@ def test_a_frozen_process_is_reported_as_stalled_and_recovered(chaos_run):
     # reported within its 10 s timeout (+ heartbeat freshness 5 s + a poll)
     assert stalled[0]["time"] - timeline["actor_stopped"] < 10 + 5 + 2
     assert restarts(run_dir, "actor") >= 2
+
+
+def test_the_fault_matrix_reports_ettr_and_the_work_lost_per_failure(chaos_run):
+    from rlrun.ettr import split_wall_time
+    from rlrun.metrics import read_metrics
+
+    _, run_dir, _, timeline, _ = chaos_run
+    split = split_wall_time(events(run_dir), read_metrics(run_dir / "metrics.jsonl"))
+    print(f"\nchaos run: ETTR {split.ettr:.2f} of {split.wall_s:.0f} s; {json.dumps({k: round(v, 1) for k, v in split.seconds.items()})}")
+    for f in split.failures:
+        print(f"  {f.process}: {f.reason} -> recovery {f.recovery_s} s, {f.steps_retaken} steps retaken, {f.tokens_regenerated} tokens regenerated")
+    assert {"vllm-0", "actor", "trainer"} <= {f.process for f in split.failures}
+    assert all(f.recovery_s is not None and f.recovery_s > 0 for f in split.failures)  # each one recovered
+    # the trainer restarts from its checkpoint: whatever it had recorded past it is taken again
+    recorded = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
+    assert split.steps_retaken == len(recorded) - len(set(recorded))
+    assert sum(split.seconds.values()) == pytest.approx(split.wall_s, abs=0.1) and 0 < split.ettr < 1
 
 
 def test_nothing_is_left_after_the_chaos_run(chaos_run):

@@ -27,18 +27,19 @@ from .test_failures import current_pid, events, wait_for
 pytestmark = pytest.mark.e2e
 
 STEPS = 8
-DOCS_PER_STEP = 64
+DOCS_PER_STEP = 16  # with 128-token micro-batches of ~10-token documents: ~24 documents per step
 STANDIN = Path(__file__).parent.parent / "fast_llm_standin.py"
 
 
 @pytest.fixture(scope="module")
 def fast_llm_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("fast_llm") / "run"
-    command = json.dumps([sys.executable, str(STANDIN), "--config", "{config}", "--data-parallel", "3",
-                          "--crash-in-checkpoint", "4", "--step-delay", "0.5"])  # fmt: skip
+    trained = run_dir.parent / "trained.jsonl"
+    command = json.dumps([sys.executable, str(STANDIN), "--config", "{config}", "--data-parallel", "1",
+                          "--crash-in-checkpoint", "4", "--step-delay", "0.5", "--trained-log", str(trained)])  # fmt: skip
     proc = start_rlrun(
         run_dir, "trainer=fast_llm", "trainer.device=cpu", "recipe=math_grpo", f"trainer.max_train_steps={STEPS}",
-        f"trainer.train_batch_size={DOCS_PER_STEP}", "trainer.checkpoint_every=2", "trainer.fast_llm.micro_batch_size=64",
+        f"trainer.train_batch_size={DOCS_PER_STEP}", "trainer.checkpoint_every=2", "trainer.fast_llm.micro_batch_size=128",
         f"trainer.fast_llm.command={command}", "supervisor.stop_grace_s=10",
     )  # fmt: skip
     experiment = run_dir / "fast_llm"
@@ -55,6 +56,7 @@ def fast_llm_run(tmp_path_factory):
         client = connect(srv.url, srv.password)
         fast_llm_events = [json.loads(f["event"]) for _id, f in client.xrange("fast_llm_events")]
         served = {"policy_version": client.get(names.POLICY_VERSION), **client.hgetall(names.WEIGHTS_STATE)}
+        served["stream"] = [entry_id for entry_id, _ in client.xrange("fast_llm_streaming")]
     return proc.returncode, run_dir, fast_llm_events, interrupted_at, left_behind(proc), served
 
 
@@ -122,5 +124,25 @@ def test_vllm_loaded_every_broadcast_of_every_trainer_start(fast_llm_run):
     assert int(served["policy_version"]) == STEPS  # the actor tagged the last tokens with the final policy
     assert int(served["joins"]) == 3  # one join per trainer start: first, after the crash, after the SIGTERM
     assert int(served["broadcasts_loaded"]) == len(ready) and int(served["broadcasts_failed"]) == 0
-    log = (run_dir / "logs" / "weights.log").read_text()
+    log = (run_dir / "logs" / "launch-1" / "weights.log").read_text()
     assert log.count("vLLM serves step") == len(ready)
+
+
+def test_the_final_lineage_trained_every_document_once(fast_llm_run):
+    """Two restarts (a crash in checkpoint 4, a SIGTERM): before each, the documents group was set
+    back to the first document the checkpoint does not cover. The steps of the final lineage
+    trained the stream's first documents, each once, none skipped."""
+    _, run_dir, _, _, _, served = fast_llm_run
+    final: dict[int, list[str]] = {}
+    for line in (run_dir.parent / "trained.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        final[record["step"]] = record["ids"]  # a step taken again replaces the dead lineage's
+    ids = [i for step in range(1, STEPS + 1) for i in final[step]]
+    assert len(ids) == len(set(ids)) and ids == served["stream"][: len(ids)]
+    rewinds = [e for e in events(run_dir) if e["event"] == "documents_rewound"]
+    assert len(rewinds) == 3  # the first start and the two restarts
+    assert all(r["lost"] == 0 for r in rewinds) and rewinds[0]["checkpoint_step"] is None
+    _, _, _, interrupted_at, _, _ = fast_llm_run
+    assert rewinds[1]["checkpoint_step"] == 2  # the crash in checkpoint 4: back to 2
+    assert interrupted_at <= rewinds[2]["checkpoint_step"] < STEPS  # saved when SIGTERMed
+    assert rewinds[1]["redelivered"] > 0  # the crash would have lost what was read after checkpoint 2

@@ -182,7 +182,7 @@ def test_the_killed_vllm_is_restarted_on_its_node_and_the_run_completes(ray_run)
     failed = [e for e in evs if e["event"] == "process_failed" and e["process"] == "vllm-0"]
     assert failed and "SIGKILL" in failed[0]["reason"] and failed[0]["action"] == "restart"
     assert sum(1 for e in evs if e["event"] == "process_ready" and e["process"] == "vllm-0") >= 2
-    assert (run_dir / "logs" / "vllm-0.1.log").is_file()  # the restart wrote its own log, on its node
+    assert (run_dir / "logs" / "launch-1" / "vllm-0.1.log").is_file()  # the restart wrote its own log, on its node
     assert not any(e["event"] == "process_restarted" and e["process"] == "redis" for e in evs)
     assert code == 0
 

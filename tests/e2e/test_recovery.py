@@ -63,7 +63,7 @@ def actor_counters(run_dir: Path) -> dict:
     """The counters of the last actor process, from its closing log line."""
     import ast
 
-    logs = sorted((run_dir / "logs").glob("actor*.log"))
+    logs = sorted((run_dir / "logs").rglob("actor*.log"))
     last = [line for line in logs[-1].read_text().splitlines() if "actor stops (" in line][-1]
     return ast.literal_eval(last.split("actor stops (", 1)[1].rstrip(")"))
 
@@ -133,5 +133,5 @@ def test_actor_sigkill_mid_generation_replays_the_journal(tmp_path):
     result = check_exact_continuation(run_dir, killed_at)
     assert result["spanning"] > 0, "no sample was continued by the restarted actor"
     trained_once(run_dir, result["delivered"])
-    assert "replaying the journal" in (run_dir / "logs" / "actor.1.log").read_text()
+    assert "replaying the journal" in (run_dir / "logs" / "launch-1" / "actor.1.log").read_text()
     assert left == []

@@ -98,7 +98,7 @@ def test_in_flight_generations_were_continued_not_regenerated(interrupted_twice)
     run_dir, stops, _ = interrupted_twice
     spanned = [check_exact_continuation(run_dir, stops[s])["spanning"] for s in ("ctrl_c", "sigkill")]
     assert sum(spanned) > 0
-    resumed_logs = [p.read_text() for p in (run_dir / "logs").glob("actor*.log")]
+    resumed_logs = [p.read_text() for p in (run_dir / "logs").rglob("actor*.log")]
     assert any("replaying the journal" in text for text in resumed_logs)
 
 
@@ -132,3 +132,32 @@ def test_inspect_checkpoint_on_the_resumed_run(interrupted_twice):
     data = json.loads(report.stdout)
     assert (data["layout"], data["step"], data["complete"]) == ("hf", STEPS, True)
     assert data["samples_processed"] == STEPS * 64 and data["selected_from_run"]
+
+
+def test_each_launch_keeps_its_own_logs_side_by_side(interrupted_twice):
+    """train, resume, resume: three log folders; every process start of a launch logs into its
+    own launch's folder, no file is written by two starts, and each trainer log holds one start."""
+    from pathlib import Path
+
+    run_dir, _, final = interrupted_twice
+    assert final.returncode == 0
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["launch-1", "launch-2", "launch-3"]
+    events = read_jsonl(run_dir / "events.jsonl")
+    launch, used = None, []
+    for event in events:
+        if event["event"] in ("run_started", "run_resumed"):
+            launch = event["launch"]
+        elif event["event"] in ("process_started", "process_restarted"):
+            assert Path(event["log"]).parent == run_dir / "logs" / f"launch-{launch}", event
+            used.append(event["log"])
+    assert [e["launch"] for e in events if e["event"] in ("run_started", "run_resumed")] == [1, 2, 3]
+    assert len(used) == len(set(used)), "a log file was written by two process starts"
+    for n in (1, 2, 3):
+        names = {p.name for p in (run_dir / "logs" / f"launch-{n}").iterdir()}
+        assert {"redis.log", "vllm-0.log", "trainer.log", "actor.log"} <= names
+        trainer = (run_dir / "logs" / f"launch-{n}" / "trainer.log").read_text()
+        assert trainer.count("resumed from") == (0 if n == 1 else 1), f"launch {n}: {trainer[-2000:]}"
+    newest = run_cli(["logs", str(run_dir), "-c", "trainer"], timeout=60)
+    first = run_cli(["logs", str(run_dir), "-c", "trainer", "--launch", "1"], timeout=60)
+    assert newest.stdout == (run_dir / "logs" / "launch-3" / "trainer.log").read_text()
+    assert first.stdout == (run_dir / "logs" / "launch-1" / "trainer.log").read_text() != newest.stdout

@@ -72,7 +72,7 @@ def test_processes_started_in_order_and_nothing_is_left(short_run):
 def test_run_directory_holds_logs_config_and_private_secrets(short_run):
     _, run_dir = short_run
     for name in ("redis", "vllm-0", "trainer", "actor"):
-        assert (run_dir / "logs" / f"{name}.log").is_file()
+        assert (run_dir / "logs" / "launch-1" / f"{name}.log").is_file()
     assert (run_dir / "config.yaml").is_file() and "recipe=math_gspo" in (run_dir / "overrides.yaml").read_text()
     assert (run_dir / "secrets" / "redis.password").stat().st_mode & 0o077 == 0
     assert any((run_dir / "redis").rglob("*.aof*"))

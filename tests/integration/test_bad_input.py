@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,8 @@ def test_hub_model_given_as_a_local_path(work, nothing_starts):
 def _gsm8k_expectation() -> tuple[int, list[str]]:
     import importlib.util
 
+    if importlib.util.find_spec("math_verify") is None:  # checked first: the actor needs it for every reward
+        return 3, ["dataset=gsm8k scores answers with math-verify", "pip install 'rlrun[gpu]'"]
     if importlib.util.find_spec("datasets") is None:
         return 3, ["dataset=gsm8k needs the `datasets` package", "pip install 'rlrun[gpu]'"]
     return 3, ["cannot load dataset", "dataset.hf_path"]
@@ -403,3 +406,57 @@ def test_trainer_refuses_to_start_from_damaged_checkpoints_with_exit_2(resumable
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "no usable checkpoint" in proc.stderr and "step_000004" in proc.stderr and "Traceback" not in proc.stderr
     assert (resumable_run.checkpoint(4) / "model.safetensors").is_file()  # left for the user to restore
+
+
+# --- every bad input found before anything exists: one table ---------------------------------
+# (id, overrides, exit code, fragments of the one-paragraph message). Each case is refused by
+# `rlrun train` and by `rlrun train --dry-run` (except where marked: the trainer's program is
+# looked for by `train` only), with the workspace left exactly as it was.
+
+NOT_DRY = "train-only"
+BATTERY = [
+    ("tiny-with-a-path", ["model.path=/models/mine"], 2,
+     ["model.path has no effect here", "model.source=path", "model.source=hub", "remove model.path"]),
+    ("warm-start-on-a-real-model", ["model=qwen2_5_math_1_5b", "dataset=gsm8k", "model.warm_start_steps=10"], 2,
+     ["model.warm_start_steps has no effect here", "model.source=tiny"]),
+    ("fast-llm-key-with-hf", ["trainer.fast_llm.docs_per_step=64"], 2,
+     ["trainer.fast_llm.docs_per_step has no effect here", "set trainer=fast_llm"]),
+    ("weights-supervision-with-hf", ["supervisor.weights.max_restarts=9"], 2, ["supervisor.weights.max_restarts has no effect here"]),
+    ("ray-address-with-local", ["world.address=10.0.0.1:6379"], 2, ["world.address has no effect here", "world=ray"]),
+    ("hub-dataset-key-with-arithmetic", ["dataset.hf_path=openai/gsm8k"], 2, ["dataset.hf_path has no effect here", "dataset=gsm8k"]),
+    ("operand-with-gsm8k", ["model=qwen2_5_math_1_5b", "dataset=gsm8k", "dataset.max_operand=99"], 2,
+     ["dataset.max_operand has no effect here", "dataset=arithmetic"]),
+    ("negative-warm-start", ["model.warm_start_steps=-1"], 2, ["model.warm_start_steps must be 0 or more", "got -1"]),
+    ("context-too-short", ["model.max_model_len=8", "dataset.max_operand=99"], 2,
+     ["model.max_model_len=8 is too short for sums up to 99+99", "model.max_model_len=10 or more"]),
+    ("gsm8k-without-math-verify", ["model=qwen2_5_math_1_5b", "dataset=gsm8k"], 3,
+     ["dataset=gsm8k scores answers with math-verify", "pip install 'rlrun[gpu]'"]),
+    ("fast-llm-missing-behind-wrappers",
+     ["trainer=fast_llm", 'trainer.fast_llm.command=[env,"A=1",nice,fast-llm-nope,train,--config,"{config}"]'], 3,
+     ["cannot start Fast-LLM: fast-llm-nope (not found)", "trainer.fast_llm.command", NOT_DRY]),
+    ("fast-llm-module-missing", ["trainer=fast_llm", 'trainer.fast_llm.command=[bash,-c,"python -m fast_llm_nope --config {config}"]'], 3,
+     ["Python module fast_llm_nope", NOT_DRY]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, overrides, code, fragments", BATTERY, ids=[case[0] for case in BATTERY])
+def test_every_bad_input_is_refused_before_anything_exists(work, nothing_starts, monkeypatch, name, overrides, code, fragments):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a, **k: None if n == "math_verify" else real(n, *a, **k))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # torchrun, python
+    wanted = [f for f in fragments if f != NOT_DRY]
+    message = run_cli(work, train(work, *overrides), code, wanted)
+    assert len(squash(message)) > 0 and message.count("error:") == 1  # one message
+    if NOT_DRY not in fragments:
+        run_cli(work, ["train", "--dry-run", f"run.dir={work / 'run'}", *overrides], code, wanted)
+
+
+def test_supervisor_live_view_is_read():
+    """A documented key is used, not ignored: the CLI passes it to the live view."""
+    import inspect
+
+    from rlrun import cli
+
+    assert inspect.getsource(cli.train).count("live=cfg.supervisor.live_view") == 1

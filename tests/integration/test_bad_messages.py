@@ -258,7 +258,7 @@ def test_a_port_taken_at_start_is_retried_on_fresh_ports(tmp_path, monkeypatch):
     recorded = [json.loads(line) for line in run_dir.events.read_text().splitlines()]
     assert [(e["process"], e["attempt"]) for e in recorded if e["event"] == "port_taken"] == [("redis", 1)]
     assert [e["process"] for e in recorded if e["event"] == "process_ready"] == ["redis"]  # once, on the new port
-    assert any("Address already in use" in log.read_text() for log in run_dir.logs.glob("redis*.log"))
+    assert any("Address already in use" in log.read_text() for log in run_dir.logs.rglob("redis*.log"))
     assert f"port {port}\n" not in run_dir.redis_conf.read_text()  # the second start used another port
     assert run_dir.read_state()["status"] == "finished"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -83,43 +84,78 @@ def test_fast_llm_client_reads_and_writes_its_streams(tmp_path):
         rlrun.xadd(STREAM, {"data": '{"tokens":[1,2,3]}'})
         fast_llm = fast_llm_client(port)
         assert fast_llm.ping()
-        # what Fast-LLM's streaming dataset does
+        # what Fast-LLM's streaming dataset does (fast_llm/data/dataset/streaming.py, every revision)
         fast_llm.xgroup_create(name=STREAM, groupname=GROUP, id="0", mkstream=True)
         with pytest.raises(redis.ResponseError, match="BUSYGROUP"):
             fast_llm.xgroup_create(name=STREAM, groupname=GROUP, id="0", mkstream=True)
         got = fast_llm.xreadgroup(GROUP, "fast_llm_consumer_0", {STREAM: ">"}, count=1, block=100, noack=True)
         assert got[0][1][0][1] == {b"data": b'{"tokens":[1,2,3]}'}
-        # what its streaming callback does
+        assert fast_llm.xgroup_createconsumer(STREAM, GROUP, "fast_llm_consumer_1") == 1
+        # what its streaming callback does (fast_llm/engine/training/streaming.py)
         fast_llm.xadd(EVENTS, {"event": '{"type": "training_finished"}'})
-        assert fast_llm.xlen(EVENTS) == 1 and fast_llm.xinfo_stream(STREAM)["length"] == 1
         assert rlrun.xrange(EVENTS)[0][1] == {b"event": b'{"type": "training_finished"}'}
+        assert rlrun.xlen(STREAM) == 1
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        lambda c: c.xadd("rlrun:groups", {"data": "x"}),
-        lambda c: c.xrange("rlrun:groups"),
-        lambda c: c.get("rlrun:policy_version"),
-        lambda c: c.set("anything", "1"),
-        lambda c: c.hgetall("rlrun:actor:state"),
-        lambda c: c.keys("*"),
-        lambda c: c.delete(STREAM),  # its own stream, but not a command it needs
-        lambda c: c.xgroup_destroy(STREAM, GROUP),
-        lambda c: c.publish("chan", "x"),
-        lambda c: c.acl_setuser("default", enabled=True, passwords=["+x"]),
-        lambda c: c.flushall(),
-    ],
-)
-def test_fast_llm_client_is_refused_everything_else(tmp_path, command):
+# What the passwordless user must not do: inject or destroy training data, rewrite the consumer
+# group, read or write anything but Fast-LLM's two streams, administer the server.
+REFUSED = {
+    "xadd-documents": lambda c: c.xadd(STREAM, {"data": '{"tokens":[6,6,6]}'}),
+    "xdel-documents": lambda c: c.xdel(STREAM, "0-1"),
+    "xtrim-documents": lambda c: c.xtrim(STREAM, maxlen=0),
+    "xgroup-setid": lambda c: c.xgroup_setid(STREAM, GROUP, id="$"),
+    "xgroup-destroy": lambda c: c.xgroup_destroy(STREAM, GROUP),
+    "xgroup-delconsumer": lambda c: c.xgroup_delconsumer(STREAM, GROUP, "fast_llm_consumer_0"),
+    "xack-documents": lambda c: c.xack(STREAM, GROUP, "0-1"),
+    "xautoclaim-documents": lambda c: c.xautoclaim(STREAM, GROUP, "me", 0),
+    "xrange-documents": lambda c: c.xrange(STREAM),
+    "xread-documents": lambda c: c.xread({STREAM: "0"}),
+    "xlen-documents": lambda c: c.xlen(STREAM),
+    "xinfo-documents": lambda c: c.xinfo_stream(STREAM),
+    "del-documents": lambda c: c.delete(STREAM),
+    "xdel-events": lambda c: c.xdel(EVENTS, "0-1"),
+    "xtrim-events": lambda c: c.xtrim(EVENTS, maxlen=0),
+    "xrange-events": lambda c: c.xrange(EVENTS),
+    "xreadgroup-events": lambda c: c.xreadgroup(GROUP, "x", {EVENTS: ">"}),
+    "xgroup-create-events": lambda c: c.xgroup_create(EVENTS, "mine", id="0"),
+    "del-events": lambda c: c.delete(EVENTS),
+    "xadd-groups": lambda c: c.xadd("rlrun:groups", {"data": "x"}),
+    "xrange-groups": lambda c: c.xrange("rlrun:groups"),
+    "get": lambda c: c.get("rlrun:policy_version"),
+    "set": lambda c: c.set("anything", "1"),
+    "hgetall": lambda c: c.hgetall("rlrun:actor:state"),
+    "hset-weights": lambda c: c.hset("rlrun:weights", "join_after", "0-0"),
+    "keys": lambda c: c.keys("*"),
+    "publish": lambda c: c.publish("chan", "x"),
+    "acl-setuser": lambda c: c.acl_setuser("default", enabled=True, passwords=["+x"]),
+    "config-set": lambda c: c.config_set("dir", "/tmp"),
+    "flushall": lambda c: c.flushall(),
+}
+
+
+def refusals(fast_llm: redis.Redis) -> dict[str, str]:
+    """Each REFUSED command sent by `fast_llm`: name → "refused", or what it answered instead."""
+    out = {}
+    for name, command in REFUSED.items():
+        try:
+            out[name] = f"answered {command(fast_llm)!r}"
+        except redis.exceptions.NoPermissionError:
+            out[name] = "refused"
+        except redis.ResponseError as exc:  # e.g. a command renamed away answers "unknown command"
+            out[name] = "refused" if "unknown command" in str(exc) else f"error {exc}"
+    return out
+
+
+def test_fast_llm_client_is_refused_everything_else(tmp_path):
     with acl_server(tmp_path / "redis") as port:
         rlrun = redis.Redis(port=port, username=RLRUN_USER, password=PASSWORD)
         rlrun.set("rlrun:policy_version", "3")
-        rlrun.xadd(STREAM, {"data": "{}"})
+        first = rlrun.xadd(STREAM, {"data": "{}"})
         rlrun.xgroup_create(STREAM, GROUP, id="0")
-        with pytest.raises(redis.exceptions.NoPermissionError):
-            command(fast_llm_client(port))
-        assert rlrun.get("rlrun:policy_version") == b"3" and rlrun.exists(STREAM)
+        rlrun.xadd(EVENTS, {"event": '{"type": "weights_ready", "step": 0}'})
+        assert refusals(fast_llm_client(port)) == dict.fromkeys(REFUSED, "refused")
+        assert rlrun.get("rlrun:policy_version") == b"3" and [i for i, _ in rlrun.xrange(STREAM)] == [first]
+        assert rlrun.xlen(EVENTS) == 1 and rlrun.xinfo_groups(STREAM)[0]["name"] == GROUP.encode()
 
 
 def test_rlrun_user_with_password_can_do_everything(tmp_path):
@@ -149,9 +185,89 @@ def test_a_bare_password_logs_in_as_the_restricted_user(tmp_path):
 def test_acl_lines_keep_the_password_out_of_the_config_and_refuse_glob_names():
     lines = acl_lines(PASSWORD, [STREAM], EVENTS)
     assert not any(PASSWORD in line for line in lines)
-    assert lines[0].startswith("user default reset on nopass ~fast_llm_streaming ~fast_llm_events ")
+    assert lines[0] == (
+        "user default reset on nopass resetchannels -@all +ping +client|setinfo "
+        "(~fast_llm_streaming +xreadgroup +xgroup|create +xgroup|createconsumer) (~fast_llm_events +xadd)"
+    )
     for bad in ("fast_llm_*", "a b", ""):
         with pytest.raises(ValueError):
             acl_lines(PASSWORD, [bad], EVENTS)
     with pytest.raises(ValueError):
         acl_lines("", [STREAM], EVENTS)
+    with pytest.raises(ValueError):
+        acl_lines(PASSWORD, [EVENTS], EVENTS)  # one stream cannot be both
+
+
+# --- the run's own Redis, configured as `rlrun train trainer=fast_llm` configures it -----------
+
+
+def weights_ready(step: int) -> dict:
+    return {"event": json.dumps({"type": "weights_ready", "step": step, "documents_seen": 64 * step})}
+
+
+FINISHED = {"event": json.dumps({"type": "training_finished"})}
+
+
+def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_path):
+    """On the run's live Redis (its ACL as launch writes it), a local process without the password
+    is refused every command it could damage the run with; the events it may append, forged,
+    are counted and ignored: the follower loads nothing for them, the verdict stays the same."""
+    from rlrun import launch
+    from rlrun.backends.fast_llm.follower import WeightFollower, request_join
+    from rlrun.config import compose
+    from rlrun.supervisor import ExitRejected
+    from rlrun.rundir import RunDir
+    from rlrun.streams import names
+    from rlrun.streams.server import connect, managed_server
+    from rlrun.supervisor import EventLog
+
+    from .test_weight_follower import RecordingAdmin
+
+    cfg, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu", "trainer.max_train_steps=4"])
+    run = RunDir(tmp_path / "run")
+    run.create({"name": "acl-test"})
+    with managed_server(run, default_user=launch._default_redis_user(cfg)) as server:
+        rlrun = connect(server.url, server.password)
+        anyone = redis.Redis(host="127.0.0.1", port=server.port, decode_responses=True)  # as Fast-LLM connects
+        assert refusals(anyone) == dict.fromkeys(REFUSED, "refused")
+
+        admin = RecordingAdmin()
+        follower = WeightFollower(cfg, rlrun, admin, "127.0.0.1", 29555)
+        progress = launch.ProgressReader(server.url, run, EventLog(run.events, clock=time.time))
+        verdict = launch.completion_check(cfg, progress)
+
+        def outcome(trainer_exit):
+            try:
+                return verdict({"trainer": trainer_exit})
+            except ExitRejected as exc:
+                return f"exit rejected: {exc}"
+
+        request_join(rlrun, EVENTS, start_step=0)  # the supervisor, before starting the trainer
+        for step in (0, 1):  # the real trainer's announcements (also passwordless)
+            anyone.xadd(EVENTS, weights_ready(step))
+        follower.step()
+        loaded = list(admin.calls)
+        assert [c for c in loaded if c[0] == "receive"] == [("receive", 0), ("receive", 1)]
+        before = (outcome(None), outcome(0), outcome(1))
+
+        forged = [weights_ready(4), weights_ready(0), weights_ready(1), {"event": '{"type": "reload_weights", "path": "/tmp/x"}'}]
+        for fields in forged:
+            anyone.xadd(EVENTS, fields)
+        follower.step()
+        assert admin.calls == loaded  # no pause, no receive: the served weights are the same
+        assert rlrun.get(names.POLICY_VERSION) == "1"
+        assert rlrun.hget(names.WEIGHTS_STATE, "events_rejected") == str(len(forged))
+        assert (outcome(None), outcome(0), outcome(1)) == before
+        assert progress.malformed_events == len(forged)  # counted by the supervisor too (events.jsonl)
+
+        # A forged training_finished (it fits: the trainer did announce a step): still not done,
+        # whatever the trainer's exit; the real trainer's steps go on being loaded.
+        anyone.xadd(EVENTS, FINISHED)
+        assert outcome(None)[0] is False and outcome(0).startswith("exit rejected")
+        anyone.xadd(EVENTS, weights_ready(2))
+        follower.step()
+        assert admin.calls[-3:] == [("receive", 2), ("reset_prefix_cache",), ("resume",)]
+        assert rlrun.get(names.POLICY_VERSION) == "2"
+        events = [json.loads(line) for line in run.events.read_text().splitlines()]
+        assert sum(e["event"] == "malformed_message" for e in events) == len(forged)
+        rlrun.close()

@@ -145,3 +145,42 @@ def test_a_receiver_whose_trainer_never_comes_gives_up_after_its_timeout():
 def test_a_rank_outside_the_receivers_range_is_refused():
     with pytest.raises(ValueError, match="1..1"):
         broadcast.join(HOST, 1, 0, 2, "gloo", timeout_s=1)
+
+
+SENDER_UNDER_TORCHRUN = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from tests.fast_llm_standin import Broadcaster
+Broadcaster("127.0.0.1", {port}, 1, "gloo", timeout=60).send({{"w": torch.arange(6.0).reshape(2, 3)}})
+"""
+
+
+def test_under_torchrun_on_this_torch_rlrun_serves_the_store_and_the_weights_arrive(tmp_path):
+    """torch 2.13 under torchrun makes rank 0 a client of the broadcast endpoint (it assumes the
+    elastic agent serves it): the probe says so, rlrun serves the store, the weights arrive."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from rlrun.backends.fast_llm.installed import _probe_store
+
+    if torch.__version__ >= "2.14":
+        pytest.skip(f"torch {torch.__version__} lets rank 0 host under torchrun; this is the <= 2.13 case")
+    assert _probe_store(sys.executable) == "rlrun"
+    port = pick_free_port(HOST)
+    store = broadcast.serve_store(HOST, port, 2, timeout_s=60)
+    results = multiprocessing.get_context("spawn").Queue()
+    receiver = multiprocessing.get_context("spawn").Process(target=_receiver, args=(port, 1, 2, 1, results), daemon=True)
+    receiver.start()
+    torchrun = Path(sys.executable).parent / "torchrun"
+    root = str(Path(__file__).resolve().parents[2])
+    code = SENDER_UNDER_TORCHRUN.format(root=root, port=port)
+    sender = subprocess.Popen([str(torchrun), "--nproc_per_node=1", "--no_python", sys.executable, "-c", code],
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": root})  # fmt: skip
+    rank, received = results.get(timeout=90)  # while the receiver lives: the tensors come through its fds
+    _, err = sender.communicate(timeout=60)
+    assert sender.returncode == 0, err[-2000:]
+    receiver.join(10)
+    assert rank == 1 and [(shard, name) for shard, name, _ in received] == [("weights", "w")]
+    assert torch.equal(received[0][2], torch.arange(6.0).reshape(2, 3))
+    del store

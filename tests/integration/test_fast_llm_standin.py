@@ -3,6 +3,7 @@ completion rules evaluated on what it was observed to do (the scaled-down seed s
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,13 +13,18 @@ from pathlib import Path
 
 import pytest
 import redis
+import yaml
 
 from rlrun.backends.fast_llm.acl import RLRUN_USER
 from rlrun.backends.fast_llm.checkpoints import latest_complete_step, move_aside_incomplete, read_metadata
 from rlrun.backends.fast_llm.config import data_parallel, docs_per_step, write_config
+from rlrun.backends.fast_llm.installed import choose_revision
+from rlrun.backends.fast_llm.revisions import named
+from rlrun.backends.fast_llm.rewind import rewind_group
 from rlrun.backends.fast_llm.protocol import TrainingFinished, WeightsReady, parse_event, publish_group
 from rlrun.completion import HfTarget, TrainerObservation, fast_llm_finished, hf_finished
 from rlrun.config import compose
+from rlrun.errors import ConfigError
 from rlrun.rollouts import Group, Sample
 from tests.integration.test_fast_llm_acl import PASSWORD, acl_server
 
@@ -51,7 +57,7 @@ class Run:
         self.cfg, _ = compose(OVERRIDES)
         self.experiment_dir = tmp_path / "fast_llm"
         self.config_path = write_config(
-            self.cfg, tmp_path / "fast_llm.yaml", redis_host="127.0.0.1", redis_port=port,
+            self.cfg, named("gspo"), tmp_path / "fast_llm.yaml", redis_host="127.0.0.1", redis_port=port,
             experiment_dir=self.experiment_dir, model_path="/models/tiny", broadcast_host="127.0.0.1", broadcast_port=0,
         )
         self.client = redis.Redis(host="127.0.0.1", port=port, username=RLRUN_USER, password=PASSWORD)
@@ -112,6 +118,12 @@ def run(tmp_path):
             yield run
         finally:
             run.stop()
+
+
+def decoded(run: Run) -> redis.Redis:
+    """A client answering str, as rlrun's own clients do."""
+    kwargs = run.client.connection_pool.connection_kwargs
+    return redis.Redis(host=kwargs["host"], port=kwargs["port"], username=RLRUN_USER, password=PASSWORD, decode_responses=True)
 
 
 def _observation(events: list, exit_code, checkpoint_step=None) -> TrainerObservation:
@@ -223,3 +235,107 @@ def test_half_written_checkpoint_blocks_fast_llm_until_moved_aside(run):
     assert [e.step for e in later if isinstance(e, WeightsReady)][0] == 4  # resumed from the complete one
     assert latest_complete_step(run.experiment_dir) == TRAIN_ITERS
     assert fast_llm_finished(TRAIN_ITERS, _observation(later, 0, TRAIN_ITERS)).finished
+
+
+def test_documents_read_after_the_checkpoint_are_delivered_again_once(run, tmp_path):
+    """Exactly-once under NOACK reads: killed after checkpoint 4 (steps 5-6 read and trained, lost
+    with the process), restarted from checkpoint 4 after the rewind; the final lineage trained
+    each document exactly once, the first `documents_seen` of the stream, none skipped."""
+    trained = tmp_path / "trained.jsonl"
+    run.feed(TRAIN_ITERS * DOCS_PER_STEP_SEEN + 48)
+    run.start("--trained-log", str(trained), "--step-delay", "0.2")
+    run.wait_for_step(6)
+    run.stop()  # SIGKILL: no checkpoint at 6
+    assert latest_complete_step(run.experiment_dir) == 4
+    checkpoint = read_metadata(run.experiment_dir / "checkpoint" / "4")
+
+    rewind = rewind_group(decoded(run), run.cfg.trainer.fast_llm.stream, run.cfg.trainer.fast_llm.consumer_group, checkpoint)
+    assert (rewind.checkpoint_step, rewind.documents_seen, rewind.lost) == (4, 4 * DOCS_PER_STEP_SEEN, 0)
+    assert rewind.redelivered == rewind.delivered_before - 4 * DOCS_PER_STEP_SEEN >= 2 * DOCS_PER_STEP_SEEN
+
+    run.start("--trained-log", str(trained))
+    assert run.wait() == 0, run.log.read_text()
+    final: dict[int, list[str]] = {}
+    for line in trained.read_text().splitlines():
+        record = json.loads(line)
+        final[record["step"]] = record["ids"]  # a retaken step replaces the dead lineage's
+    ids = [i for step in range(1, TRAIN_ITERS + 1) for i in final[step]]
+    stream = [entry_id.decode() for entry_id, _ in run.client.xrange(run.cfg.trainer.fast_llm.stream)]
+    assert len(ids) == len(set(ids))  # nothing trained twice
+    assert ids == stream[: len(ids)]  # nothing skipped: the stream's first documents, in order
+    assert read_metadata(run.experiment_dir / "checkpoint" / str(TRAIN_ITERS)).documents_seen == len(ids)
+
+
+def test_a_revision_without_documents_seen_is_not_rewound_and_says_so(run):
+    run.feed(4 * DOCS_PER_STEP_SEEN)
+    run.start("--revision", "pr502")
+    run.wait_for_step(4)
+    run.stop()
+    checkpoint = read_metadata(run.experiment_dir / "checkpoint" / "4")
+    assert checkpoint.documents_seen is None
+    client = decoded(run)
+    before = client.xinfo_groups(run.cfg.trainer.fast_llm.stream)[0]["last-delivered-id"]
+    rewind = rewind_group(client, run.cfg.trainer.fast_llm.stream, run.cfg.trainer.fast_llm.consumer_group, checkpoint)
+    assert (rewind.documents_seen, rewind.lost, rewind.redelivered) == (None, None, 0)
+    assert client.xinfo_groups(run.cfg.trainer.fast_llm.stream)[0]["last-delivered-id"] == before == rewind.position
+
+
+def test_from_the_base_model_every_document_is_delivered_again(run):
+    stream, group = run.cfg.trainer.fast_llm.stream, run.cfg.trainer.fast_llm.consumer_group
+    run.feed(2 * DOCS_PER_STEP_SEEN)
+    run.client.xgroup_create(stream, group, id="0")
+    run.client.xreadgroup(group, "c", {stream: ">"}, count=5, noack=True)
+    rewind = rewind_group(decoded(run), stream, group, None)
+    assert (rewind.checkpoint_step, rewind.documents_seen, rewind.delivered_before, rewind.redelivered) == (None, 0, 5, 5)
+    assert rewind.position == "0-0"
+    assert len(run.client.xreadgroup(group, "c", {stream: ">"}, count=100, noack=True)[0][1]) == 2 * DOCS_PER_STEP_SEEN
+
+
+@pytest.mark.parametrize(
+    "revision, overrides, accepted",
+    [
+        ("pr520", [], "gspo"),  # the RL branches know schedule.docs_per_step
+        ("pr502", [], "gspo"),
+        ("main", [], "main"),  # main refuses it: auto falls back to main's config
+        ("main", ["trainer.fast_llm.version=gspo"], None),  # the user's choice is refused: exit 2
+    ],
+)
+def test_preflight_asks_the_trainer_which_revision_it_is(tmp_path, revision, overrides, accepted):
+    command = f'trainer.fast_llm.command=[{sys.executable},{STANDIN},--revision,{revision},--config,"{{config}}"]'
+    cfg, _ = compose(OVERRIDES + [command, *overrides])
+    if accepted is None:
+        with pytest.raises(ConfigError) as info:
+            choose_revision(cfg, "/models/tiny", tmp_path / "fast_llm")
+        assert "schedule" in str(info.value) and "docs_per_step" in str(info.value) and "'gspo'" in str(info.value)
+    else:
+        assert choose_revision(cfg, "/models/tiny", tmp_path / "fast_llm").name == accepted
+
+
+def test_the_stand_in_refuses_what_the_real_one_refuses(tmp_path):
+    cfg, _ = compose(OVERRIDES)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "head_dim": 64}))
+    config = write_config(cfg, named("gspo"), tmp_path / "f.yaml", redis_host="127.0.0.1", redis_port=1,
+                          experiment_dir=tmp_path / "x", model_path=str(model), broadcast_host="127.0.0.1", broadcast_port=0)  # fmt: skip
+
+    def validate(path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(STANDIN), "--config", str(path), "-v"], capture_output=True, text=True)
+
+    assert "unknown key 'head_dim'" in validate(config).stderr
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    assert validate(config).returncode == 0
+    data = yaml.safe_load(config.read_text())
+    data["model"]["base_model"]["head"]["losses"]["grpo"]["policy_loss"] = "gspo"  # an old intermediate key
+    config.write_text(yaml.safe_dump(data))
+    refused = validate(config)
+    assert refused.returncode == 1 and "Unknown field `!!! policy_loss`" in refused.stderr
+
+
+def test_a_second_loader_per_rank_crashes_the_first_batch(run):
+    data = yaml.safe_load(run.config_path.read_text())
+    data["training"].pop("num_workers")  # Fast-LLM's default: 2
+    run.config_path.write_text(yaml.safe_dump(data))
+    run.feed(DOCS_PER_STEP_SEEN)
+    run.start()
+    assert run.wait() != 0 and "StreamingDataset can work only with one instance per rank" in run.log.read_text()

@@ -119,3 +119,58 @@ def test_a_process_crashing_at_every_start_spends_its_budget(tmp_path):
     assert info.value.exit_code == 6
     assert "2 restarts within 60 s used up" in str(info.value) and "cannot start: no GPU" in info.value.log_tail
     assert sorted(p.name for p in tmp_path.glob("c*.log")) == ["c.1.log", "c.2.log", "c.log"]
+
+
+def test_the_shared_process_tree_finds_grandchildren_and_is_read_once_per_poll(tmp_path):
+    from rlrun.supervisor.local import ProcessTree
+
+    now = {"t": 0.0}
+    tree = ProcessTree(max_age_s=0.25, clock=lambda: now["t"])
+    parent = subprocess.Popen([sys.executable, "-c", ESCAPING_PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        grandchild = int(parent.stdout.readline().split()[1])
+        assert grandchild in tree.descendants(os.getpid()) and parent.pid in tree.descendants(os.getpid())
+        late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        assert late.pid not in tree.descendants(os.getpid())  # the same poll: the tree read before it
+        now["t"] = 1.0
+        assert late.pid in tree.descendants(os.getpid())  # the next poll reads /proc again
+        late.kill()
+        late.wait()
+    finally:
+        for pid in (grandchild, parent.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        parent.wait()
+
+
+def test_the_vllm_health_probe_keeps_one_connection(tmp_path):
+    import http.server
+    import threading
+
+    from rlrun.inference.server import HealthCheck
+
+    peers = []
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            peers.append(self.client_address)
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        probe = HealthCheck(f"http://127.0.0.1:{server.server_address[1]}")
+        assert all(probe(1) for _ in range(5))
+        assert len(set(peers)) == 1 and len(peers) == 5  # five polls, one connection
+    finally:
+        server.shutdown()
+    assert HealthCheck("http://127.0.0.1:9")(1) is False  # nothing listening: no, never an exception

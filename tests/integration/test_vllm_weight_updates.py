@@ -1,10 +1,14 @@
 """Weight updates into a real vLLM server (CPU) through rlrun's worker extension, both ways:
 what the Fast-LLM stand-in broadcasts (the weight follower's calls), and a checkpoint folder (the
 hf trainer's call). The model ties its embedding and LM head, as Qwen2.5 does. After each update
-the server's log-probabilities match transformers' on the new weights, not on the old ones."""
+the server's log-probabilities match transformers' on the new weights, not on the old ones.
+
+The server runs as a run runs it (rlrun's argv, env and API key in VLLM_API_KEY): every route but
+/health needs the key, and every client here sends it."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +22,7 @@ from safetensors.torch import load_file
 from rlrun import launch
 from rlrun.backends.fast_llm.follower import VllmBroadcastAdmin
 from rlrun.config import compose
+from rlrun.inference.auth import bearer_header
 from rlrun.inference.server import SERVED_MODEL_NAME, base_url, healthy, server_argv, server_env
 from rlrun.streams.server import pick_free_port
 from tests.fast_llm_standin import Broadcaster, weights_at
@@ -29,6 +34,7 @@ pytestmark = pytest.mark.timeout(600)
 HOST = "127.0.0.1"
 STEP = 20  # far enough from the pretrained weights to change what the model says
 PROMPT = "12+7="
+KEY = "the-runs-vllm-key-for-this-test-0123"
 
 
 def tied_copy(model_path: str, folder) -> str:
@@ -51,7 +57,7 @@ def server(tmp_path_factory):
     argv = server_argv(cfg.inference, cfg.model, model, port, tokenizer=model)
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, env={**os.environ, **server_env(cfg.inference)}, stdout=out,
+        proc = subprocess.Popen(argv, env={**os.environ, **server_env(cfg.inference), "VLLM_API_KEY": KEY}, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     url = base_url(HOST, port)
     try:
@@ -59,7 +65,7 @@ def server(tmp_path_factory):
         while not healthy(url):
             assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
             time.sleep(1)
-        yield url, model
+        yield url, model, log
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
@@ -68,7 +74,7 @@ def server(tmp_path_factory):
 def greedy(url: str, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
     body = {"model": SERVED_MODEL_NAME, "prompt": prompt_ids, "max_tokens": 6, "temperature": 0.0, "logprobs": 0,
             "return_token_ids": True}  # fmt: skip
-    choice = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    choice = httpx.post(f"{url}/v1/completions", json=body, headers=bearer_header(KEY), timeout=60).json()["choices"][0]
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
 
@@ -87,10 +93,10 @@ def transformers_logprobs(model_path: str, weights: dict, prompt_ids: list[int],
 def test_vllm_serves_the_weights_fast_llm_broadcast(server):
     from transformers import AutoTokenizer
 
-    url, model = server
+    url, model, _ = server
     prompt = AutoTokenizer.from_pretrained(model).encode(PROMPT, add_special_tokens=False)
     pretrained = load_file(os.path.join(model, "model.safetensors"))
-    admin = VllmBroadcastAdmin([url], receive_timeout_s=60)
+    admin = VllmBroadcastAdmin([url], receive_timeout_s=60, api_key=KEY)
     port = pick_free_port(HOST)
 
     admin.join(HOST, port, "gloo", 60)  # answers at once; the worker joins in the background
@@ -127,7 +133,7 @@ def test_vllm_serves_a_checkpoint_folder_reloaded_by_the_trainers_call(server, t
 
     from rlrun.inference.admin import VllmAdmin
 
-    url, model = server
+    url, model, _ = server
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
     moved = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
@@ -135,10 +141,48 @@ def test_vllm_serves_a_checkpoint_folder_reloaded_by_the_trainers_call(server, t
     moved.tie_weights()
     moved.save_pretrained(tmp_path / "step-30")  # as the trainer saves a step's weights (tied: no lm_head)
 
-    admin = VllmAdmin([url])
+    admin = VllmAdmin([url], api_key=KEY)
     admin.reload_weights(str(tmp_path / "step-30"))
     admin.close()
 
     completion, served = greedy(url, prompt)
     expected = transformers_logprobs(model, dict(moved.state_dict()), prompt, completion)
     assert max(abs(a - b) for a, b in zip(served, expected)) < 2e-3
+
+
+# Every route a local process could use to steer the run: (method, path, body). Each must answer
+# 401 without the key and do its job with it.
+ADMIN_ROUTES = [
+    ("POST", "/pause?mode=abort", None),
+    ("GET", "/is_paused", None),
+    ("POST", "/resume", None),
+    ("POST", "/reset_prefix_cache", None),
+    ("POST", "/abort_requests", {"request_ids": ["none-such"]}),
+    ("POST", "/collective_rpc", {"method": "rlrun_reload_weights", "kwargs": {"weights_path": "{model}"}}),
+    ("GET", "/is_sleeping", None),
+    ("GET", "/v1/models", None),
+    ("POST", "/v1/completions", {"model": SERVED_MODEL_NAME, "prompt": [1, 2], "max_tokens": 1}),
+]
+
+
+def test_every_admin_route_needs_the_runs_key(server):
+    """A local process without the key can neither freeze generation nor swap the policy; the key
+    opens every route; /health stays open for the probe; the key is in no log."""
+    url, model, log = server
+    with httpx.Client(base_url=url, timeout=120) as anyone, httpx.Client(base_url=url, timeout=120, headers=bearer_header(KEY)) as run:
+        paused = False  # what the server should say: only the key's /pause and /resume change it
+        for method, path, body in ADMIN_ROUTES:
+            body = None if body is None else json.loads(json.dumps(body).replace("{model}", model))
+            for who, headers in (("nobody", {}), ("a wrong key", bearer_header("guess")), ("a non-bearer", {"Authorization": KEY})):
+                refused = anyone.request(method, path, json=body, headers=headers)
+                assert refused.status_code == 401, f"{method} {path} with {who}: {refused.status_code} {refused.text[:200]}"
+            assert run.get("/is_paused").json() == {"is_paused": paused}, f"{path} without the key changed the pause state"
+            allowed = run.request(method, path, json=body)
+            assert allowed.status_code == 200, f"{method} {path} with the key: {allowed.status_code} {allowed.text[:300]}"
+            paused = {"/pause?mode=abort": True, "/resume": False}.get(path, paused)
+            assert run.get("/is_paused").json() == {"is_paused": paused}  # the key's pause/resume took effect
+        assert run.get("/is_paused").json() == {"is_paused": False}
+        assert anyone.get("/health").status_code == 200
+        # The reload went through: the served model is the one on disk again, and it generates.
+        assert len(greedy(url, [1, 2, 3])[0]) >= 1
+    assert KEY not in log.read_text(errors="replace")

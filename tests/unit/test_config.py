@@ -119,7 +119,7 @@ def test_train_with_fast_llm_missing_says_so_and_creates_nothing(tmp_path):
 
     result = CliRunner().invoke(app, ["train", "trainer=fast_llm", f"run.dir={tmp_path / 'run'}"])
     assert result.exit_code == 3
-    assert "fast-llm not found" in result.output and "trainer.fast_llm.command" in result.output
+    assert "fast-llm (not found)" in result.output and "trainer.fast_llm.command" in result.output
     assert not (tmp_path / "run").exists()
     dry = CliRunner().invoke(app, ["train", "trainer=fast_llm", "--dry-run", f"run.dir={tmp_path / 'run'}"])
     assert dry.exit_code == 0 and "fast-llm" in dry.output  # the dry run shows the command anyway

@@ -25,7 +25,7 @@ def _checkpoint(experiment: Path, step: int, ok: bool = True, documents_seen: in
     metadata = {"completed_steps": step}
     if documents_seen is not None:
         metadata["documents_seen"] = documents_seen
-    (path / "metadata.yaml").write_text(yaml.safe_dump(metadata))
+    (path / "metadata.yaml").write_text(yaml.safe_dump({"metadata": metadata}))  # nested, as Fast-LLM writes it
     if ok:
         (path / "ok").touch()
     return path
@@ -44,8 +44,11 @@ def test_read_metadata_with_and_without_documents_seen(tmp_path):
     assert read_metadata(_checkpoint(tmp_path, 4, documents_seen=4172)) == CheckpointMetadata(4, 4172)
     assert read_metadata(_checkpoint(tmp_path, 5)) == CheckpointMetadata(5, None)
     bad = _checkpoint(tmp_path, 6)
-    (bad / "metadata.yaml").write_text("completed_steps: six\n")
+    (bad / "metadata.yaml").write_text("metadata:\n  completed_steps: six\n")
     with pytest.raises(CheckpointError, match="completed_steps"):
+        read_metadata(bad)
+    (bad / "metadata.yaml").write_text("completed_steps: 6\n")  # not nested: not what Fast-LLM writes
+    with pytest.raises(CheckpointError, match="metadata"):
         read_metadata(bad)
     with pytest.raises(CheckpointError):
         read_metadata(tmp_path / "nowhere")

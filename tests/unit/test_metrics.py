@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -141,12 +142,16 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     trainer.bad_messages = 0
     trainer.state = TrainerState(step=2, samples_processed=4, policy_version=2)
     trainer.metrics = MetricsWriter(trainer.run_dir.metrics)
+    trainer.history, trainer.wandb = [], None
+    started = time.time() - 10  # the run started 10 s ago, and its only step took 0.5 s of optimizer work
+    (Path(tmp_path) / "events.jsonl").write_text(json.dumps({"time": started, "event": "run_started"}) + "\n")
     samples = [Sample(i, [1, 2, 3], [-0.1] * 3, [0, 1, 1], "stop", float(i % 2), 0.0) for i in range(4)]
     trainer._record(
-        {"loss": 0.1, "clip_fraction": 0.0, "mean_ratio": 1.0, "grad_norm": 2.0, "step_time_s": 0.5, "wait_s": 0.2, "compute_s": 0.1, "weight_sync_s": 0.2},
+        {"loss": 0.1, "clip_fraction": 0.0, "mean_ratio": 1.0, "grad_norm": 2.0, "step_time_s": 0.9, "wait_s": 0.3, "weights_s": 0.1},
         [Group("run/0", 0, [5, 6], samples)],
     )
     (written,) = read_metrics(trainer.run_dir.metrics)
     assert list(written) == list(FIELDS), "metrics.jsonl fields and rlrun.metrics.FIELDS (docs) disagree"
+    assert written["ettr"] == pytest.approx(0.5 / 10, abs=0.01)
     assert (written["tokens_reused"], written["tokens_regenerated"], written["samples_continued"], written["prefixes_dropped_stale"]) == (40, 3, 5, 1)
     assert (written["reward_mean"], written["reward_std"], written["tokens"], written["policy_lag_max"]) == (0.5, 0.5, 12, 1)

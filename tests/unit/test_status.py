@@ -50,3 +50,22 @@ def test_after_run_stopped_running_processes_show_as_stopped_and_exited_ones_sta
 
 def test_unrelated_or_unknown_events_are_ignored():
     assert replay_events([{"event": "run_finished"}, ev("something_new", "x")]) == []
+
+
+def test_the_last_stack_dump_of_a_process_is_kept_and_shown_next_to_its_failure():
+    from rich.console import Console
+
+    from rlrun.live import status_table
+
+    rows = replay_events(
+        [
+            ev("process_started", "actor", pid=1),
+            ev("process_stalled", "actor", pid=1, quiet_s=61.0),
+            ev("stack_dump", "actor", pid=1, attempt=0, reason="stalled", file="/r/diagnostics/actor-0-20260101-000000.txt"),
+            ev("process_failed", "actor", reason="stalled: no progress for 61 s", action="restart"),
+        ]
+    )
+    assert rows[0].last_dump == "/r/diagnostics/actor-0-20260101-000000.txt"
+    console = Console(width=300, record=True)
+    console.print(status_table(rows))
+    assert "actor-0-20260101-000000.txt" in console.export_text()

@@ -168,6 +168,30 @@ def test_stop_is_reverse_order_sigterm_then_sigkill_after_grace(tmp_path):
     assert all(p.state is ProcessState.STOPPED for p in sup.processes)
 
 
+def test_a_stop_first_process_is_stopped_while_the_others_still_run(tmp_path):
+    """A Fast-LLM trainer finishes its step on SIGTERM: it needs the actor's documents until it exits."""
+    specs = [spec("redis", tmp_path), spec("trainer", tmp_path, stop_first=True, stop_grace_s=30), spec("actor", tmp_path)]
+    sup, spawner, events, clock = make(specs)
+    sup.start_all()
+    trainer = spawner.handles["trainer"]
+    trainer.ignores_sigterm = True
+    running_while_trainer_stops = []
+
+    def sleep(seconds):  # the trainer takes 3 s to finish its step; who is still running meanwhile?
+        clock.now += seconds
+        running_while_trainer_stops.append({n for n, h in spawner.handles.items() if h.poll() is None})
+        if clock.now >= 3 and trainer.exit_code is None:
+            trainer.exit_code = 0
+
+    sup._sleep = sleep
+    sup.stop_all()
+    sigterms = [e[1] for e in spawner.log if e[0] == "signal" and e[2] == "SIGTERM"]
+    pid = {name: h.pid for name, h in spawner.handles.items()}
+    assert sigterms == [pid["trainer"], pid["actor"], pid["redis"]]
+    assert {"actor", "redis"} <= running_while_trainer_stops[0]
+    assert names_of(events, "process_killed") == []  # it exited within its grace period
+
+
 def test_stop_before_start_touches_nothing(tmp_path):
     sup, spawner, events, _ = make([spec("redis", tmp_path)])
     sup.stop_all()
@@ -282,3 +306,34 @@ def test_an_exit_rejected_by_the_completion_rule_is_restarted_and_before_start_r
     failed = next(e for e in events.recorded if e["event"] == "process_failed")
     assert "before its work was done (interrupted at step 3 of 10)" in failed["reason"] and failed["action"] == "restart"
     assert calls == ["tidy", "tidy"]  # before the first start and before the restart
+
+
+def test_a_stalled_process_is_diagnosed_before_the_kill_and_the_event_names_the_file(tmp_path):
+    alive = {"value": True}
+    clock = FakeClock()
+    spawner = FakeSpawner()
+    events = EventLog(None, clock=clock)
+    calls = []
+
+    def diagnose(process, attempt, pids, log_path, reason):
+        killed = [entry for entry in spawner.log if entry[0] == "signal"]
+        calls.append((process, attempt, pids, log_path.name, reason, killed))
+        return tmp_path / f"{process}-{attempt}.txt"
+
+    specs = [spec("actor", tmp_path, restart=RESTARTING, alive=lambda pid: alive["value"], stall_timeout_s=10, stop_grace_s=1)]
+    sup = Supervisor(specs, events, spawner=spawner, clock=clock, sleep=clock.sleep, diagnose=diagnose)
+    sup.start_all()
+    stalled_pid = spawner.handles["actor"].pid
+    alive["value"] = False
+    run_until(sup, clock, lambda: sup.status("actor").attempt == 1)
+    assert calls == [("actor", 0, [stalled_pid], "actor.log", "stalled: no progress for 10 s, killed by the watchdog", [])]  # not yet killed
+    dump = next(e for e in events.recorded if e["event"] == "stack_dump")
+    assert dump["file"] == str(tmp_path / "actor-0.txt") and dump["attempt"] == 0
+    assert sup.status("actor").last_dump == tmp_path / "actor-0.txt"
+
+    # A stop whose SIGTERM is ignored is diagnosed before the SIGKILL; one that obeys is not.
+    spawner.handles["actor"].ignores_sigterm = True
+    sup.stop_all()
+    assert calls[-1][0:2] == ("actor", 1) and "after SIGTERM" in calls[-1][4]
+    assert calls[-1][5][-1] == ("signal", spawner.handles["actor"].pid, "SIGTERM")
+    assert len(calls) == 2

@@ -3,7 +3,8 @@
 Fast-LLM's trainer rank 0 (fast_llm/engine/training/streaming.py, `StreamingTrainerCallback`)
 opens a torch.distributed group of `external_world_size + 1` ranks at
 `tcp://{broadcast.host}:{broadcast.port}`: `torch.distributed.rendezvous` gives a TCP store whose
-server is rank 0, and the group is made on that store under the prefix its `ProcessGroupPool`
+server is rank 0 (or, under torchrun with torch <= 2.13, nobody: then rlrun serves it, see
+`serve_store`), and the group is made on that store under the prefix its `ProcessGroupPool`
 gives the ranks `range(0, n)`. After every `weights_ready` event it sends, for every exported
 tensor, `broadcast_object((shard_name, layer_name, shape, dtype))` then the tensor itself, and at
 the end `broadcast_object(None)`. Its `broadcast_object` (fast_llm/core/distributed.py) sends the
@@ -42,6 +43,14 @@ class BroadcastGroup:
     rank: int
     world_size: int
     device: torch.device
+
+
+def serve_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
+    """Serve the group's TCP store at host:port, for when Fast-LLM's rank 0 will not
+    (`installed.store_host`): every member, rank 0 included, is then its client. The server runs
+    until the returned store is dropped."""
+    return dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
 
 
 def join(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> BroadcastGroup:

@@ -2,9 +2,10 @@
 
 Layout (fast_llm/engine/training/trainer.py `_save_checkpoint`, config.py
 `TrainingCheckpointConfig.get_save_directory`): `<experiment_dir>/checkpoint/<step>/` (the legacy
-name `checkpoints/` is used when only it exists), with `metadata.yaml` (`completed_steps`, and
-`documents_seen` in versions that count documents) and an empty `ok` file written last, after
-every rank finished writing.
+name `checkpoints/` is used when only it exists), with `metadata.yaml` (fast_llm/engine/checkpoint/
+distributed.py: a `CheckpointMetadata` whose `metadata:` mapping holds the trainer's
+`completed_steps`, its optimizer state and, in revisions that count documents, `documents_seen`)
+and an empty `ok` file written last, after every rank finished writing.
 
 Why rlrun moves half-written checkpoints aside before (re)starting Fast-LLM:
 - `_get_last_checkpoint` takes the highest-numbered directory and `_load_checkpoint` then asserts
@@ -88,9 +89,10 @@ def read_metadata(path: Path) -> CheckpointMetadata:
         data = yaml.safe_load(file.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise CheckpointError(f"cannot read Fast-LLM checkpoint metadata {file}: {exc}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{file} is not a mapping")
-    steps, seen = data.get("completed_steps"), data.get("documents_seen")
+    trainer = data.get("metadata") if isinstance(data, dict) else None
+    if not isinstance(trainer, dict):
+        raise CheckpointError(f"{file} has no `metadata:` mapping (the trainer's completed_steps): not a Fast-LLM checkpoint")
+    steps, seen = trainer.get("completed_steps"), trainer.get("documents_seen")
     if type(steps) is not int or steps < 0:
         raise CheckpointError(f"{file}: completed_steps must be a count, got {steps!r}")
     if seen is not None and (type(seen) is not int or seen < 0):

@@ -1,46 +1,44 @@
 """Fast-LLM's own YAML config, generated from the run's config, and the command that launches it.
 
-Every key written here was checked against ServiceNow/Fast-LLM's sources (main, 2025, the version
-with the Redis streaming dataset and the `streaming` trainer callback; `trainer.fast_llm.version`):
+Every key written here was accepted by the real Fast-LLM's validation (`fast-llm train gpt
+--config FILE -v`) at each commit of `revisions.REVISIONS`, and read in its sources:
 
-- `training.train_iters`, `training.checkpoint.{interval,keep}`:
-  fast_llm/engine/training/config.py (TrainingConfig, TrainingCheckpointConfig).
-- `schedule.docs_per_step`: fast_llm/engine/schedule/config.py, exercised by Fast-LLM's
-  tests/test_docs_per_step.py (`Trainer._prefetch_to_doc_target` pulls whole micro-batches until
-  the global document count reaches it: it overshoots).
-- `data.datasets.training: {type: streaming, host, port, timeout}`:
-  fast_llm/data/dataset/config.py (StreamingDatasetConfig extends RedisConfig: host, port,
-  timeout=600); `data.micro_batch_size` (tokens), `data.maximum_document_length`,
-  `data.truncate_documents`: SamplingConfigBase, and docs/quick-start.md.
+- `training.train_iters`, `training.checkpoint.{interval,keep}`, `training.num_workers`:
+  fast_llm/engine/training/config.py. `num_workers` must be 0: the streaming dataset refuses a
+  second loader instance per rank ("StreamingDataset can work only with one instance per rank").
+- `schedule.docs_per_step` (the RL branches only, `Revision.docs_per_step`): the trainer pulls
+  whole micro-batches until the global document count reaches it, so it overshoots. On main the
+  documents per step follow from `data.micro_batch_size` tokens per micro-batch.
+- `data.datasets.training: {type: streaming, host, port, timeout}`, `data.micro_batch_size`
+  (tokens), `data.maximum_document_length`, `data.truncate_documents`.
 - `callbacks.streaming: {type: streaming, host, port, timeout, broadcast: {host, port, backend,
-  external_world_size}, export: {format}}`: fast_llm/engine/training/streaming.py and
-  tests/models/test_streaming.py.
-- `model.base_model.head.losses.<name>: {type: grpo, policy_loss: grpo|gspo, epsilon_low,
-  epsilon_high, temperature}`: fast_llm/layers/language_model/loss/config.py
-  (LanguageModelGRPOLossConfig) and fast_llm/layers/language_model/config.py (head.losses).
-- `optimizer.{learning_rate.base, beta_1, beta_2, weight_decay, gradient_norm_clipping}`:
-  fast_llm/engine/optimizer/config.py.
-- `pretrained.{format, path, model_weights}`, `run.experiment_dir`,
-  `model.distributed.compute_dtype`: docs/quick-start.md.
+  external_world_size}, export: {format}}`: fast_llm/engine/training/streaming.py.
+- `model.base_model.head.losses.<algo>: {type: grpo|gspo, epsilon_low, epsilon_high,
+  logits_scale_factor, metrics}`: fast_llm/layers/language_model/loss/config.py. The logits are
+  multiplied by `logits_scale_factor`, so 1/temperature gives the new log-probs at the actor's
+  sampling temperature, like the old ones. `metrics: none`: main's default (`auto`) needs a
+  per-document `reward` and per-token `model_version` that rlrun does not send.
+- On CPU (`trainer.device=cpu`): `model.distributed.{use_cuda: false, backend: gloo}` and
+  `data.gpu: false`, without which Fast-LLM asks for CUDA.
+- `optimizer.{learning_rate.base, beta_1, beta_2, weight_decay, gradient_norm_clipping}`,
+  `pretrained.{format, path, model_weights}`, `run.experiment_dir`, `model.distributed.compute_dtype`.
 
 Redis is given by host and port only: Fast-LLM's clients (`redis.Redis(host, port)`) send no
-password, so the run's Redis grants them a restricted passwordless user (see `acl`). Fast-LLM reads
-its config strictly, so a key it does not know fails its start: extra keys go through
-`trainer.fast_llm.extra`, merged last.
+password, so the run's Redis grants them a restricted passwordless user (see `acl`). Extra keys go
+through `trainer.fast_llm.extra`, merged last.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from rlrun.backends.fast_llm.revisions import Revision
 from rlrun.config.schema import RunConfig
-from rlrun.errors import EnvironmentProblem
 
 # Fast-LLM's docs: "The Python hash seed must be set to 0 ... Training will fail if this isn't set."
 LAUNCH_ENV = {"PYTHONHASHSEED": "0"}
@@ -70,6 +68,7 @@ def broadcast_backend(cfg: RunConfig) -> str:
 
 def fast_llm_config(
     cfg: RunConfig,
+    revision: Revision,
     *,
     redis_host: str,
     redis_port: int,
@@ -81,6 +80,10 @@ def fast_llm_config(
     """Fast-LLM's config for this run, as plain data (see the module docstring for the sources)."""
     t, a, f = cfg.trainer, cfg.algo, cfg.trainer.fast_llm
     timeout = float(f.timeout_s)
+    on_cpu = t.device == "cpu"
+    distributed: dict[str, Any] = {"compute_dtype": _COMPUTE_DTYPE[cfg.model.dtype]}
+    if on_cpu:
+        distributed.update(use_cuda=False, backend="gloo")
     generated: dict[str, Any] = {
         "run": {"experiment_dir": str(experiment_dir)},
         "pretrained": {"format": f.checkpoint_format, "path": str(model_path), "model_weights": True},
@@ -88,25 +91,24 @@ def fast_llm_config(
             "base_model": {
                 "head": {
                     "losses": {
-                        "grpo": {
-                            "type": "grpo",
-                            "policy_loss": a.name,  # "grpo" (token ratios) or "gspo" (sequence ratio)
+                        a.name: {
+                            "type": a.name,  # grpo: token ratios; gspo: the sequence ratio
                             "epsilon_low": a.clip_eps_low,
                             "epsilon_high": a.clip_eps_high,
-                            # new log-probs at the actor's sampling temperature, like the old ones
-                            "temperature": cfg.actor.temperature,
+                            "logits_scale_factor": 1.0 / cfg.actor.temperature,
+                            "metrics": "none",
                         }
                     }
                 }
             },
-            "distributed": {"compute_dtype": _COMPUTE_DTYPE[cfg.model.dtype]},
+            "distributed": distributed,
         },
         "training": {
             "train_iters": t.max_train_steps,
             # Fast-LLM also saves at the last step and when interrupted (SIGINT/SIGTERM).
             "checkpoint": {"interval": t.checkpoint_every, "keep": t.keep_checkpoints},
+            "num_workers": 0,
         },
-        "schedule": {"docs_per_step": docs_per_step(cfg)},
         "data": {
             "micro_batch_size": f.micro_batch_size,  # tokens
             "maximum_document_length": cfg.model.max_model_len,
@@ -139,38 +141,31 @@ def fast_llm_config(
             }
         },
     }
+    if revision.docs_per_step:
+        generated["schedule"] = {"docs_per_step": docs_per_step(cfg)}
+    if on_cpu:
+        generated["data"]["gpu"] = False
     return _merged(generated, f.extra)
 
 
-def write_config(
-    cfg: RunConfig,
-    path: Path,
-    *,
-    redis_host: str,
-    redis_port: int,
-    experiment_dir: Path,
-    model_path: str,
-    broadcast_host: str,
-    broadcast_port: int,
-) -> Path:
-    """Write Fast-LLM's config to `path` (YAML, atomically) and return `path`. It holds no secret."""
-    data = fast_llm_config(
-        cfg,
-        redis_host=redis_host,
-        redis_port=redis_port,
-        experiment_dir=experiment_dir,
-        model_path=model_path,
-        broadcast_host=broadcast_host,
-        broadcast_port=broadcast_port,
-    )
+def config_text(cfg: RunConfig, revision: Revision, **endpoints: Any) -> str:
+    """Fast-LLM's config as the YAML file's text, with a header naming the revision.
+    `endpoints`: the keyword arguments of `fast_llm_config`. It holds no secret."""
+    data = fast_llm_config(cfg, revision, **endpoints)
+    checked = ", ".join(commit.split(" ")[0] for commit in revision.checked_against)
     header = (
-        f"# Fast-LLM config generated by rlrun for Fast-LLM {cfg.trainer.fast_llm.version} from the run's "
-        "config.\n# Change the run's config (trainer.*), not this file: it is rewritten at every start.\n"
+        f"# Fast-LLM config generated by rlrun for Fast-LLM revision '{revision.name}' (checked against {checked}).\n"
+        "# Change the run's config (trainer.*), not this file: it is rewritten at every start.\n"
     )
+    return header + yaml.safe_dump(data, sort_keys=False)
+
+
+def write_config(cfg: RunConfig, revision: Revision, path: Path, **endpoints: Any) -> Path:
+    """Write `config_text` to `path` atomically and return `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(header + yaml.safe_dump(data, sort_keys=False))
+    tmp.write_text(config_text(cfg, revision, **endpoints))
     os.replace(tmp, path)
     return path
 
@@ -185,31 +180,6 @@ def launch_argv(cfg: RunConfig, config_path: Path) -> list[str]:
             arg = arg.replace(placeholder, value)
         argv.append(arg)
     return argv
-
-
-def ensure_launchable(argv: list[str]) -> None:
-    """Raise EnvironmentProblem naming what is missing when `argv` cannot start Fast-LLM here.
-
-    Checks the program and, for `torchrun --no_python <program>`, the program torchrun runs.
-    `--dry-run` does not call this: it only shows the command.
-    """
-    needed = [argv[0]] if argv else []
-    if argv and Path(argv[0]).name == "torchrun" and "--no_python" in argv:
-        rest = [a for a in argv[1:] if not a.startswith("-")]
-        if rest:
-            needed.append(rest[0])
-    missing = [name for name in needed if shutil.which(name) is None and not _is_executable(name)]
-    if missing:
-        raise EnvironmentProblem(
-            f"cannot start Fast-LLM: {', '.join(missing)} not found (command: {' '.join(argv)}). Install "
-            "Fast-LLM on a machine with GPUs (pip install 'fast-llm[CORE,OPTIONAL]', see "
-            "https://servicenow.github.io/Fast-LLM/), or set trainer.fast_llm.command, or use trainer=hf."
-        )
-
-
-def _is_executable(name: str) -> bool:
-    path = Path(name)
-    return os.sep in name and path.is_file() and os.access(path, os.X_OK)
 
 
 def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

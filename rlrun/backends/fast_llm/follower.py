@@ -9,10 +9,16 @@ part. This process does, and nothing else:
    (rank i+1 for server i) and records it has (`joined`), so a restarted follower does not ask
    again while the trainer is the same.
 2. Follow `weights_ready`. For each one after `join_after` (earlier ones belong to a trainer
-   that is gone): pause every server (in-flight requests are aborted and continued by
+   that is gone) that fits the run (events.py: the step the trainer resumed from, then each next
+   step; anything else — a step that goes backwards or jumps, an unknown type — is counted in
+   `events_rejected`, logged and ignored, since any local process may append to the stream): pause every server (in-flight requests are aborted and continued by
    the actor), have all of them receive the broadcast at once (it is collective: the trainer waits
    for every receiver), drop their prefix caches, publish the step as the policy version vLLM
    serves (`rlrun:policy_version`, as the hf trainer does), and resume them.
+
+The broadcast's TCP store is served by Fast-LLM's rank 0, except where its torch makes rank 0 a
+client under torchrun (`installed.store_host`): then this process serves it, a fresh one for every
+join (keys left by an earlier trainer's group would mislead the new one).
 
 A receive that fails (the trainer died mid-broadcast) is logged and counted; the servers keep
 the previous weights and the version stays. Progress (`last_event_id`) is kept in Redis, so a
@@ -31,8 +37,11 @@ from pathlib import Path
 import httpx
 
 from rlrun.backends.fast_llm.config import broadcast_backend
-from rlrun.backends.fast_llm.protocol import MalformedEvent, WeightsReady, parse_event
+from rlrun.backends.fast_llm.events import EventJudge, stream_id_after
+from rlrun.backends.fast_llm.installed import store_host
+from rlrun.backends.fast_llm.protocol import WeightsReady
 from rlrun.config import RunConfig, load_resolved
+from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin
 from rlrun.rundir import RunDir
 from rlrun.streams import names
@@ -44,31 +53,30 @@ BLOCK_MS = 500  # how long one read of the events stream waits (the heartbeat be
 JOIN_CALL_TIMEOUT_S = 30.0  # a join only starts a thread in the worker: it answers at once
 
 
-def request_join(redis, events_stream: str) -> str:
+def request_join(redis, events_stream: str, start_step: int | None = None) -> str:
     """What the supervisor does before (re)starting Fast-LLM: ask the follower for a new join.
-    Returns `join_after`: the events stream's last id now (what follows is the new trainer's)."""
+    `start_step`: the checkpoint step the new trainer resumes from (its first `weights_ready`),
+    None when unknown. Returns `join_after`: the events stream's last id now (what follows is
+    the new trainer's)."""
     last = redis.xrevrange(events_stream, count=1)
     after = last[0][0] if last else "0-0"
     with redis.pipeline(transaction=True) as tx:
         tx.hincrby(names.WEIGHTS_STATE, "join_request", 1)
         tx.hset(names.WEIGHTS_STATE, "join_after", after)
+        if start_step is None:
+            tx.hdel(names.WEIGHTS_STATE, "join_step")
+        else:
+            tx.hset(names.WEIGHTS_STATE, "join_step", start_step)
         tx.execute()
     return after
-
-
-def stream_id_after(a: str, b: str) -> bool:
-    """True when stream id `a` is later than `b`."""
-    ams, _, aseq = a.partition("-")
-    bms, _, bseq = b.partition("-")
-    return (int(ams), int(aseq or 0)) > (int(bms), int(bseq or 0))
 
 
 class VllmBroadcastAdmin(VllmAdmin):
     """The hf trainer's admin calls (pause, reset_prefix_cache), plus joining and receiving
     Fast-LLM's broadcast through rlrun's worker extension, and a resume that never raises."""
 
-    def __init__(self, urls: list[str], receive_timeout_s: float) -> None:
-        super().__init__(urls, httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0))
+    def __init__(self, urls: list[str], receive_timeout_s: float, api_key: str = "") -> None:
+        super().__init__(urls, httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0), api_key=api_key)
         self.receive_timeout_s = receive_timeout_s
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(urls)), thread_name_prefix="receive")
 
@@ -117,13 +125,19 @@ class VllmBroadcastAdmin(VllmAdmin):
 
 
 class WeightFollower:
-    def __init__(self, cfg: RunConfig, redis, admin: VllmBroadcastAdmin, broadcast_host: str, broadcast_port: int) -> None:
+    def __init__(
+        self, cfg: RunConfig, redis, admin: VllmBroadcastAdmin, broadcast_host: str, broadcast_port: int,
+        host_store: bool = False,
+    ) -> None:  # fmt: skip
         self.cfg, self.redis, self.admin = cfg, redis, admin
+        self.host_store = host_store
+        self._store = None  # the broadcast's TCP store, when this process serves it
         self.broadcast = (broadcast_host, broadcast_port, broadcast_backend(cfg), cfg.trainer.fast_llm.timeout_s)
         self.stream = cfg.trainer.fast_llm.events_stream
         state = redis.hgetall(names.WEIGHTS_STATE) or {}
         self.last_id = state.get("last_event_id", "0")
-        self.counters = {key: int(state.get(key, 0)) for key in ("broadcasts_loaded", "broadcasts_failed", "joins")}
+        self.counters = {key: int(state.get(key, 0)) for key in ("broadcasts_loaded", "broadcasts_failed", "joins", "events_rejected")}
+        self.judge = EventJudge(cfg.trainer.max_train_steps, skips_possible=cfg.model.dtype == "float16")
         self._last_heartbeat = 0.0
         self._join_pending: tuple[str, list[str]] | None = None  # (request, servers still to ask)
 
@@ -138,18 +152,28 @@ class WeightFollower:
         request, after = state.get("join_request"), state.get("join_after")
         if request and state.get("joined") != request:
             self._join(request)
+        if after != self.judge.attempt.after:  # a new trainer (or this follower restarted)
+            step = state.get("join_step")
+            # A restarted follower goes on from the last step it accepted of the same trainer.
+            last = state.get("last_step") if state.get("last_step_after") == after else None
+            self.judge.new_attempt(after, int(step) if step else None, int(last) if last else None)
         reply = self.redis.xread({self.stream: self.last_id}, count=100, block=BLOCK_MS)
         for _stream, messages in reply or []:
             for message_id, fields in messages:
                 self._handle(message_id, fields, after)
                 self.last_id = message_id
-                self.redis.hset(names.WEIGHTS_STATE, mapping={"last_event_id": message_id, **self.counters})
+                progress = {"last_event_id": message_id, **self.counters}
+                if after is not None and self.judge.attempt.last_step is not None:
+                    progress.update(last_step=self.judge.attempt.last_step, last_step_after=after)
+                self.redis.hset(names.WEIGHTS_STATE, mapping=progress)
 
     def _join(self, request: str) -> None:
         """Ask the servers not asked yet for this request; `joined` once every one was."""
         host, port, backend, timeout_s = self.broadcast
         pending = self._join_pending[1] if self._join_pending and self._join_pending[0] == request else None
         if pending is None:
+            if self.host_store:
+                self._serve_store(host, port, len(self.admin.urls) + 1)
             log.info("asking %d vLLM server(s) to join the trainer's broadcast group at %s:%d (%s)",
                      len(self.admin.urls), host, port, backend)  # fmt: skip
         failed = self.admin.join(host, port, backend, timeout_s, servers=pending)
@@ -160,17 +184,24 @@ class WeightFollower:
         self.counters["joins"] += 1
         self.redis.hset(names.WEIGHTS_STATE, mapping={"joined": request, "joins": self.counters["joins"]})
 
+    def _serve_store(self, host: str, port: int, world_size: int) -> None:
+        """Serve a fresh TCP store at host:port for the group the next trainer opens."""
+        from rlrun.backends.fast_llm.broadcast import serve_store
+
+        self._store = None  # the old server stops with its last reference
+        self._store = serve_store(host, port, world_size, self.broadcast[3])
+        log.info("serving the weight broadcast's TCP store at %s:%d (Fast-LLM's rank 0 is its client)", host, port)
+
     def _handle(self, message_id: str, fields: dict, join_after: str | None) -> None:
-        try:
-            event = parse_event(fields)
-        except MalformedEvent:
-            return  # counted and logged by the supervisor, which reads the same stream
-        if not isinstance(event, WeightsReady):
-            return
         if join_after is None or not stream_id_after(message_id, join_after):
-            log.info("skipping weights_ready %s (step %d): it came from an earlier trainer", message_id, event.step)
+            log.info("skipping event %s: it came from an earlier trainer", message_id)
             return
-        self._load(message_id, event.step)
+        event, why = self.judge.judge(message_id, fields)
+        if why is not None:  # never acted on: the servers keep what they serve
+            self.counters["events_rejected"] += 1
+            log.warning("ignored event %s on %s: %s", message_id, self.stream, why)
+        elif isinstance(event, WeightsReady):
+            self._load(message_id, event.step)
 
     def _load(self, event_id: str, step: int) -> None:
         started = time.perf_counter()
@@ -205,15 +236,23 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     run_dir = RunDir(args.run_dir)
-    cfg = load_resolved(run_dir.config)
-    redis = connect(args.redis_url, run_dir.read_redis_password())
-    admin = VllmBroadcastAdmin(args.vllm_url, receive_timeout_s=cfg.trainer.fast_llm.timeout_s)
     try:
-        WeightFollower(cfg, redis, admin, args.broadcast_host, args.broadcast_port).run_forever()
+        cfg = load_resolved(run_dir.config)
+    except ConfigError as exc:  # a restart would fail the same way: exit 2, never retried
+        log.error("%s", exc)
+        return int(ExitCode.USAGE)
+    redis = connect(args.redis_url, run_dir.read_redis_password())
+    admin = VllmBroadcastAdmin(args.vllm_url, receive_timeout_s=cfg.trainer.fast_llm.timeout_s, api_key=run_dir.read_vllm_api_key())
+    host_store = store_host(cfg) == "rlrun"
+    try:
+        WeightFollower(cfg, redis, admin, args.broadcast_host, args.broadcast_port, host_store).run_forever()
     finally:
         admin.close()
     return 0
 
 
 if __name__ == "__main__":
+    from rlrun import stackdump
+
+    stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)
     raise SystemExit(main())

@@ -1,0 +1,198 @@
+"""What the installed Fast-LLM is, asked of it before a run starts (preflight).
+
+- Which revision's config it accepts: Fast-LLM validates its config strictly, so rlrun writes the
+  config of each candidate revision (`revisions.py`) and runs Fast-LLM's own validate-only mode
+  (`fast-llm train gpt --config FILE -v`) on it. The first one accepted is the run's revision;
+  when none is, the refusal (with the keys Fast-LLM names) becomes exit 2, never a crash loop.
+- Who hosts the weight broadcast's TCP store. Fast-LLM's rank 0 calls
+  `torch.distributed.rendezvous("tcp://host:port", rank=0)`. Under torchrun, which exports
+  `TORCHELASTIC_USE_AGENT_STORE=True`, torch <= 2.13 makes every rank a *client* of that endpoint
+  (it assumes the elastic agent serves it), while torch 2.14 does so only when the endpoint is the
+  agent's own `MASTER_ADDR:MASTER_PORT` and otherwise lets rank 0 host it. rlrun does not guess
+  from version numbers: it runs that rendezvous in Fast-LLM's Python with torchrun's variables set
+  and sees whether rank 0 hosted a store or waited for one. When rank 0 will not host, rlrun's
+  weight follower does (`follower.py`), so exactly one party always serves the store.
+
+Each answer costs one short process (~5 s, mostly importing torch); answers are remembered for the
+life of the rlrun process, keyed by everything that decides them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Literal, Optional
+
+from rlrun.backends.fast_llm.config import LAUNCH_ENV, config_text, launch_argv
+from rlrun.backends.fast_llm.revisions import Revision, candidates
+from rlrun.config.schema import RunConfig
+from rlrun.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+VALIDATE_TIMEOUT_S = 300.0  # importing Fast-LLM and reading the pretrained model's config
+PROBE_TIMEOUT_S = 120.0
+StoreHost = Literal["trainer", "rlrun"]
+
+_CONFIG = "{validated-config}"  # where the config file goes in the validation command
+# Placeholders for what is only known at launch (ports): validation reads them, opens nothing.
+_PLACEHOLDERS = dict(redis_host="127.0.0.1", redis_port=6379, broadcast_host="127.0.0.1", broadcast_port=29500)
+
+
+def program_argv(argv: list[str]) -> list[str]:
+    """The Fast-LLM program and its arguments inside a launch command: what follows torchrun's
+    options when the command is `torchrun [--opt=value ...] --no_python PROGRAM ...`, else `argv`.
+    (Write torchrun's options as `--key=value`: a separate value would be taken for the program.)"""
+    if argv and Path(argv[0]).name == "torchrun":
+        for i, arg in enumerate(argv[1:], start=1):
+            if not arg.startswith("-"):
+                return argv[i:]
+        return []
+    return list(argv)
+
+
+def runs_under_torchrun(argv: list[str]) -> bool:
+    return bool(argv) and Path(argv[0]).name == "torchrun"
+
+
+def choose_revision(cfg: RunConfig, model_path: str, experiment_dir: Path) -> Revision:
+    """The revision whose config the installed Fast-LLM accepts (trainer.fast_llm.version, or the
+    first of the table with `auto`); ConfigError (exit 2) with Fast-LLM's own words otherwise."""
+    f = cfg.trainer.fast_llm
+    refusals = []
+    argv = tuple(program_argv(launch_argv(cfg, Path(_CONFIG))) + ["-v"])
+    for revision in candidates(f.version):
+        text = config_text(cfg, revision, experiment_dir=experiment_dir, model_path=model_path, **_PLACEHOLDERS)
+        refusal = _refusal(argv, text)
+        if refusal is None:
+            log.info("Fast-LLM accepts the config of revision %s", revision.name)
+            return revision
+        refusals.append((revision, refusal))
+    tried = "; ".join(f"revision '{r.name}': {why}" for r, why in refusals)
+    hint = (
+        "Set trainer.fast_llm.version=auto to let rlrun find the revision, or install one of the "
+        "revisions rlrun supports (docs/operations.md, \"Fast-LLM\")"
+        if f.version != "auto"
+        else "Install one of the revisions rlrun supports (docs/operations.md, \"Fast-LLM\"), or fix the key "
+        "through trainer.fast_llm.extra if it came from there"
+    )
+    raise ConfigError(f"Fast-LLM refuses the config rlrun generated for this run ({tried}). {hint}.")
+
+
+@functools.lru_cache(maxsize=16)
+def _refusal(argv: tuple[str, ...], config_text: str) -> Optional[str]:
+    """None when Fast-LLM's validate-only command `argv` accepts `config_text` (written to a
+    temporary file named where `argv` says {_CONFIG}), else what it said was wrong."""
+    with tempfile.TemporaryDirectory(prefix="rlrun-fast-llm-") as tmp:
+        config = Path(tmp) / "fast_llm.yaml"
+        config.write_text(config_text)
+        try:
+            done = subprocess.run(
+                [arg.replace(_CONFIG, str(config)) for arg in argv], env={**os.environ, **LAUNCH_ENV}, cwd=tmp,
+                capture_output=True, text=True, timeout=VALIDATE_TIMEOUT_S, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return f"its validation ({' '.join(argv)}) did not finish in {VALIDATE_TIMEOUT_S:.0f} s"
+    if done.returncode == 0:
+        return None
+    return refusal_summary(done.stdout + done.stderr) or f"its validation exited {done.returncode}"
+
+
+_WHY = re.compile(r"(Unknown field .*|Validation failed for field .*|\w*Error: .*)")
+
+
+def refusal_summary(output: str, limit: int = 6) -> str:
+    """The lines of Fast-LLM's output that say what is wrong: its `Unknown field` and `Validation
+    failed for field` lines (which name the key's path), else the last exception line."""
+    found = [m.group(1).strip() for m in map(_WHY.search, output.splitlines()) if m]
+    unknown = [line for line in found if line.startswith("Unknown field")]
+    failed = [line for line in found if line.startswith("Validation failed")]
+    errors = [line for line in found if not line.startswith(("Unknown field", "Validation failed"))]
+    chosen = (failed[-2:] + unknown) if unknown else (failed[-1:] + errors[-1:]) if failed else errors[-1:]
+    return " | ".join(line.replace("`!!! ", "`") for line in chosen[:limit])
+
+
+# --- who hosts the broadcast's store ------------------------------------------------------------------
+
+_STORE_PROBE = """
+import datetime, os, socket, sys
+import torch.distributed as dist
+os.environ.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0",
+                  MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+try:
+    next(dist.rendezvous(f"tcp://127.0.0.1:{port}", 0, 1, timeout=datetime.timedelta(seconds=3)))
+    print("rank0-hosts")
+except Exception:
+    print("rank0-waits")
+"""
+
+
+def store_host(cfg: RunConfig) -> StoreHost:
+    """Who serves the broadcast's TCP store: `trainer` (Fast-LLM's rank 0) or `rlrun` (the
+    weight follower). trainer.fast_llm.broadcast_store decides, or with `auto` the probe does."""
+    chosen = cfg.trainer.fast_llm.broadcast_store
+    if chosen != "auto":
+        return chosen
+    argv = launch_argv(cfg, Path("fast_llm.yaml"))
+    if not runs_under_torchrun(argv):
+        return "trainer"  # no elastic agent: rank 0 hosts in every torch
+    python = program_python(program_argv(argv))
+    if python is None:
+        log.warning(
+            "could not find the Python that runs Fast-LLM (%s) to ask its torch who hosts the weight broadcast's "
+            "store; assuming Fast-LLM's rank 0 does (torch >= 2.14). Set trainer.fast_llm.broadcast_store=rlrun "
+            "if Fast-LLM runs on torch <= 2.13.", " ".join(argv),
+        )  # fmt: skip
+        return "trainer"
+    return _probe_store(python)
+
+
+@functools.lru_cache(maxsize=4)
+def _probe_store(python: str) -> StoreHost:
+    try:
+        done = subprocess.run([python, "-c", _STORE_PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("the store probe in %s failed (%s); assuming Fast-LLM's rank 0 hosts the store", python, exc)
+        return "trainer"
+    answer = done.stdout.strip().splitlines()[-1:] or [""]
+    if answer[0] == "rank0-waits":
+        log.info("Fast-LLM's torch (%s) makes rank 0 a client under torchrun: rlrun hosts the broadcast store", python)
+        return "rlrun"
+    if answer[0] != "rank0-hosts":
+        log.warning("the store probe in %s said %r; assuming Fast-LLM's rank 0 hosts the store", python,
+                    (done.stdout + done.stderr)[-300:])  # fmt: skip
+    return "trainer"
+
+
+def program_python(program: list[str]) -> Optional[str]:
+    """The Python interpreter that runs `program` (a Python itself, or a script whose `#!` line
+    names one), or None when that cannot be told."""
+    if not program:
+        return None
+    path = shutil.which(program[0]) or (program[0] if os.access(program[0], os.X_OK) else None)
+    if path is None:
+        return None
+    if Path(path).name.startswith("python"):
+        return path
+    try:
+        with open(path, "rb") as file:
+            first = file.readline(512).decode(errors="replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    words = first[2:].split()
+    if words and Path(words[0]).name == "env":
+        words = [w for w in words[1:] if not w.startswith("-")]
+        words[:1] = [shutil.which(words[0]) or words[0]] if words else []
+    return words[0] if words and Path(words[0]).name.startswith("python") else None

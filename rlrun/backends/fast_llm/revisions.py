@@ -1,0 +1,64 @@
+"""What differs between the Fast-LLM revisions rlrun drives: one small table, one entry each.
+
+Fast-LLM is not released on PyPI; users run a branch. Its config is read strictly (an unknown key
+fails its start), so the generated config must match the revision exactly. Every entry names the
+commits it was checked against: its generated config was accepted by that commit's own
+validation (`fast-llm train gpt --config FILE -v`) and a CPU run of `rlrun train trainer=fast_llm`
+went to the end on it (see docs/operations.md, "Fast-LLM").
+
+`trainer.fast_llm.version=auto` (the default) lets preflight ask the installed Fast-LLM which
+entry's config it accepts, most specific first (`validate.py`).
+
+What does not differ, and so is not in the table: the stream, group and events names, the loss
+block's keys (`type: grpo|gspo`, `epsilon_low`, `epsilon_high`, `logits_scale_factor`,
+`metrics`), the streaming dataset and callback, the weight broadcast and the checkpoint layout.
+Whether `weights_ready` and the checkpoint's metadata carry `documents_seen` (PR #520 and main
+do, PR #502's head does not) is read from what the trainer writes, not from this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Revision:
+    name: str  # the value of trainer.fast_llm.version that selects it
+    checked_against: tuple[str, ...]  # commits (and what they are) this entry was checked against
+    docs_per_step: bool  # `schedule.docs_per_step` exists (the RL branches); else documents per step follow from token micro-batches
+
+
+REVISIONS: tuple[Revision, ...] = (
+    # Most specific first: `auto` takes the first one the installed Fast-LLM accepts, and main's
+    # config (no `schedule`) is also accepted by the RL branches.
+    Revision(
+        name="gspo",
+        checked_against=(
+            "227f8bc1 (PR #502 `gspo` head, the branch PipelineRL's fast-llm integration targets)",
+            "d3d20226 (PR #520 `jlp_rl_features`)",
+        ),
+        docs_per_step=True,
+    ),
+    Revision(
+        name="main",
+        checked_against=("7d61a1ba (main, 2026-07-20)",),
+        docs_per_step=False,
+    ),
+)
+
+NAMES = tuple(r.name for r in REVISIONS)
+
+
+def named(name: str) -> Revision:
+    """The entry called `name` (not `auto`); ValueError naming the choices otherwise."""
+    for revision in REVISIONS:
+        if revision.name == name:
+            return revision
+    raise ValueError(f"unknown Fast-LLM revision {name!r}: expected {AUTO} or one of {', '.join(NAMES)}")
+
+
+def candidates(version: str) -> tuple[Revision, ...]:
+    """The entries preflight tries for `trainer.fast_llm.version`, in order."""
+    return REVISIONS if version == AUTO else (named(version),)

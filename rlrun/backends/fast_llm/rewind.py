@@ -1,0 +1,105 @@
+"""Exactly-once documents under Fast-LLM: before every (re)start, the consumer group is set back to
+the first document the trainer's checkpoint does not cover.
+
+Fast-LLM reads the documents stream with `XREADGROUP ... NOACK` (fast_llm/data/dataset/
+streaming.py): the group's position moves as documents are *read*, not trained, and nothing is
+ever acknowledged. A trainer that dies (or is interrupted) after checkpoint k has read documents
+that its successor, restarting from checkpoint k, never sees again: they are lost.
+
+Which documents checkpoint k covers: the trainer counts the documents of every step it takes
+(`_documents_seen`, saved in the checkpoint's metadata and sent with `weights_ready`), and its only
+reader takes the stream's entries in order, one at a time, so the first `documents_seen` entries of
+the stream are exactly what steps 1..k trained (a document read but held for the next
+micro-batch is not counted, and is delivered again). With several data-parallel readers the
+entries are spread over ranks in arrival order; the count is still exact, the prefix is then the
+best rlrun can tell from outside.
+
+So before a start rlrun moves the group to just after entry number `documents_seen` (`XGROUP SETID
+... ENTRIESREAD n`): the documents the dead trainer read after its checkpoint are delivered again,
+none twice. A revision that does not record `documents_seen` (PR #502's head) cannot be rewound:
+the group is left where it is and what it read after the checkpoint is reported as lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from rlrun.backends.fast_llm.checkpoints import CheckpointMetadata
+
+_CHUNK = 10_000  # stream entries read per XRANGE while looking for the rewind point
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """What one rewind did, for the run's events."""
+
+    checkpoint_step: Optional[int]  # the checkpoint the trainer restarts from (None: from the base model)
+    documents_seen: Optional[int]  # documents that checkpoint covers (None: not recorded by this Fast-LLM)
+    delivered_before: Optional[int]  # documents the group had handed out before the rewind (None: unknown)
+    redelivered: int  # read by the previous trainer after its checkpoint: delivered again
+    lost: Optional[int]  # read after the checkpoint and not delivered again (None: cannot be told)
+    position: str  # the group's last-delivered id after the rewind
+
+
+def covered(checkpoint: Optional[CheckpointMetadata]) -> Optional[int]:
+    """Documents the restarting trainer has already trained: 0 from the base model, the
+    checkpoint's `documents_seen`, or None when the checkpoint does not record it."""
+    return 0 if checkpoint is None else checkpoint.documents_seen
+
+
+def accounting(covered_count: Optional[int], delivered_before: Optional[int]) -> tuple[int, Optional[int]]:
+    """(redelivered, lost) for a rewind to `covered_count` after `delivered_before` deliveries."""
+    if delivered_before is None:
+        return 0, None
+    if covered_count is None:  # not rewound: whatever was read after the checkpoint is gone
+        return 0, None
+    return max(0, delivered_before - covered_count), 0
+
+
+def rewind_group(client, stream: str, group: str, checkpoint: Optional[CheckpointMetadata]) -> Rewind:
+    """Set `group` on `stream` back to the first document `checkpoint` does not cover (creating
+    both at the start when they do not exist yet) and say what that did."""
+    step = None if checkpoint is None else checkpoint.completed_steps
+    target = covered(checkpoint)
+    info = _group_info(client, stream, group)
+    delivered = None if info is None else info.get("entries-read")
+    if info is None:
+        client.xgroup_create(stream, group, id="0", mkstream=True)
+        delivered = 0
+    if target is None:
+        position = info.get("last-delivered-id", "0-0") if info else "0-0"
+        return Rewind(step, None, delivered, 0, None, str(position))
+    position = _id_of_entry(client, stream, target)
+    if position is None:
+        raise RuntimeError(
+            f"the checkpoint of step {step} covers {target} documents but {stream} holds fewer: the stream was "
+            "trimmed or belongs to another run"
+        )
+    client.xgroup_setid(stream, group, position, entries_read=target)
+    redelivered, lost = accounting(target, delivered)
+    return Rewind(step, target, delivered, redelivered, lost, position)
+
+
+def _group_info(client, stream: str, group: str) -> Optional[dict]:
+    if not client.exists(stream):
+        return None
+    for entry in client.xinfo_groups(stream):
+        if entry.get("name") == group:
+            return entry
+    return None
+
+
+def _id_of_entry(client, stream: str, n: int) -> Optional[str]:
+    """The id of the stream's n-th entry (1-based), "0-0" for n = 0, None when it has fewer."""
+    if n == 0:
+        return "0-0"
+    start, seen = "-", 0
+    while True:
+        entries = client.xrange(stream, min=start, count=min(_CHUNK, n - seen))
+        if not entries:
+            return None
+        seen += len(entries)
+        if seen == n:
+            return entries[-1][0]
+        start = "(" + entries[-1][0]

@@ -1,0 +1,83 @@
+"""Settings the chosen options make meaningless: an error, never silently ignored.
+
+`model.path=...` with `model.source=tiny` would otherwise train the tiny model while the user
+believes theirs is used. Only what the user set on the command line is checked (the shipped
+config groups carry every key, with values that do not matter for other options).
+
+    problems = ignored_overrides(cfg, overrides)   # pure: [] or one sentence per ignored key
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Callable, Optional
+
+from rlrun.config.schema import RunConfig
+
+# (key or section, when it is ignored, what to do instead)
+Rule = tuple[str, Callable[[RunConfig], bool], str]
+
+RULES: list[Rule] = [
+    ("model.path", lambda c: c.model.source == "tiny",
+     "the tiny model is built locally, so a path would be ignored: set model.source=path (a local folder) or "
+     "model.source=hub (a hub id) to train that model, or remove model.path"),
+    ("model.warm_start_steps", lambda c: c.model.source != "tiny",
+     "only the tiny model is warm-started (model.source=tiny): remove it"),
+    ("model.cache_dir", lambda c: c.model.source != "tiny",
+     "only the tiny model is built into it (model.source=tiny): remove it"),
+    ("dataset.max_operand", lambda c: c.dataset.name != "arithmetic", "it shapes dataset=arithmetic only: remove it or set dataset=arithmetic"),
+    ("dataset.num_problems", lambda c: c.dataset.name != "arithmetic", "it sizes dataset=arithmetic only: remove it or set dataset=arithmetic"),
+    ("dataset.hf_path", lambda c: c.dataset.name == "arithmetic", "dataset=arithmetic is generated, not loaded: remove it or choose dataset=gsm8k"),
+    ("dataset.hf_config", lambda c: c.dataset.name == "arithmetic", "dataset=arithmetic is generated, not loaded: remove it or choose dataset=gsm8k"),
+    ("dataset.split", lambda c: c.dataset.name == "arithmetic", "dataset=arithmetic is generated, not loaded: remove it or choose dataset=gsm8k"),
+    ("trainer.fast_llm", lambda c: c.trainer.backend != "fast_llm", "it configures the Fast-LLM trainer only: set trainer=fast_llm, or remove it"),
+    ("supervisor.weights", lambda c: c.trainer.backend != "fast_llm",
+     "the weight follower runs with trainer=fast_llm only: set trainer=fast_llm, or remove it"),
+    ("world.address", lambda c: c.world.kind != "ray", "it names a Ray cluster: set world=ray, or remove it"),
+    ("world.placement_timeout_s", lambda c: c.world.kind != "ray", "Ray placement only: set world=ray, or remove it"),
+    *[(f"world.{role}", lambda c: c.world.kind != "ray", "Ray placement only: set world=ray, or remove it")
+      for role in ("redis", "vllm", "trainer", "actor")],
+    *[(f"streams.{key}", lambda c: c.streams.url is not None,
+       "with streams.url rlrun uses that Redis and starts none: remove it, or unset streams.url")
+      for key in ("server", "host", "appendfsync")],
+    ("actor.journal_flush_tokens", lambda c: not c.actor.journal, "nothing is journaled with actor.journal=false: remove it, or set actor.journal=true"),
+]  # fmt: skip
+
+
+def override_key(item: str) -> Optional[str]:
+    """The dotted key an override sets (`+a.b=1` → `a.b`); None for a deletion or no `=`."""
+    if item.startswith("~") or "=" not in item:
+        return None
+    return item.split("=", 1)[0].lstrip("+")
+
+
+def ignored_overrides(cfg: RunConfig, overrides: list[str]) -> list[str]:
+    """One sentence per override that `cfg`'s choices make meaningless, naming what to do instead."""
+    problems = []
+    for item in overrides:
+        key = override_key(item)
+        if key is None:
+            continue
+        for prefix, ignored, fix in RULES:
+            if (key == prefix or key.startswith(prefix + ".")) and ignored(cfg):
+                problems.append(f"{key} has no effect here: {fix}.")
+                break
+    return problems
+
+
+def schema_has(dotted: str) -> bool:
+    """True when `dotted` names a key (or section) of the typed config."""
+    cls: object = RunConfig
+    for part in dotted.split("."):
+        if typing.get_origin(cls) is dict:
+            return True  # inside a free-form mapping (trainer.fast_llm.extra.*): any key
+        if not dataclasses.is_dataclass(cls):
+            return False
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return False
+        tp = hints[part]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        cls = args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
+    return True

@@ -1,0 +1,76 @@
+"""The run's API key on every vLLM route but `/health`: an ASGI middleware handed to vLLM.
+
+vLLM's own `--api-key` guards `/v1` (and a few other prefixes) only; its RL routes (`/pause`,
+`/resume`, `/reset_prefix_cache`, `/collective_rpc`, ...) answer anyone on the machine. This
+middleware is given to vLLM's own server with `--middleware rlrun.inference.auth.RequireApiKey`
+(vLLM adds a class with `app.add_middleware(cls)`, no arguments) and refuses any request without
+`Authorization: Bearer <key>` with 401. `/health` stays open: it is the supervisor's probe and
+changes nothing.
+
+The key is read from `VLLM_API_KEY`, the variable the server's spec already sets from the run's
+0600 file (vLLM reads the same one): it is never on a command line. Without a key every guarded
+route is refused (fail closed). Pure ASGI and the standard library only: nothing heavy is imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+
+KEY_ENV = "VLLM_API_KEY"
+OPEN_PATHS = frozenset({"/health"})  # the liveness probe; everything else needs the key
+MIDDLEWARE = f"{__name__}.RequireApiKey"  # what `--middleware` names
+
+
+def bearer_header(key: str) -> dict[str, str]:
+    """The header rlrun's clients send to the run's vLLM servers."""
+    return {"Authorization": f"Bearer {key}"}
+
+
+def authorized(headers: list[tuple[bytes, bytes]], key_digest: bytes | None) -> bool:
+    """True when `headers` (ASGI's raw list) carry `Bearer <key>` whose SHA-256 is `key_digest`."""
+    if key_digest is None:
+        return False
+    for name, value in headers:
+        if name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer":
+                # Compare digests in constant time: the token's length does not leak either.
+                return hmac.compare_digest(hashlib.sha256(token.strip().encode()).digest(), key_digest)
+    return False
+
+
+def needs_key(scope: dict) -> bool:
+    if scope.get("type") not in ("http", "websocket"):
+        return False  # lifespan events
+    path = scope.get("path", "")
+    root = scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root):]
+    return path not in OPEN_PATHS
+
+
+class RequireApiKey:
+    """ASGI middleware: 401 for any http/websocket request but `/health` without the run's key."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        key = os.environ.get(KEY_ENV, "")
+        self._digest = hashlib.sha256(key.encode()).digest() if key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if not needs_key(scope) or authorized(scope.get("headers") or [], self._digest):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})  # before accept: the client sees 403
+            return
+        body = json.dumps({"error": "Unauthorized: this server needs the run's API key (Authorization: Bearer ...)"}).encode()
+        await send({
+            "type": "http.response.start", "status": 401,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                        (b"www-authenticate", b"Bearer")],
+        })  # fmt: skip
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,82 @@
+"""Weights & Biases for `metrics.wandb=true`: the trainer's step scalars and the supervisor's
+restart/failure events, in one W&B run per rlrun run.
+
+- The run's config is the resolved config (`config.yaml`), as it was launched.
+- The W&B run id is stored in the run directory (`wandb-run-id`): a restarted trainer and
+  `rlrun resume` continue the same W&B run instead of starting a new one.
+- Events (`process_failed`, `process_restarted`, `process_stalled`, `stack_dump`) newer than the
+  last step already sent are logged with the next step: `supervisor/failures` and
+  `supervisor/restarts` as running counts, and `supervisor/event` as one line of text each.
+- `metrics.wandb_mode=offline` writes everything under `<run>/wandb/` and sends nothing
+  (`wandb sync` uploads it later).
+
+The `wandb` package is imported here only, when the sink is made (it is an extra:
+`pip install 'rlrun[wandb]'`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import secrets
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from rlrun.errors import EnvironmentProblem
+from rlrun.metrics import scalars
+from rlrun.rundir import RunDir
+
+EVENTS_SENT = ("process_failed", "process_restarted", "process_stalled", "stack_dump")
+
+
+def require_wandb() -> None:
+    """Raise EnvironmentProblem (exit 3) when the wandb package is not installed."""
+    if importlib.util.find_spec("wandb") is None:
+        raise EnvironmentProblem(
+            "metrics.wandb=true needs the wandb package, which is not installed. Install it with "
+            "pip install 'rlrun[wandb]', or set metrics.wandb=false (metrics.jsonl is written either way)."
+        )
+
+
+def run_id(run_dir: RunDir) -> str:
+    """This rlrun run's W&B run id, made (and stored) on first use."""
+    path = run_dir.root / "wandb-run-id"
+    if not path.is_file():
+        path.write_text(secrets.token_hex(8) + "\n")
+    return path.read_text().strip()
+
+
+def event_line(event: Mapping[str, Any]) -> str:
+    detail = event.get("reason") or event.get("file") or ""
+    return f"{event.get('event')} {event.get('process', '')}: {detail}".strip().rstrip(":")
+
+
+class WandbSink:
+    """Logs step records and new supervisor events to one W&B run."""
+
+    def __init__(self, run_dir: RunDir, project: str, mode: str, last_step_time: Optional[float] = None) -> None:
+        require_wandb()
+        import wandb
+        import yaml
+
+        config = yaml.safe_load(run_dir.config.read_text()) if run_dir.config.is_file() else {}
+        self._run = wandb.init(
+            project=project, id=run_id(run_dir), resume="allow", dir=str(run_dir.root), mode=mode,
+            name=run_dir.root.name, config=config,
+        )  # fmt: skip
+        self._since = last_step_time or 0.0  # events up to the last step sent were sent with it
+        self.failures = self.restarts = 0
+
+    def log(self, record: Mapping[str, Any], events: list[Mapping[str, Any]] = ()) -> None:
+        """The record's scalars at its step, with the events since the last step sent."""
+        data: dict[str, Any] = dict(scalars(record))
+        new = [e for e in events if e.get("event") in EVENTS_SENT and float(e.get("time", 0)) > self._since]
+        self.failures = sum(1 for e in events if e.get("event") == "process_failed")
+        self.restarts = sum(1 for e in events if e.get("event") == "process_restarted")
+        data["supervisor/failures"], data["supervisor/restarts"] = self.failures, self.restarts
+        if new:
+            data["supervisor/event"] = "\n".join(event_line(e) for e in new)
+        self._run.log(data, step=record.get("step"))
+        self._since = max([self._since, float(record.get("time") or 0), *[float(e.get("time", 0)) for e in new]])
+
+    def close(self) -> None:
+        self._run.finish()

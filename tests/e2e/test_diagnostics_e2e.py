@@ -1,0 +1,108 @@
+"""A frozen actor in a live run: the watchdog fires, a stack dump names the function the actor was
+in, the run recovers and completes; `rlrun status --json` and `rlrun runs` read the run while it
+is live and after it finished, and the time the freeze cost is in the ETTR split.
+
+One real-stack run (Redis, vLLM CPU, trainer, actor) serves every test here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+
+import rlrun.actor.main as actor_main
+
+from .conftest import left_behind, read_jsonl, run_cli, start_rlrun
+from .test_failures import current_pid, events, steps_done, wait_for
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 24
+STALL_S = 10
+
+
+@pytest.fixture(scope="module")
+def frozen_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("frozen") / "run"
+    proc = start_rlrun(
+        run_dir, "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", "trainer.checkpoint_every=8",
+        f"supervisor.actor.stall_timeout_s={STALL_S}", "supervisor.stop_grace_s=5",
+    )  # fmt: skip
+    seen = {}
+    try:
+        wait_for(lambda: steps_done(run_dir) >= 2, 600, "step 2", proc)
+        os.kill(current_pid(run_dir, "actor"), signal.SIGSTOP)  # at once: steps take ~1 s here
+        seen["frozen_at"] = time.time()
+        seen["live_status"] = run_cli(["status", str(run_dir), "--json"], timeout=120)  # live, while frozen
+        seen["live_runs"] = run_cli(["runs", str(run_dir.parent), "--json"], timeout=120)
+        proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    seen["left"] = left_behind(proc)
+    seen["final_status"] = run_cli(["status", str(run_dir), "--json"], timeout=120)
+    seen["final_runs"] = run_cli(["runs", str(run_dir.parent), "--json"], timeout=120)
+    seen["output"] = (run_dir.parent / "rlrun.out").read_text()
+    return proc.returncode, run_dir, seen
+
+
+def test_the_frozen_actor_is_dumped_then_restarted_and_the_run_completes(frozen_run):
+    code, run_dir, seen = frozen_run
+    assert code == 0, seen["output"][-4000:]
+    assert steps_done(run_dir) == STEPS
+    evs = events(run_dir)
+    kinds = [(e["event"], e.get("process")) for e in evs]
+    stalled = kinds.index(("process_stalled", "actor"))
+    dumped = kinds.index(("stack_dump", "actor"))
+    failed = kinds.index(("process_failed", "actor"))
+    assert stalled < dumped < failed < kinds.index(("process_restarted", "actor"))
+    assert evs[dumped]["took_s"] <= 5 + 1  # bounded by supervisor.dump_timeout_s
+    assert evs[stalled]["time"] - seen["frozen_at"] < STALL_S + 5 + 2  # + heartbeat freshness + a poll
+    assert seen["left"] == []
+
+
+def test_the_dump_holds_the_actors_python_stack_naming_its_function(frozen_run):
+    _, run_dir, _ = frozen_run
+    dump = next(e for e in events(run_dir) if e["event"] == "stack_dump" and e["process"] == "actor")
+    path = run_dir / "diagnostics" / os.path.basename(dump["file"])
+    assert path.is_file() and path.name.startswith("actor-0-")
+    text = path.read_text()
+    frames = re.findall(r"^\s+(\w+) \(rlrun/actor/main\.py:\d+\)", text, re.MULTILINE)
+    assert frames, text[:3000]
+    assert all(hasattr(actor_main, name) or hasattr(actor_main.Actor, name) for name in frames)
+    assert "[stopped]" in text or "[tracing-stop]" in text  # psutil saw it frozen
+    assert "rss" in text and "## last 40 lines" in text
+
+
+def test_status_json_and_runs_while_live_and_after_the_end(frozen_run):
+    _, run_dir, seen = frozen_run
+    live = json.loads(seen["live_status"].stdout)
+    assert live["live"] is True and live["status"] == "running" and live["progress"]["step"] >= 2
+    assert {p["name"] for p in live["processes"]} >= {"redis", "vllm-0", "trainer", "actor"}
+    assert live["ettr"]["wall_s"] > 0
+    (listed,) = json.loads(seen["live_runs"].stdout)
+    assert listed["status"] == "running" and listed["step"] >= 2
+    final = json.loads(seen["final_status"].stdout)
+    assert final["live"] is False and final["status"] == "finished" and final["progress"]["step"] == STEPS
+    assert final["last_failure"]["process"] == "actor" and "stalled" in final["last_failure"]["reason"]
+    actor = next(p for p in final["processes"] if p["name"] == "actor")
+    assert actor["restarts"] >= 1 and actor["last_dump"].endswith(".txt")
+    (listed,) = json.loads(seen["final_runs"].stdout)
+    assert listed["status"] == "finished" and listed["step"] == STEPS and listed["ettr"] == final["ettr"]["ettr"]
+
+
+def test_the_freeze_shows_in_the_ettr_split_metrics_and_final_summary(frozen_run):
+    _, run_dir, seen = frozen_run
+    split = json.loads(seen["final_status"].stdout)["ettr"]
+    (failure,) = [f for f in split["failures"] if f["process"] == "actor"]
+    assert failure["recovery_s"] is not None and failure["recovery_s"] > 0
+    assert split["seconds"]["recovery"] >= failure["recovery_s"] - 0.01
+    assert sum(split["seconds"].values()) == pytest.approx(split["wall_s"], abs=0.1)
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert all(0 <= r["ettr"] <= 1 for r in records) and all(r["wait_s"] <= r["step_time_s"] for r in records)
+    assert "ETTR" in seen["output"] and "failure(s): actor recovered in" in seen["output"]
+    print(f"\nfrozen-actor run: {json.dumps(split)}")

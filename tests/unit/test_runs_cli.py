@@ -1,0 +1,86 @@
+"""`rlrun status --json` and `rlrun runs` on run directories written by hand: a finished run, a
+live one (its supervisor is this test process) and something that is not a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from rlrun.cli import app
+from rlrun.rundir import RunDir
+
+
+def make_run(root: Path, name: str, *, status: str, steps: int, t0: float, failure: bool = False) -> RunDir:
+    run_dir = RunDir(root / name)
+    run_dir.create({"kind": "rlrun-run"})
+    run_dir.config.write_text("trainer:\n  max_train_steps: 10\n")
+    events = [{"time": t0, "event": "run_started"}, {"time": t0 + 1, "event": "process_started", "process": "actor", "pid": 7, "log": "logs/actor.log"}]
+    if failure:
+        events += [
+            {"time": t0 + 12, "event": "process_stalled", "process": "actor", "pid": 7, "quiet_s": 11},
+            {"time": t0 + 12.5, "event": "stack_dump", "process": "actor", "attempt": 0, "file": str(run_dir.diagnostics / "actor-0-x.txt")},
+            {"time": t0 + 13, "event": "process_failed", "process": "actor", "reason": "stalled: no progress for 11 s", "action": "restart"},
+            {"time": t0 + 14, "event": "process_restarted", "process": "actor", "pid": 8, "attempt": 1, "log": "logs/actor.1.log"},
+        ]
+    records = [{"time": t0 + 10 + 2 * i, "step": i, "step_time_s": 2, "wait_s": 0.5, "weights_s": 0.5, "reward_mean": 0.1 * i, "samples": 8 * i} for i in range(1, steps + 1)]
+    if status != "running":
+        events.append({"time": t0 + 12 + 2 * steps, "event": "run_stopped", "status": status})
+        run_dir.write_state(status=status)
+    else:
+        run_dir.write_state(status="running", supervisor_pid=os.getpid())
+    run_dir.events.write_text("".join(json.dumps(e) + "\n" for e in events))
+    run_dir.metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return run_dir
+
+
+def test_status_json_reports_processes_restarts_last_failure_progress_and_ettr(tmp_path):
+    run_dir = make_run(tmp_path, "done", status="finished", steps=10, t0=1000.0, failure=True)
+    result = CliRunner().invoke(app, ["status", str(run_dir.root), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["status"] == "finished" and report["live"] is False
+    (actor,) = report["processes"]
+    assert (actor["name"], actor["pid"], actor["restarts"], actor["state"]) == ("actor", 8, 1, "stopped")
+    assert actor["last_dump"].endswith("actor-0-x.txt")
+    assert report["restarts"] == 1 and report["last_failure"]["process"] == "actor"
+    assert report["progress"] == {"step": 10, "max_train_steps": 10, "samples": 80, "reward_mean": 1.0, "policy_version": None, "time": 1030.0}
+    ettr = report["ettr"]
+    assert ettr["wall_s"] == 32 and ettr["failures"][0]["recovery_s"] == 11.0  # quiet from 1001, step 1 recorded at 1012
+    assert 0 < ettr["ettr"] < 1 and report["last_event"]["event"] == "run_stopped"
+
+
+def test_status_text_shows_the_ettr_line_and_the_dump(tmp_path):
+    run_dir = make_run(tmp_path, "done", status="finished", steps=3, t0=1000.0, failure=True)
+    result = CliRunner().invoke(app, ["status", str(run_dir.root)])
+    assert result.exit_code == 0, result.output
+    flat = "".join(ch for ch in result.output if ch not in "│ \n")  # the table folds long cells over lines
+    assert "(stacks:" + str(run_dir.diagnostics / "actor-0-x.txt").replace(" ", "") + ")" in flat
+    assert re.search(r"ETTR 0\.\d\d of 18 s: training", result.output) and "1 failure(s): actor recovered in 11.0 s" in result.output
+
+
+def test_runs_lists_live_and_finished_runs_newest_first_and_skips_other_folders(tmp_path):
+    make_run(tmp_path, "old", status="finished", steps=10, t0=1000.0)
+    make_run(tmp_path, "live", status="running", steps=2, t0=2000.0)
+    (tmp_path / "not-a-run").mkdir()
+    os.utime(tmp_path / "old" / "events.jsonl", (1, 1))
+    for name in ("metrics.jsonl", "state.json"):
+        os.utime(tmp_path / "old" / name, (1, 1))
+    result = CliRunner().invoke(app, ["runs", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.output)
+    assert [Path(r["run_dir"]).name for r in runs] == ["live", "old"]
+    live, old = runs
+    assert (live["status"], live["step"], live["max_train_steps"]) == ("running", 2, 10)
+    assert (old["status"], old["step"], old["reward_mean"]) == ("finished", 10, 1.0)
+    assert live["ettr"] is not None and old["last_event"]["event"] == "run_stopped"
+    table = CliRunner().invoke(app, ["runs", str(tmp_path)], terminal_width=200)
+    assert table.exit_code == 0 and "live" in table.output and "2/10" in table.output and "run_stopped" in table.output
+
+
+def test_runs_on_a_missing_folder_is_a_clear_error(tmp_path):
+    result = CliRunner().invoke(app, ["runs", str(tmp_path / "nope")])
+    assert result.exit_code != 0 and "is not a directory" in result.output
