@@ -4,7 +4,8 @@ the token journal.
     python bench/rollout_throughput.py [--groups N] [--rounds R] [hydra overrides...]
 
 Starts, in a temporary run directory, the run's Redis and ONE vLLM server (as `rlrun train`
-would, from the composed config), then alternates three phases R times (A, B, C, A, B, C, ...):
+would, from the composed config), then runs three phases R times, their order rotated every
+round (A B C, B C A, C A B, ...) so that no phase always runs first or right after another:
 
   A  "vLLM alone": the actor's requests (same prompts in the same seeded order, token-id prompt,
      n = group_size, max_tokens, temperature, logprobs 0, return_token_ids, streamed through
@@ -28,7 +29,14 @@ Every phase times the window from the first request to the moment the N-th group
 counts every completion token received in that window (also those of groups still in flight), so
 all measure the steady state with the same number of groups in flight. B/A is the actor's cost
 against vLLM alone; B/C is the journal's cost (target >= 0.97); both are printed per round, over
-all rounds, and as the median of the rounds. It prints figures; it asserts nothing about speed.
+all rounds, as the median of the rounds and with their spread (min-max over the rounds).
+
+Like with like: A, B and C send the same prompts in the same order with the same sampling
+settings and concurrency, after the same warm-up, to the same server. B does all of C's work plus
+the journal and C all of A's plus Redis and scoring, so B/A, C/A and B/C cannot exceed 1 by more
+than noise: a median ratio above 1 + --tolerance (default 0.05) is printed as a MEASUREMENT
+ERROR (the machine's load changed between phases; see the load column), not as a result. It
+prints figures; it asserts nothing about speed.
 Every child runs in its own session and its process group is stopped at the end (SIGTERM, then
 SIGKILL after 10 s); SIGTERM to this script unwinds the same way.
 """
@@ -293,6 +301,35 @@ async def phase_actor(cfg, redis, tokenizer, task, url: str, run_name: str, grou
 
 
 PHASES = {"A": "vLLM alone", "B": "actor + journal", "C": "actor, no journal"}
+# Each ratio is (the phase doing more work) / (the phase doing a subset of it): at most 1.
+RATIOS = {"B/A": "actor with journal vs vLLM alone", "B/C": "journal overhead (target >= 0.97)", "C/A": "actor without journal vs vLLM alone"}
+PHYSICAL_CEILING = 1.0
+
+
+def phase_order(round_number: int) -> list[str]:
+    """A B C, then B C A, then C A B, ...: every phase takes every position in turn."""
+    names = list(PHASES)
+    shift = (round_number - 1) % len(names)
+    return names[shift:] + names[:shift]
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def verdict(per_round: list[float], tolerance: float) -> str:
+    """A ratio's result: its median and spread over the rounds, or a measurement error when the
+    median is above what is physically possible (PHYSICAL_CEILING) by more than `tolerance`."""
+    mid, low, high = median(per_round), min(per_round), max(per_round)
+    spread = f"median {mid:.3f} over {len(per_round)} round{'s' if len(per_round) != 1 else ''}, range {low:.3f}-{high:.3f}"
+    if mid > PHYSICAL_CEILING + tolerance:
+        return (f"MEASUREMENT ERROR ({spread}): above {PHYSICAL_CEILING:.2f} + {tolerance:.2f}, which no phase doing more "
+                f"work than the other can reach; the load changed between phases (see the load column)")  # fmt: skip
+    if len(per_round) < 3:
+        return f"{spread} (fewer than 3 rounds: no spread worth the name)"
+    return spread
 
 
 async def run_phases(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int, rounds: int, api_key: str) -> list[tuple[str, dict]]:
@@ -307,7 +344,7 @@ async def run_phases(cfg, redis, tokenizer, task, url: str, run_name: str, group
         await phase_actor(cfg, redis, tokenizer, task, url, run_name, wave, journal=journal, api_key=api_key)
     results = []
     for r in range(1, rounds + 1):
-        for name in PHASES:
+        for name in phase_order(r):
             before = load()
             if name == "A":
                 result = await phase_vllm_alone(cfg, url, prompts, groups, api_key)
@@ -329,7 +366,7 @@ def rate(result: dict) -> float:
     return result["tokens"] / result["wall_s"]
 
 
-def print_table(cfg, results: list[tuple[str, dict]], groups: int) -> None:
+def print_table(cfg, results: list[tuple[str, dict]], groups: int, tolerance: float = 0.05) -> None:
     print()
     print(f"machine: {os.cpu_count()} CPUs, {cpu_model()}; load average now {load()} (1/5/15 min)")
     print(
@@ -358,13 +395,20 @@ def print_table(cfg, results: list[tuple[str, dict]], groups: int) -> None:
     ta, tb, tc = (t / w for t, w in totals.values())
     print("-" * len(header))
     print(f"{'all':>5} | {ta:>12.0f} | {tb:>15.0f} | {tc:>19.0f} | {tb / ta:>5.2f} | {tb / tc:>5.2f} | {tc / ta:>5.2f} |  (tokens / wall time over all rounds)")
-    ratios = {k: sorted(rate(t[k[0]]) / rate(t[k[2]]) for t in by_round.values()) for k in ("B/A", "B/C", "C/A")}
-    median = {k: v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2 for k, v in ratios.items()}
-    print(f"{'med.':>5} | {'':>12} | {'':>15} | {'':>19} | {median['B/A']:>5.2f} | {median['B/C']:>5.2f} | {median['C/A']:>5.2f} |  (median of the per-round ratios)")
+    ratios = {k: [rate(t[k[0]]) / rate(t[k[2]]) for t in by_round.values()] for k in RATIOS}
+    mid = {k: median(v) for k, v in ratios.items()}
+    rates = {k: [rate(t[k]) for t in by_round.values()] for k in PHASES}
+    print(f"{'med.':>5} | {'':>12} | {'':>15} | {'':>19} | {mid['B/A']:>5.2f} | {mid['B/C']:>5.2f} | {mid['C/A']:>5.2f} |  (median of the per-round ratios)")
+    spans = {k: f"{min(v):.0f}-{max(v):.0f}" for k, v in rates.items()}
+    ratio_spans = {k: f"{min(v):.2f}-{max(v):.2f}" for k, v in ratios.items()}
+    print(f"{'range':>5} | {spans['A']:>12} | {spans['B']:>15} | {spans['C']:>19} | {ratio_spans['B/A']:>5} | {ratio_spans['B/C']:>5} | "
+          f"{ratio_spans['C/A']:>5} |  (min-max over the rounds)")  # fmt: skip
     print(
-        f"B/A = actor with journal vs vLLM alone: {tb / ta:.3f} (median per round {median['B/A']:.3f}); "
-        f"B/C = journal overhead (target >= 0.97): {tb / tc:.3f} (median per round {median['B/C']:.3f})"
+        f"B/A = actor with journal vs vLLM alone: {tb / ta:.3f} (median per round {mid['B/A']:.3f}); "
+        f"B/C = journal overhead (target >= 0.97): {tb / tc:.3f} (median per round {mid['B/C']:.3f})"
     )
+    for key, what in RATIOS.items():
+        print(f"verdict {key} ({what}): {verdict(ratios[key], tolerance)}")
     print(
         "time inside ledger calls (s, share of wall) / calls / Redis PING ms before the phase: "
         + ", ".join(
@@ -386,7 +430,8 @@ def print_table(cfg, results: list[tuple[str, dict]], groups: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=256, help="groups completed per phase (default 256)")
-    parser.add_argument("--rounds", type=int, default=2, help="A/B/C rounds (default 2: A, B, C, A, B, C)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the three phases, order rotated (default 3: ABC, BCA, CAB)")
+    parser.add_argument("--tolerance", type=float, default=0.05, help="a median ratio above 1 + this is a measurement error (default 0.05)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for `rlrun train`")
     args = parser.parse_args(argv)
     # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every child is stopped on the way out.
@@ -409,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
                     results = asyncio.run(run_phases(cfg, redis, tokenizer, task, url, run_dir.root.name, args.groups, args.rounds, api_key))
             finally:
                 redis.close()
-    print_table(cfg, results, args.groups)
+    print_table(cfg, results, args.groups, args.tolerance)
     return 0
 
 

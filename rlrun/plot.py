@@ -1,8 +1,10 @@
-"""`rlrun plot RUN_DIR`: one PNG of a run — reward and throughput over steps, restarts marked.
+"""`rlrun plot RUN_DIR`: one PNG of a run — reward over steps and over wall-clock seconds,
+throughput over steps, restarts marked.
 
 Reads the run's metrics.jsonl (`rlrun.metrics`) and the supervisor's events.jsonl, and draws with
 matplotlib's Agg canvas (no display, no pyplot state). The pure parts — throughput from the
-records' times, supervisor events placed on the step axis — are functions over plain data. A run
+records' times, supervisor events placed on the step axis, the smoothed reward, the ±std band
+held inside the reward's range, seconds since the run started — are functions over plain data. A run
 with no metrics is refused (RunDirError) and nothing is written; the PNG is written to a
 temporary file and renamed, so a failure never leaves half a picture.
 """
@@ -20,9 +22,13 @@ from rlrun.errors import EnvironmentProblem, RunDirError
 from rlrun.metrics import final_records, read_metrics
 from rlrun.rundir import RunDir
 
-SIZE_PX = (1000, 700)  # width, height of the PNG
+SIZE_PX = (1000, 950)  # width, height of the PNG
 DPI = 100
 MAX_LABELS = 12  # more markers than this are drawn without their process names
+# Every task rlrun ships (arithmetic, gsm8k) scores an answer 1 (right) or 0 (wrong): a step's mean
+# lies in [0, 1]. The ±std of such a reward is the spread of single samples, not an error bar, and
+# mean ± std leaves [0, 1] whenever the mean is near an end; the band is drawn inside the range.
+REWARD_RANGE = (0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,40 @@ def markers(events: list[dict], records: list[dict]) -> list[Marker]:
     return out
 
 
+def smoothed(values: list[float], window: int) -> list[float]:
+    """Trailing mean over the last `window` values (fewer at the start): what the reward was
+    "lately" at each point, using nothing from later steps."""
+    if window < 1:
+        raise ValueError(f"window must be 1 or more, got {window}")
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def smoothing_window(points: int) -> int:
+    """About a twentieth of the run, at least 5 points (1 for a run shorter than that)."""
+    return max(5, points // 20) if points >= 5 else 1
+
+
+def band(mean: list[float], std: list[float], low: float, high: float) -> tuple[list[float], list[float]]:
+    """mean ± std per point, held inside [low, high] (the values the reward can take)."""
+    lower = [min(high, max(low, m - s)) for m, s in zip(mean, std)]
+    upper = [min(high, max(low, m + s)) for m, s in zip(mean, std)]
+    return lower, upper
+
+
+def run_start(records: list[dict], events: list[dict]) -> float:
+    """When the run began: its first supervisor event (the start of Redis, before vLLM loads),
+    else the start of its first recorded step (its time minus its step_time_s)."""
+    first_step = records[0]["time"] - float(records[0].get("step_time_s") or 0.0)
+    times = [e["time"] for e in events if isinstance(e.get("time"), (int, float))]
+    return min([first_step, *times])
+
+
 def rolling_median(values: list[float], window: int) -> list[float]:
     out = []
     for i in range(len(values)):
@@ -124,12 +164,13 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
             f"{run_dir.root} has no metrics yet: {run_dir.metrics.name} is missing or empty (the trainer "
             f"writes one record per optimizer step). Nothing was written."
         )
-    marks = markers(_read_events(run_dir.events), records)
+    events = _read_events(run_dir.events)
+    marks = markers(events, records)
     target = Path(out) if out is not None else run_dir.plot
     restarts = sum(1 for m in marks if m.kind == "restart")
     failures = sum(1 for m in marks if m.kind == "failure")
     title = f"{run_dir.root.name}: {records[-1]['step']} steps, {records[-1].get('samples', 0)} samples, {restarts} restart{'' if restarts == 1 else 's'}"
-    render(records, marks, target, title)
+    render(records, marks, target, title, start=run_start(records, events))
     return PlotResult(path=target, steps=len(records), restarts=restarts, failures=failures)
 
 
@@ -150,8 +191,24 @@ def _read_events(path: Path) -> list[dict]:
 # --- drawing ---------------------------------------------------------------------------------------
 
 
-def render(records: list[dict], marks: list[Marker], out: Path, title: str) -> None:
-    """Draw reward (mean ± std) and tokens/s over steps, with the markers, into PNG `out`."""
+def render(records: list[dict], marks: list[Marker], out: Path, title: str, start: float | None = None) -> None:
+    """Draw the run (see `figure`) into PNG `out`, through a temporary file."""
+    fig = figure(records, marks, title, start)
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, format="png", dpi=DPI)
+        os.replace(tmp, out)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise RunDirError(f"cannot write the plot to {out}: {exc.strerror or exc}. Choose another path with --out.") from None
+
+
+def figure(records: list[dict], marks: list[Marker], title: str, start: float | None = None):
+    """Three panels: reward over steps (step mean, smoothed, ±std held in REWARD_RANGE), reward
+    over seconds since `start` (default: the first step's start), tokens/s over steps; the
+    markers on all three. Returns the matplotlib Figure (Agg canvas)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -162,17 +219,34 @@ def render(records: list[dict], marks: list[Marker], out: Path, title: str) -> N
     mean = [float(r.get("reward_mean", 0.0)) for r in records]
     std = [float(r.get("reward_std", 0.0)) for r in records]
     rates = throughput(records)
+    window = smoothing_window(len(mean))
+    smooth = smoothed(mean, window)
+    origin = start if start is not None else run_start(records, [])
+    seconds = [r["time"] - origin for r in records]
 
     fig = Figure(figsize=(SIZE_PX[0] / DPI, SIZE_PX[1] / DPI), dpi=DPI)
     FigureCanvasAgg(fig)
-    reward_ax, rate_ax = fig.subplots(2, 1, sharex=True)
+    reward_ax, clock_ax, rate_ax = fig.subplots(3, 1)
+    rate_ax.sharex(reward_ax)
     fig.suptitle(title)
+    fig.subplots_adjust(hspace=0.4)
 
-    reward_ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                           color="tab:blue", alpha=0.2, linewidth=0, label="± std")  # fmt: skip
-    reward_ax.plot(steps, mean, color="tab:blue", linewidth=1.2, label="reward mean")
+    lower, upper = band(mean, std, *REWARD_RANGE)
+    reward_ax.fill_between(steps, lower, upper, color="tab:blue", alpha=0.12, linewidth=0, label="± std (samples)")
+    reward_ax.plot(steps, mean, color="tab:blue", linewidth=0.6, alpha=0.5, label="step mean")
+    reward_ax.plot(steps, smooth, color="tab:blue", linewidth=1.8, label=f"mean of the last {window} steps")
     reward_ax.set_ylabel("reward")
+    reward_ax.set_xlabel("optimizer step")
+    reward_ax.set_ylim(REWARD_RANGE[0] - 0.02, REWARD_RANGE[1] + 0.02)
     reward_ax.grid(alpha=0.3)
+
+    clock_ax.plot(seconds, mean, color="tab:purple", linewidth=0.6, alpha=0.4, label="step mean")
+    clock_ax.plot(seconds, smooth, color="tab:purple", linewidth=1.8, label=f"mean of the last {window} steps")
+    clock_ax.set_xlim(0.0, max(seconds[-1], 1.0))
+    clock_ax.set_ylim(REWARD_RANGE[0] - 0.02, REWARD_RANGE[1] + 0.02)
+    clock_ax.set_ylabel("reward")
+    clock_ax.set_xlabel("wall-clock seconds since the run started (startup included)")
+    clock_ax.grid(alpha=0.3)
 
     if rates:
         x = [s for s, _, _ in rates]
@@ -192,20 +266,13 @@ def render(records: list[dict], marks: list[Marker], out: Path, title: str) -> N
         for ax in (reward_ax, rate_ax):
             label = mark.kind if (ax is reward_ax and mark.kind not in seen) else None
             ax.axvline(mark.step, color=color, linestyle=style, linewidth=1.0, alpha=0.8, label=label)
+        clock_ax.axvline(mark.time - origin, color=color, linestyle=style, linewidth=1.0, alpha=0.8)
         seen.add(mark.kind)
         if len(marks) <= MAX_LABELS and mark.process:
             reward_ax.annotate(mark.process, (mark.step, 1.0), xycoords=("data", "axes fraction"), rotation=90,
                                fontsize=7, color=color, ha="right", va="top")  # fmt: skip
     reward_ax.legend(loc="lower right", fontsize=8)
+    clock_ax.legend(loc="lower right", fontsize=8)
     if rates:
         rate_ax.legend(loc="lower right", fontsize=8)
-
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(tmp, format="png", dpi=DPI)
-        os.replace(tmp, out)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise RunDirError(f"cannot write the plot to {out}: {exc.strerror or exc}. Choose another path with --out.") from None
+    return fig

@@ -16,7 +16,6 @@ import asyncio
 import json
 import logging
 import os
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from rlrun.actor.sampling import SampleState, close_if_spent, is_stale, remainin
 from rlrun.actor.trainer_view import TrainerView, trainer_view
 from rlrun.actor.vllm_client import stream_completion
 from rlrun.config import RunConfig, load_resolved
-from rlrun.data.tasks import Task, load_task
+from rlrun.data.tasks import Task, load_task, problem_index
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import Action, GroupPlan, plan_replay
@@ -144,11 +143,7 @@ class Actor:
 
     def _problem_index(self, cursor: int) -> int:
         """A fresh seeded permutation of the problems for every pass over the data."""
-        size = len(self.task.problems)
-        epoch, position = divmod(cursor, size)
-        order = list(range(size))
-        random.Random(self.cfg.run.seed * 1_000_003 + epoch).shuffle(order)
-        return order[position]
+        return problem_index(cursor, len(self.task.problems), self.cfg.run.seed)
 
     def _prompt_ids(self, problem_index: int) -> list[int]:
         return self.tokenizer.encode(self.task.problems[problem_index].prompt, add_special_tokens=False)

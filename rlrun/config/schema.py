@@ -131,7 +131,7 @@ class ActorConfig:
     temperature: float = 1.0  # sampling temperature of every request to vLLM
     max_new_tokens: int = 4  # completion budget per sample
     min_new_tokens: int = 0  # no end-of-sequence before this many tokens (long generations for tests)
-    max_steps_ahead: int = 1  # back-pressure: groups for at most this many steps beyond the trainer
+    max_steps_ahead: int = 1  # back-pressure: groups for at most this many steps beyond the trainer (0: synchronous, generation waits for each step)
     max_concurrent_groups: int = 16  # groups generating at once
     request_timeout_s: float = 120.0  # one streamed vLLM request
     max_prefix_staleness: int = 4  # a kept prefix older than this many policy versions is dropped (counted)

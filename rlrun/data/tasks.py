@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,3 +26,12 @@ def load_task(dataset: DatasetConfig, seed: int) -> Task:
 
         return Task(gsm8k_problems(dataset.hf_path, dataset.hf_config, dataset.split), math_verify_reward)
     raise ValueError(f"unknown dataset {dataset.name!r}")
+
+
+def problem_index(cursor: int, num_problems: int, seed: int) -> int:
+    """Which problem the `cursor`-th group is about: a fresh seeded permutation of the problems
+    for every pass over them (the actor's order; bench/vs_trl.py feeds TRL the same one)."""
+    epoch, position = divmod(cursor, num_problems)
+    order = list(range(num_problems))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order[position]

@@ -107,3 +107,14 @@ def test_module_does_not_import_torch():
     code = "import sys, rlrun.data.arithmetic; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_problem_index_is_a_fresh_seeded_permutation_per_pass():
+    from rlrun.data.tasks import problem_index
+
+    first = [problem_index(c, 10, seed=0) for c in range(10)]
+    second = [problem_index(c, 10, seed=0) for c in range(10, 20)]
+    assert sorted(first) == sorted(second) == list(range(10))  # every problem once per pass
+    assert first != second  # a new order every pass
+    assert first == [problem_index(c, 10, seed=0) for c in range(10)]  # same seed, same order
+    assert first != [problem_index(c, 10, seed=1) for c in range(10)]

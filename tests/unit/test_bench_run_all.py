@@ -33,7 +33,11 @@ round | A vLLM tok/s | B actor+journal | C actor, no journal |   B/A |   B/C |  
 ------------------------------------------------------------------------------------------------------------------------------------
   all |         1697 |            1061 |                1416 |  0.63 |  0.75 |  0.83 |  (tokens / wall time over all rounds)
  med. |              |                 |                     |  0.70 |  0.81 |  0.84 |  (median of the per-round ratios)
+range |    1643-1754 |        816-1536 |           1325-1522 | 0.47-0.94 | 0.62-1.01 | 0.76-0.93 |  (min-max over the rounds)
 B/A = actor with journal vs vLLM alone: 0.625; B/C = journal overhead (target >= 0.97): 0.750
+verdict B/A (actor with journal vs vLLM alone): median 0.705 over 2 rounds, range 0.470-0.940 (fewer than 3 rounds: no spread worth the name)
+verdict B/C (journal overhead (target >= 0.97)): median 0.815 over 2 rounds, range 0.620-1.010 (fewer than 3 rounds: no spread worth the name)
+verdict C/A (actor without journal vs vLLM alone): median 0.845 over 2 rounds, range 0.760-0.930 (fewer than 3 rounds: no spread worth the name)
 """
 
 RECOVERY = """\
@@ -84,7 +88,18 @@ def test_rollout_ratios_come_from_the_all_row(run_all):
     assert got["ratio B/A: actor vs vLLM alone"] == "0.63"
     assert got["ratio B/C: journal overhead (target >= 0.97)"] == "0.75"
     notes = {r.figure: r.note for r in run_all.parse_rollout(ROLLOUT)}
-    assert notes["ratio B/C: journal overhead (target >= 0.97)"] == "median per round 0.81"
+    assert notes["ratio B/C: journal overhead (target >= 0.97)"] == "median per round 0.81; range 0.62-1.01"
+
+
+def test_an_impossible_rollout_ratio_is_reported_as_a_measurement_error(run_all):
+    text = ROLLOUT.replace(
+        "verdict B/A (actor with journal vs vLLM alone): median 0.705",
+        "verdict B/A (actor with journal vs vLLM alone): MEASUREMENT ERROR (median 1.470",
+    )
+    rows = {r.figure: r for r in run_all.parse_rollout(text)}
+    assert rows["ratio B/A: actor vs vLLM alone"].value == "MEASUREMENT ERROR"
+    assert rows["ratio B/A: actor vs vLLM alone"].note.startswith("MEASUREMENT ERROR (median 1.470")
+    assert rows["ratio B/C: journal overhead (target >= 0.97)"].value == "0.75"  # the others stay figures
 
 
 def test_recovery_reuse_times_and_supervisor_overhead(run_all):

@@ -29,8 +29,10 @@ def test_gspo_and_grpo_differ_where_they_should():
     gspo, _ = compose(["recipe=math_gspo"])
     grpo, _ = compose(["recipe=math_grpo"])
     assert (gspo.algo.name, grpo.algo.name) == ("gspo", "grpo")
-    # sequence-level ratios stay near 1: GSPO clips far tighter than GRPO's token-level range
-    assert gspo.algo.clip_eps_high < 0.01 < grpo.algo.clip_eps_high
+    # GSPO keeps a narrower trust region than GRPO's token-level range (tuned for the embedded
+    # task's 1-3 token answers: see conf/recipe/math_gspo.yaml)
+    assert gspo.algo.clip_eps_high < grpo.algo.clip_eps_high
+    assert gspo.algo.clip_eps_low < grpo.algo.clip_eps_low
     assert gspo.algo.group_size != grpo.algo.group_size
     # both keep whole groups in every optimizer step
     for cfg in (gspo, grpo):

@@ -184,3 +184,17 @@ def test_completion_logprobs_upcasts_bf16():
     out = completion_logprobs(logits, torch.tensor([[0, 3]]))
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, torch.tensor([[LN(0.25)]]))
+
+
+def test_completion_logprobs_is_the_same_in_chunks_of_any_size(monkeypatch):
+    import rlrun.trainer.losses as losses
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(5, 6, 7, generator=g)
+    ids = torch.randint(0, 7, (5, 6), generator=g)
+    whole = completion_logprobs(logits, ids)  # 5 x 5 x 7 elements: one chunk
+    monkeypatch.setattr(losses, "LOGPROB_CHUNK_ELEMENTS", 2 * 5 * 7)  # two rows a chunk: 2 + 2 + 1
+    torch.testing.assert_close(completion_logprobs(logits, ids), whole)
+    monkeypatch.setattr(losses, "LOGPROB_CHUNK_ELEMENTS", 1)  # less than a row: still one row a chunk
+    torch.testing.assert_close(completion_logprobs(logits, ids), whole)
+    assert completion_logprobs(logits[:0], ids[:0]).shape == (0, 5)

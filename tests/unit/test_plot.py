@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from rlrun.cli import app
 from rlrun.errors import RunDirError
-from rlrun.plot import SIZE_PX, Marker, markers, plot_run, step_at, throughput
+from rlrun.plot import SIZE_PX, Marker, band, markers, plot_run, run_start, smoothed, smoothing_window, step_at, throughput
 from rlrun.rundir import RunDir
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -127,3 +127,47 @@ def test_restarts_final_failures_and_resumes_are_marked_other_events_are_not():
 def test_throughput_is_tokens_over_the_time_since_the_previous_record():
     recs = records((1, 110.0), (2, 120.0), (3, 145.0))
     assert throughput(recs) == [(1, 25.0, 2.5), (2, 10.0, 1.0), (3, 4.0, 0.4)]
+
+
+def test_smoothed_is_a_trailing_mean_that_never_looks_ahead():
+    values = [0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    assert smoothed(values, 3) == pytest.approx([0.0, 0.5, 1 / 3, 2 / 3, 2 / 3, 1.0])
+    assert smoothed(values, 1) == values
+    # changing a later value leaves every earlier point as it was
+    assert smoothed(values[:4] + [0.0, 0.0], 3)[:4] == smoothed(values, 3)[:4]
+    with pytest.raises(ValueError):
+        smoothed(values, 0)
+
+
+def test_smoothing_window_is_a_twentieth_of_the_run_at_least_five():
+    assert [smoothing_window(n) for n in (1, 4, 5, 99, 100, 300)] == [1, 1, 5, 5, 5, 15]
+
+
+def test_the_band_of_a_0_1_reward_stays_inside_0_1():
+    # a Bernoulli reward near an end: mean 0.9, std 0.3 -> 0.6 .. 1.2 unclipped
+    lower, upper = band([0.9, 0.1, 0.5], [0.3, 0.3, 0.5], 0.0, 1.0)
+    assert lower == pytest.approx([0.6, 0.0, 0.0])
+    assert upper == pytest.approx([1.0, 0.4, 1.0])
+
+
+def test_run_start_is_the_first_supervisor_event_else_the_first_steps_start():
+    recs = records((1, 110.0), (2, 120.0))  # step 1 took 4 s: started at 106
+    assert run_start(recs, []) == 106.0
+    assert run_start(recs, [{"time": 60.0, "event": "process_started"}, {"time": 150.0, "event": "run_stopped"}]) == 60.0
+    assert run_start(recs, [{"event": "no time"}]) == 106.0
+
+
+def test_the_figure_has_a_wall_clock_panel_and_its_band_stays_in_0_1():
+    from rlrun.plot import figure
+
+    recs = [{"step": s, "time": T0 + 2.0 * s, "step_time_s": 2.0, "tokens": 10, "samples": 256 * s,
+             "reward_mean": 0.95, "reward_std": 0.3} for s in range(1, 11)]  # fmt: skip
+    fig = figure(recs, [], "t", start=T0 - 28.0)  # 30 s of startup before step 1 ended at T0 + 2
+    reward_ax, clock_ax, rate_ax = fig.axes
+    assert "wall-clock seconds" in clock_ax.get_xlabel()
+    assert clock_ax.get_xlim() == (0.0, 48.0)  # last record at T0 + 20, 48 s after the start
+    seconds = clock_ax.get_lines()[0].get_xdata()
+    assert list(seconds) == [30.0 + 2.0 * k for k in range(10)]
+    band_paths = reward_ax.collections[0].get_paths()[0].vertices
+    assert band_paths[:, 1].max() <= 1.0 and band_paths[:, 1].min() >= 0.65 - 1e-9  # 0.95 ± 0.3, held at 1
+    assert rate_ax.get_xlabel() == "optimizer step"

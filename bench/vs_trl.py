@@ -1,0 +1,396 @@
+"""rlrun against TRL's GRPOTrainer on the same task, model and machine: reward over wall-clock time.
+
+    python bench/vs_trl.py [--budget-s 300] [--systems trl-gspo,rlrun-gspo,rlrun-gspo-sync,trl-grpo,rlrun-grpo]
+                           [--out DIR] [--window 10] [--trl-threads N] [hydra overrides for every system...]
+
+Needs TRL (`pip install 'rlrun[bench]'`). Runs each system one after another, each as its own
+process group, capped at --budget-s of wall time from its launch (startup included), then prints
+ONE table and writes ONE PNG (reward against wall-clock seconds, one curve per system):
+
+  rlrun-gspo / rlrun-grpo   `rlrun train recipe=math_gspo|math_grpo` (Redis, vLLM CPU, actor,
+                            trainer: asynchronous, actor.max_steps_ahead as configured)
+  rlrun-gspo-sync / -grpo-sync  the same with actor.max_steps_ahead=0: the actor opens a step's
+                            groups only once the trainer has taken the previous step and pushed
+                            its weights, so generation and training strictly alternate
+  trl-gspo / trl-grpo       TRL's GRPOTrainer (this script with --worker), generating with
+                            transformers' generate on CPU (no vLLM)
+
+The same for all: the tiny warm-started model rlrun builds (rlrun.models.tiny, same folder), the
+arithmetic prompts in the actor's seeded order (rlrun.data.tasks.problem_index; TRL's sampler
+with shuffle_dataset=False), group size, samples per optimizer step (one generation = one step
+for TRL: per_device_train_batch_size = samples per step, steps_per_generation = 1,
+num_iterations = 1), learning rate, AdamW betas, weight decay, gradient clipping, a constant
+learning rate, the clip range, temperature, max new tokens, and the exact-answer reward. TRL's
+losses are set to the ones rlrun computes (tests/unit/test_losses_vs_trl.py checks them on
+identical tensors): GRPO = loss_type "dapo" (token mean), GSPO = importance_sampling_level
+"sequence" with loss_type "grpo" (mean over sequences). Known differences, not corrected: TRL's
+advantages divide by the Bessel-corrected group std (3-7 % smaller), TRL samples with transformers
+(rlrun with vLLM), and TRL uses --trl-threads torch threads (default: every core, as a user would)
+where rlrun splits the cores between its processes.
+
+Figures, per system, all in seconds from its launch: the time its reward first reaches 0.5, 0.7,
+0.8, 0.9 (the mean over the last --window steps, full windows only: one lucky step does not
+count), the reward at equal wall time (the smoothed reward at the end of the shortest run), its
+samples per second over the training (first step's start to last step), and the ratio of each to
+TRL's run of the same algorithm (time: TRL's / its own, > 1 = faster than TRL). The load average
+before and after each run is printed: on a shared 2-core machine other jobs change every figure.
+It prints figures; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+THRESHOLDS = (0.5, 0.7, 0.8, 0.9)
+STOP_GRACE_S = 60.0  # rlrun stops its processes in order on SIGTERM; then SIGKILL to the group
+SYSTEMS = {  # name -> (kind, recipe, extra overrides)
+    "trl-gspo": ("trl", "math_gspo", []),
+    "rlrun-gspo": ("rlrun", "math_gspo", []),
+    "rlrun-gspo-sync": ("rlrun", "math_gspo", ["actor.max_steps_ahead=0"]),
+    "trl-grpo": ("trl", "math_grpo", []),
+    "rlrun-grpo": ("rlrun", "math_grpo", []),
+    "rlrun-grpo-sync": ("rlrun", "math_grpo", ["actor.max_steps_ahead=0"]),
+}
+DEFAULT_SYSTEMS = "trl-gspo,rlrun-gspo,rlrun-gspo-sync,trl-grpo,rlrun-grpo"
+
+
+@dataclass(frozen=True)
+class Point:
+    seconds: float  # since the system's launch
+    step: int
+    samples: int
+    reward: float  # this step's mean reward
+
+
+# --- pure figures ----------------------------------------------------------------------------------
+
+
+def smoothed(points: list[Point], window: int) -> list[tuple[float, float]]:
+    """(seconds, mean reward of the last `window` steps) at every step with a full window."""
+    out = []
+    for i in range(window - 1, len(points)):
+        chunk = points[i - window + 1 : i + 1]
+        out.append((points[i].seconds, sum(p.reward for p in chunk) / window))
+    return out
+
+
+def time_to(curve: list[tuple[float, float]], threshold: float) -> float | None:
+    """The first time the smoothed reward is at least `threshold`; None if it never is."""
+    return next((t for t, r in curve if r >= threshold), None)
+
+
+def reward_at(curve: list[tuple[float, float]], seconds: float) -> float | None:
+    """The smoothed reward known at `seconds` (its last value at or before then)."""
+    known = [r for t, r in curve if t <= seconds]
+    return known[-1] if known else None
+
+
+def samples_per_s(points: list[Point], first_step_s: float) -> float | None:
+    """Samples trained over the training time: from the first step's start to the last step."""
+    if not points or points[-1].seconds <= first_step_s:
+        return None
+    return points[-1].samples / (points[-1].seconds - first_step_s)
+
+
+def within(points: list[Point], budget_s: float) -> list[Point]:
+    """The steps recorded within the budget: an rlrun run told to stop at the cap finishes the
+    step in flight while its processes stop in order; those late steps do not count."""
+    return [p for p in points if p.seconds <= budget_s]
+
+
+def ratio(reference: float | None, value: float | None) -> str:
+    if reference is None or value is None or value == 0:
+        return "-"
+    return f"{reference / value:.2f}"
+
+
+# --- running one system ----------------------------------------------------------------------------
+
+
+def load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_capped(command: list[str], log: Path, budget_s: float) -> tuple[int | None, float]:
+    """Run `command` in its own session; SIGTERM its group at `budget_s`, SIGKILL after a grace."""
+    started = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+        try:
+            proc.wait(timeout=budget_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    return proc.returncode, time.monotonic() - started
+
+
+def rlrun_points(run_dir: Path, launched: float) -> tuple[list[Point], float]:
+    from rlrun.metrics import final_records, read_metrics
+
+    records = final_records(read_metrics(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").is_file() else []
+    points = [Point(r["time"] - launched, r["step"], r["samples"], float(r["reward_mean"])) for r in records]
+    first_start = (records[0]["time"] - float(records[0].get("step_time_s") or 0.0) - launched) if records else 0.0
+    return points, first_start
+
+
+def trl_points(path: Path) -> tuple[list[Point], float]:
+    if not path.is_file():
+        return [], 0.0
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    starts = [r for r in rows if r.get("kind") == "train_begin"]
+    steps = [r for r in rows if r.get("kind") == "step"]
+    points = [Point(r["seconds"], r["step"], r["samples"], r["reward"]) for r in steps]
+    return points, (starts[0]["seconds"] if starts else 0.0)
+
+
+def run_system(name: str, out: Path, budget_s: float, overrides: list[str], trl_threads: int) -> dict:
+    kind, recipe, extra = SYSTEMS[name]
+    folder = out / name
+    folder.mkdir(parents=True, exist_ok=True)
+    launched = time.time()
+    if kind == "rlrun":
+        command = [sys.executable, "-m", "rlrun", "train", f"recipe={recipe}", f"run.dir={folder / 'run'}",
+                   "supervisor.live_view=false", *extra, *overrides]  # fmt: skip
+    else:
+        command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--launched", repr(launched),
+                   "--budget-s", str(budget_s), "--out", str(folder), "--trl-threads", str(trl_threads),
+                   f"recipe={recipe}", *extra, *overrides]  # fmt: skip
+    before = load()
+    print(f"[{name}] {' '.join(command)}  (budget {budget_s:.0f} s; load {before})", flush=True)
+    code, wall = run_capped(command, folder / "log.txt", budget_s)
+    points, first_start = rlrun_points(folder / "run", launched) if kind == "rlrun" else trl_points(folder / "steps.jsonl")
+    points = within(points, budget_s)
+    print(f"[{name}] exit {code} after {wall:.0f} s, {len(points)} steps; load {load()}", flush=True)
+    return {"name": name, "kind": kind, "recipe": recipe, "code": code, "wall_s": wall, "first_step_s": first_start,
+            "points": points, "load": f"{before} -> {load()}"}  # fmt: skip
+
+
+# --- TRL, in its own process (--worker) ------------------------------------------------------------
+
+
+def trl_worker(args, overrides: list[str]) -> int:
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*vLLM.*")
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlrun.config import compose
+    from rlrun.data.tasks import load_task, problem_index
+    from rlrun.launch import model_path
+
+    torch.set_num_threads(args.trl_threads)
+    cfg, _ = compose(overrides)
+    path = model_path(cfg, build=True)
+    task = load_task(cfg.dataset, cfg.run.seed)
+    t, algo = cfg.trainer, cfg.algo
+    per_step = t.samples_per_step
+    groups = cfg.groups_per_step * t.max_train_steps
+    order = [task.problems[problem_index(c, len(task.problems), cfg.run.seed)] for c in range(groups)]
+    dataset = Dataset.from_dict({"prompt": [p.prompt for p in order], "answer": [p.answer for p in order]})
+    rewards: list[float] = []
+
+    def reward(prompts, completions, answer, **_):
+        scores = [task.reward(text, expected) for text, expected in zip(completions, answer)]
+        rewards.extend(scores)
+        return scores
+
+    steps_file = open(Path(args.out) / "steps.jsonl", "w")  # noqa: SIM115 - closed at the end
+
+    def write(record: dict) -> None:
+        steps_file.write(json.dumps({**record, "seconds": round(time.time() - args.launched, 3)}) + "\n")
+        steps_file.flush()
+
+    class Progress(TrainerCallback):
+        def on_train_begin(self, _args, state, control, **_):
+            write({"kind": "train_begin"})
+
+        def on_step_end(self, _args, state, control, **_):
+            batch = rewards[-per_step:]
+            write({"kind": "step", "step": state.global_step, "samples": state.global_step * per_step,
+                   "reward": sum(batch) / max(len(batch), 1)})  # fmt: skip
+            rewards.clear()
+            if time.time() - args.launched >= args.budget_s - 5.0:  # stop cleanly before the cap
+                control.should_training_stop = True
+
+    gspo = algo.name == "gspo"
+    config = GRPOConfig(
+        output_dir=str(Path(args.out) / "trl"),
+        per_device_train_batch_size=t.train_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_passes,
+        steps_per_generation=t.gradient_accumulation_passes,  # one generation per optimizer step
+        num_iterations=1,
+        num_generations=algo.group_size,
+        max_completion_length=cfg.actor.max_new_tokens,
+        temperature=cfg.actor.temperature,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=t.lr,
+        adam_beta1=t.betas[0],
+        adam_beta2=t.betas[1],
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.grad_clip,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        beta=0.0,
+        epsilon=algo.clip_eps_low,
+        epsilon_high=algo.clip_eps_high,
+        loss_type="grpo" if gspo else "dapo",
+        importance_sampling_level="sequence" if gspo else "token",
+        scale_rewards="group" if algo.normalize_advantage_std else "none",
+        shuffle_dataset=False,
+        max_steps=t.max_train_steps,
+        seed=cfg.run.seed,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=10,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
+                          callbacks=[Progress()])  # fmt: skip
+    trainer.train()
+    steps_file.close()
+    return 0
+
+
+# --- the table and the picture ---------------------------------------------------------------------
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def report(results: list[dict], window: int) -> str:
+    curves = {r["name"]: smoothed(r["points"], window) for r in results}
+    ends = [r["points"][-1].seconds for r in results if r["points"]]
+    equal_t = min(ends) if ends else 0.0
+    figures = {}
+    for r in results:
+        curve = curves[r["name"]]
+        figures[r["name"]] = {
+            "times": {th: time_to(curve, th) for th in THRESHOLDS},
+            "reward_at": reward_at(curve, equal_t),
+            "sps": samples_per_s(r["points"], r["first_step_s"]),
+            "last": curve[-1][1] if curve else None,
+        }
+    header = (f"{'system':<16} | {'startup s':>9} | " + " | ".join(f"{'to ' + str(th):>6}" for th in THRESHOLDS)
+              + f" | {'reward@' + format(equal_t, '.0f') + 's':>11} | {'last':>5} | {'samples/s':>9} | {'steps':>5} | "
+              f"{'x TRL to 0.8':>12} | {'x TRL samples/s':>15} | load before -> after")  # fmt: skip
+    lines = ["", f"seconds from each system's launch (startup included); reward = mean of the last {window} steps", header, "-" * len(header)]
+    for r in results:
+        f = figures[r["name"]]
+        trl = figures.get(f"trl-{r['recipe'].split('_')[1]}")
+        lines.append(
+            f"{r['name']:<16} | {r['first_step_s']:>9.0f} | " + " | ".join(f"{fmt(f['times'][th]):>6}" for th in THRESHOLDS)
+            + f" | {fmt(f['reward_at'], 3):>11} | {fmt(f['last'], 3):>5} | {fmt(f['sps'], 1):>9} | {len(r['points']):>5} | "
+            f"{ratio(trl['times'][0.8], f['times'][0.8]) if trl else '-':>12} | "
+            f"{ratio(f['sps'], trl['sps']) if trl and f['sps'] and trl['sps'] else '-':>15} | {r['load']}"
+        )  # fmt: skip
+    lines.append("(x TRL to 0.8: TRL's time / this system's, > 1 = reaches 0.8 sooner; x TRL samples/s: this system's / TRL's)")
+    for algo in ("gspo", "grpo"):
+        a, s, trl = figures.get(f"rlrun-{algo}"), figures.get(f"rlrun-{algo}-sync"), figures.get(f"trl-{algo}")
+        if a and trl:
+            goal = "met" if a["times"][0.8] is not None and trl["times"][0.8] is not None and a["times"][0.8] <= trl["times"][0.8] / 2 else "NOT met"
+            lines.append(f"goal {algo}: rlrun reaches 0.8 in at most half of TRL's time: {goal} (rlrun {fmt(a['times'][0.8])} s, TRL {fmt(trl['times'][0.8])} s)")
+        if a and s:
+            worth = ratio(s["times"][0.8], a["times"][0.8])
+            goal = "met" if worth != "-" and float(worth) >= 1.3 else "NOT met"
+            lines.append(f"goal {algo}: asynchrony worth >= 1.3x over rlrun-synchronous (time to 0.8): {goal} ({worth}x; "
+                         f"samples/s {fmt(a['sps'], 1)} vs {fmt(s['sps'], 1)})")  # fmt: skip
+    return "\n".join(lines)
+
+
+def draw(results: list[dict], window: int, out: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 6), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for r in results:
+        curve = smoothed(r["points"], window)
+        if curve:
+            (line,) = ax.plot([t for t, _ in curve], [v for _, v in curve], linewidth=1.8, label=r["name"])
+            ax.plot([p.seconds for p in r["points"]], [p.reward for p in r["points"]], linewidth=0.5, alpha=0.25, color=line.get_color())
+    for th in THRESHOLDS:
+        ax.axhline(th, color="gray", linewidth=0.5, linestyle=":")
+    ax.set_xlabel("wall-clock seconds since launch (startup included)")
+    ax.set_ylabel(f"reward (mean of the last {window} steps; faint: each step)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title("rlrun vs TRL GRPOTrainer: tiny model, arithmetic, same settings")
+    fig.savefig(out, format="png")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=300.0, help="wall time per system, startup included (default 300)")
+    parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma-separated, from {','.join(SYSTEMS)}")
+    parser.add_argument("--out", type=Path, default=None, help="where runs, logs, results.json and vs_trl.png go")
+    parser.add_argument("--window", type=int, default=10, help="steps in the reward's trailing mean (default 10)")
+    parser.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1, help="torch threads of the TRL process")
+    parser.add_argument("--report", type=Path, help="print the table and draw the PNG again from a results.json; runs nothing")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--launched", type=float, default=0.0, help=argparse.SUPPRESS)
+    args, overrides = parser.parse_known_args(argv)
+    if args.worker:
+        return trl_worker(args, overrides)
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        results = [{**r, "points": within([Point(**p) for p in r["points"]], args.budget_s)} for r in saved]
+        print(report(results, args.window))
+        draw(results, args.window, args.report.with_name("vs_trl.png"))
+        return 0
+    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(SYSTEMS))
+    if unknown:
+        parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    if any(SYSTEMS[n][0] == "trl" for n in names):
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            parser.error("TRL is not installed: pip install 'rlrun[bench]' (or leave the trl-* systems out)")
+    out = args.out or Path(f"/tmp/rlrun-vs-trl-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds through run_capped: children stopped
+    print(f"bench/vs_trl.py: {', '.join(names)}; {args.budget_s:.0f} s each; out {out}; {os.cpu_count()} CPUs; load {load()}", flush=True)
+    results = [run_system(name, out, args.budget_s, overrides, args.trl_threads) for name in names]
+    text = report(results, args.window)
+    print(text)
+    (out / "results.json").write_text(json.dumps([{**r, "points": [p.__dict__ for p in r["points"]]} for r in results], indent=1) + "\n")
+    draw(results, args.window, out / "vs_trl.png")
+    print(f"\nplot: {out / 'vs_trl.png'}; runs, logs and results.json in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
