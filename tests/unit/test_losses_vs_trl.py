@@ -48,7 +48,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl", reason="TRL is not installed (pip install 'rlrun[bench]'): the cross-check against its GRPOTrainer is skipped")
 
-from rlrun.trainer.advantages import group_advantages  # noqa: E402
+from rlrun.advantages import group_advantages  # noqa: E402
 from rlrun.trainer.losses import grpo_loss, gspo_loss  # noqa: E402
 
 TOL = 1e-6
