@@ -298,6 +298,7 @@ def test_from_the_base_model_every_document_is_delivered_again(run):
         ("pr502", [], "gspo"),
         ("main", [], "main"),  # main refuses it: auto falls back to main's config
         ("main", ["trainer.fast_llm.version=gspo"], None),  # the user's choice is refused: exit 2
+        ("main", ["recipe=math_gspo"], "broken"),  # main accepts GSPO's config but crashes in its loss
     ],
 )
 def test_preflight_asks_the_trainer_which_revision_it_is(tmp_path, revision, overrides, accepted):
@@ -307,6 +308,9 @@ def test_preflight_asks_the_trainer_which_revision_it_is(tmp_path, revision, ove
         with pytest.raises(ConfigError) as info:
             choose_revision(cfg, "/models/tiny", tmp_path / "fast_llm")
         assert "schedule" in str(info.value) and "docs_per_step" in str(info.value) and "'gspo'" in str(info.value)
+    elif accepted == "broken":
+        with pytest.raises(ConfigError, match="IndexError.*recipe=math_grpo"):
+            choose_revision(cfg, "/models/tiny", tmp_path / "fast_llm")
     else:
         assert choose_revision(cfg, "/models/tiny", tmp_path / "fast_llm").name == accepted
 

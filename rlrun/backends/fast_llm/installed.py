@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from rlrun.backends.fast_llm.config import LAUNCH_ENV, config_text, launch_argv
-from rlrun.backends.fast_llm.revisions import Revision, candidates
+from rlrun.backends.fast_llm.revisions import REVISIONS, Revision, candidates
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
 
@@ -72,6 +72,7 @@ def choose_revision(cfg: RunConfig, model_path: str, experiment_dir: Path) -> Re
         refusal = _refusal(argv, text)
         if refusal is None:
             log.info("Fast-LLM accepts the config of revision %s", revision.name)
+            _refuse_broken(cfg, revision)
             return revision
         refusals.append((revision, refusal))
     tried = "; ".join(f"revision '{r.name}': {why}" for r, why in refusals)
@@ -83,6 +84,17 @@ def choose_revision(cfg: RunConfig, model_path: str, experiment_dir: Path) -> Re
         "through trainer.fast_llm.extra if it came from there"
     )
     raise ConfigError(f"Fast-LLM refuses the config rlrun generated for this run ({tried}). {hint}.")
+
+
+def _refuse_broken(cfg: RunConfig, revision: Revision) -> None:
+    """ConfigError when the run's loss is known to fail at this revision (a crash loop otherwise)."""
+    for algo, what in revision.broken:
+        if cfg.algo.name == algo:
+            raise ConfigError(
+                f"Fast-LLM revision '{revision.name}' ({revision.checked_against[0]}) accepts the config, but {what}. "
+                f"Use recipe=math_grpo (algo.name=grpo) with it, or a revision where {algo} works "
+                f"(trainer.fast_llm.version: {', '.join(r.name for r in REVISIONS if r is not revision)})."
+            )
 
 
 @functools.lru_cache(maxsize=16)
