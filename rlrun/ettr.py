@@ -85,7 +85,7 @@ def split_wall_time(events: list[dict], records: list[dict], now: Optional[float
     records = sorted((r for r in records if _num(r.get("time")) is not None and isinstance(r.get("step"), int)), key=lambda r: r["time"])
     events = [e for e in events if _num(e.get("time")) is not None]
     launches = _launches(events, records, now)
-    if not launches:
+    if not launches or not records:  # no step records (none yet, or trainer=fast_llm): nothing to split
         return TimeSplit(0.0, {name: 0.0 for name in BUCKETS})
     intervals: list[tuple[float, float, str]] = []
     retaken = _retaken(records)  # indexes of records written again later

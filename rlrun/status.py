@@ -146,7 +146,7 @@ def list_runs(root: Path) -> list[dict]:
 def describe_split(split: TimeSplit) -> str:
     """'ETTR 0.72 of 310 s: training 223 s, waiting 40 s, ...; 1 failure: ...' for people."""
     if split.ettr is None:
-        return "ETTR: no time recorded yet"
+        return "ETTR: not measured (no step records in metrics.jsonl yet; trainer=fast_llm writes none)"
     parts = ", ".join(f"{name.replace('_', '/')} {value:.0f} s" for name, value in split.seconds.items())
     text = f"ETTR {split.ettr:.2f} of {split.wall_s:.0f} s: {parts}"
     if split.failures:

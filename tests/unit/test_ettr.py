@@ -94,7 +94,10 @@ def test_the_parts_always_add_up_to_the_wall_time(steps, failure_times):
     split = split_wall_time(events, records)
     assert sum(split.seconds.values()) == pytest.approx(split.wall_s, abs=1e-6)
     assert all(value >= -1e-9 for value in split.seconds.values())
-    assert 0 <= split.ettr <= 1
+    if records:
+        assert 0 <= split.ettr <= 1
+    else:  # no step records (trainer=fast_llm writes none): not measured, not 0 %
+        assert split.ettr is None
 
 
 def test_a_stall_costs_from_when_the_process_went_quiet_not_from_when_it_was_declared():
