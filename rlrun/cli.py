@@ -69,13 +69,7 @@ def train(
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         with LiveView(console, live=cfg.supervisor.live_view) as view:
             reason = launch.train(cfg, run_dir, on_tick=view.update)
-        last = launch.summary(run_dir)["last_metrics"]
-        console.print(f"[bold green]finished:[/] {reason}")
-        if last:
-            console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
-        _print_time_split(run_dir)
-        console.print(f"metrics: {run_dir.metrics}\nevents:  {run_dir.events}")
-        _plot_at_end(run_dir)
+        _report_end(cfg, run_dir, reason)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted:[/] every process of the run was stopped. `rlrun resume` continues it.")
         raise typer.Exit(int(Interrupted.exit_code))
@@ -127,10 +121,7 @@ def resume(
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         with LiveView(console, live=plan.cfg.supervisor.live_view) as view:
             reason = launch.train(plan.cfg, plan.run_dir, on_tick=view.update, resumed=True)
-        console.print(f"[bold green]finished:[/] {reason}")
-        _print_time_split(plan.run_dir)
-        console.print(f"metrics: {plan.run_dir.metrics}\nevents:  {plan.run_dir.events}")
-        _plot_at_end(plan.run_dir)
+        _report_end(plan.cfg, plan.run_dir, reason)
     except KeyboardInterrupt:
         err_console.print("[yellow]interrupted:[/] every process of the run was stopped. `rlrun resume` continues it.")
         raise typer.Exit(int(Interrupted.exit_code))
@@ -283,6 +274,24 @@ def _print_time_split(run_dir) -> None:
     from rlrun import status as run_status
 
     console.print(run_status.describe_split(run_status.time_split(run_dir)), highlight=False, markup=False, soft_wrap=True)
+
+
+def _report_end(cfg, run_dir, reason: str) -> None:
+    """What a finished train/resume prints: why it finished, the last step, the time split, and
+    where the metrics and their plot are (Fast-LLM keeps its training metrics in its own log)."""
+    from rlrun import launch
+
+    console.print(f"[bold green]finished:[/] {reason}")
+    last = launch.summary(run_dir)["last_metrics"]
+    if last:
+        console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
+    _print_time_split(run_dir)
+    if cfg.trainer.backend == "fast_llm":
+        logs = run_dir.launch_logs(max(run_dir.launches(), default=None))
+        console.print(f"training metrics: Fast-LLM's log, {logs / 'trainer.log'}\nevents:  {run_dir.events}")
+        return
+    console.print(f"metrics: {run_dir.metrics}\nevents:  {run_dir.events}")
+    _plot_at_end(run_dir)
 
 
 def _plot_at_end(run_dir) -> None:

@@ -129,7 +129,7 @@ class RayHandle:
             log.warning("the node agent of %s (node %s) does not answer: taken as lost", self._name, self.node_id[:12])
             self.lost = True
 
-    def descendants(self) -> list[int]:
+    def descendants(self, fresh: bool = False) -> list[int]:
         return []  # recorded and swept by the agent on the process's own node (see the module doc)
 
     def _call(self, ref) -> tuple[bool, object]:

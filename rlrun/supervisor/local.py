@@ -21,7 +21,7 @@ class Handle(Protocol):
 
     def poll(self) -> Optional[int]: ...
     def signal_group(self, sig: int) -> None: ...
-    def descendants(self) -> list[int]: ...
+    def descendants(self, fresh: bool = False) -> list[int]: ...  # fresh: not from a cached process table
 
 
 class Spawner(Protocol):
@@ -41,9 +41,11 @@ class ProcessTree:
         self._children: dict[int, list[int]] = {}
         self._read_at: Optional[float] = None
 
-    def descendants(self, pid: int) -> list[int]:
+    def descendants(self, pid: int, fresh: bool = False) -> list[int]:
+        """`pid`'s descendants; `fresh` re-reads /proc whatever the age (before a stop or a kill,
+        where a process started since the last poll must not escape)."""
         now = self._clock()
-        if self._read_at is None or now - self._read_at > self._max_age_s:
+        if fresh or self._read_at is None or now - self._read_at > self._max_age_s:
             import psutil
 
             children: dict[int, list[int]] = {}
@@ -80,9 +82,9 @@ class LocalHandle:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def descendants(self) -> list[int]:
+    def descendants(self, fresh: bool = False) -> list[int]:
         if self._tree is not None:
-            return self._tree.descendants(self.pid)
+            return self._tree.descendants(self.pid, fresh)
         import psutil
 
         try:

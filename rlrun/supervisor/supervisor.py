@@ -263,7 +263,7 @@ class Supervisor:
 
     def _kill_attempt(self, proc: ProcessStatus) -> None:
         """SIGKILL the current attempt's whole group (a stalled or hung process)."""
-        proc.known_descendants.update(proc.handle.descendants())
+        proc.known_descendants.update(proc.handle.descendants(fresh=True))
         proc.handle.signal_group(signal.SIGKILL)
         proc.exit_code = self._wait_killed(proc)
 
@@ -283,7 +283,7 @@ class Supervisor:
         if self._diagnose is None or proc.handle is None:
             return
         started = time.monotonic()
-        pids = [*proc.handle.descendants(), proc.handle.pid]  # the process itself first, its guard last
+        pids = [*proc.handle.descendants(fresh=True), proc.handle.pid]  # the process itself first, its guard last
         path = self._diagnose(proc.name, proc.attempt, pids, proc.log_path, reason)
         proc.last_dump = path
         self._events.emit(
@@ -302,7 +302,7 @@ class Supervisor:
         if proc.handle is None:
             return
         if proc.state in RUNNING:
-            proc.known_descendants.update(proc.handle.descendants())
+            proc.known_descendants.update(proc.handle.descendants(fresh=True))
             proc.state = ProcessState.STOPPING
             self._events.emit("process_stopping", process=proc.name, pid=proc.pid, signal="SIGTERM")
             proc.handle.signal_group(signal.SIGTERM)

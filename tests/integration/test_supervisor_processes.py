@@ -35,7 +35,7 @@ def test_children_get_their_own_group_log_to_file_and_are_all_stopped(tmp_path):
     pids = [p.pid for p in sup.processes]
     sup.stop_all()
     time.sleep(0.2)
-    assert not any(alive(pid) for pid in pids + [grandchild])
+    assert not [pid for pid in pids + [grandchild] if alive(pid)], (pids, grandchild)
     assert "hello" in (tmp_path / "sleeper.log").read_text()
     events = (tmp_path / "events.jsonl").read_text()
     assert '"descendants_swept"' in events and str(grandchild) in events

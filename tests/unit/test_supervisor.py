@@ -40,7 +40,7 @@ class FakeHandle:
         if self.exit_code is None and not self.unkillable and (sig == signal.SIGKILL or not self.ignores_sigterm):
             self.exit_code = -sig
 
-    def descendants(self) -> list[int]:
+    def descendants(self, fresh: bool = False) -> list[int]:
         return []
 
 
