@@ -27,6 +27,8 @@ def test_the_program_is_what_torchrun_runs():
     argv = ["torchrun", "--nproc_per_node=2", "--no_python", "fast-llm", "train", "gpt", "--config", "f.yaml"]
     assert program_argv(argv) == ["fast-llm", "train", "gpt", "--config", "f.yaml"]
     assert program_argv(["/venv/bin/torchrun", "--no_python"]) == []
+    spaced = ["torchrun", "--nproc_per_node", "2", "--master_port", "29501", "--no_python", "fast-llm", "train"]
+    assert program_argv(spaced) == ["fast-llm", "train"]  # an option's separate value is not the program
     standin = [sys.executable, "tests/fast_llm_standin.py", "--config", "f.yaml"]
     assert program_argv(standin) == standin
 

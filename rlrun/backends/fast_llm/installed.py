@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from rlrun.backends.fast_llm.config import LAUNCH_ENV, config_text, launch_argv
+from rlrun.backends.fast_llm.launchable import torchrun_target
 from rlrun.backends.fast_llm.revisions import REVISIONS, Revision, candidates
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
@@ -46,14 +47,10 @@ _PLACEHOLDERS = dict(redis_host="127.0.0.1", redis_port=6379, broadcast_host="12
 
 
 def program_argv(argv: list[str]) -> list[str]:
-    """The Fast-LLM program and its arguments inside a launch command: what follows torchrun's
-    options when the command is `torchrun [--opt=value ...] --no_python PROGRAM ...`, else `argv`.
-    (Write torchrun's options as `--key=value`: a separate value would be taken for the program.)"""
-    if argv and Path(argv[0]).name == "torchrun":
-        for i, arg in enumerate(argv[1:], start=1):
-            if not arg.startswith("-"):
-                return argv[i:]
-        return []
+    """The Fast-LLM program and its arguments inside a launch command: what torchrun runs when the
+    command is `torchrun [options] --no_python PROGRAM ...`, else `argv`."""
+    if runs_under_torchrun(argv):
+        return torchrun_target(argv[1:])[0]
     return list(argv)
 
 

@@ -124,7 +124,8 @@ def _after_wrapper(name: str, rest: list[str]) -> list[str]:
     return rest[i + _POSITIONAL.get(name, 0):]
 
 
-def _torchrun(rest: list[str], python: str) -> list[str]:
+def torchrun_target(rest: list[str]) -> tuple[list[str], bool, bool]:
+    """What torchrun (given its arguments `rest`) runs: (that command, --no_python, -m)."""
     no_python, module, i = False, False, 0
     while i < len(rest) and rest[i].startswith("-"):
         option = rest[i].split("=", 1)[0]
@@ -135,11 +136,16 @@ def _torchrun(rest: list[str], python: str) -> list[str]:
         elif option in _TORCHRUN_VALUED and "=" not in rest[i]:
             i += 1
         i += 1
-    if i >= len(rest):
+    return rest[i:], no_python, module
+
+
+def _torchrun(rest: list[str], python: str) -> list[str]:
+    command, no_python, module = torchrun_target(rest)
+    if not command:
         return ["the program torchrun should run (none given)"]
-    target = rest[i]
+    target = command[0]
     if no_python:
-        return missing(rest[i:], python)
+        return missing(command, python)
     if module:
         return [] if _importable(target, python) else [f"Python module {target} (not importable by {python})"]
     return [] if Path(target).is_file() else [f"the script {target} (no such file)"]
