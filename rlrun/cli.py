@@ -286,9 +286,11 @@ def _report_end(cfg, run_dir, reason: str) -> None:
     if last:
         console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
     _print_time_split(run_dir)
-    if cfg.trainer.backend == "fast_llm":
-        logs = run_dir.launch_logs(max(run_dir.launches(), default=None))
-        console.print(f"training metrics: Fast-LLM's log, {logs / 'trainer.log'}\nevents:  {run_dir.events}")
+    from rlrun.backends import backend_for
+
+    elsewhere = backend_for(cfg).metrics_hint(run_dir)
+    if elsewhere is not None:
+        console.print(f"training metrics: {elsewhere}\nevents:  {run_dir.events}")
         return
     console.print(f"metrics: {run_dir.metrics}\nevents:  {run_dir.events}")
     _plot_at_end(run_dir)

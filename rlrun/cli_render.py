@@ -44,11 +44,9 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
     main.add_row("path", escape(report.path))
     main.add_row("layout", report.layout)
     main.add_row("step", _text(report.step))
-    if report.layout == inspection.HF:
-        main.add_row("samples processed", _text(report.samples_processed))
-        main.add_row("policy version", _text(report.policy_version))
-    else:
-        main.add_row("documents seen", _text(report.documents_seen))
+    for label, value in (("samples processed", report.samples_processed), ("policy version", report.policy_version), ("documents seen", report.documents_seen)):
+        if value is not None:
+            main.add_row(label, _text(value))
     when = "-" if report.written_at is None else time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report.written_at))
     main.add_row("written", f"{when} ({report.written_at_source})")
     main.add_row("complete", "yes (ok marker)" if report.complete else "[bold red]NO: half-written, no ok marker[/]")

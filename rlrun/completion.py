@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BACKENDS = ("hf", "fast_llm")
-
-
 @dataclass(frozen=True)
 class TrainerObservation:
     samples_processed: int  # samples the trainer has consumed so far
@@ -89,22 +86,3 @@ def fast_llm_finished(train_iters: int, obs: TrainerObservation) -> Verdict:
         return Verdict(True, f"training_finished at step {max(steps)} of {train_iters} and exit 0")
     reached = max(steps) if steps else obs.last_step
     return Verdict(False, f"interrupted at step {reached} of {train_iters}")
-
-
-def is_finished(
-    backend: str,
-    obs: TrainerObservation,
-    *,
-    hf_target: HfTarget | None = None,
-    train_iters: int | None = None,
-) -> Verdict:
-    """The verdict of `backend`'s rule: "hf" needs `hf_target`, "fast_llm" needs `train_iters`."""
-    if backend == "hf":
-        if hf_target is None:
-            raise ValueError("the hf completion rule needs hf_target.")
-        return hf_finished(hf_target, obs)
-    if backend == "fast_llm":
-        if train_iters is None:
-            raise ValueError("the fast_llm completion rule needs train_iters.")
-        return fast_llm_finished(train_iters, obs)
-    raise ValueError(f"unknown trainer backend '{backend}': expected one of {', '.join(BACKENDS)}.")

@@ -18,31 +18,25 @@ This module never prints and never loads model weights (only file names, sizes a
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 from urllib.parse import urlsplit
 
-
+from rlrun.backends import HALF, CheckpointLayout, checkpoint_layouts
 from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
 from rlrun.rundir import MARKER, RunDir
-from rlrun.trainer import checkpoint as hf_checkpoint
 
 log = logging.getLogger(__name__)
 
-HF = "hf"
-FAST_LLM = "fast_llm"
-FAST_LLM_METADATA = "metadata.yaml"
-HALF = "half-written"  # why a candidate checkpoint is skipped (the damaged ones say their damage)
+OK_MARKER = "ok"  # every backend writes it last: its mtime is when the checkpoint was finished
+
 HALF_WRITTEN = "half-written checkpoint (no ok marker): it will be skipped on resume"
 REDIS_NOT_RUNNING = "Redis not running (start the run with `rlrun resume` to see it)"
 NO_RUN_FOR_JOURNAL = "no run directory around this checkpoint (pass --redis-url to read a journal)"
 
-_HF_NAME = re.compile(r"step_(\d+)")
 _RUN_SEARCH_DEPTH = 6  # parent folders searched for rlrun-run.json above a checkpoint
-_FAST_LLM_GLOBS = ("checkpoint/*", "*/checkpoint/*", "*/*/checkpoint/*")  # inside a run directory
 _EXPECTED = (
     "expected an hf checkpoint directory (checkpoints/step_NNNNNN/ with trainer_state.json), a "
     "Fast-LLM checkpoint directory (checkpoint/<step>/ with metadata.yaml), or a run directory "
@@ -74,7 +68,7 @@ class ConfigSummary:
 @dataclass(frozen=True)
 class CheckpointReport:
     path: str  # the checkpoint directory (absolute)
-    layout: str  # "hf" | "fast_llm"
+    layout: str  # the backend whose checkpoint this is: "hf" | "fast_llm"
     step: Optional[int]  # optimizer steps taken (hf: trainer_state; fast_llm: completed_steps)
     samples_processed: Optional[int]  # hf only
     documents_seen: Optional[int]  # fast_llm only (when its metadata records it)
@@ -139,62 +133,28 @@ def inspect_path(path: Path) -> CheckpointReport:
     return _read_checkpoint(path, selected_from_run=False, skipped=[], damaged=[])
 
 
-def layout_of(path: Path) -> Optional[str]:
-    """"hf", "fast_llm", or None when `path` looks like neither (a half-written one included)."""
-    if (path / hf_checkpoint.STATE_FILE).is_file() or _HF_NAME.fullmatch(_hf_name(path)):
-        return HF
-    if (path / FAST_LLM_METADATA).is_file() or (path.name.isdigit() and path.parent.name == "checkpoint"):
-        return FAST_LLM
-    return None
-
-
-def _hf_name(path: Path) -> str:
-    """The folder name without the temporary prefix `checkpoint.save` writes under."""
-    return path.name.removeprefix(".tmp-")
+def layout_of(path: Path) -> Optional[CheckpointLayout]:
+    """The backend layout `path` belongs to, or None when it looks like none (a half-written one
+    is recognised too)."""
+    return next((layout for layout in checkpoint_layouts() if layout.looks_like(path)), None)
 
 
 def latest_in_run(run: RunDir) -> tuple[Optional[Path], list[str], list[str]]:
     """(the checkpoint a resume loads, newer half-written ones skipped, newer damaged ones skipped
-    with why), as run-relative names.
-
-    hf checkpoints are chosen by the trainer's own rule (`rlrun.trainer.checkpoint.scan`), so a
-    damaged one is skipped here exactly as resume skips it; Fast-LLM's `checkpoint/<step>/`
-    folders inside the run by theirs (an `ok` marker).
-    """
-    from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
-
-    hf = hf_checkpoint.scan(run.checkpoints)
-    candidates: list[tuple[int, Path, Optional[str]]] = []  # (step, folder, why skipped or None)
-    candidates += [(_hf_step(path), path, HALF) for path in hf.half_written]
-    candidates += [(_hf_step(path), path, why) for path, why in hf.damaged]
-    if hf.usable is not None:
-        candidates.append((_hf_step(hf.usable), hf.usable, None))
-    for pattern in _FAST_LLM_GLOBS:
-        for folder in run.root.glob(pattern):
-            if folder.name.isdigit() and folder.is_dir():
-                candidates.append((int(folder.name), folder, None if fl_checkpoints.is_complete(folder) else HALF))
+    with why), as run-relative names. Each backend's layout lists its own candidates by its own
+    rule, so a damaged checkpoint is skipped here exactly as resume skips it."""
+    candidates = [c for layout in checkpoint_layouts() for c in layout.candidates(run)]
     half: list[str] = []
     damaged: list[str] = []
-    for _, folder, why in sorted(candidates, key=lambda c: (c[0], str(c[1])), reverse=True):
-        name = str(folder.relative_to(run.root))
-        if why is None:
-            return folder, half, damaged
-        if why == HALF:
+    for candidate in sorted(candidates, key=lambda c: (c.step, str(c.path)), reverse=True):
+        name = str(candidate.path.relative_to(run.root))
+        if candidate.skipped_because is None:
+            return candidate.path, half, damaged
+        if candidate.skipped_because == HALF:
             half.append(name)
         else:
-            damaged.append(f"{name}: {why}")
+            damaged.append(f"{name}: {candidate.skipped_because}")
     return None, half, damaged
-
-
-def _hf_step(path: Path) -> int:
-    match = _HF_NAME.fullmatch(path.name)
-    return int(match.group(1)) if match else -1
-
-
-def _is_complete(path: Path, layout: Optional[str]) -> bool:
-    if layout == HF:
-        return hf_checkpoint.is_complete(path)
-    return (path / hf_checkpoint.OK_MARKER).is_file()
 
 
 def _hint(path: Path) -> str:
@@ -211,14 +171,12 @@ def _hint(path: Path) -> str:
 
 def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str], damaged: list[str]) -> CheckpointReport:
     layout = layout_of(path)
+    assert layout is not None  # inspect_path checked
     warnings: list[str] = []
-    complete = _is_complete(path, layout)
+    complete = layout.is_complete(path)
     if not complete:
         warnings.append(HALF_WRITTEN)
-    if layout == HF:
-        fields = _hf_fields(path, warnings)
-    else:
-        fields = _fast_llm_fields(path, warnings)
+    fields = layout.read_fields(path, warnings)
     run = find_run(path)
     config, config_hash = (None, None) if run is None else _run_config(run, warnings)
     recorded = fields.get("checkpoint_config_hash")
@@ -232,7 +190,7 @@ def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str],
         written_at, source = _mtime(path)
     return CheckpointReport(
         path=str(path),
-        layout=layout,
+        layout=layout.name,
         step=fields.get("step"),
         samples_processed=fields.get("samples_processed"),
         documents_seen=fields.get("documents_seen"),
@@ -252,54 +210,9 @@ def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str],
     )
 
 
-def _hf_fields(path: Path, warnings: list[str]) -> dict:
-    match = _HF_NAME.fullmatch(_hf_name(path))
-    fields: dict[str, Any] = {"step": int(match.group(1)) if match else None}
-    state_file = path / hf_checkpoint.STATE_FILE
-    if not state_file.is_file():
-        warnings.append(f"no {hf_checkpoint.STATE_FILE}: step taken from the folder name")
-        return fields
-    try:
-        state = hf_checkpoint.read_state(path)
-    except (OSError, ValueError, TypeError) as exc:
-        warnings.append(f"cannot read {state_file.name}: {exc}")
-        return fields
-    if fields["step"] is not None and fields["step"] != state.step:
-        warnings.append(f"the folder name says step {fields['step']} but {state_file.name} says {state.step}")
-    fields.update(
-        step=state.step,
-        samples_processed=state.samples_processed,
-        policy_version=state.policy_version,
-        checkpoint_config_hash=state.config_hash,
-    )
-    if state.written_at > 0:
-        fields.update(written_at=state.written_at, written_at_source=hf_checkpoint.STATE_FILE)
-    return fields
-
-
-def _fast_llm_fields(path: Path, warnings: list[str]) -> dict:
-    """Step and documents seen, as the backend's one metadata reader reads them."""
-    from rlrun.backends.fast_llm.checkpoints import CheckpointError, read_metadata
-
-    fields: dict[str, Any] = {"step": int(path.name) if path.name.isdigit() else None}
-    if not (path / FAST_LLM_METADATA).is_file():
-        warnings.append(f"no {FAST_LLM_METADATA}: step taken from the folder name")
-        return fields
-    try:
-        meta = read_metadata(path)
-    except CheckpointError as exc:
-        warnings.append(" ".join(str(exc).split()))
-        return fields
-    if fields["step"] is not None and fields["step"] != meta.completed_steps:
-        warnings.append(f"the folder name says step {fields['step']} but {FAST_LLM_METADATA} says {meta.completed_steps}")
-    fields["step"] = meta.completed_steps
-    fields["documents_seen"] = meta.documents_seen
-    return fields
-
-
 def _mtime(path: Path) -> tuple[Optional[float], str]:
     """When the checkpoint was finished: its `ok` marker's mtime, else its newest file's."""
-    ok = path / hf_checkpoint.OK_MARKER
+    ok = path / OK_MARKER
     if ok.is_file():
         return ok.stat().st_mtime, f"mtime of {ok.name}"
     newest = max((p for p in path.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime, default=None)

@@ -3,8 +3,9 @@
     run_dir = create_run(cfg, resolved_yaml, overrides)
     reason = train(cfg, run_dir, on_tick=...)
 
-The CLI renders; this module decides. The completion rule of the trainer backend (a pure
-function in `rlrun.completion`) is fed by what the trainer publishes in Redis.
+The CLI renders; this module decides. The trainer backend (`rlrun.backends`) says its processes
+and how its completion is judged (a pure rule in `rlrun.completion`, fed by what the trainer
+publishes in Redis).
 """
 
 from __future__ import annotations
@@ -18,17 +19,19 @@ from typing import Callable, Optional
 
 import yaml
 
-from rlrun import completion, preflight
+from rlrun import preflight
+from rlrun.backends import backend_for
 from rlrun.cluster.world import spawner_for
 from rlrun.config import RunConfig
 from rlrun.errors import ProcessFailed
 from rlrun.inference.server import base_url
 from rlrun.models.source import model_path
 from rlrun.progress import Progress, ProgressReader
-from rlrun.roles import Endpoints, build_specs
+from rlrun.role_parts import Endpoints
+from rlrun.roles import build_specs
 from rlrun.rundir import RunDir
 from rlrun.streams import server as redis_server
-from rlrun.supervisor import EventLog, ProcessSpec, ProcessStatus, RunVerdict, Supervisor
+from rlrun.supervisor import EventLog, ProcessSpec, ProcessStatus, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +60,7 @@ def plan_endpoints(cfg: RunConfig, pick_port: Callable[[str], int]) -> Endpoints
         redis_port = pick_port(cfg.streams.host)
         redis_url = redis_server.redis_url(cfg.streams.host, redis_port)
     vllm_urls = [base_url(cfg.inference.host, pick_port(cfg.inference.host)) for _ in range(cfg.inference.num_servers)]
-    broadcast_port = 0
-    if cfg.trainer.backend == "fast_llm":
-        broadcast_port = cfg.trainer.fast_llm.broadcast_port or pick_port(cfg.inference.host)
+    broadcast_port = backend_for(cfg).broadcast_port(cfg, pick_port)
     return Endpoints(redis_url=redis_url, redis_port=redis_port, vllm_urls=vllm_urls, broadcast_port=broadcast_port)
 
 
@@ -108,7 +109,7 @@ def train(
             endpoints = plan_endpoints(cfg, redis_server.pick_free_port)
             if endpoints.redis_port is not None:
                 redis_server.write_server_config(
-                    run_dir, endpoints.redis_port, cfg.streams.host, cfg.streams.appendfsync, default_user=_default_redis_user(cfg)
+                    run_dir, endpoints.redis_port, cfg.streams.host, cfg.streams.appendfsync, default_user=backend_for(cfg).redis_default_user(cfg)
                 )
             progress = ProgressReader(endpoints.redis_url, run_dir, events)
             tick = _ticker(on_tick, progress, cfg)
@@ -125,7 +126,7 @@ def train(
                     raise
                 events.emit("port_taken", process=exc.process, attempt=attempt)
                 supervisor.stop_all()
-        reason = supervisor.watch(completion_check(cfg, progress))
+        reason = supervisor.watch(backend_for(cfg).completion_check(cfg, progress))
         status = "finished"
         return reason
     except KeyboardInterrupt:
@@ -170,80 +171,6 @@ def _ticker(on_tick, progress: "ProgressReader", cfg: RunConfig):
     if on_tick is None:
         return None
     return lambda processes: on_tick(processes, progress.read(cfg))
-
-
-def _default_redis_user(cfg: RunConfig) -> str:
-    """Redis's passwordless `default` user: off, or (Fast-LLM) limited to Fast-LLM's streams."""
-    if cfg.trainer.backend != "fast_llm":
-        return redis_server.DEFAULT_USER_OFF
-    from rlrun.backends.fast_llm.acl import default_user_line
-
-    f = cfg.trainer.fast_llm
-    return default_user_line([f.stream], f.events_stream)  # rlrun's own user is written by the server module
-
-
-def completion_check(cfg: RunConfig, progress: ProgressReader):
-    """The supervisor's completion check for this run's trainer backend (a RunVerdict per poll)."""
-    if cfg.trainer.backend == "fast_llm":
-        return _fast_llm_completion_check(cfg, progress)
-    target = completion.HfTarget(cfg.trainer.max_train_steps, cfg.trainer.train_batch_size, cfg.trainer.gradient_accumulation_passes)
-
-    def check(exits: dict[str, Optional[int]]) -> RunVerdict:
-        state = progress.trainer_state()
-        obs = completion.TrainerObservation(
-            samples_processed=int(state.get("samples_processed", 0)),
-            trainer_exit_code=exits.get("trainer"),
-            training_done_event=progress.poll_trainer_events(),  # the trainer's own training_done event
-            last_step=int(state.get("step", 0)),
-        )
-        return _run_verdict(completion.is_finished(cfg.trainer.backend, obs, hf_target=target), exits)
-
-    return check
-
-
-def _run_verdict(verdict: completion.Verdict, exits: dict[str, Optional[int]]) -> RunVerdict:
-    """The trainer's verdict for the supervisor: a trainer that exited 0 before the end is
-    rejected, so it is restarted from its checkpoint."""
-    rejected = not verdict.finished and exits.get("trainer") == 0
-    return RunVerdict(verdict.finished, verdict.reason, reject="trainer" if rejected else None)
-
-
-def _fast_llm_completion_check(cfg: RunConfig, progress: ProgressReader):
-    """Fast-LLM: `training_finished` + exit 0 + the step reached, never a count of documents.
-
-    `training_finished` after an interrupt at an earlier step is not completion: the trainer's
-    exit is rejected, so the supervisor restarts it from its last complete checkpoint.
-    """
-    from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
-    from rlrun.backends.fast_llm.events import EventsReader
-    from rlrun.roles import fast_llm_experiment_dir
-
-    experiment_dir = fast_llm_experiment_dir(cfg, progress.run_dir)
-    reader: dict[str, EventsReader] = {}
-
-    def check(exits: dict[str, Optional[int]]) -> RunVerdict:
-        try:
-            if "events" not in reader:
-                reader["events"] = EventsReader(
-                    progress.redis(), cfg.trainer.fast_llm.events_stream, cfg.trainer.max_train_steps,
-                    skips_possible=cfg.model.dtype == "float16", on_rejected=lambda i, why: progress.note_rejected_event(cfg.trainer.fast_llm.events_stream, i, why),
-                )  # fmt: skip
-            reader["events"].poll()
-        except Exception:  # Redis restarting: decide on what was read so far
-            reader.pop("events", None)
-        events = reader.get("events")
-        obs = completion.TrainerObservation(
-            samples_processed=(events.documents_seen or 0) if events else 0,
-            trainer_exit_code=exits.get("trainer"),
-            training_done_event=False,
-            last_step=(events.last_weights_ready_step or 0) if events else 0,
-            training_finished_seen=bool(events and events.training_finished_seen),
-            last_checkpoint_step=fl_checkpoints.latest_complete_step(experiment_dir),
-            last_weights_ready_step=events.last_weights_ready_step if events else None,
-        )
-        return _run_verdict(completion.is_finished("fast_llm", obs, train_iters=cfg.trainer.max_train_steps), exits)
-
-    return check
 
 
 def summary(run_dir: RunDir) -> dict:

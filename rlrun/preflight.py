@@ -9,6 +9,7 @@ Raises ConfigError (exit 2), EnvironmentProblem (exit 3) or RunDirError (exit 4)
 the module that owns the thing (the Redis binary lookup, the dataset loader, the checkpoint reader)
 and only adds the order and, where needed, the message. Writes nothing in the run directory; the one
 process it starts is Fast-LLM's own config validation (trainer=fast_llm), which opens nothing.
+What is particular to a trainer backend, the backend checks (`rlrun.backends`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import shutil
 import socket
 from pathlib import Path
 
+from rlrun.backends import backend_for
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
 from rlrun.rundir import RunDir
@@ -42,9 +44,9 @@ def check(cfg: RunConfig, root: Path, *, fresh: bool, cheap: bool = False) -> No
         check_external_redis(cfg, root)
     check_ports(cfg)
     if not cheap:
-        check_trainer_launchable(cfg, root)
-    if not fresh and cfg.trainer.backend == "hf":
-        check_checkpoints(RunDir(root))
+        backend_for(cfg).check_launchable(cfg, root)  # Fast-LLM: its own validation of our config
+    if not fresh:
+        backend_for(cfg).check_resumable(RunDir(root))
 
 
 # --- packages ----------------------------------------------------------------------------------
@@ -71,25 +73,6 @@ def check_dependencies(cfg: RunConfig) -> None:
         from rlrun.wandb_sink import require_wandb
 
         require_wandb()
-
-
-def check_trainer_launchable(cfg: RunConfig, root: Path) -> None:
-    """An external trainer's program is there (through whatever wraps it: env, nice, bash -c,
-    torchrun, python -m) and accepts the config rlrun generates for it.
-
-    Fast-LLM: its own validate-only mode reads the generated config of each candidate revision
-    (so the tiny model is built first: Fast-LLM reads the pretrained model's config too); the
-    revision it accepts is the run's. --dry-run only shows the command.
-    """
-    if cfg.trainer.backend == "fast_llm":
-        from rlrun.backends.fast_llm import installed
-        from rlrun.backends.fast_llm.config import launch_argv
-        from rlrun.backends.fast_llm.launchable import ensure_launchable
-        from rlrun.models.source import model_path
-
-        ensure_launchable(launch_argv(cfg, Path("fast_llm.yaml")))
-        experiment_dir = Path(root).expanduser().absolute() / cfg.trainer.fast_llm.experiment_dir_name
-        installed.choose_revision(cfg, model_path(cfg, build=True), experiment_dir)
 
 
 # --- the run directory -------------------------------------------------------------------------
@@ -229,10 +212,7 @@ def check_external_redis(cfg: RunConfig, root: Path) -> None:
 def explicit_ports(cfg: RunConfig) -> list[tuple[str, str, int]]:
     """(config key, host, port) of every port the config fixes. Every other port is picked free
     when the run starts (and a start that loses its port to another program is retried)."""
-    f = cfg.trainer.fast_llm
-    if cfg.trainer.backend == "fast_llm" and f.broadcast_port:
-        return [("trainer.fast_llm.broadcast_port", cfg.inference.host, f.broadcast_port)]
-    return []
+    return backend_for(cfg).explicit_ports(cfg)
 
 
 def check_ports(cfg: RunConfig) -> None:
@@ -256,14 +236,3 @@ def port_in_use(host: str, port: int) -> bool:
                 return True
             raise EnvironmentProblem(f"cannot check port {port} on {host}: {exc.strerror}.") from None
     return False
-
-
-# --- a resumed run's checkpoints ---------------------------------------------------------------
-
-
-def check_checkpoints(run_dir: RunDir) -> None:
-    """Something to resume from: RunDirError (CorruptCheckpoint) when every complete checkpoint is
-    damaged; damaged newer ones above a good one are only warned about (the trainer falls back)."""
-    from rlrun.trainer.checkpoint import resume_point
-
-    resume_point(run_dir.checkpoints)

@@ -24,7 +24,8 @@ import httpx
 
 from rlrun.actor.ledger import JournalLedger, Ledger, MemoryLedger
 from rlrun.actor.sampling import SampleState, close_if_spent, is_stale, remaining_budget
-from rlrun.actor.trainer_view import TrainerView, trainer_view
+from rlrun.actor.trainer_view import TrainerView
+from rlrun.backends import backend_for
 from rlrun.actor.vllm_client import stream_completion
 from rlrun.config import RunConfig, load_resolved
 from rlrun.data.tasks import Task, load_task, problem_index
@@ -59,7 +60,7 @@ class Actor:
         run_name: str, api_key: str = "", trainer: TrainerView | None = None,
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
-        self.trainer = trainer or trainer_view(cfg, redis)
+        self.trainer = trainer or backend_for(cfg).trainer_view(cfg, redis)
         self.urls = server_urls
         self.ledger = ledger
         self.run_name = run_name

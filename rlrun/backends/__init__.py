@@ -1,6 +1,124 @@
-"""Trainer backends that run outside rlrun's own training loop.
+"""Trainer backends: everything rlrun must know about one trainer, behind one interface.
 
-Each backend owns what rlrun must know about one external trainer: the config it is given, the
-protocol it speaks over Redis, and the checkpoint layout it writes. The hf trainer lives in
-`rlrun.trainer`; the rule that says when each backend is finished lives in `rlrun.completion`.
+    backend = backend_for(cfg)                       # by cfg.trainer.backend
+    backend.specs(cfg, run_dir, endpoints, model_path, probe)   # its processes, in start order
+    backend.completion_check(cfg, progress)          # the supervisor's RunVerdict per poll
+    for layout in checkpoint_layouts(): ...          # inspect-checkpoint reads any backend's
+
+`launch`, `roles`, `preflight`, `inspection`, the actor and the CLI ask the backend object and
+never name a backend. A new trainer is one new module here, registered in `_BACKENDS`.
+The rules each backend judges with stay pure, in `rlrun.completion`.
+
+Backend modules are imported on first use: the actor does not load the supervisor's side, and
+`hf` never loads Fast-LLM's.
 """
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from rlrun.actor.trainer_view import TrainerView
+    from rlrun.completion import Verdict
+    from rlrun.config import RunConfig
+    from rlrun.progress import ProgressReader
+    from rlrun.role_parts import Endpoints, RedisProbe
+    from rlrun.rundir import RunDir
+    from rlrun.supervisor import ProcessSpec, RunVerdict
+
+# name -> "module:attribute" of its TrainerBackend (config validation lists these names)
+_BACKENDS = {"hf": "rlrun.backends.hf:BACKEND", "fast_llm": "rlrun.backends.fast_llm.backend:BACKEND"}
+NAMES = tuple(_BACKENDS)
+
+HALF = "half-written"  # why a checkpoint candidate is skipped (damaged ones say their damage)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A checkpoint folder found in a run directory, and why it would be skipped (None: usable)."""
+
+    step: int
+    path: Path
+    skipped_because: Optional[str] = None  # HALF, or what is damaged
+
+
+class CheckpointLayout(Protocol):
+    """How one backend's checkpoints look on disk, for `rlrun inspect-checkpoint`."""
+
+    name: str  # shown as the checkpoint's layout
+
+    def looks_like(self, path: Path) -> bool:
+        """`path` is one of this backend's checkpoint folders (a half-written one included)."""
+
+    def candidates(self, run: "RunDir") -> list[Candidate]:
+        """Every checkpoint of this layout inside `run`, each with why resume would skip it."""
+
+    def is_complete(self, path: Path) -> bool: ...
+
+    def read_fields(self, path: Path, warnings: list[str]) -> dict:
+        """What the checkpoint records (`step`, and any of `samples_processed`, `documents_seen`,
+        `policy_version`, `checkpoint_config_hash`, `written_at`, `written_at_source`); what
+        cannot be read is appended to `warnings`, never raised."""
+
+
+class TrainerBackend(Protocol):
+    name: str
+    layout: CheckpointLayout
+
+    def roles(self, cfg: "RunConfig") -> list[str]:
+        """The names of the processes it starts, in start order (the trainer's among them)."""
+
+    def broadcast_port(self, cfg: "RunConfig", pick_port: Callable[[str], int]) -> int:
+        """The port of its trainer→vLLM weight broadcast, or 0 when it has none."""
+
+    def explicit_ports(self, cfg: "RunConfig") -> list[tuple[str, str, int]]:
+        """(config key, host, port) of every port its config fixes (preflight checks they are free)."""
+
+    def redis_default_user(self, cfg: "RunConfig") -> str:
+        """The ACL line of Redis's passwordless `default` user (off unless its trainer needs it)."""
+
+    def check_launchable(self, cfg: "RunConfig", root: Path) -> None:
+        """Preflight: its program is there and takes the config rlrun generates (raises ConfigError /
+        EnvironmentProblem)."""
+
+    def check_resumable(self, run_dir: "RunDir") -> None:
+        """Preflight of a resume: its checkpoints leave something to resume from (RunDirError)."""
+
+    def specs(self, cfg: "RunConfig", run_dir: "RunDir", endpoints: "Endpoints", model_path: str, probe: "RedisProbe") -> list["ProcessSpec"]:
+        """Its processes (the trainer, and what serves it), in start order."""
+
+    def completion_check(self, cfg: "RunConfig", progress: "ProgressReader") -> Callable[[dict[str, Optional[int]]], "RunVerdict"]:
+        """The supervisor's check, called with the exit codes of the processes that finish."""
+
+    def trainer_view(self, cfg: "RunConfig", redis) -> "TrainerView":
+        """What the actor needs to know about this trainer (see rlrun/actor/trainer_view.py)."""
+
+    def metrics_hint(self, run_dir: "RunDir") -> Optional[str]:
+        """Where the training metrics are when not in metrics.jsonl (shown at the end of a run)."""
+
+
+def backend_for(cfg_or_name: "RunConfig | str") -> TrainerBackend:
+    """The backend a config (or a backend name) asks for."""
+    name = cfg_or_name if isinstance(cfg_or_name, str) else cfg_or_name.trainer.backend
+    try:
+        module, attribute = _BACKENDS[name].split(":")
+    except KeyError:
+        raise ValueError(f"unknown trainer backend '{name}': expected one of {', '.join(NAMES)}.") from None
+    return getattr(importlib.import_module(module), attribute)
+
+
+def checkpoint_layouts() -> list[CheckpointLayout]:
+    """Every backend's checkpoint layout (a checkpoint on disk does not say which run made it)."""
+    return [backend_for(name).layout for name in NAMES]
+
+
+def run_verdict(verdict: "Verdict", exits: dict[str, Optional[int]]) -> "RunVerdict":
+    """A backend's verdict for the supervisor: a trainer that exited 0 before the end is rejected,
+    so it is restarted from its checkpoint."""
+    from rlrun.supervisor import RunVerdict
+
+    rejected = not verdict.finished and exits.get("trainer") == 0
+    return RunVerdict(verdict.finished, verdict.reason, reject="trainer" if rejected else None)

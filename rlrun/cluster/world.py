@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
+from rlrun.backends import backend_for
 from rlrun.cluster import placement
 from rlrun.config import RunConfig
 from rlrun.rundir import RunDir
@@ -20,8 +21,7 @@ def process_names(cfg: RunConfig) -> list[str]:
     """The processes of a run, as `roles.build_specs` names them (a test holds the two together)."""
     names = [] if cfg.streams.url else ["redis"]
     names += [f"vllm-{i}" for i in range(cfg.inference.num_servers)]
-    names += ["weights"] if cfg.trainer.backend == "fast_llm" else []
-    return names + ["trainer", "actor"]
+    return names + backend_for(cfg).roles(cfg) + ["actor"]
 
 
 def run_tag(run_dir: RunDir) -> str:

@@ -15,6 +15,7 @@ import pytest
 from rlrun import launch
 from rlrun.actor.ledger import JournalLedger
 from rlrun.actor.main import Actor
+from rlrun.backends import backend_for
 from rlrun.config import compose
 from rlrun.progress import ProgressReader
 from rlrun.journal.store import Append, group_key, log_key
@@ -103,7 +104,7 @@ def test_supervisor_reads_the_events_stream_and_counts_malformed_events(server, 
     time.sleep(0.01)
     events = EventLog(tmp_path / "events.jsonl")
     reader = ProgressReader(server.url, server.run_dir, events)
-    check = launch.completion_check(cfg, reader)
+    check = backend_for(cfg).completion_check(cfg, reader)
     bad_ids = [client.xadd(names.TRAINER_EVENTS, fields) for fields in BAD_EVENTS]
     client.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", "step": 1})})
 
@@ -252,7 +253,7 @@ def test_a_port_taken_at_start_is_retried_on_fresh_ports(tmp_path, monkeypatch):
         monkeypatch.setattr(launch.redis_server, "pick_free_port", lambda host: next(picks, None) or real_pick(host))
         monkeypatch.setattr(launch, "model_path", lambda cfg, build: str(tmp_path / "model"))
         monkeypatch.setattr(launch, "build_specs", lambda *a, **k: [s for s in real_specs(*a, **k) if s.name == "redis"])
-        monkeypatch.setattr(launch, "completion_check", lambda cfg, progress: lambda exits: RunVerdict(True, "Redis is up"))
+        monkeypatch.setattr(type(backend_for(cfg)), "completion_check", lambda self, cfg, progress: lambda exits: RunVerdict(True, "Redis is up"))
         assert launch.train(cfg, run_dir) == "Redis is up"
     recorded = [json.loads(line) for line in run_dir.events.read_text().splitlines()]
     assert [(e["process"], e["attempt"]) for e in recorded if e["event"] == "port_taken"] == [("redis", 1)]

@@ -8,7 +8,6 @@ from rlrun.completion import (
     Verdict,
     fast_llm_finished,
     hf_finished,
-    is_finished,
 )
 
 # 10 steps × 8 samples per pass × 2 passes per step = 160 samples
@@ -131,20 +130,7 @@ def test_fast_llm_without_step_reports_uses_last_step():
     assert fast_llm_finished(TRAIN_ITERS, o) == Verdict(False, "interrupted at step 7 of 400")
 
 
-def test_is_finished_dispatches_by_backend():
-    assert is_finished("hf", obs(160, 0), hf_target=HF).finished
-    assert not is_finished("hf", obs(159, 0), hf_target=HF).finished
-    done = obs(0, 0, step=400, seen=True, ckpt=400)
-    assert is_finished("fast_llm", done, train_iters=400).finished
-    assert not is_finished("fast_llm", done, train_iters=500).finished
-    # the fast_llm rule ignores the sample count the hf rule would accept
-    assert not is_finished("fast_llm", obs(10**9, 0, step=10), train_iters=400).finished
-
-
-def test_is_finished_rejects_unknown_backend_and_missing_targets():
-    with pytest.raises(ValueError, match="megatron"):
-        is_finished("megatron", obs(0, 0), hf_target=HF)
-    with pytest.raises(ValueError, match="hf_target"):
-        is_finished("hf", obs(0, 0))
-    with pytest.raises(ValueError, match="train_iters"):
-        is_finished("fast_llm", obs(0, 0))
+def test_the_fast_llm_rule_ignores_the_sample_count_the_hf_rule_accepts():
+    many = obs(10**9, 0, step=10)
+    assert hf_finished(HF, many).finished
+    assert not fast_llm_finished(400, many).finished

@@ -8,9 +8,11 @@ This package owns everything rlrun needs to know about Fast-LLM and nothing else
   messages, not rlrun's: no schema_version);
 - `checkpoints`: its checkpoint layout (`<experiment_dir>/checkpoint/<step>/`, `ok` written last)
   and moving half-written checkpoints aside before a (re)start;
-- `acl`: the Redis ACL that lets Fast-LLM's passwordless clients touch its streams and nothing else.
+- `acl`: the Redis ACL that lets Fast-LLM's passwordless clients touch its streams and nothing else;
+- `backend`: all of it behind `rlrun.backends.TrainerBackend` (process specs, completion check,
+  checkpoint layout, ports); `view`: what the actor needs to know about Fast-LLM.
 
-It knows nothing of the hf trainer (`rlrun.trainer`), and it starts no process: roles and the
-supervisor do that with what this package returns. The completion rule is
+It knows nothing of the hf trainer (`rlrun.trainer`), and it starts no process: the supervisor does
+that with the specs `backend` returns. The completion rule is
 `rlrun.completion.fast_llm_finished`.
 """

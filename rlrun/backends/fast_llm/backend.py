@@ -1,0 +1,262 @@
+"""The Fast-LLM trainer backend as rlrun's supervisor sees it: its processes (the weight follower,
+then Fast-LLM itself), its completion check, its checkpoints, its ports and Redis user.
+
+What the pieces mean is in the sibling modules (`config`, `protocol`, `checkpoints`, `acl`,
+`installed`, `rewind`, `follower`); this module only puts them together behind
+`rlrun.backends.TrainerBackend`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from rlrun import completion
+from rlrun.backends import HALF, Candidate, run_verdict
+from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
+from rlrun.backends.fast_llm.config import LAUNCH_ENV, launch_argv, write_config
+from rlrun.backends.fast_llm.follower import request_join
+from rlrun.backends.fast_llm.installed import choose_revision
+from rlrun.backends.fast_llm.rewind import Rewind, rewind_group
+from rlrun.config import RunConfig
+from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy
+from rlrun.rundir import RunDir
+from rlrun.streams import names
+from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict
+
+log = logging.getLogger(__name__)
+
+# where Fast-LLM's `checkpoint/<step>/` folders may sit inside a run directory
+_RUN_GLOBS = ("checkpoint/*", "*/checkpoint/*", "*/*/checkpoint/*")
+
+
+def experiment_dir_of(cfg: RunConfig, run_root: Path) -> Path:
+    """Fast-LLM's `run.experiment_dir`: a folder of the run directory."""
+    return Path(run_root).expanduser().absolute() / cfg.trainer.fast_llm.experiment_dir_name
+
+
+class FastLlmLayout:
+    """`<experiment_dir>/checkpoint/<step>/` with `metadata.yaml`, `ok` last (see checkpoints.py)."""
+
+    name = "fast_llm"
+
+    def looks_like(self, path: Path) -> bool:
+        return (path / fl_checkpoints.METADATA_FILE).is_file() or (path.name.isdigit() and path.parent.name == fl_checkpoints.CHECKPOINT_DIR)
+
+    def candidates(self, run: RunDir) -> list[Candidate]:
+        return [
+            Candidate(int(folder.name), folder, None if fl_checkpoints.is_complete(folder) else HALF)
+            for pattern in _RUN_GLOBS
+            for folder in run.root.glob(pattern)
+            if folder.name.isdigit() and folder.is_dir()
+        ]
+
+    def is_complete(self, path: Path) -> bool:
+        return fl_checkpoints.is_complete(path)
+
+    def read_fields(self, path: Path, warnings: list[str]) -> dict:
+        """Step and documents seen, as the backend's one metadata reader reads them."""
+        fields: dict[str, Any] = {"step": int(path.name) if path.name.isdigit() else None}
+        if not (path / fl_checkpoints.METADATA_FILE).is_file():
+            warnings.append(f"no {fl_checkpoints.METADATA_FILE}: step taken from the folder name")
+            return fields
+        try:
+            meta = fl_checkpoints.read_metadata(path)
+        except fl_checkpoints.CheckpointError as exc:
+            warnings.append(" ".join(str(exc).split()))
+            return fields
+        if fields["step"] is not None and fields["step"] != meta.completed_steps:
+            warnings.append(f"the folder name says step {fields['step']} but {fl_checkpoints.METADATA_FILE} says {meta.completed_steps}")
+        fields.update(step=meta.completed_steps, documents_seen=meta.documents_seen)
+        return fields
+
+
+class FastLlmBackend:
+    name = "fast_llm"
+    layout = FastLlmLayout()
+
+    def roles(self, cfg: RunConfig) -> list[str]:
+        return ["weights", "trainer"]  # the follower first: the trainer waits for it at its broadcast
+
+    def broadcast_port(self, cfg: RunConfig, pick_port: Callable[[str], int]) -> int:
+        return cfg.trainer.fast_llm.broadcast_port or pick_port(cfg.inference.host)
+
+    def explicit_ports(self, cfg: RunConfig) -> list[tuple[str, str, int]]:
+        port = cfg.trainer.fast_llm.broadcast_port
+        return [("trainer.fast_llm.broadcast_port", cfg.inference.host, port)] if port else []
+
+    def redis_default_user(self, cfg: RunConfig) -> str:
+        """Fast-LLM's clients connect without a password: the `default` user may touch its streams
+        and nothing else (rlrun's own user is written by the server module)."""
+        from rlrun.backends.fast_llm.acl import default_user_line
+
+        f = cfg.trainer.fast_llm
+        return default_user_line([f.stream], f.events_stream)
+
+    def check_launchable(self, cfg: RunConfig, root: Path) -> None:
+        """Fast-LLM's own validate-only mode reads the generated config of each candidate revision
+        (the tiny model is built first: Fast-LLM reads the pretrained model's config too); the
+        revision it accepts is the run's."""
+        from rlrun.backends.fast_llm.launchable import ensure_launchable
+        from rlrun.models.source import model_path
+
+        ensure_launchable(launch_argv(cfg, Path("fast_llm.yaml")))
+        choose_revision(cfg, model_path(cfg, build=True), experiment_dir_of(cfg, root))
+
+    def check_resumable(self, run_dir: RunDir) -> None:
+        return None  # half-written checkpoints are moved aside before every start; none at all means step 0
+
+    def specs(self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> list[ProcessSpec]:
+        return [follower_spec(cfg, run_dir, endpoints, probe), trainer_spec(cfg, run_dir, endpoints, model_path, probe)]
+
+    def completion_check(self, cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
+        return completion_check(cfg, progress)
+
+    def trainer_view(self, cfg: RunConfig, redis):
+        from rlrun.backends.fast_llm.view import FastLlmView
+
+        return FastLlmView(cfg, redis)
+
+    def metrics_hint(self, run_dir: RunDir) -> Optional[str]:
+        logs = run_dir.launch_logs(max(run_dir.launches(), default=None))
+        return f"Fast-LLM's log, {logs / 'trainer.log'}"
+
+
+BACKEND = FastLlmBackend()
+
+
+def trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> ProcessSpec:
+    """Fast-LLM, launched from the config rlrun generates; tidied before every (re)start.
+
+    Ready when it announces `weights_ready` after its start. No heartbeat: Fast-LLM has none
+    (it may legitimately wait for documents; it times out by itself after `fast_llm.timeout_s`).
+    """
+    sup, f = cfg.supervisor, cfg.trainer.fast_llm
+    experiment_dir = experiment_dir_of(cfg, run_dir.root)
+    config_path = run_dir.root / "fast_llm.yaml"
+    redis_host, _, redis_port = endpoints.redis_url.split("://", 1)[1].split("/", 1)[0].rpartition(":")
+
+    events = EventLog(run_dir.events)
+
+    def rewind_documents() -> None:
+        """The documents read after the checkpoint the trainer restarts from are delivered again."""
+        latest = fl_checkpoints.latest_complete(experiment_dir)
+        try:
+            checkpoint = fl_checkpoints.read_metadata(latest) if latest is not None else None
+        except fl_checkpoints.CheckpointError as exc:
+            log.error("documents not rewound: %s", exc)
+            return
+        done: list[Rewind | str] = []
+
+        def rewind(client) -> None:
+            try:
+                done.append(rewind_group(client, f.stream, f.consumer_group, checkpoint))
+            except RuntimeError as exc:  # the stream holds fewer documents than the checkpoint covers
+                done.append(str(exc))
+
+        if not probe.call(rewind) or not done:
+            log.warning("documents not rewound: Redis unreachable")
+        elif isinstance(done[0], str):
+            events.emit("documents_rewound", error=done[0])
+        else:
+            events.emit("documents_rewound", **asdict(done[0]))
+
+    def before_start() -> None:
+        moved = fl_checkpoints.move_aside_incomplete(experiment_dir)
+        for path in moved:
+            log.warning("moved a half-written Fast-LLM checkpoint aside: %s", path)
+        # The new trainer opens its broadcast group at start and waits there for the vLLM servers.
+        start_step = fl_checkpoints.latest_complete_step(experiment_dir) or 0  # what it resumes from
+        if not probe.call(lambda client: request_join(client, f.events_stream, start_step)):
+            log.warning("could not ask the weight follower to join the trainer's broadcast (Redis unreachable); "
+                        "the trainer waits for it up to trainer.fast_llm.timeout_s, then is restarted")  # fmt: skip
+        rewind_documents()
+        revision = choose_revision(cfg, model_path, experiment_dir)  # asked in preflight: remembered
+        write_config(
+            cfg, revision, config_path, redis_host=redis_host, redis_port=int(redis_port), experiment_dir=experiment_dir,
+            model_path=model_path, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
+        )  # fmt: skip
+
+    started: dict[int, str] = {}
+
+    def ready(pid: int) -> bool:  # a weights_ready event published after this attempt started
+        since = started.setdefault(pid, f"{int(time.time() * 1000)}-0")
+        return probe.stream_has_event_after(f.events_stream, since, '"weights_ready"')
+
+    return ProcessSpec(
+        name="trainer",
+        argv=launch_argv(cfg, config_path),
+        env={**child_env(cfg.trainer.threads), **LAUNCH_ENV},
+        log_path=run_dir.log("trainer"),
+        ready=ready,
+        ready_timeout_s=max(sup.ready_timeout_s, 600.0),
+        stop_grace_s=max(sup.stop_grace_s, 60.0),  # it finishes its step and saves a checkpoint on SIGTERM
+        finishes=True,
+        restart=restart_policy(sup.trainer),
+        before_start=before_start,
+        # SIGTERMed, Fast-LLM finishes its step (it needs documents, and the vLLM servers for its
+        # broadcast), saves a checkpoint and exits: everything else keeps running until then.
+        stop_first=True,
+    )
+
+
+def follower_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, probe: RedisProbe) -> ProcessSpec:
+    """trainer=fast_llm: the process that has the vLLM servers load what Fast-LLM broadcasts
+    (rlrun/backends/fast_llm/follower.py). Started before the trainer, which waits for it."""
+    sup = cfg.supervisor
+    return ProcessSpec(
+        name="weights",
+        argv=[
+            sys.executable, "-m", "rlrun.backends.fast_llm.follower", "--run-dir", str(run_dir.root),
+            "--redis-url", endpoints.redis_url, *[arg for url in endpoints.vllm_urls for arg in ("--vllm-url", url)],
+            "--broadcast-host", cfg.inference.host, "--broadcast-port", str(endpoints.broadcast_port),
+        ],  # fmt: skip
+        env=child_env(1),
+        log_path=run_dir.log("weights"),
+        ready=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),
+        alive=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),
+        ready_timeout_s=sup.ready_timeout_s,
+        stop_grace_s=sup.stop_grace_s,
+        restart=restart_policy(sup.weights),
+        stall_timeout_s=sup.weights.stall_timeout_s,
+    )
+
+
+def completion_check(cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
+    """Fast-LLM: `training_finished` + exit 0 + the step reached, never a count of documents.
+
+    `training_finished` after an interrupt at an earlier step is not completion: the trainer's
+    exit is rejected, so the supervisor restarts it from its last complete checkpoint.
+    """
+    from rlrun.backends.fast_llm.events import EventsReader
+
+    experiment_dir = experiment_dir_of(cfg, progress.run_dir.root)
+    reader: dict[str, EventsReader] = {}
+
+    def check(exits: dict[str, Optional[int]]) -> RunVerdict:
+        try:
+            if "events" not in reader:
+                reader["events"] = EventsReader(
+                    progress.redis(), cfg.trainer.fast_llm.events_stream, cfg.trainer.max_train_steps,
+                    skips_possible=cfg.model.dtype == "float16", on_rejected=lambda i, why: progress.note_rejected_event(cfg.trainer.fast_llm.events_stream, i, why),
+                )  # fmt: skip
+            reader["events"].poll()
+        except Exception:  # Redis restarting: decide on what was read so far
+            reader.pop("events", None)
+        events = reader.get("events")
+        obs = completion.TrainerObservation(
+            samples_processed=(events.documents_seen or 0) if events else 0,
+            trainer_exit_code=exits.get("trainer"),
+            training_done_event=False,
+            last_step=(events.last_weights_ready_step or 0) if events else 0,
+            training_finished_seen=bool(events and events.training_finished_seen),
+            last_checkpoint_step=fl_checkpoints.latest_complete_step(experiment_dir),
+            last_weights_ready_step=events.last_weights_ready_step if events else None,
+        )
+        return run_verdict(completion.fast_llm_finished(cfg.trainer.max_train_steps, obs), exits)
+
+    return check

@@ -1,0 +1,52 @@
+"""What the actor needs to know about Fast-LLM (rlrun.actor.trainer_view.TrainerView): documents go
+to Fast-LLM's stream, one per sample; the policy version is the one the weight follower says vLLM
+serves; back-pressure counts Fast-LLM's unread documents.
+"""
+
+from __future__ import annotations
+
+from rlrun.backends.fast_llm.config import docs_per_step
+from rlrun.backends.fast_llm.protocol import encode_group
+from rlrun.config import RunConfig
+from rlrun.rollouts import Group
+from rlrun.streams import names
+
+
+class FastLlmView:
+    """Fast-LLM: documents to its stream, the version vLLM serves, back-pressure by lag.
+
+    Fast-LLM takes more documents per step than `docs_per_step` (whole micro-batches), so the
+    actor cannot count steps × documents: it keeps the documents Fast-LLM has not read yet (the
+    consumer group's lag) plus those in flight under `(1 + max_steps_ahead) × docs_per_step`.
+    It never decides that training is over: the supervisor's completion rule does, and stops it.
+    """
+
+    def __init__(self, cfg: RunConfig, redis) -> None:
+        self.cfg, self.redis = cfg, redis
+        self.f = cfg.trainer.fast_llm
+        self.docs_per_step = docs_per_step(cfg)
+
+    def destination(self, group: Group) -> tuple[str, list[str]]:
+        return self.f.stream, [fields["data"] for fields in encode_group(group, self.f.loss_masking_span_end)]
+
+    def policy_version(self) -> int:
+        """The step whose weights vLLM serves (set by the weight follower once they are loaded;
+        `weights_ready` alone only says the broadcast is about to start)."""
+        return int(self.redis.get(names.POLICY_VERSION) or 0)
+
+    def room_for_group(self, opened: int, in_flight: int) -> bool:
+        unread = self._unread_documents()
+        return unread + in_flight * self.cfg.algo.group_size < (1 + self.cfg.actor.max_steps_ahead) * self.docs_per_step
+
+    def _unread_documents(self) -> int:
+        try:
+            groups = self.redis.xinfo_groups(self.f.stream)
+        except Exception:  # noqa: BLE001 - no stream yet: nothing unread
+            return 0
+        for group in groups:
+            if group.get("name") == self.f.consumer_group and group.get("lag") is not None:
+                return int(group["lag"])
+        return int(self.redis.xlen(self.f.stream))  # Fast-LLM has not joined yet: all of it
+
+    def done(self) -> bool:
+        return False

@@ -1,0 +1,149 @@
+"""rlrun's own trainer (`rlrun.trainer`, torch + transformers): its process, completion and checkpoints.
+
+The trainer reads groups from `rlrun:groups`, publishes its step and samples processed in the
+`rlrun:trainer` hash and writes `checkpoints/step_NNNNNN/` (an `ok` marker last) in the run
+directory. Finished: exit 0 and the samples target consumed, or its own `training_done` event
+(`rlrun.completion.hf_finished`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from rlrun import completion
+from rlrun.backends import HALF, Candidate, run_verdict
+from rlrun.config import RunConfig
+from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy
+from rlrun.rundir import RunDir
+from rlrun.streams import names
+from rlrun.supervisor import ProcessSpec, RunVerdict
+from rlrun.trainer import checkpoint
+
+_STEP_NAME = re.compile(r"step_(\d+)")
+
+
+class HfLayout:
+    """`<run>/checkpoints/step_NNNNNN/`: weights, optimizer, trainer_state.json, `ok` last."""
+
+    name = "hf"
+
+    def looks_like(self, path: Path) -> bool:
+        return (path / checkpoint.STATE_FILE).is_file() or _step_of(path) is not None
+
+    def candidates(self, run: RunDir) -> list[Candidate]:
+        """Chosen by the trainer's own rule (`checkpoint.scan`): a damaged one is skipped here
+        exactly as a resume skips it."""
+        found = checkpoint.scan(run.checkpoints)
+        out = [Candidate(_step_of(path) or -1, path, HALF) for path in found.half_written]
+        out += [Candidate(_step_of(path) or -1, path, why) for path, why in found.damaged]
+        if found.usable is not None:
+            out.append(Candidate(_step_of(found.usable) or -1, found.usable))
+        return out
+
+    def is_complete(self, path: Path) -> bool:
+        return checkpoint.is_complete(path)
+
+    def read_fields(self, path: Path, warnings: list[str]) -> dict:
+        fields: dict[str, Any] = {"step": _step_of(path)}
+        state_file = path / checkpoint.STATE_FILE
+        if not state_file.is_file():
+            warnings.append(f"no {checkpoint.STATE_FILE}: step taken from the folder name")
+            return fields
+        try:
+            state = checkpoint.read_state(path)
+        except (OSError, ValueError, TypeError) as exc:
+            warnings.append(f"cannot read {state_file.name}: {exc}")
+            return fields
+        if fields["step"] is not None and fields["step"] != state.step:
+            warnings.append(f"the folder name says step {fields['step']} but {state_file.name} says {state.step}")
+        fields.update(
+            step=state.step,
+            samples_processed=state.samples_processed,
+            policy_version=state.policy_version,
+            checkpoint_config_hash=state.config_hash,
+        )
+        if state.written_at > 0:
+            fields.update(written_at=state.written_at, written_at_source=checkpoint.STATE_FILE)
+        return fields
+
+
+def _step_of(path: Path) -> Optional[int]:
+    """The step in the folder name (the temporary prefix `checkpoint.save` writes under ignored)."""
+    match = _STEP_NAME.fullmatch(path.name.removeprefix(".tmp-"))
+    return int(match.group(1)) if match else None
+
+
+class HfBackend:
+    name = "hf"
+    layout = HfLayout()
+
+    def roles(self, cfg: RunConfig) -> list[str]:
+        return ["trainer"]
+
+    def broadcast_port(self, cfg: RunConfig, pick_port: Callable[[str], int]) -> int:
+        return 0  # weights reach vLLM through files (rlrun.trainer.publish)
+
+    def explicit_ports(self, cfg: RunConfig) -> list[tuple[str, str, int]]:
+        return []
+
+    def redis_default_user(self, cfg: RunConfig) -> str:
+        from rlrun.streams.server import DEFAULT_USER_OFF
+
+        return DEFAULT_USER_OFF  # every process of this backend authenticates
+
+    def check_launchable(self, cfg: RunConfig, root: Path) -> None:
+        return None  # rlrun's own trainer: check_dependencies has covered torch and transformers
+
+    def check_resumable(self, run_dir: RunDir) -> None:
+        """RunDirError (CorruptCheckpoint) when every complete checkpoint is damaged; damaged newer
+        ones above a good one are only warned about (the trainer falls back)."""
+        checkpoint.resume_point(run_dir.checkpoints)
+
+    def specs(self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> list[ProcessSpec]:
+        sup = cfg.supervisor
+        args = ["--run-dir", str(run_dir.root), "--redis-url", endpoints.redis_url, "--model-path", model_path]
+        args += [arg for url in endpoints.vllm_urls for arg in ("--vllm-url", url)]
+        trainer = ProcessSpec(
+            name="trainer",
+            argv=[sys.executable, "-m", "rlrun.trainer.main", *args],
+            env=child_env(cfg.trainer.threads),
+            log_path=run_dir.log("trainer"),
+            ready=lambda pid: probe.marker(names.TRAINER_STATE, "ready_pid", pid),
+            alive=lambda pid: probe.heartbeat(names.TRAINER_STATE, pid),
+            ready_timeout_s=sup.ready_timeout_s,
+            stop_grace_s=sup.stop_grace_s,
+            finishes=True,
+            restart=restart_policy(sup.trainer),
+            stall_timeout_s=sup.trainer.stall_timeout_s,
+        )
+        return [trainer]
+
+    def completion_check(self, cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
+        t = cfg.trainer
+        target = completion.HfTarget(t.max_train_steps, t.train_batch_size, t.gradient_accumulation_passes)
+
+        def check(exits: dict[str, Optional[int]]) -> RunVerdict:
+            state = progress.trainer_state()
+            obs = completion.TrainerObservation(
+                samples_processed=int(state.get("samples_processed", 0)),
+                trainer_exit_code=exits.get("trainer"),
+                training_done_event=progress.poll_trainer_events(),  # the trainer's own training_done event
+                last_step=int(state.get("step", 0)),
+            )
+            return run_verdict(completion.hf_finished(target, obs), exits)
+
+        return check
+
+    def trainer_view(self, cfg: RunConfig, redis):
+        from rlrun.actor.trainer_view import HfView
+
+        return HfView(cfg, redis)
+
+    def metrics_hint(self, run_dir: RunDir) -> Optional[str]:
+        return None  # metrics.jsonl, written by the trainer
+
+
+BACKEND = HfBackend()

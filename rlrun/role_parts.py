@@ -1,0 +1,106 @@
+"""What every role's process spec is made of, whatever starts it: where the run's services
+listen (`Endpoints`), a child's environment, its restart policy from the config, and the probes
+that read the run's Redis (readiness markers, heartbeats, events).
+
+`rlrun.roles` and each trainer backend (`rlrun.backends`) build specs from these.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from rlrun.config.schema import RoleSupervision
+from rlrun.rundir import RunDir
+from rlrun.streams import server as redis_server
+from rlrun.supervisor.policy import RestartPolicy
+
+HEARTBEAT_FRESH_S = 5.0  # a heartbeat older than this is "no sign of life" for this poll
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the run's services listen (ports chosen by the launcher)."""
+
+    redis_url: str
+    redis_port: int | None  # None when streams.url names an external server
+    vllm_urls: list[str]
+    broadcast_port: int = 0  # the trainer's weight broadcast rendezvous (0: its backend needs none)
+
+
+def child_env(threads: int) -> dict[str, str]:
+    return {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+
+
+def restart_policy(role: RoleSupervision) -> RestartPolicy:
+    return RestartPolicy(
+        restart=role.restart,
+        max_restarts=role.max_restarts,
+        window_s=role.window_s,
+        backoff_initial_s=role.backoff_initial_s,
+        backoff_max_s=max(role.backoff_max_s, role.backoff_initial_s),
+        healthy_after_s=role.healthy_after_s,
+    )
+
+
+class RedisProbe:
+    """Probes that read the run's Redis, with one lazily (re)connected client. Never raise."""
+
+    def __init__(self, url: str, run_dir: RunDir) -> None:
+        self._url, self._run_dir = url, run_dir
+        self._client = None
+
+    def _password(self) -> str | None:
+        try:
+            return self._run_dir.read_redis_password()
+        except OSError:
+            return None
+
+    def ping(self, pid: int = 0) -> bool:
+        """PING on the probe's own connection (a new connection and AUTH per poll cost CPU)."""
+        return self.call(lambda client: client.ping())
+
+    def heartbeat(self, key: str, pid: int, max_age_s: float = HEARTBEAT_FRESH_S) -> bool:
+        """True when process `pid` wrote a heartbeat into hash `key` less than max_age_s ago."""
+        state = self._hgetall(key)
+        try:
+            return int(state.get("pid", -1)) == pid and time.time() - float(state.get("heartbeat", 0)) < max_age_s
+        except ValueError:
+            return False
+
+    def marker(self, key: str, field: str, pid: int) -> bool:
+        """True when process `pid` set `field` = its pid in hash `key` (a readiness marker)."""
+        return self._hgetall(key).get(field) == str(pid)
+
+    def call(self, action) -> bool:
+        """Run `action(client)`; True if it went through, False if Redis could not be reached."""
+        try:
+            if self._client is None:
+                self._client = redis_server.connect(self._url, self._password(), socket_timeout=2.0, reconnect_s=0)
+            action(self._client)
+            return True
+        except Exception:  # not reachable means "no"
+            self._client = None
+            return False
+
+    def stream_has_event_after(self, stream: str, after_id: str, needle: str) -> bool:
+        """True when `stream` holds an entry newer than `after_id` whose fields contain `needle`."""
+        try:
+            if self._client is None:
+                self._client = redis_server.connect(self._url, self._password(), socket_timeout=2.0, reconnect_s=0)
+            for _id, fields in self._client.xrange(stream, min=f"({after_id}", count=1000):
+                if any(needle in value for value in fields.values()):
+                    return True
+            return False
+        except Exception:  # not reachable means "no"
+            self._client = None
+            return False
+
+    def _hgetall(self, key: str) -> dict:
+        try:
+            if self._client is None:
+                self._client = redis_server.connect(self._url, self._password(), socket_timeout=2.0, reconnect_s=0)
+            return self._client.hgetall(key) or {}
+        except Exception:  # not reachable means "no", never an exception in the supervisor
+            self._client = None
+            return {}

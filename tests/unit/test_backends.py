@@ -1,0 +1,151 @@
+"""The trainer backend interface: each backend answers for its own processes, completion, ports,
+Redis user and checkpoints, and nothing outside rlrun/backends names a backend."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rlrun.backends import HALF, backend_for, checkpoint_layouts, run_verdict
+from rlrun.completion import Verdict
+from rlrun.config import compose
+from rlrun.role_parts import Endpoints, RedisProbe
+from rlrun.rundir import RunDir
+from rlrun.streams import names
+from rlrun.streams.server import DEFAULT_USER_OFF
+
+REPO = Path(__file__).resolve().parents[2]
+FAST_LLM = ["trainer=fast_llm", "trainer.device=cpu"]
+
+
+def test_an_unknown_backend_is_named_with_the_known_ones():
+    with pytest.raises(ValueError, match=r"'megatron'.*hf, fast_llm"):
+        backend_for("megatron")
+
+
+def test_no_module_outside_the_backends_names_a_backend():
+    """A third backend is one new module: launch, roles, preflight, inspection, the actor and the CLI
+    ask `backend_for` instead of comparing names."""
+    offenders = []
+    for path in sorted((REPO / "rlrun").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith(("rlrun/backends/", "rlrun/config/")):
+            continue  # the backends themselves, and the schema that lists their settings
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"backend\s*[!=]=\s*[\"']", line):
+                offenders.append(f"{rel}:{number}: {line.strip()}")
+    assert offenders == []
+
+
+@pytest.mark.parametrize("overrides, roles", [([], ["trainer"]), (FAST_LLM, ["weights", "trainer"])])
+def test_each_backend_builds_the_processes_it_names(overrides, roles, tmp_path):
+    cfg, _ = compose(overrides)
+    backend = backend_for(cfg)
+    endpoints = Endpoints("redis://127.0.0.1:1/0", 1, ["http://127.0.0.1:2"], broadcast_port=3)
+    specs = backend.specs(cfg, RunDir(tmp_path), endpoints, str(tmp_path / "model"), RedisProbe(endpoints.redis_url, RunDir(tmp_path)))
+    assert [spec.name for spec in specs] == roles == backend.roles(cfg)
+    trainer = specs[-1]
+    assert trainer.finishes  # the completion rule reads its exit code
+
+
+def test_only_fast_llm_has_a_broadcast_port_and_a_passwordless_redis_user():
+    hf, _ = compose([])
+    fast_llm, _ = compose([*FAST_LLM, "trainer.fast_llm.broadcast_port=29555"])
+    picked = lambda host: 40000  # noqa: E731
+    assert backend_for(hf).broadcast_port(hf, picked) == 0
+    assert backend_for(hf).explicit_ports(hf) == []
+    assert backend_for(hf).redis_default_user(hf) == DEFAULT_USER_OFF
+    assert backend_for(fast_llm).broadcast_port(fast_llm, picked) == 29555  # fixed in the config
+    assert backend_for(fast_llm).explicit_ports(fast_llm) == [("trainer.fast_llm.broadcast_port", "127.0.0.1", 29555)]
+    user = backend_for(fast_llm).redis_default_user(fast_llm)
+    assert user != DEFAULT_USER_OFF and fast_llm.trainer.fast_llm.stream in user
+
+
+def test_a_trainer_exiting_0_before_the_end_is_rejected_and_after_it_is_not():
+    early = run_verdict(Verdict(False, "interrupted at step 3 of 8"), {"trainer": 0})
+    assert (early.finished, early.reject) == (False, "trainer")
+    running = run_verdict(Verdict(False, "trainer still running"), {"trainer": None})
+    assert running.reject is None
+    done = run_verdict(Verdict(True, "done"), {"trainer": 0})
+    assert (done.finished, done.reject) == (True, None)
+
+
+class FakeProgress:
+    """What the hf completion check reads: the trainer's state hash and its own done event."""
+
+    def __init__(self, samples: int, step: int, done_event: bool = False) -> None:
+        self.state = {"samples_processed": str(samples), "step": str(step)}
+        self.done_event = done_event
+
+    def trainer_state(self) -> dict:
+        return self.state
+
+    def poll_trainer_events(self) -> bool:
+        return self.done_event
+
+
+def test_the_hf_check_judges_the_samples_its_trainer_reports():
+    cfg, _ = compose(["trainer.max_train_steps=4"])
+    target = cfg.trainer.max_train_steps * cfg.trainer.train_batch_size * cfg.trainer.gradient_accumulation_passes
+    check = backend_for(cfg).completion_check(cfg, FakeProgress(samples=target, step=4))
+    assert check({"trainer": None}).finished is False  # still saving its last checkpoint
+    assert check({"trainer": 0}).finished is True
+    short = backend_for(cfg).completion_check(cfg, FakeProgress(samples=target - 1, step=3))
+    verdict = short({"trainer": 0})
+    assert (verdict.finished, verdict.reject) == (False, "trainer")
+
+
+def write_hf_checkpoint(run: RunDir, step: int, ok: bool) -> Path:
+    folder = run.checkpoints / f"step_{step:06d}"
+    folder.mkdir(parents=True)
+    if ok:
+        (folder / "ok").write_text("")
+    return folder
+
+
+def test_each_layout_recognises_its_own_checkpoints_only(tmp_path):
+    hf_folder = tmp_path / "checkpoints" / "step_000010"
+    fl_folder = tmp_path / "fast_llm" / "checkpoint" / "12"
+    for folder in (hf_folder, fl_folder):
+        folder.mkdir(parents=True)
+    by_name = {layout.name: layout for layout in checkpoint_layouts()}
+    assert set(by_name) == {"hf", "fast_llm"}
+    assert by_name["hf"].looks_like(hf_folder) and not by_name["hf"].looks_like(fl_folder)
+    assert by_name["fast_llm"].looks_like(fl_folder) and not by_name["fast_llm"].looks_like(hf_folder)
+    assert not any(layout.looks_like(tmp_path) for layout in by_name.values())
+
+
+def test_fast_llm_candidates_in_a_run_say_which_are_half_written(tmp_path):
+    run = RunDir(tmp_path)
+    for step, ok in ((4, True), (6, False)):
+        folder = tmp_path / "fast_llm" / "checkpoint" / str(step)
+        folder.mkdir(parents=True)
+        if ok:
+            (folder / "ok").write_text("")
+    layout = backend_for("fast_llm").layout
+    found = sorted((c.step, c.skipped_because) for c in layout.candidates(run))
+    assert found == [(4, None), (6, HALF)]
+
+
+def test_under_fast_llm_the_actor_is_held_back_by_the_documents_fast_llm_has_not_read():
+    cfg, _ = compose(FAST_LLM)
+    f = cfg.trainer.fast_llm
+
+    class Redis:
+        lag = 0
+
+        def get(self, key):
+            return "7" if key == names.POLICY_VERSION else None
+
+        def xinfo_groups(self, stream):
+            assert stream == f.stream
+            return [{"name": f.consumer_group, "lag": self.lag}]
+
+    redis = Redis()
+    view = backend_for(cfg).trainer_view(cfg, redis)
+    assert view.policy_version() == 7 and view.done() is False  # never decides the end itself
+    assert view.room_for_group(opened=0, in_flight=0)
+    redis.lag = (1 + cfg.actor.max_steps_ahead) * view.docs_per_step  # a full window unread
+    assert not view.room_for_group(opened=0, in_flight=0)
