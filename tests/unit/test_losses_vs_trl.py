@@ -44,12 +44,11 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
+import trl  # noqa: F401 - in the `test` extra: this test always runs, never skips
 
-torch = pytest.importorskip("torch")
-import trl  # noqa: E402,F401 - in the `test` extra: this test always runs
-
-from rlrun.advantages import group_advantages  # noqa: E402
-from rlrun.trainer.losses import grpo_loss, gspo_loss  # noqa: E402
+from rlrun.advantages import group_advantages
+from rlrun.trainer.losses import grpo_loss, gspo_loss
 
 TOL = 1e-6
 
