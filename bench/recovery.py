@@ -13,7 +13,7 @@ tests/e2e/test_recovery.py, `actor.audit=true`, more steps so the run lasts), an
      guard processes (its `rlrun.supervisor.guard` children), and of the whole process tree;
   3. then, once >= 200 tokens are in flight again, SIGKILLs the actor (`--actor-kills K`: K times,
      each once the previous new actor has journaled tokens and a step was taken; the actor's
-     `healthy_after_s` is then 2 s so every kill gets the first failure's 1 s backoff);
+     `healthy_after_s` is then 2 s so every kill gets the first failure's backoff, 0.25 s);
   4. waits for the run to finish.
 
 Afterwards it prints, per kill:
