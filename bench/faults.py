@@ -8,7 +8,7 @@
 Starts one `rlrun train` (subprocess, its own session, temporary run directory; default recipe
 math_gspo with `trainer.max_train_steps` large enough that the run lasts), and at every `--every`
 minutes after its start (up to `--minutes`) SIGKILLs the process of one role drawn at random
-(seeded): the vLLM API server (one of them, with several servers), the actor, the trainer, or
+(seeded; each role once before any twice): the vLLM API server (one of them, with several servers), the actor, the trainer, or
 Redis (`--roles ...,redis`). At `--minutes` it stops the run with SIGTERM (rlrun stops its
 processes in order) and reads the run's records with rlrun/ettr.py, the reader `rlrun status`
 uses. Printed:
@@ -19,7 +19,10 @@ uses. Printed:
     those it kept and continued across the recovery, and the restart itself
     (process_failed -> process_ready), from events.jsonl;
   - the run's wall time split into training / waiting / weights / recovery / start_stop / other,
-    ETTR = training / wall, and the share of the wall time lost to the failures (recovery).
+    ETTR = training / wall, and the share of the wall time lost to the failures (recovery): ETTR
+    also counts waiting for rollouts and weight updates as not training, so it is below 1 even
+    without a failure (about 0.56 for a failure-free math_gspo run on 2 cores), and 1 - recovery
+    / wall is the part of the figure the failures alone decide.
 
 It prints figures; it asserts nothing about speed. Any process group of the run still alive at
 the end is SIGKILLed, and the temporary run directory is removed unless --keep.
@@ -28,6 +31,7 @@ the end is SIGKILLed, and the temporary run directory is removed unless --keep.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import signal
@@ -55,12 +59,19 @@ class Kill:
 
 
 def schedule(minutes: float, every: float, roles: list[str], seed: int) -> list[Kill]:
-    """A kill every `every` minutes, strictly before the end, each of a role drawn with `seed`."""
+    """A kill every `every` minutes, strictly before the end, of a role drawn with `seed`: the
+    roles in a random order, then again in another, so no role is hit twice before every role
+    was hit once (three kills cover vLLM, the actor and the trainer)."""
     if every <= 0 or minutes <= 0:
         raise ValueError("--minutes and --every must be > 0")
     rng = random.Random(seed)
     count = int((minutes - 1e-9) // every)
-    return [Kill(at_s=60.0 * every * (i + 1), role=rng.choice(roles)) for i in range(count)]
+    drawn: list[str] = []
+    while len(drawn) < count:  # a seeded shuffle of the roles, again and again: each role in turn
+        cycle = list(roles)
+        rng.shuffle(cycle)
+        drawn += cycle
+    return [Kill(at_s=60.0 * every * (i + 1), role=role) for i, role in enumerate(drawn[:count])]
 
 
 def process_names(events: list[dict], role: str) -> list[str]:
@@ -87,6 +98,8 @@ def restart_s(events: list[dict], kill: dict) -> float | None:
 
 
 class FaultRun(Run):
+    """`rlrun train` for the demo; a kill names no tokens in flight (no audit trail here)."""
+
     def __init__(self, run_dir: Path, extra: list[str]) -> None:
         self.run_dir = run_dir
         self.out = run_dir.parent / "rlrun.out"
@@ -96,6 +109,13 @@ class FaultRun(Run):
         ]  # fmt: skip
         with open(self.out, "w") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def kill(self, process: str) -> dict:
+        pid = self.current_pid(process)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.time()
+        print(f"  SIGKILL {process} (pid {pid}) at step {self.steps_done()}; load {load()}", flush=True)
+        return {"process": process, "pid": pid, "time": killed_at}
 
 
 def fmt(x, digits: int = 1) -> str:
@@ -178,7 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{split.seconds['recovery']:.0f} s ({100 * split.seconds['recovery'] / wall:.1f} % of the wall time), "
         f"{split.steps_retaken} steps retaken, {split.tokens_regenerated} tokens regenerated"
     )
-    print(f"goal ETTR >= {GOAL_ETTR}: {'met' if split.ettr >= GOAL_ETTR else 'NOT met'} ({split.ettr:.3f})")
+    # ETTR counts waiting for rollouts and weight updates as not training, failures or not: the
+    # share of the wall time the failures did not take is the fault-tolerance figure on its own.
+    kept = 1 - split.seconds["recovery"] / wall
+    print(f"goal ETTR >= {GOAL_ETTR}: {'met' if split.ettr >= GOAL_ETTR else 'NOT met'} ({split.ettr:.3f}); "
+          f"wall time not lost to failures: {kept:.3f} ({'>=' if kept >= GOAL_ETTR else '<'} {GOAL_ETTR})")  # fmt: skip
     if args.keep:
         print(f"run directory kept: {run.run_dir}")
     else:
