@@ -1,6 +1,6 @@
 """Recovery on the real stack: token reuse across kills, time to recover, supervisor overhead.
 
-    python bench/recovery.py [--steps N] [--sample-s S] [--keep] [hydra overrides...]
+    python bench/recovery.py [--steps N] [--sample-s S] [--victims vllm,actor] [--actor-kills K] [--keep] [hydra overrides...]
 
 Runs ONE `rlrun train` (subprocess, its own session, temporary run directory) with long
 generations and the actor's audit trail on (the LONG_GENERATIONS config of
@@ -11,7 +11,9 @@ tests/e2e/test_recovery.py, `actor.audit=true`, more steps so the run lasts), an
   2. once vLLM is ready again and two more optimizer steps are done, samples for `--sample-s`
      seconds (1 s interval, psutil) the CPU % and RSS of the `rlrun train` process itself, of its
      guard processes (its `rlrun.supervisor.guard` children), and of the whole process tree;
-  3. then, once >= 200 tokens are in flight again, SIGKILLs the actor;
+  3. then, once >= 200 tokens are in flight again, SIGKILLs the actor (`--actor-kills K`: K times,
+     each once the previous new actor has journaled tokens and a step was taken; the actor's
+     `healthy_after_s` is then 2 s so every kill gets the first failure's backoff, 0.25 s);
   4. waits for the run to finish.
 
 Afterwards it prints, per kill:
@@ -23,7 +25,8 @@ Afterwards it prints, per kill:
       not counted: they are not in the audit trail;
   (b) from events.jsonl: kill -> process_failed (the supervisor noticed), process_failed ->
       process_restarted (backoff), process_restarted -> process_ready, and kill -> the first
-      token journaled again (vLLM: after it is ready again; actor: by the new actor process);
+      token journaled again (vLLM: after it is ready again; actor: by the new actor process),
+      and process_restarted -> that token (the new process's own start);
   (c) mean CPU % and max RSS of rlrun itself, of its guards, and of the whole tree.
 
 It prints figures; it asserts nothing about speed. At the end rlrun gets SIGTERM if it still runs
@@ -123,6 +126,9 @@ class Run:
             if time.time() > deadline:
                 raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
             time.sleep(0.2)
+
+    def journaled_by_other_pid(self, kill: dict) -> bool:
+        return any(r["kind"] == "journaled" and r["time"] > kill["time"] and r["pid"] != kill["pid"] for r in self.audit())
 
     def kill(self, process: str) -> dict:
         pid = self.current_pid(process)
@@ -267,6 +273,7 @@ def timings(events: list[dict], records: list[dict], kill: dict) -> dict:
     else:  # the first batch journaled once vLLM is ready again
         first = next((r["time"] for r in records if r["kind"] == "journaled" and ready is not None and r["time"] > ready["time"]), None)
     out["tokens"] = None if first is None else first - kill["time"]
+    out["restarted_to_tokens"] = None if first is None or restarted is None else first - restarted["time"]
     return out
 
 
@@ -287,29 +294,44 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50, help="trainer.max_train_steps of the run (default 50)")
     parser.add_argument("--sample-s", type=float, default=30.0, help="seconds of CPU/RSS sampling (default 30)")
+    parser.add_argument("--victims", default="vllm,actor", help="what to kill, in this order: vllm, actor or both (default)")
+    parser.add_argument("--actor-kills", type=int, default=1, help="SIGKILLs of the actor, one after another's recovery (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
     parser.add_argument("overrides", nargs="*", help="more Hydra overrides for `rlrun train`")
     args = parser.parse_args(argv)
+    victims = {v.strip() for v in args.victims.split(",") if v.strip()}
+    if not victims <= {"vllm", "actor"}:
+        parser.error(f"--victims: expected vllm and/or actor, got {args.victims!r}")
     # SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every child is stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     print(f"load average at start: {load()} (1/5/15 min), {os.cpu_count()} CPUs", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="rlrun-bench-recovery-"))
-    run = Run(tmp / "run", list(args.overrides), args.steps)
+    extra = list(args.overrides)
+    if args.actor_kills > 1:  # every kill measured as a first failure after a healthy period (1 s backoff)
+        extra = ["supervisor.actor.healthy_after_s=2", f"supervisor.actor.max_restarts={args.actor_kills + 1}", *extra]
+    run = Run(tmp / "run", extra, args.steps)
     started = time.time()
     kills: list[dict] = []
     overhead: dict | None = None
     try:
         run.wait_for(lambda: run.in_flight_tokens() >= IN_FLIGHT_TOKENS, 600, "long generations in flight")
-        kills.append(run.kill("vllm-0"))
-        run.wait_for(lambda: run.ready_count("vllm-0") >= 2, 600, "vLLM ready again")
-        mark = run.steps_done()
-        run.wait_for(lambda: run.steps_done() >= mark + 2, 300, "two steps after the vLLM restart")
-        print(f"  sampling rlrun's CPU/RSS for {args.sample_s:.0f} s from step {run.steps_done()}; load {load()}", flush=True)
-        overhead = sample_overhead(run.proc.pid, args.sample_s)
-        overhead["steps"] = f"{mark + 2}->{run.steps_done()}"
-        run.wait_for(lambda: run.in_flight_tokens() >= IN_FLIGHT_TOKENS, 300, "tokens in flight again")
-        kills.append(run.kill("actor"))
+        if "vllm" in victims:
+            kills.append(run.kill("vllm-0"))
+            run.wait_for(lambda: run.ready_count("vllm-0") >= 2, 600, "vLLM ready again")
+        if args.sample_s > 0:
+            mark = run.steps_done()
+            run.wait_for(lambda: run.steps_done() >= mark + 2, 300, "two more steps")
+            print(f"  sampling rlrun's CPU/RSS for {args.sample_s:.0f} s from step {run.steps_done()}; load {load()}", flush=True)
+            overhead = sample_overhead(run.proc.pid, args.sample_s)
+            overhead["steps"] = f"{mark + 2}->{run.steps_done()}"
+        for _ in range(args.actor_kills if "actor" in victims else 0):
+            if kills and kills[-1]["process"] == "actor":  # the last kill recovered, a step taken since
+                last, mark = kills[-1], run.steps_done()
+                run.wait_for(lambda: run.journaled_by_other_pid(last), 120, "the new actor's first tokens")
+                run.wait_for(lambda: run.steps_done() >= mark + 1, 300, "a step after the actor's restart")
+            run.wait_for(lambda: run.in_flight_tokens() >= IN_FLIGHT_TOKENS, 300, "tokens in flight again")
+            kills.append(run.kill("actor"))
         run.proc.wait(timeout=RUN_TIMEOUT_S)
     except RuntimeError as exc:
         print(f"  the run did not go as planned: {exc}", flush=True)
@@ -333,12 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"    last actor's counters: {actor_counters(run.run_dir)}")
 
     print("(b) recovery time, s (from events.jsonl; the supervisor polls every 0.5 s, the guard every 0.2 s)")
-    print(f"    {'victim':<7} | {'kill->failed':>12} | {'failed->restarted':>17} | {'restarted->ready':>16} | {'failed->ready':>13} | {'kill->tokens again':>18} | reason")
+    print(f"    {'victim':<7} | {'kill->failed':>12} | {'failed->restarted':>17} | {'restarted->ready':>16} | {'failed->ready':>13} | {'kill->tokens again':>18} | {'restarted->tokens':>17} | reason")
     for kill in kills:
         t = timings(events, records, kill)
         print(
             f"    {kill['process']:<7} | {fmt(t['failed']):>12} | {fmt(t['restarted']):>17} | {fmt(t['ready']):>16} | "
-            f"{fmt(t.get('failed_to_ready')):>13} | {fmt(t['tokens']):>18} | {t['reason']}"
+            f"{fmt(t.get('failed_to_ready')):>13} | {fmt(t['tokens']):>18} | {fmt(t.get('restarted_to_tokens')):>17} | {t['reason']}"
         )
 
     print("(c) supervisor overhead (CPU % of one core, psutil, 1 s samples)")

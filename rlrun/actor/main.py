@@ -24,6 +24,7 @@ import httpx
 
 from rlrun.actor.ledger import JournalLedger, Ledger, MemoryLedger
 from rlrun.actor.sampling import SampleState, close_if_spent, is_stale, remaining_budget
+from rlrun.actor.tokenizer import load_tokenizer
 from rlrun.actor.trainer_view import TrainerView
 from rlrun.backends import backend_for
 from rlrun.actor.vllm_client import stream_completion
@@ -335,8 +336,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    from transformers import AutoTokenizer
-
     run_dir = RunDir(args.run_dir)
     try:
         cfg = load_resolved(run_dir.config)
@@ -345,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return int(ExitCode.USAGE)
     redis = connect(args.redis_url, run_dir.read_redis_password())
-    tokenizer = AutoTokenizer.from_pretrained(args.model_path)
+    tokenizer = load_tokenizer(args.model_path)  # not transformers: see tokenizer.py
     ledger = JournalLedger(redis) if cfg.actor.journal else MemoryLedger(redis)
     actor = Actor(cfg, redis, tokenizer, task, args.vllm_url, ledger, run_name=run_dir.root.name, api_key=run_dir.read_vllm_api_key())
     if cfg.actor.audit:

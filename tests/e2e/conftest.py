@@ -151,3 +151,19 @@ def leaked_secrets(run_dir: Path, cmdlines, outputs: tuple[str, ...] = ()) -> li
                     found.append(f"{name} in {path.relative_to(run_dir)}")
     return found
 
+
+
+_SUMMARIES: list[tuple[str, list[str]]] = []
+
+
+def summary(title: str, lines: list[str]) -> None:
+    """Print `lines` under `title` at the end of the session (pytest's terminal summary): figures
+    such as the fault matrix's ETTR table are seen without `-s`, also when a test fails."""
+    _SUMMARIES.append((title, list(lines)))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    for title, lines in _SUMMARIES:
+        terminalreporter.section(title, sep="-")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -14,11 +14,12 @@ import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import events, left_behind, start_rlrun, steps_done, wait_for
+from .conftest import events, left_behind, start_rlrun, steps_done, summary, wait_for
 
 pytestmark = pytest.mark.e2e
 
 STEPS = 24
+MAX_STEPS_AHEAD = 1  # the default, set so the freeze below stays safe if the default changes
 
 
 def current_pid(run_dir: Path, process: str) -> int:
@@ -38,11 +39,15 @@ def ready_count(run_dir: Path, process: str) -> int:
 
 @pytest.fixture(scope="module")
 def chaos_run(tmp_path_factory):
-    """One run in which vLLM, the actor and the trainer are SIGKILLed and the actor is frozen."""
+    """One run in which vLLM, the actor and the trainer are SIGKILLed and the actor is frozen.
+
+    The actor is frozen before the trainer's kill, early in the run: the trainer cannot take more
+    than MAX_STEPS_AHEAD + 1 steps past the frozen actor's last groups, so the run cannot end
+    before the watchdog has fired (a freeze near the end could lose that race)."""
     run_dir = tmp_path_factory.mktemp("chaos") / "run"
     proc = start_rlrun(
         run_dir, "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", "trainer.checkpoint_every=4",
-        "supervisor.actor.stall_timeout_s=10", "supervisor.stop_grace_s=5",
+        f"actor.max_steps_ahead={MAX_STEPS_AHEAD}", "supervisor.actor.stall_timeout_s=10", "supervisor.stop_grace_s=5",
     )  # fmt: skip
     timeline = {}
     try:
@@ -54,18 +59,22 @@ def chaos_run(tmp_path_factory):
         mark = steps_done(run_dir)
         wait_for(lambda: steps_done(run_dir) >= mark + 2, 300, "progress after the vLLM restart", proc)
         os.kill(current_pid(run_dir, "actor"), signal.SIGKILL)
+        timeline["actor_killed"] = time.time()
         wait_for(lambda: restarts(run_dir, "actor") >= 1, 120, "the actor restart", proc)
 
-        wait_for(lambda: latest_complete(run_dir / "checkpoints") is not None, 300, "a first checkpoint", proc)
-        timeline["checkpoint_step_at_kill"] = read_state(latest_complete(run_dir / "checkpoints")).step
-        os.kill(current_pid(run_dir, "trainer"), signal.SIGKILL)
-        wait_for(lambda: restarts(run_dir, "trainer") >= 1, 120, "the trainer restart", proc)
+        pid, frozen_at_step = current_pid(run_dir, "actor"), steps_done(run_dir)
+        assert frozen_at_step + MAX_STEPS_AHEAD + 1 < STEPS, f"step {frozen_at_step}: too late to freeze the actor safely"
+        os.kill(pid, signal.SIGSTOP)
+        timeline["actor_stopped"] = time.time()
+        wait_for(lambda: restarts(run_dir, "actor") >= 2, 120, "the frozen actor's restart", proc)
 
-        mark = steps_done(run_dir)
-        wait_for(lambda: steps_done(run_dir) >= min(mark + 1, STEPS), 300, "progress after the trainer restart", proc)
-        if steps_done(run_dir) < STEPS:
-            os.kill(current_pid(run_dir, "actor"), signal.SIGSTOP)
-            timeline["actor_stopped"] = time.time()
+        wait_for(lambda: latest_complete(run_dir / "checkpoints") is not None, 300, "a first checkpoint", proc)
+        os.kill(current_pid(run_dir, "trainer"), signal.SIGKILL)
+        timeline["trainer_killed"] = time.time()
+        # read once it is dead: what the restarted trainer resumes from, what it had recorded past it
+        timeline["checkpoint_step_at_kill"] = read_state(latest_complete(run_dir / "checkpoints")).step
+        timeline["step_recorded_at_kill"] = steps_done(run_dir)
+        wait_for(lambda: restarts(run_dir, "trainer") >= 1, 120, "the trainer restart", proc)
         proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
@@ -107,8 +116,6 @@ def test_killed_actor_is_restarted(chaos_run):
 
 def test_a_frozen_process_is_reported_as_stalled_and_recovered(chaos_run):
     _, run_dir, _, timeline, _ = chaos_run
-    if "actor_stopped" not in timeline:
-        pytest.skip("the run finished before the actor could be frozen")
     stalled = [e for e in events(run_dir) if e["event"] == "process_stalled"]
     assert stalled and stalled[0]["process"] == "actor"
     # reported within its 10 s timeout (+ heartbeat freshness 5 s + a poll)
@@ -121,16 +128,48 @@ def test_the_fault_matrix_reports_ettr_and_the_work_lost_per_failure(chaos_run):
     from rlrun.metrics import read_metrics
 
     _, run_dir, _, timeline, _ = chaos_run
-    split = split_wall_time(events(run_dir), read_metrics(run_dir / "metrics.jsonl"))
-    print(f"\nchaos run: ETTR {split.ettr:.2f} of {split.wall_s:.0f} s; {json.dumps({k: round(v, 1) for k, v in split.seconds.items()})}")
+    evs, records = events(run_dir), read_metrics(run_dir / "metrics.jsonl")
+    split = split_wall_time(evs, records)
+    summary(f"fault matrix: ETTR and lost work per failure ({run_dir})", fault_table(split))
+
+    # one failure per injection, in order, each recovered (a step recorded after it)
+    injected = [("vllm-0", "killed by SIGKILL"), ("actor", "killed by SIGKILL"), ("actor", "stalled"), ("trainer", "killed by SIGKILL")]
+    assert [(f.process, next((r for _, r in injected if r in f.reason), f.reason)) for f in split.failures] == injected
     for f in split.failures:
-        print(f"  {f.process}: {f.reason} -> recovery {f.recovery_s} s, {f.steps_retaken} steps retaken, {f.tokens_regenerated} tokens regenerated")
-    assert {"vllm-0", "actor", "trainer"} <= {f.process for f in split.failures}
-    assert all(f.recovery_s is not None and f.recovery_s > 0 for f in split.failures)  # each one recovered
-    # the trainer restarts from its checkpoint: whatever it had recorded past it is taken again
-    recorded = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")]
+        assert f.recovery_s is not None and 0 < f.recovery_s < 300, f
+        assert f.steps_retaken >= 0 and f.tokens_regenerated >= 0 and f.tokens_reused >= 0, f
+    vllm, killed_actor, stalled_actor, trainer = split.failures
+    assert vllm.time == pytest.approx(timeline["vllm_killed"], abs=2)  # noticed within a poll or two
+    assert trainer.time == pytest.approx(timeline["trainer_killed"], abs=2)
+    # a stall is counted from when the actor went quiet (frozen), not from the watchdog's verdict
+    assert stalled_actor.time == pytest.approx(timeline["actor_stopped"], abs=6)
+    # vLLM's recovery spans at least its own restart (process_failed -> process_ready)
+    failed_at = next(e["time"] for e in evs if e["event"] == "process_failed" and e["process"] == "vllm-0")
+    ready_at = [e["time"] for e in evs if e["event"] == "process_ready" and e["process"] == "vllm-0"][1]
+    assert vllm.recovery_s >= ready_at - failed_at
+    # the trainer resumes from its checkpoint: every step it had recorded past it is taken again,
+    # and only those (the other roles' failures lose no optimizer step)
+    assert trainer.steps_retaken == timeline["step_recorded_at_kill"] - timeline["checkpoint_step_at_kill"]
+    assert vllm.steps_retaken == killed_actor.steps_retaken == stalled_actor.steps_retaken == 0
+    recorded = [r["step"] for r in records]
     assert split.steps_retaken == len(recorded) - len(set(recorded))
-    assert sum(split.seconds.values()) == pytest.approx(split.wall_s, abs=0.1) and 0 < split.ettr < 1
+    # the wall time is split without gaps or double counting; ETTR is a ratio of it
+    assert sum(split.seconds.values()) == pytest.approx(split.wall_s, abs=0.1)
+    assert 0 < split.ettr <= 1 and split.seconds["recovery"] >= vllm.recovery_s - 0.01  # recovery wins overlaps
+
+
+def fault_table(split) -> list[str]:
+    """The fault matrix as a table: one row per failure, then the run's split and ETTR."""
+    lines = [
+        f"{'failure':<8} {'reason':<44} {'recovery s':>10} {'steps retaken':>13} {'tokens regen.':>13} {'tokens reused':>13}",
+    ]
+    for f in split.failures:
+        recovery = "-" if f.recovery_s is None else f"{f.recovery_s:.1f}"
+        lines.append(f"{f.process:<8} {f.reason[:44]:<44} {recovery:>10} {f.steps_retaken:>13} {f.tokens_regenerated:>13} {f.tokens_reused:>13}")
+    parts = ", ".join(f"{name} {value:.0f} s" for name, value in split.seconds.items())
+    ettr = "-" if split.ettr is None else f"{split.ettr:.2f}"
+    lines.append(f"ETTR {ettr} of {split.wall_s:.0f} s ({parts}); {split.steps_retaken} steps retaken, {split.tokens_regenerated} tokens regenerated in all")
+    return lines
 
 
 def test_nothing_is_left_after_the_chaos_run(chaos_run):
