@@ -37,8 +37,9 @@ the journal and C all of A's plus Redis and scoring, so B/A, C/A and B/C cannot 
 than noise: a median ratio above 1 + --tolerance (default 0.05) is printed as a MEASUREMENT
 ERROR (the machine's load changed between phases; see the load column), not as a result. It
 prints figures; it asserts nothing about speed.
-Every child runs in its own session and its process group is stopped at the end (SIGTERM, then
-SIGKILL after 10 s); SIGTERM to this script unwinds the same way.
+Redis and vLLM are started, probed and stopped by rlrun's supervisor as in a run (each under its
+guard; at the end SIGTERM to its process group, SIGKILL after 10 s); SIGTERM to this script
+unwinds the same way.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ import logging
 import os
 import platform
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,7 +68,9 @@ from rlrun.inference.server import base_url, healthy, server_argv, server_env
 from rlrun.journal.store import KEY_PREFIX
 from rlrun.launch import create_run, model_path
 from rlrun.streams import names
-from rlrun.streams.server import connect, managed_server, pick_free_port
+from rlrun.streams.server import connect, pick_free_port
+from rlrun.streams.standalone import managed_server
+from rlrun.supervisor import ProcessSpec, supervised
 
 STOP_GRACE_S = 10.0
 VLLM_READY_TIMEOUT_S = 600.0
@@ -97,53 +99,18 @@ def load() -> str:
 
 
 @contextlib.contextmanager
-def vllm_server(cfg, path: str, log_path: Path, api_key: str):
-    port = pick_free_port(cfg.inference.host)
-    url = base_url(cfg.inference.host, port)
-    argv = server_argv(cfg.inference, cfg.model, path, port, tokenizer=path)  # serve the base model
-    env = {**os.environ, **server_env(cfg.inference), "VLLM_API_KEY": api_key}  # as the run's spec: never on argv
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as out:
-        process = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        started = time.monotonic()
-        while not healthy(url):
-            if process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with code {process.returncode} while starting; see {log_path}")
-            if time.monotonic() - started > VLLM_READY_TIMEOUT_S:
-                raise RuntimeError(f"vLLM not healthy after {VLLM_READY_TIMEOUT_S:.0f} s; see {log_path}")
-            time.sleep(0.5)
-        print(f"vLLM healthy on {url} after {time.monotonic() - started:.1f} s (pid {process.pid})", flush=True)
+def vllm_server(cfg, path: str, run_dir):
+    """vLLM serving the base model, started, probed and stopped by rlrun's supervisor (as in a run)."""
+    url = base_url(cfg.inference.host, pick_free_port(cfg.inference.host))
+    spec = ProcessSpec(
+        name="vllm-0", argv=server_argv(cfg.inference, cfg.model, path, int(url.rsplit(":", 1)[1]), tokenizer=path),
+        env=server_env(cfg.inference), secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # as the run's spec: never on argv
+        log_path=run_dir.log("vllm-0"), ready=lambda pid: healthy(url), ready_timeout_s=VLLM_READY_TIMEOUT_S, stop_grace_s=STOP_GRACE_S,
+    )  # fmt: skip
+    started = time.monotonic()
+    with supervised(spec, poll_interval_s=0.5) as supervisor:
+        print(f"vLLM healthy on {url} after {time.monotonic() - started:.1f} s (pid {supervisor.status('vllm-0').pid})", flush=True)
         yield url
-    finally:
-        stop_group(process)
-
-
-def stop_group(process: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group, SIGKILL to the group after the grace period (the
-    engine core and worker are in the api server's group and outlive a lone SIGKILL of it)."""
-    pgid = process.pid  # start_new_session: the server leads its own group
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    try:
-        process.wait(STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and _group_alive(pgid):
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(5)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 # --- the phases ----------------------------------------------------------------------------------
@@ -450,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             redis = connect(server.url, server.password)
             try:
                 api_key = run_dir.ensure_secret(run_dir.vllm_api_key)
-                with vllm_server(cfg, path, run_dir.log("vllm-0"), api_key) as url:
+                with vllm_server(cfg, path, run_dir) as url:
                     results = asyncio.run(run_phases(cfg, redis, tokenizer, task, url, run_dir.root.name, args.groups, args.rounds, api_key))
             finally:
                 redis.close()

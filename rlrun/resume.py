@@ -9,13 +9,13 @@ weights, and the actor replays the token journal.
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 from dataclasses import dataclass
 
 import yaml
 
 from rlrun.config.build import from_dict, validate
+from rlrun.config.compose import override_resolved
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError, RunDirError
 from rlrun.rundir import RunDir
@@ -48,18 +48,13 @@ def plan_resume(root, overrides: list[str]) -> ResumePlan:
     pid = run_dir.running_supervisor()
     if pid is not None:
         raise RunDirError(f"{run_dir.root} is being run right now by rlrun (pid {pid}). Stop it first (Ctrl-C or kill {pid}).")
-    data = yaml.safe_load(run_dir.config.read_text())
-    new = copy.deepcopy(data)
-    changes = []
-    for item in overrides:
-        key, value = _parse(item)
+    new, changes = override_resolved(yaml.safe_load(run_dir.config.read_text()), overrides)
+    for key, _before, _after in changes:
         if not any(fnmatch.fnmatchcase(key, pattern) for pattern in ALLOWED_OVERRIDES):
             raise ConfigError(
                 f"'{key}' cannot be changed when resuming: it would change what the checkpoint and the journal "
                 f"mean. Allowed: {', '.join(ALLOWED_OVERRIDES)}. Start a new run with `rlrun train` instead."
             )
-        before = _set(new, key, value)
-        changes.append((key, before, value))
     cfg = from_dict(RunConfig, new)
     validate(cfg)
     if cfg.streams.url is None and not _has_redis_data(run_dir):
@@ -78,27 +73,6 @@ def apply(plan: ResumePlan) -> None:
         history = yaml.safe_load(plan.run_dir.overrides.read_text()) if plan.run_dir.overrides.is_file() else []
         history = history + [f"resume: {k}={v}" for k, _, v in plan.changes]
         plan.run_dir.overrides.write_text(yaml.safe_dump(history))
-
-
-def _parse(item: str) -> tuple[str, object]:
-    if "=" not in item:
-        raise ConfigError(f"invalid override '{item}': expected key=value, e.g. trainer.max_train_steps=500.")
-    key, _, raw = item.partition("=")
-    return key.strip(), yaml.safe_load(raw)
-
-
-def _set(data: dict, dotted: str, value) -> object:
-    node = data
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        if not isinstance(node.get(part), dict):
-            raise ConfigError(f"unknown config key '{dotted}'.")
-        node = node[part]
-    if parts[-1] not in node:
-        raise ConfigError(f"unknown config key '{dotted}'. Valid keys there: {', '.join(node)}.")
-    before = node[parts[-1]]
-    node[parts[-1]] = value
-    return before
 
 
 def _has_redis_data(run_dir: RunDir) -> bool:

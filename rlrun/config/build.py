@@ -1,93 +1,160 @@
 """Plain data (from Hydra or a saved YAML file) → the typed `RunConfig`, and the invariants.
 
-Every error names the field by its dotted path and says what would be accepted.
+Types, unknown keys and missing keys are checked by OmegaConf against the schema (a structured
+config); its errors become a `ConfigError` that names the field by its dotted path and says what
+would be accepted. The cross-field rules are `validate`'s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import enum
+import functools
+import re
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Any, Literal, Optional, Union
 
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
 
 
-def from_dict(cls: type, data: Any, path: str = "") -> Any:
-    """Build dataclass `cls` from a nested dict, checking every key and type."""
+def from_dict(cls: type, data: Any) -> Any:
+    """Build schema dataclass `cls` from a nested dict, checking every key and type."""
+    return instantiate(cls, to_plain(typed(cls, data)))
+
+
+def typed(cls: type, data: Any):
+    """`data` merged onto `cls`'s structured config: an OmegaConf `DictConfig` in struct mode."""
+    from omegaconf import OmegaConf
+
     if not isinstance(data, dict):
-        raise ConfigError(f"config section '{path or '<root>'}' must be a mapping, got {data!r}.")
+        raise ConfigError(f"the config must be a mapping of sections (trainer, actor, ...), got {data!r}.")
+    with omegaconf_errors(cls):
+        return OmegaConf.merge(OmegaConf.structured(_structured(cls)), data)
+
+
+def to_plain(node) -> dict:
+    """A typed `DictConfig` → plain data (choices as strings), every required key checked."""
+    from omegaconf import OmegaConf
+
+    with omegaconf_errors(RunConfig):
+        return OmegaConf.to_container(node, resolve=True, enum_to_str=True, throw_on_missing=True)
+
+
+def instantiate(cls: type, data: dict) -> Any:
+    """Checked plain data → the frozen dataclasses (OmegaConf has converted every value already)."""
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        where = f"under '{path}'" if path else "at the top level"
-        raise ConfigError(
-            f"unknown config key '{_join(path, unknown[0])}'. Valid keys {where}: "
-            f"{', '.join(names)}. Check the spelling of the override."
-        )
     kwargs = {}
     for f in dataclasses.fields(cls):
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"config key '{_join(path, f.name)}' is required but missing.")
-            continue
-        kwargs[f.name] = _convert(hints[f.name], data[f.name], _join(path, f.name))
+        inner = _unwrap_optional(hints[f.name])
+        value = data[f.name]
+        kwargs[f.name] = instantiate(inner, value) if dataclasses.is_dataclass(inner) and value is not None else value
     return cls(**kwargs)
 
 
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
+@functools.cache
+def _structured(cls: type) -> type:
+    """An OmegaConf-ready copy of schema dataclass `cls`: Literal choices become enums (OmegaConf
+    2.3 has no Literal), nested sections their copies; defaults are the schema's."""
+    from omegaconf import MISSING
+
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING:
+            make = f.default_factory
+        elif f.default is not dataclasses.MISSING:
+            make = functools.partial(lambda value: value, f.default)
+        else:
+            fields.append((f.name, _omega_type(hints[f.name]), dataclasses.field(default=MISSING)))
+            continue
+        default = dataclasses.field(default_factory=lambda make=make: _plain_default(make()))
+        fields.append((f.name, _omega_type(hints[f.name]), default))
+    return dataclasses.make_dataclass(cls.__name__, fields)
 
 
-def _convert(tp: Any, value: Any, path: str) -> Any:
-    origin = typing.get_origin(tp)
+def _plain_default(value: Any) -> Any:
+    """A schema default as OmegaConf takes it: a section default as an instance of its copy."""
+    if not dataclasses.is_dataclass(value):
+        return value
+    return _structured(type(value))(**{f.name: _plain_default(getattr(value, f.name)) for f in dataclasses.fields(value)})
+
+
+def _omega_type(tp: Any) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, path)
+        return Optional[_omega_type(_unwrap_optional(tp))]
     if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            raise ConfigError(
-                f"{path}={value!r} is not a valid choice. Valid choices: "
-                f"{', '.join(repr(c) for c in choices)}."
-            )
-        return value
-    if tp is Any:
-        return value
-    if origin is dict:
-        key_type, inner = typing.get_args(tp)
-        if not isinstance(value, dict) or not all(isinstance(k, key_type) for k in value):
-            raise ConfigError(f"{path} must be a mapping with {key_type.__name__} keys, got {value!r}.")
-        return {k: _convert(inner, v, f"{path}.{k}") for k, v in value.items()}
+        return enum.Enum("Choice", [(choice, choice) for choice in args])
     if origin is list:
-        (inner,) = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path} must be a list, got {value!r}.")
-        return [_convert(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return list[_omega_type(args[0])]
+    if origin is dict:
+        return dict[args[0], _omega_type(args[1])]
+    return _structured(tp) if dataclasses.is_dataclass(tp) else tp
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
+        return inner
+    return tp
+
+
+@contextlib.contextmanager
+def omegaconf_errors(cls: type = RunConfig):
+    """Turns OmegaConf's error about a key of `cls`'s config into a one-paragraph `ConfigError`."""
+    from omegaconf import errors
+
+    try:
+        yield
+    except errors.OmegaConfBaseException as exc:
+        key = exc.full_key or "<root>"
+        if isinstance(exc, (errors.ConfigKeyError, errors.ConfigAttributeError)):
+            raise ConfigError(unknown_key_message(cls, key)) from None
+        if isinstance(exc, errors.MissingMandatoryValue):
+            raise ConfigError(f"config key '{key}' is required but missing.") from None
+        expected = _kind(_type_at(cls, key))
+        if expected is None or not isinstance(exc, errors.ValidationError):
+            raise ConfigError(f"invalid config value at '{key}': {str(exc.msg).splitlines()[0]}") from None
+        raise ConfigError(f"{key} must be {expected}, got {exc.value!r}.") from None
+
+
+def unknown_key_message(cls: type, dotted: str) -> str:
+    parent, _, _ = dotted.rpartition(".")
+    section = _type_at(cls, parent) if parent else cls
+    names = [f.name for f in dataclasses.fields(section)] if dataclasses.is_dataclass(section) else []
+    where = f"under '{parent}'" if parent else "at the top level"
+    return (
+        f"unknown config key '{dotted}'. Valid keys {where}: {', '.join(names) or '(none)'}. Check the spelling; "
+        "`rlrun train --dry-run` prints the whole resolved config."
+    )
+
+
+def _type_at(cls: type, dotted: str) -> Any:
+    """The schema type at `a.b[0].c`; None where the schema has no such key."""
+    tp: Any = cls
+    for part in re.findall(r"[^.\[\]]+", dotted):
+        tp = _unwrap_optional(tp)
+        if dataclasses.is_dataclass(tp):
+            tp = typing.get_type_hints(tp).get(part)
+        elif typing.get_origin(tp) in (list, dict):
+            tp = typing.get_args(tp)[-1]
+        else:
+            return None
+    return tp
+
+
+def _kind(tp: Any) -> Optional[str]:
+    """What a value of schema type `tp` must be, in words."""
+    tp = _unwrap_optional(tp)
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}
     if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, path)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{path} must be true or false, got {value!r}.")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path} must be an integer, got {value!r}.")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path} must be a number, got {value!r}.")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{path} must be a string, got {value!r}.")
-        return value
-    raise TypeError(f"unsupported config type {tp!r} at {path}")  # a schema bug, not user input
+        return "a mapping"
+    return words.get(typing.get_origin(tp) or tp)
 
 
 def validate(cfg: RunConfig) -> None:

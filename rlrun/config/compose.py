@@ -1,18 +1,20 @@
 """Hydra composition under typer, and the saved resolved config.
 
-`compose(overrides)` is the only place Hydra is used: it returns a validated `RunConfig` plus
+`compose(overrides)` is the only place Hydra composes: it returns a validated `RunConfig` plus
 the resolved YAML text that is saved in the run directory. Children load that file back with
-`load_resolved`, so any role can be rerun by hand from its run directory.
+`load_resolved`, so any role can be rerun by hand from its run directory; `rlrun resume` changes
+it with `override_resolved`, in the same override grammar as `rlrun train`.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 
 import yaml
 
-from rlrun.config.build import from_dict, validate
+from rlrun.config.build import from_dict, omegaconf_errors, to_plain, typed, unknown_key_message, validate
 from rlrun.config.relevance import ignored_overrides
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
@@ -49,7 +51,7 @@ def compose(overrides: list[str], root: Path | None = None) -> tuple[RunConfig, 
             composed = hydra_compose(config_name="config", overrides=list(overrides))
         data = OmegaConf.to_container(composed, resolve=True)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(_explain(exc, overrides, root)) from None
+        raise ConfigError(_explain(exc, overrides)) from None
     cfg = from_dict(RunConfig, data)
     validate(cfg)
     ignored = ignored_overrides(cfg, list(overrides))
@@ -84,27 +86,17 @@ def _check_group_choices(overrides: list[str], root: Path) -> None:
             )
 
 
-def _explain(exc: Exception, overrides: list[str], root: Path) -> str:
+def _explain(exc: Exception, overrides: list[str]) -> str:
     text = str(exc)
     key = re.search(r"Could not override '([\w.]+)'", text) or re.search(r"Key '(\w+)' is not in struct", text)
     if key:
-        return _unknown_key_message(key.group(1), overrides, root)
+        return _unknown_key_message(key.group(1))
     if "Could not find" in text or "Available options" in text:
         return "configuration error: " + " ".join(text.split())
     return f"invalid override ({', '.join(overrides) or 'none'}): {' '.join(text.split())}"
 
 
-def _unknown_key_message(dotted: str, overrides: list[str], root: Path) -> str:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
-
-    with initialize_config_dir(config_dir=str(root), version_base="1.3", job_name="rlrun"):
-        base = OmegaConf.to_container(hydra_compose(config_name="config"), resolve=False)
-    parent, _, leaf = dotted.rpartition(".")
-    node = base
-    for part in parent.split(".") if parent else []:
-        node = node.get(part, {}) if isinstance(node, dict) else {}
+def _unknown_key_message(dotted: str) -> str:
     # A real key that the chosen options leave out of the composed config (trainer.fast_llm.* with
     # trainer=hf, world.address with world=local): say why it does not apply, not "unknown".
     from rlrun.config.relevance import RULES, schema_has
@@ -113,9 +105,43 @@ def _unknown_key_message(dotted: str, overrides: list[str], root: Path) -> str:
         for prefix, _ignored, fix in RULES:
             if dotted == prefix or dotted.startswith(prefix + "."):
                 return f"invalid configuration: {dotted} has no effect here: {fix}."
-    valid = ", ".join(node) if isinstance(node, dict) else "(none)"
-    where = f"under '{parent}'" if parent else "at the top level"
-    return (
-        f"unknown config key '{dotted}'. Valid keys {where}: {valid}. Check the spelling; "
-        f"`rlrun train --dry-run` prints the whole resolved config."
-    )
+    return unknown_key_message(RunConfig, dotted)
+
+
+def override_resolved(data: dict, overrides: list[str]) -> tuple[dict, list[tuple[str, object, object]]]:
+    """Hydra's `key=value` overrides (train's grammar) applied to a saved resolved config.
+
+    Returns the new plain config (the saved one with the changed keys only: schema defaults it
+    leaves out stay out) and the changes as (key, before, after). Adding (`+key`), deleting
+    (`~key`) and sweeps are refused: the schema already holds every key.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from hydra.errors import HydraException
+    from omegaconf import Container, OmegaConf
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as exc:
+        raise ConfigError(f"invalid override ({', '.join(overrides)}): {' '.join(str(exc).split())}") from None
+    node = typed(RunConfig, data)
+    changes = []
+    for override in parsed:
+        if override.type is not OverrideType.CHANGE or override.package is not None or override.is_sweep_override():
+            raise ConfigError(
+                f"invalid override '{override.input_line}': only key=value changes an existing key here, "
+                "e.g. trainer.max_train_steps=500."
+            )
+        key, value = override.key_or_group, override.value()
+        with omegaconf_errors():
+            before = OmegaConf.select(node, key, throw_on_missing=True)
+            OmegaConf.update(node, key, value, merge=True)
+        changes.append((key, OmegaConf.to_container(before) if isinstance(before, Container) else before, value))
+    checked, new = to_plain(node), copy.deepcopy(data)
+    for key, _before, _after in changes:
+        *parents, leaf = key.split(".")
+        source, target = checked, new
+        for part in parents:
+            source, target = source[part], target.setdefault(part, {})
+        target[leaf] = source[leaf]  # as the schema converted it (3 → 3.0 for a float)
+    return new, changes

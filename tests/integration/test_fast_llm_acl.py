@@ -218,7 +218,8 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
     from rlrun.config import compose
     from rlrun.rundir import RunDir
     from rlrun.streams import names
-    from rlrun.streams.server import connect, managed_server
+    from rlrun.streams.server import connect
+    from rlrun.streams.standalone import managed_server
     from rlrun.supervisor import EventLog
 
     from .test_weight_follower import RecordingAdmin

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from rlrun import inspection as ci
-from rlrun.streams.server import connect, managed_server
+from rlrun.streams.server import connect
+from rlrun.streams.standalone import managed_server
 from tests.unit.test_inspect import invoke, make_run, resolved_yaml, write_hf  # noqa: F401 - resolved_yaml is a fixture
 
 pytestmark = pytest.mark.timeout(120)

@@ -25,7 +25,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from rlrun.journal import Action, Append, Journal, NotFinished, plan_replay
 from rlrun.rundir import RunDir
-from rlrun.streams.server import connect, managed_server
+from rlrun.streams.server import connect
+from rlrun.streams.standalone import managed_server
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -13,18 +13,18 @@ import psutil
 import pytest
 import redis
 
-from rlrun.errors import ConfigError, EnvironmentProblem
+from rlrun.errors import ConfigError, EnvironmentProblem, ProcessFailed
 from rlrun.rundir import RunDir
 from rlrun.streams import server as server_module
 from rlrun.streams.server import (
     DISABLED_COMMANDS,
     connect,
     find_server_binary,
-    managed_server,
     ping,
     redis_url,
     write_server_config,
 )
+from rlrun.streams.standalone import managed_server
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -90,11 +90,10 @@ def test_server_refuses_a_wrong_password(run_dir):
 
 def test_password_is_not_on_the_command_line_nor_in_the_environment(run_dir):
     with managed_server(run_dir) as srv:
-        proc = psutil.Process(srv.process.pid)
         assert srv.password
-        assert srv.password not in " ".join(proc.cmdline())
-        assert srv.password not in " ".join(srv.process.args)
-        assert all(srv.password not in value for value in proc.environ().values())
+        for proc in (psutil.Process(srv.server_pid()), psutil.Process(srv.status.pid)):  # the server, its guard
+            assert srv.password not in " ".join(proc.cmdline())
+            assert all(srv.password not in value for value in proc.environ().values())
         assert srv.password not in srv.url
 
 
@@ -127,11 +126,11 @@ def test_data_survives_kill_9_and_restart_from_the_aof(run_dir):
     with managed_server(run_dir, appendfsync="everysec") as srv:
         entry_id = _write_sample_data(connect(srv.url, srv.password))
         time.sleep(1.5)  # everysec: let one fsync happen
-        old_pid, port, password = srv.process.pid, srv.port, srv.password
+        old_pid, port, password = srv.server_pid(), srv.port, srv.password
         srv.kill()
-        assert srv.process.returncode == -9
+        assert srv.exit_code == -9
         srv.restart()
-        assert srv.process.pid != old_pid
+        assert srv.server_pid() != old_pid
         assert (srv.port, srv.password) == (port, password)
         _assert_sample_data(connect(srv.url, srv.password), entry_id)
 
@@ -140,7 +139,7 @@ def test_data_survives_clean_stop_and_restart(run_dir):
     with managed_server(run_dir) as srv:
         entry_id = _write_sample_data(connect(srv.url, srv.password))
         srv.stop()
-        assert srv.process.returncode == 0
+        assert srv.exit_code == 0  # SIGTERM: a clean shutdown
         assert not ping(srv.url, srv.password)
         srv.restart()
         _assert_sample_data(connect(srv.url, srv.password), entry_id)
@@ -161,17 +160,17 @@ def test_config_sets_aof_on_and_rdb_off(run_dir):
 
 def test_stop_leaves_no_process(run_dir):
     with managed_server(run_dir) as srv:
-        pid = srv.process.pid
-        assert psutil.pid_exists(pid)
+        group, pid = srv.status.pid, srv.server_pid()
+        assert psutil.pid_exists(pid) and os.getpgid(pid) == group
         srv.stop()
-        assert srv.process.returncode is not None
+        assert srv.exit_code is not None
         assert not psutil.pid_exists(pid)
-        assert _processes_in_group(pid) == []
+        assert _processes_in_group(group) == []
 
 
 def test_leaving_the_context_stops_the_server(run_dir):
     with managed_server(run_dir) as srv:
-        pid, url, password = srv.process.pid, srv.url, srv.password
+        pid, url, password = srv.server_pid(), srv.url, srv.password
     assert not psutil.pid_exists(pid)
     assert not ping(url, password)
 
@@ -179,7 +178,7 @@ def test_leaving_the_context_stops_the_server(run_dir):
 def test_leaving_the_context_on_an_error_stops_the_server(run_dir):
     with pytest.raises(KeyError):
         with managed_server(run_dir) as srv:
-            pid = srv.process.pid
+            pid = srv.server_pid()
             raise KeyError("boom")
     assert not psutil.pid_exists(pid)
 
@@ -200,7 +199,7 @@ def test_dangerous_commands_are_disabled(run_dir, command):
         with pytest.raises(redis.exceptions.ResponseError, match="unknown command"):
             client.execute_command(*command)
         assert client.get("keep") == "me"
-        assert srv.process.poll() is None
+        assert srv.exit_code is None
 
 
 def test_commands_the_run_needs_still_work(run_dir):
@@ -221,7 +220,7 @@ def test_server_listens_on_loopback_only(run_dir):
     with managed_server(run_dir) as srv:
         listening = [
             conn.laddr
-            for conn in psutil.Process(srv.process.pid).net_connections(kind="inet")
+            for conn in psutil.Process(srv.server_pid()).net_connections(kind="inet")
             if conn.status == psutil.CONN_LISTEN
         ]
         assert listening == [("127.0.0.1", srv.port)]
@@ -230,46 +229,14 @@ def test_server_listens_on_loopback_only(run_dir):
 # --- ports and failures ------------------------------------------------------------------------
 
 
-def test_port_collision_is_retried_on_another_port(run_dir, monkeypatch):
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        busy_port = busy.getsockname()[1]
-        ports = iter([busy_port])
-        real_pick = server_module.pick_free_port
-        monkeypatch.setattr(
-            server_module, "pick_free_port", lambda host: next(ports, None) or real_pick(host)
-        )
-        with managed_server(run_dir) as srv:
-            assert srv.port != busy_port
-            assert ping(srv.url, srv.password)
-        assert "Address already in use" in run_dir.log("redis").read_text()
-
-
-def test_gives_up_when_every_port_is_taken(run_dir, monkeypatch):
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        busy_port = busy.getsockname()[1]
-        calls = []
-        monkeypatch.setattr(
-            server_module, "pick_free_port", lambda host: calls.append(host) or busy_port
-        )
-        with pytest.raises(EnvironmentProblem, match="taken"):
-            with managed_server(run_dir):
-                pass
-        assert len(calls) == server_module.PORT_ATTEMPTS
-    assert run_dir.log("redis").read_text().count("Address already in use") == len(calls)
-
-
 def test_a_server_that_dies_at_start_reports_its_log(run_dir, tmp_path):
     fake = tmp_path / "fake-redis-server"
     fake.write_text("#!/bin/sh\necho 'FATAL CONFIG FILE ERROR: something odd'\nexit 1\n")
     fake.chmod(0o755)
-    with pytest.raises(EnvironmentProblem, match="something odd") as caught:
+    with pytest.raises(ProcessFailed, match="exited with code 1") as caught:
         with managed_server(run_dir, binary=str(fake)):
             pass
-    assert "exited with code 1" in str(caught.value)
+    assert caught.value.process == "redis" and "something odd" in caught.value.log_tail
 
 
 def test_a_bad_appendfsync_is_a_config_error_before_anything_starts(run_dir):

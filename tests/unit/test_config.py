@@ -112,6 +112,97 @@ def test_resume_refuses_a_run_whose_redis_data_is_gone(tmp_path):
         plan_resume(run_dir.root, [])
 
 
+@pytest.fixture
+def resumable(tmp_path):
+    from rlrun.launch import create_run
+
+    cfg, resolved = compose(["trainer.max_train_steps=5"])
+    run_dir = create_run(cfg, resolved, [], root=tmp_path / "run")
+    (run_dir.redis_dir / "appendonly.aof").write_text("")  # Redis data present
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("trainer.max_train_steps=many", "trainer.max_train_steps must be an integer, got 'many'"),
+        ("metrics.wandb_mode=sometimes", "metrics.wandb_mode must be one of 'online', 'offline', got 'sometimes'"),
+        ("supervisor.live_view=[1]", "supervisor.live_view must be true or false"),
+        ("trainer.max_steps=9", "unknown config key 'trainer.max_steps'. Valid keys under 'trainer': backend,"),
+        ("trainer.max_train_steps", "missing EQUAL"),
+        ("trainer.max_train_steps=0", "trainer.max_train_steps must be at least 1"),
+    ],
+)
+def test_train_and_resume_read_overrides_in_one_grammar_with_the_same_errors(resumable, override, fragment):
+    from rlrun.resume import plan_resume
+
+    for attempt in (lambda: compose([override]), lambda: plan_resume(resumable.root, [override])):
+        with pytest.raises(ConfigError) as info:
+            attempt()
+        assert info.value.exit_code == ExitCode.USAGE
+        assert fragment in str(info.value)
+
+
+def test_resume_takes_hydra_values_and_saves_them_typed_leaving_the_rest_of_the_file_as_it_was(resumable):
+    from rlrun.resume import apply, plan_resume
+
+    saved = yaml.safe_load(resumable.config.read_text())
+    del saved["metrics"]  # a run saved before the metrics section existed
+    resumable.config.write_text(yaml.safe_dump(saved))
+    plan = plan_resume(resumable.root, ["metrics.wandb_project='my project'", "supervisor.stop_grace_s=3", "metrics.wandb=true"])
+    assert plan.cfg.metrics.wandb_project == "my project" and plan.cfg.metrics.wandb
+    apply(plan)
+    after = yaml.safe_load(resumable.config.read_text())
+    assert after["metrics"] == {"wandb_project": "my project", "wandb": True}  # only what was changed
+    assert after["supervisor"]["stop_grace_s"] == 3.0 and isinstance(after["supervisor"]["stop_grace_s"], float)
+    assert {k: v for k, v in after.items() if k not in ("metrics", "supervisor")} == {
+        k: v for k, v in saved.items() if k != "supervisor"
+    }
+    assert load_resolved(resumable.config) == plan.cfg
+
+
+@pytest.mark.parametrize("override", ["+trainer.lr=1", "~trainer.lr", "trainer.max_train_steps=5,6"])
+def test_resume_refuses_adding_deleting_and_sweeping(resumable, override):
+    from rlrun.resume import plan_resume
+
+    with pytest.raises(ConfigError, match="only key=value changes an existing key"):
+        plan_resume(resumable.root, [override])
+
+
+@pytest.mark.parametrize(
+    "edit, fragment",
+    [
+        (lambda d: d["trainer"].update(lr="fast"), "trainer.lr must be a number, got 'fast'"),
+        (lambda d: d["trainer"].update(betas=[0.9, "x"]), "trainer.betas[1] must be a number, got 'x'"),
+        (lambda d: d["trainer"].update(backend="torch"), "trainer.backend must be one of 'hf', 'fast_llm', got 'torch'"),
+        (lambda d: d["actor"].update(colour=1), "unknown config key 'actor.colour'. Valid keys under 'actor': temperature,"),
+        (lambda d: d.pop("actor"), "config key 'actor' is required but missing"),
+        (lambda d: d.update(trainer=3), "trainer must be a mapping, got 3"),
+        (lambda d: d["run"].update(name="${nowhere}"), "invalid config value at 'run.name'"),
+    ],
+)
+def test_a_saved_config_with_a_bad_key_or_type_is_refused_naming_the_key(tmp_path, edit, fragment):
+    _, resolved = compose([])
+    data = yaml.safe_load(resolved)
+    edit(data)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as info:
+        load_resolved(tmp_path / "config.yaml")
+    assert fragment in str(info.value) and info.value.exit_code == ExitCode.USAGE
+
+
+def test_defaults_left_out_of_a_saved_config_come_from_the_schema(tmp_path):
+    from rlrun.config.schema import MetricsConfig, RolePlacement
+
+    cfg, resolved = compose(["world=ray", "world.address=auto"])
+    data = yaml.safe_load(resolved)
+    del data["metrics"], data["world"]["redis"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(data))
+    loaded = load_resolved(tmp_path / "config.yaml")
+    assert loaded.metrics == MetricsConfig() and loaded.world.redis == RolePlacement(local=True)
+    assert loaded == cfg
+
+
 def test_train_with_fast_llm_missing_says_so_and_creates_nothing(tmp_path):
     from typer.testing import CliRunner
 

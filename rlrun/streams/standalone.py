@@ -1,0 +1,83 @@
+"""The run's Redis without the rest of the run, for tests and benchmarks.
+
+It is started the way `rlrun train` starts it — the same config file, binary and command line,
+spawned, probed and stopped by a one-process `Supervisor` — so there is one process manager.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rlrun.rundir import RunDir
+from rlrun.streams.server import (
+    DEFAULT_USER_OFF, ensure_password, find_server_binary, pick_free_port, ping, redis_url, server_argv, write_server_config,
+)  # fmt: skip
+from rlrun.supervisor import ProcessSpec, Supervisor, supervised
+
+KILL_WAIT_S = 10.0
+
+
+class StandaloneServer:
+    """A started Redis: `.url`, `.port`, `.password`; `.stop()`, `.kill()`, `.restart()`."""
+
+    def __init__(self, run_dir: RunDir, host: str, port: int, supervisor: Supervisor) -> None:
+        self.run_dir, self.host, self.port = run_dir, host, port
+        self.url = redis_url(host, port)
+        self.password = ensure_password(run_dir)
+        self._supervisor = supervisor
+
+    @property
+    def status(self):
+        """The supervisor's view of the process (`.pid` is its process group's leader)."""
+        return self._supervisor.status("redis")
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.status.handle.poll()
+
+    def server_pid(self) -> int:
+        """The redis-server process itself (the group's leader is the supervisor's guard)."""
+        return self.status.handle.descendants(fresh=True)[0]
+
+    def stop(self) -> None:
+        """As a run stops it: SIGTERM (the server fsyncs its AOF), SIGKILL after the grace."""
+        self._supervisor.stop_all()
+
+    def kill(self) -> None:
+        """SIGKILL to the whole group, no clean shutdown: what a crash looks like."""
+        handle = self.status.handle
+        handle.signal_group(signal.SIGKILL)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while handle.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def restart(self) -> None:
+        """Stop it if it runs, then start it again on the same port from the same AOF."""
+        self._supervisor.stop_all()
+        self._supervisor.start_all()
+
+
+@contextmanager
+def managed_server(
+    run_dir: RunDir,
+    host: str = "127.0.0.1",
+    appendfsync: str = "everysec",
+    binary: str = "auto",
+    *,
+    ready_timeout: float = 30.0,
+    default_user: str = DEFAULT_USER_OFF,
+) -> Iterator[StandaloneServer]:
+    """Start the run's Redis on a free port, yield it ready, stop it on exit. Its output goes to
+    the run's redis log. `default_user`: the passwordless user's ACL line (off by default)."""
+    port = pick_free_port(host)
+    write_server_config(run_dir, port, host, appendfsync, default_user=default_user)
+    url, password = redis_url(host, port), ensure_password(run_dir)
+    spec = ProcessSpec(
+        name="redis", argv=server_argv(find_server_binary(binary), run_dir), log_path=run_dir.log("redis"),
+        ready=lambda pid: ping(url, password), ready_timeout_s=ready_timeout,
+    )  # fmt: skip
+    with supervised(spec) as supervisor:
+        yield StandaloneServer(run_dir, host, port, supervisor)
