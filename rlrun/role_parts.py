@@ -7,8 +7,12 @@ that read the run's Redis (readiness markers, heartbeats, events).
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
+from typing import Callable
+
+import yaml
 
 from rlrun.config.schema import RoleSupervision
 from rlrun.rundir import RunDir
@@ -104,3 +108,18 @@ class RedisProbe:
         except Exception:  # not reachable means "no", never an exception in the supervisor
             self._client = None
             return {}
+
+
+def role_command(run_dir: RunDir, module: str, name: str, **settings) -> tuple[list[str], Callable[[], None]]:
+    """(argv, before_start) of a child started as `python -m <module> <run>/roles/<name>.yaml`.
+
+    The file is written before every (re)start, from the run's config.yaml and `settings` (the
+    `rlrun.role_file.Role` fields: redis_url, model_path, vllm_urls, broadcast_host/port).
+    """
+    from rlrun.role_file import Role, write_role_file
+
+    def write() -> None:
+        config = yaml.safe_load(run_dir.config.read_text())
+        write_role_file(run_dir, Role(name=name, run_dir=run_dir.root, config=config, **settings))
+
+    return [sys.executable, "-m", module, str(run_dir.role_file(name))], write

@@ -4,18 +4,20 @@ Each role's command line, environment, log file, readiness and liveness probes a
 policy are decided here, from the typed config; the trainer's processes come from its backend
 (`rlrun.backends`). The supervisor only ever sees the specs.
 
+rlrun's own children (actor, trainer, weight follower) start from one file each,
+`<run>/roles/<name>.yaml` (rlrun/role_file.py), written before every start.
+
 Liveness: Redis answers PING; vLLM answers /health; the trainer and the actor write a heartbeat
 (time and pid) into their state hash in Redis from their main loops.
 """
 
 from __future__ import annotations
 
-import sys
 
 from rlrun.backends import backend_for
 from rlrun.config import RunConfig
 from rlrun.inference import server as vllm_server
-from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy
+from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy, role_command
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server
@@ -62,12 +64,14 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
             )
         )
     specs += backend_for(cfg).specs(cfg, run_dir, endpoints, model_path, probe)  # the trainer and what serves it
-    common = ["--run-dir", str(run_dir.root), "--redis-url", endpoints.redis_url, "--model-path", model_path]
-    vllm_args = [arg for url in endpoints.vllm_urls for arg in ("--vllm-url", url)]
+    argv, write_role_file = role_command(
+        run_dir, "rlrun.actor.main", "actor", redis_url=endpoints.redis_url, model_path=model_path, vllm_urls=endpoints.vllm_urls
+    )
     specs.append(
         ProcessSpec(
             name="actor",
-            argv=[sys.executable, "-m", "rlrun.actor.main", *common, *vllm_args],
+            argv=argv,
+            before_start=write_role_file,
             env=child_env(1),
             log_path=run_dir.log("actor"),
             alive=lambda pid: probe.heartbeat(names.ACTOR_STATE, pid),

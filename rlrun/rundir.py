@@ -46,6 +46,14 @@ class RunDir:
         return self.root / "overrides.yaml"
 
     @property
+    def roles(self) -> Path:
+        """One file per child process: what it needs to start (rlrun/role_file.py)."""
+        return self.root / "roles"
+
+    def role_file(self, name: str) -> Path:
+        return self.roles / f"{name}.yaml"
+
+    @property
     def secrets(self) -> Path:
         return self.root / "secrets"
 

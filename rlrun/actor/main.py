@@ -11,7 +11,6 @@ steps ahead of the trainer and exits once the trainer announces `training_done`.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -28,13 +27,13 @@ from rlrun.actor.tokenizer import load_tokenizer
 from rlrun.actor.trainer_view import TrainerView
 from rlrun.backends import backend_for
 from rlrun.actor.vllm_client import stream_completion
-from rlrun.config import RunConfig, load_resolved
+from rlrun.config import RunConfig
 from rlrun.data.tasks import Task, load_task, problem_index
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import Action, GroupPlan, plan_replay
 from rlrun.rollouts import Group, Sample
-from rlrun.rundir import RunDir
+from rlrun.role_file import role_from_argv
 from rlrun.streams import names
 from rlrun.streams.server import connect
 from rlrun.advantages import group_advantages
@@ -328,25 +327,20 @@ class Actor:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlrun::actor")
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--redis-url", required=True)
-    parser.add_argument("--model-path", required=True)
-    parser.add_argument("--vllm-url", action="append", required=True)
-    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    run_dir = RunDir(args.run_dir)
     try:
-        cfg = load_resolved(run_dir.config)
+        role = role_from_argv("rlrun::actor", argv)
+        cfg = role.load_config()
         task = load_task(cfg.dataset, cfg.run.seed)
     except ConfigError as exc:  # a restart would fail the same way: exit 2, never retried
         log.error("%s", exc)
         return int(ExitCode.USAGE)
-    redis = connect(args.redis_url, run_dir.read_redis_password())
-    tokenizer = load_tokenizer(args.model_path)  # not transformers: see tokenizer.py
+    run_dir = role.run
+    redis = connect(role.redis_url, run_dir.read_redis_password())
+    tokenizer = load_tokenizer(role.model_path)  # not transformers: see tokenizer.py
     ledger = JournalLedger(redis) if cfg.actor.journal else MemoryLedger(redis)
-    actor = Actor(cfg, redis, tokenizer, task, args.vllm_url, ledger, run_name=run_dir.root.name, api_key=run_dir.read_vllm_api_key())
+    actor = Actor(cfg, redis, tokenizer, task, role.vllm_urls, ledger, run_name=run_dir.root.name, api_key=run_dir.read_vllm_api_key())
     if cfg.actor.audit:
         run_dir.audit.mkdir(exist_ok=True)
         actor.audit_path = run_dir.audit / "actor.jsonl"

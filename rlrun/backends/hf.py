@@ -9,14 +9,13 @@ directory. Finished: exit 0 and the samples target consumed, or its own `trainin
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from rlrun import completion
 from rlrun.backends import HALF, Candidate, run_verdict
 from rlrun.config import RunConfig
-from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy
+from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy, role_command
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.supervisor import ProcessSpec, RunVerdict
@@ -104,11 +103,13 @@ class HfBackend:
 
     def specs(self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> list[ProcessSpec]:
         sup = cfg.supervisor
-        args = ["--run-dir", str(run_dir.root), "--redis-url", endpoints.redis_url, "--model-path", model_path]
-        args += [arg for url in endpoints.vllm_urls for arg in ("--vllm-url", url)]
+        argv, write_role_file = role_command(
+            run_dir, "rlrun.trainer.main", "trainer", redis_url=endpoints.redis_url, model_path=model_path, vllm_urls=endpoints.vllm_urls
+        )
         trainer = ProcessSpec(
             name="trainer",
-            argv=[sys.executable, "-m", "rlrun.trainer.main", *args],
+            argv=argv,
+            before_start=write_role_file,
             env=child_env(cfg.trainer.threads),
             log_path=run_dir.log("trainer"),
             ready=lambda pid: probe.marker(names.TRAINER_STATE, "ready_pid", pid),

@@ -66,6 +66,13 @@ def load_resolved(path: Path) -> RunConfig:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read the run's config {path}: {exc}") from None
+    return config_from_data(data, source=str(path))
+
+
+def config_from_data(data: object, source: str) -> RunConfig:
+    """A resolved config already read (config.yaml, a role file) → the checked RunConfig."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source} holds no config mapping (got {type(data).__name__}).")
     cfg = from_dict(RunConfig, data)
     validate(cfg)
     return cfg

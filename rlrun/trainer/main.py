@@ -7,22 +7,21 @@ publish progress, and checkpoint every N steps; finally announce `training_done`
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import shutil
 import statistics
 import time
-from pathlib import Path
 
-from rlrun.config import RunConfig, load_resolved
+from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin
 from rlrun.ettr import split_wall_time
 from rlrun.metrics import MetricsWriter, actor_counters, read_metrics
 from rlrun.supervisor.events import read_events
 from rlrun.rollouts import Group, MalformedGroup
+from rlrun.role_file import role_from_argv
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams.codec import decode, encode
@@ -330,20 +329,14 @@ def collate(samples, device) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlrun::trainer")
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--redis-url", required=True)
-    parser.add_argument("--model-path", required=True)
-    parser.add_argument("--vllm-url", action="append", default=[])
-    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run_dir = RunDir(args.run_dir)
     vllm = None
     try:
-        cfg = load_resolved(run_dir.config)
-        redis = connect(args.redis_url, run_dir.read_redis_password())
-        vllm = VllmAdmin(args.vllm_url, api_key=run_dir.read_vllm_api_key())
-        trainer = Trainer(cfg, run_dir, redis, args.model_path, vllm)
+        role = role_from_argv("rlrun::trainer", argv)
+        cfg, run_dir = role.load_config(), role.run
+        redis = connect(role.redis_url, run_dir.read_redis_password())
+        vllm = VllmAdmin(role.vllm_urls, api_key=run_dir.read_vllm_api_key())
+        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm)
         try:
             trainer.train()
         finally:

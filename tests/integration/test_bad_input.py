@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from rlrun import launch, preflight
@@ -395,14 +396,17 @@ def test_trainer_refuses_to_start_from_damaged_checkpoints_with_exit_2(resumable
     import subprocess
     import sys
 
+    from rlrun.role_file import Role, write_role_file
+
     write_checkpoint(resumable_run.checkpoint(4))
     _truncate("model.safetensors")(resumable_run.checkpoint(4))
     resumable_run.write_secret(resumable_run.redis_password, "unused")
+    role = Role("trainer", resumable_run.root, "redis://127.0.0.1:1/0", "/nonexistent", ["http://127.0.0.1:1"],
+                config=yaml.safe_load(resumable_run.config.read_text()))  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "rlrun.trainer.main", "--run-dir", str(resumable_run.root),
-         "--redis-url", "redis://127.0.0.1:1/0", "--model-path", "/nonexistent", "--vllm-url", "http://127.0.0.1:1"],
+        [sys.executable, "-m", "rlrun.trainer.main", str(write_role_file(resumable_run, role))],
         capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "no usable checkpoint" in proc.stderr and "step_000004" in proc.stderr and "Traceback" not in proc.stderr
     assert (resumable_run.checkpoint(4) / "model.safetensors").is_file()  # left for the user to restore

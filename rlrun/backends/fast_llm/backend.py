@@ -9,7 +9,6 @@ What the pieces mean is in the sibling modules (`config`, `protocol`, `checkpoin
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -23,7 +22,7 @@ from rlrun.backends.fast_llm.follower import request_join
 from rlrun.backends.fast_llm.installed import choose_revision
 from rlrun.backends.fast_llm.rewind import Rewind, rewind_group
 from rlrun.config import RunConfig
-from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy
+from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy, role_command
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict
@@ -208,13 +207,14 @@ def follower_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, probe: 
     """trainer=fast_llm: the process that has the vLLM servers load what Fast-LLM broadcasts
     (rlrun/backends/fast_llm/follower.py). Started before the trainer, which waits for it."""
     sup = cfg.supervisor
+    argv, write_role_file = role_command(
+        run_dir, "rlrun.backends.fast_llm.follower", "weights", redis_url=endpoints.redis_url, model_path="",
+        vllm_urls=endpoints.vllm_urls, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
+    )  # fmt: skip
     return ProcessSpec(
         name="weights",
-        argv=[
-            sys.executable, "-m", "rlrun.backends.fast_llm.follower", "--run-dir", str(run_dir.root),
-            "--redis-url", endpoints.redis_url, *[arg for url in endpoints.vllm_urls for arg in ("--vllm-url", url)],
-            "--broadcast-host", cfg.inference.host, "--broadcast-port", str(endpoints.broadcast_port),
-        ],  # fmt: skip
+        argv=argv,
+        before_start=write_role_file,
         env=child_env(1),
         log_path=run_dir.log("weights"),
         ready=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),

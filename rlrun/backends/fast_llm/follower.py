@@ -27,12 +27,10 @@ restarted follower neither repeats nor skips an event.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from pathlib import Path
 
 import httpx
 
@@ -40,10 +38,10 @@ from rlrun.backends.fast_llm.config import broadcast_backend
 from rlrun.backends.fast_llm.events import EventJudge, stream_id_after
 from rlrun.backends.fast_llm.installed import store_host
 from rlrun.backends.fast_llm.protocol import WeightsReady
-from rlrun.config import RunConfig, load_resolved
+from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin
-from rlrun.rundir import RunDir
+from rlrun.role_file import role_from_argv
 from rlrun.streams import names
 from rlrun.streams.server import connect
 
@@ -226,26 +224,20 @@ class WeightFollower:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlrun::weights")
-    parser.add_argument("--run-dir", required=True, type=Path)
-    parser.add_argument("--redis-url", required=True)
-    parser.add_argument("--vllm-url", action="append", required=True)
-    parser.add_argument("--broadcast-host", required=True)
-    parser.add_argument("--broadcast-port", required=True, type=int)
-    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    run_dir = RunDir(args.run_dir)
     try:
-        cfg = load_resolved(run_dir.config)
+        role = role_from_argv("rlrun::weights", argv)
+        cfg = role.load_config()
     except ConfigError as exc:  # a restart would fail the same way: exit 2, never retried
         log.error("%s", exc)
         return int(ExitCode.USAGE)
-    redis = connect(args.redis_url, run_dir.read_redis_password())
-    admin = VllmBroadcastAdmin(args.vllm_url, receive_timeout_s=cfg.trainer.fast_llm.timeout_s, api_key=run_dir.read_vllm_api_key())
+    run_dir = role.run
+    redis = connect(role.redis_url, run_dir.read_redis_password())
+    admin = VllmBroadcastAdmin(role.vllm_urls, receive_timeout_s=cfg.trainer.fast_llm.timeout_s, api_key=run_dir.read_vllm_api_key())
     host_store = store_host(cfg) == "rlrun"
     try:
-        WeightFollower(cfg, redis, admin, args.broadcast_host, args.broadcast_port, host_store).run_forever()
+        WeightFollower(cfg, redis, admin, role.broadcast_host, role.broadcast_port, host_store).run_forever()
     finally:
         admin.close()
     return 0

@@ -1,0 +1,100 @@
+"""One file per child process: everything it needs to start, so any role can be rerun by hand.
+
+    path = write_role_file(run_dir, role)   # the launcher, before every (re)start
+    role = read_role_file(path)             # the child's main
+
+`<run>/roles/<name>.yaml` holds the run directory, the role's endpoints (Redis URL, vLLM URLs,
+the weight broadcast's host and port), the model path and the run's resolved config. It holds no
+secret: the Redis password and the vLLM key stay in `<run>/secrets/` (0600), read through the run
+directory. To debug a role, stop the run's copy of it and start
+`python -m rlrun.actor.main <run>/roles/actor.yaml` (or any other role's module) by hand.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from rlrun.config import RunConfig
+from rlrun.errors import ConfigError
+from rlrun.rundir import RunDir
+
+FORMAT = 1  # bumped when a field changes meaning
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    run_dir: Path
+    redis_url: str  # without the password (secrets/redis.password)
+    model_path: str
+    vllm_urls: list[str] = field(default_factory=list)
+    broadcast_host: str = ""  # the trainer's weight broadcast (the weight follower only)
+    broadcast_port: int = 0
+    config: dict = field(default_factory=dict)  # the run's resolved config, as config.yaml holds it
+
+    @property
+    def run(self) -> RunDir:
+        return RunDir(self.run_dir)
+
+    def load_config(self) -> RunConfig:
+        """The typed config (ConfigError when it does not check: a restart would fail the same way)."""
+        from rlrun.config.compose import config_from_data
+
+        return config_from_data(self.config, source=f"the role file of {self.name}")
+
+
+def write_role_file(run_dir: RunDir, role: Role) -> Path:
+    """Write `<run>/roles/<role.name>.yaml` atomically (a child never reads half of it)."""
+    path = run_dir.role_file(role.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {
+        "format": FORMAT,
+        "name": role.name,
+        "run_dir": str(role.run_dir),
+        "redis_url": role.redis_url,
+        "model_path": role.model_path,
+        "vllm_urls": list(role.vllm_urls),
+        "broadcast_host": role.broadcast_host,
+        "broadcast_port": role.broadcast_port,
+        "config": role.config,
+    }
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    os.replace(tmp, path)
+    return path
+
+
+def read_role_file(path: Path) -> Role:
+    """The role a child was started with; ConfigError naming the file when it cannot be used."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the role file {path}: {exc}. Start roles through `rlrun train` / `rlrun resume`, which write it.") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ConfigError(f"{path} is not an rlrun role file of format {FORMAT}: write it again with `rlrun resume RUN_DIR`.")
+    try:
+        return Role(
+            name=str(data["name"]),
+            run_dir=Path(data["run_dir"]),
+            redis_url=str(data["redis_url"]),
+            model_path=str(data["model_path"]),
+            vllm_urls=[str(url) for url in data.get("vllm_urls") or []],
+            broadcast_host=str(data.get("broadcast_host") or ""),
+            broadcast_port=int(data.get("broadcast_port") or 0),
+            config=dict(data.get("config") or {}),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"the role file {path} is incomplete ({exc!r}): write it again with `rlrun resume RUN_DIR`.") from None
+
+
+def role_from_argv(prog: str, argv: list[str] | None = None) -> Role:
+    """A child's command line, `python -m <module> ROLE_FILE`, read (ConfigError when unusable)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description="Started by rlrun with its role file (<run>/roles/<name>.yaml).")
+    parser.add_argument("role_file", type=Path, help="the role file rlrun wrote for this process")
+    return read_role_file(parser.parse_args(argv).role_file)
