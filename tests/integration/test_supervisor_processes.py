@@ -26,7 +26,9 @@ def test_children_get_their_own_group_log_to_file_and_are_all_stopped(tmp_path):
     sup = Supervisor(specs, EventLog(tmp_path / "events.jsonl"), poll_interval_s=0.1)
     sup.start_all()
     deadline = time.time() + 10
-    while "grandchild" not in (tmp_path / "escaper.log").read_text() and time.time() < deadline:
+    while time.time() < deadline and not (
+        "grandchild" in (tmp_path / "escaper.log").read_text() and "hello" in (tmp_path / "sleeper.log").read_text()
+    ):  # both started (on a loaded machine a child's first line can take seconds)
         time.sleep(0.1)
     grandchild = int((tmp_path / "escaper.log").read_text().split()[1])
     for proc in sup.processes:
