@@ -183,6 +183,7 @@ def build_tokenizer(max_model_len: int):
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX  # Qwen2's split: both pipelines agree
 
     to_byte_level = _byte_level_map()
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + tuple(to_byte_level[c] for c in CHARACTERS))}
@@ -192,7 +193,7 @@ def build_tokenizer(max_model_len: int):
     core.normalizer = normalizers.NFC()
     core.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -209,22 +210,11 @@ def build_tokenizer(max_model_len: int):
     )
 
 
-# Qwen2's pre-tokenizer split (transformers' PRETOKENIZE_REGEX), copied so both pipelines agree.
-_QWEN2_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
-
-
 def _byte_level_map() -> dict[str, str]:
     """GPT-2's byte-to-character table for ASCII (printable characters map to themselves, space to "Ġ")."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {b: b for b in kept}
-    shifted = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = 256 + shifted
-            shifted += 1
-    return {chr(b): chr(c) for b, c in table.items() if b < 128}
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {chr(b): c for b, c in bytes_to_unicode().items() if b < 128}
 
 
 def _portable_tokenizer_config(path: Path) -> None:
@@ -330,10 +320,8 @@ def _accuracy(model, tokenizer, problems: list[Problem], max_operand: int) -> di
             by_length.setdefault(len(problem.prompt), []).append(problem)
         for width, group in by_length.items():  # same prompt length: decode the group as one batch
             ids = torch.tensor([tokenizer.encode(p.prompt) for p in group])
-            for _ in range(budget):
-                step = model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)
-                ids = torch.cat([ids, step], dim=1)
-            for problem, row in zip(group, ids[:, width:].tolist()):
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=budget, do_sample=False)
+            for problem, row in zip(group, out[:, width:].tolist()):
                 text = tokenizer.decode(row[: row.index(eos)]) if eos in row else None
                 greedy_hits += text == problem.answer
     return {"greedy": round(greedy_hits / len(problems), 4), "sampled_t1": round(sampled, 4)}
