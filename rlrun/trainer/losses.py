@@ -62,20 +62,10 @@ def grpo_loss(
     Shapes: logprobs, old_logprobs, mask [B, T]; advantages [B]. Tokens with mask 0 (prompt,
     padding) contribute neither to the value nor to the gradient, whatever their log-probs.
     """
-    m = mask.to(logprobs.dtype)
-    keep = m > 0
-    log_ratio = torch.where(keep, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    m, log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
     ratio = torch.exp(log_ratio)
-    per_token, is_clipped = clipped_surrogate(
-        ratio, advantages[:, None], clip_eps_low, clip_eps_high
-    )
-    n_tokens = m.sum()
-    denom = n_tokens.clamp(min=1.0)
-    loss = (per_token * m).sum() / denom
-    with torch.no_grad():
-        clip_fraction = float((is_clipped & keep).sum() / denom)
-        mean_ratio = float((ratio * m).sum() / denom)
-    return LossOutput(loss=loss, clip_fraction=clip_fraction, mean_ratio=mean_ratio)
+    per_token, is_clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps_low, clip_eps_high)
+    return _weighted_mean(per_token, ratio, is_clipped, m)
 
 
 def gspo_loss(
@@ -92,18 +82,26 @@ def gspo_loss(
     Shapes: logprobs, old_logprobs, mask [B, T]; advantages [B]. Sequences without completion
     tokens are left out of the mean.
     """
-    m = mask.to(logprobs.dtype)
-    keep = m > 0
-    log_ratio = torch.where(keep, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    m, log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
     lengths = m.sum(dim=1)
     seq_ratio = torch.exp(log_ratio.sum(dim=1) / lengths.clamp(min=1.0))
     per_seq, is_clipped = clipped_surrogate(seq_ratio, advantages, clip_eps_low, clip_eps_high)
-    has_tokens = (lengths > 0).to(logprobs.dtype)
-    denom = has_tokens.sum().clamp(min=1.0)
-    loss = (per_seq * has_tokens).sum() / denom
+    return _weighted_mean(per_seq, seq_ratio, is_clipped, (lengths > 0).to(logprobs.dtype))
+
+
+def _masked_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The mask as weights, and logp - old where it is set (0 elsewhere: padding never counts)."""
+    m = mask.to(logprobs.dtype)
+    return m, torch.where(m > 0, logprobs - old_logprobs, torch.zeros_like(logprobs))
+
+
+def _weighted_mean(per: Tensor, ratio: Tensor, is_clipped: Tensor, weight: Tensor) -> LossOutput:
+    """The loss, clip fraction and mean ratio over the elements of weight 1 (tokens or sequences)."""
+    denom = weight.sum().clamp(min=1.0)
+    loss = (per * weight).sum() / denom
     with torch.no_grad():
-        clip_fraction = float((is_clipped & (lengths > 0)).sum() / denom)
-        mean_ratio = float((seq_ratio * has_tokens).sum() / denom)
+        clip_fraction = float((is_clipped & (weight > 0)).sum() / denom)
+        mean_ratio = float((ratio * weight).sum() / denom)
     return LossOutput(loss=loss, clip_fraction=clip_fraction, mean_ratio=mean_ratio)
 
 
