@@ -96,6 +96,16 @@ def start_rlrun(run_dir: Path, *args: str, command: str = "train", env: dict | N
     return proc
 
 
+def wait_or_kill(proc: subprocess.Popen, timeout: float) -> int:
+    """Wait for an rlrun started by `start_rlrun`; one still running after `timeout` is killed
+    (and the test fails with TimeoutExpired)."""
+    try:
+        return proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def left_behind(proc: subprocess.Popen, grace_s: float = 5.0) -> list[str]:
     """Descendants of a finished (or killed) rlrun still alive after `grace_s`."""
     proc.run_processes.stop()

@@ -13,7 +13,7 @@ from rlrun.streams import external, names
 from rlrun.streams.server import connect
 from tests.integration.test_external_redis import PASSWORD, protected_server  # noqa: F401 - the fixture
 
-from .conftest import leaked_secrets, left_behind, read_jsonl, start_rlrun
+from .conftest import leaked_secrets, left_behind, read_jsonl, start_rlrun, wait_or_kill
 
 pytestmark = pytest.mark.e2e
 
@@ -30,11 +30,7 @@ def test_a_run_on_an_external_redis(tmp_path, protected_server):  # noqa: F811 -
         run_dir, "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", "trainer.train_batch_size=64",
         f"streams.url={url}", f"streams.password_file={password_file}",
     )  # fmt: skip
-    try:
-        proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    wait_or_kill(proc, 600)
     output = (tmp_path / "rlrun.out").read_text()
     cmdlines = sorted(proc.run_processes.cmdlines)
     assert proc.returncode == 0, output[-3000:]

@@ -23,7 +23,7 @@ from rlrun.rundir import RunDir
 from rlrun.streams.server import connect
 from rlrun.streams.standalone import managed_server
 
-from .conftest import left_behind, start_rlrun
+from .conftest import left_behind, start_rlrun, wait_or_kill
 from .test_failures import events
 
 pytestmark = pytest.mark.e2e
@@ -44,11 +44,7 @@ def real_run(tmp_path_factory):
         run_dir, "trainer=fast_llm", "trainer.device=cpu", "recipe=math_gspo", f"trainer.max_train_steps={STEPS}",
         "trainer.checkpoint_every=2", "trainer.train_batch_size=64", env=env,
     )  # fmt: skip
-    try:
-        proc.wait(timeout=1500)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    wait_or_kill(proc, 1500)
     with managed_server(RunDir(run_dir)) as srv:
         client = connect(srv.url, srv.password)
         fl_events = [json.loads(f["event"]) for _id, f in client.xrange("fast_llm_events")]
