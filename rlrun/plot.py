@@ -12,7 +12,6 @@ temporary file and renamed, so a failure never leaves half a picture.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from dataclasses import dataclass
 from itertools import pairwise
@@ -21,6 +20,7 @@ from pathlib import Path
 from rlrun.errors import EnvironmentProblem, RunDirError
 from rlrun.metrics import final_records, read_metrics
 from rlrun.rundir import RunDir
+from rlrun.supervisor.events import read_events
 
 SIZE_PX = (1000, 950)  # width, height of the PNG
 DPI = 100
@@ -164,7 +164,7 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
             f"{run_dir.root} has no metrics yet: {run_dir.metrics.name} is missing or empty (the trainer "
             f"writes one record per optimizer step). Nothing was written."
         )
-    events = _read_events(run_dir.events)
+    events = read_events(run_dir.events)
     marks = markers(events, records)
     target = Path(out) if out is not None else run_dir.plot
     restarts = sum(1 for m in marks if m.kind == "restart")
@@ -172,20 +172,6 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
     title = f"{run_dir.root.name}: {records[-1]['step']} steps, {records[-1].get('samples', 0)} samples, {restarts} restart{'' if restarts == 1 else 's'}"
     render(records, marks, target, title, start=run_start(records, events))
     return PlotResult(path=target, steps=len(records), restarts=restarts, failures=failures)
-
-
-def _read_events(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    events = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash
-        if isinstance(event, dict):
-            events.append(event)
-    return events
 
 
 # --- drawing ---------------------------------------------------------------------------------------
