@@ -22,7 +22,7 @@ from rlrun.errors import ConfigError
 
 def from_dict(cls: type, data: Any) -> Any:
     """Build schema dataclass `cls` from a nested dict, checking every key and type."""
-    return instantiate(cls, to_plain(typed(cls, data)))
+    return instantiate(cls, to_plain(typed(cls, data), cls))
 
 
 def typed(cls: type, data: Any):
@@ -35,11 +35,11 @@ def typed(cls: type, data: Any):
         return OmegaConf.merge(OmegaConf.structured(_structured(cls)), data)
 
 
-def to_plain(node) -> dict:
-    """A typed `DictConfig` → plain data (choices as strings), every required key checked."""
+def to_plain(node, cls: type = RunConfig) -> dict:
+    """A typed `DictConfig` of `cls` → plain data (choices as strings), every required key checked."""
     from omegaconf import OmegaConf
 
-    with omegaconf_errors(RunConfig):
+    with omegaconf_errors(cls):
         return OmegaConf.to_container(node, resolve=True, enum_to_str=True, throw_on_missing=True)
 
 
