@@ -180,12 +180,7 @@ def validate(cfg: RunConfig) -> None:
             f"({a.group_size}) so that every pass holds whole groups.",
         )
     need(t.nproc_per_node >= 1, f"trainer.nproc_per_node must be at least 1 (got {t.nproc_per_node}).")
-    if t.nproc_per_node > 1 and t.gradient_accumulation_passes >= 1:
-        need(
-            t.backend == "hf",
-            "trainer.nproc_per_node is the hf trainer's rank count; with trainer.backend=fast_llm set "
-            "trainer.fast_llm.nproc_per_node instead.",
-        )
+    if t.backend == "hf" and t.nproc_per_node > 1 and t.gradient_accumulation_passes >= 1:
         need(
             t.gradient_accumulation_passes % t.nproc_per_node == 0,
             f"trainer.gradient_accumulation_passes ({t.gradient_accumulation_passes}) must be a multiple of "

@@ -334,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     from rlrun import proctitle, stackdump
 
-    proctitle.name("trainer")  # `ps` shows rlrun:trainer
+    rank = os.environ.get("RANK") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    proctitle.name(f"trainer-rank{rank}" if rank else "trainer")  # `ps` shows rlrun:trainer (-rank1...)
     stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)
     raise SystemExit(main())
