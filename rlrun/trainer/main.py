@@ -71,10 +71,12 @@ class Trainer:
         # Reading our own pending entries (id "0") does not advance by itself: this remembers
         # where the replay is; None once it is done and new entries (">") are read.
         self._pending_from: str | None = "0"
-        self.metrics = MetricsWriter(run_dir.metrics, run_dir.tensorboard if cfg.metrics.tensorboard else None)
+        # Rank 0 alone writes metrics (metrics.jsonl, TensorBoard, W&B): the others keep a writer of nothing.
+        tensorboard = run_dir.tensorboard if cfg.metrics.tensorboard and self.main else None
+        self.metrics = MetricsWriter(run_dir.metrics, tensorboard)
         self.history = read_metrics(run_dir.metrics)  # every record so far, this run's earlier launches too: for ETTR
         self.wandb = None
-        if cfg.metrics.wandb:  # the same W&B run for every trainer attempt and every launch of this run
+        if cfg.metrics.wandb and self.main:  # the same W&B run for every trainer attempt and every launch of this run
             from rlrun.wandb_sink import WandbSink
 
             last = self.history[-1]["time"] if self.history else None

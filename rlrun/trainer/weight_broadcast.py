@@ -26,19 +26,19 @@ from rlrun.backends.fast_llm.broadcast import SOURCE_RANK, WEIGHTS_SHARD, store_
 class WeightBroadcaster:
     """Rank 0 of a broadcast group to `receivers` vLLM workers (ranks 1..receivers)."""
 
-    def __init__(self, host: str, port: int, receivers: int, backend: str = "gloo", timeout_s: float = 600.0) -> None:
+    def __init__(self, host: str, port: int, receivers: int, transport: str = "gloo", timeout_s: float = 600.0) -> None:
         world_size = receivers + 1
         timeout = datetime.timedelta(seconds=timeout_s)
         # Blocks until every receiver has joined (they join from rlrun_join_broadcast).
         self.store, _, _ = next(dist.rendezvous(f"tcp://{host}:{port}", SOURCE_RANK, world_size, timeout=timeout))
         prefixed = dist.PrefixStore(store_prefix(world_size), self.store)
-        if backend == "gloo":
+        if transport == "gloo":
             self.group, self.device = dist.ProcessGroupGloo(prefixed, SOURCE_RANK, world_size, timeout), torch.device("cpu")
-        elif backend == "nccl":
+        elif transport == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
             self.group = dist.ProcessGroupNCCL(prefixed, SOURCE_RANK, world_size, timeout)
         else:
-            raise ValueError(f"unknown broadcast backend {backend!r} (gloo or nccl)")
+            raise ValueError(f"unknown broadcast transport {transport!r} (gloo or nccl)")
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         options = dist.BroadcastOptions()
