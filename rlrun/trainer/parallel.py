@@ -157,11 +157,21 @@ class Parallel:
         import torch
         import torch.distributed as dist
 
-        size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64)
+        device = self._collective_device()
+        size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64, device=device)
         self._wait(dist.broadcast(size, src=0, async_op=True), heartbeat)
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if self.ranks.is_main else torch.empty(int(size), dtype=torch.uint8)
+        if self.ranks.is_main:
+            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+        else:
+            data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
         self._wait(dist.broadcast(data, src=0, async_op=True), heartbeat)
-        return payload if self.ranks.is_main else data.numpy().tobytes()
+        return payload if self.ranks.is_main else data.cpu().numpy().tobytes()
+
+    def _collective_device(self):
+        """Where collective tensors live: the GPU under NCCL, the CPU under gloo."""
+        import torch
+
+        return torch.device(self.device) if self.device.startswith("cuda") else torch.device("cpu")
 
     @staticmethod
     def _wait(work, heartbeat: Callable[[], None]) -> None:
@@ -180,9 +190,9 @@ class Parallel:
         import torch
         import torch.distributed as dist
 
-        tensor = torch.tensor(values, dtype=torch.float64)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
         dist.all_reduce(tensor)
-        return tensor.tolist()
+        return tensor.cpu().tolist()
 
     def barrier(self) -> None:
         if self.ranks.distributed:
