@@ -51,8 +51,10 @@ def run(server, client, tmp_path):
 
 
 def start(run_dir, server, tmp_path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "rlrun.trainer.main", "--run-dir", str(run_dir.root), "--redis-url", server.url,
-            "--model-path", str(tmp_path / "model")]  # fmt: skip
+    from rlrun.role_parts import role_command
+
+    argv, write_role_file = role_command(run_dir, "rlrun.trainer.main", "trainer", redis_url=server.url, model_path=str(tmp_path / "model"))
+    write_role_file()  # as the supervisor does before every (re)start
     log = open(tmp_path / "trainer.log", "ab")
     return subprocess.Popen(
         [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", "2", "--", *argv],
