@@ -5,7 +5,8 @@
 1. Weight hand-over, for a model built locally (nothing downloaded): `tiny` is rlrun's demo
    shape (~0.3 M parameters), `100m` a ~100 M-parameter Qwen2 (8 layers of 768, vocabulary 32k).
    - disk: what the hf trainer does after every step today — `save_pretrained` (safetensors) into
-     a fresh folder — then reading every tensor back (what vLLM's reload reads); bytes = the folder.
+     a fresh folder, into the page cache, not fsynced, as the trainer does — then reading every
+     tensor back into memory (what vLLM's reload reads); bytes = the folder.
    - broadcast: rank 0 of the in-memory path (rlrun/trainer/weight_broadcast.py) to one receiver
      process running rlrun's receiver (rlrun/backends/fast_llm/broadcast.py, what each vLLM worker
      runs), gloo on 127.0.0.1; timed from the first header sent to the receiver holding the last
@@ -68,7 +69,7 @@ def disk_once(model, root: Path) -> tuple[float, float, int]:
     for file in sorted(target.glob("*.safetensors")):
         with safe_open(str(file), "pt") as handle:
             for key in handle.keys():
-                handle.get_tensor(key)
+                handle.get_tensor(key).clone()  # a copy: the pages are really read, not only mapped
     read = time.perf_counter()
     size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
     return written - started, read - written, size
