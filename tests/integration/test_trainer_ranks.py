@@ -44,16 +44,16 @@ def groups(seed: int = 0) -> list[Group]:
     return out
 
 
-def one_step(model_path: str, algo: str, parallel, sharding: str = "none") -> tuple[dict, dict]:
+def one_step(model_path: str, algo: str, parallel, extra: tuple[str, ...] = ()) -> tuple[dict, dict]:
     from transformers import AutoModelForCausalLM
 
     from rlrun.trainer.step import optimizer_step
 
-    cfg, _ = compose(overrides(algo))
+    cfg, _ = compose([*overrides(algo), *extra])
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     model.train()
-    wrapped = parallel.wrap(model)
+    wrapped = parallel.wrap(model, cfg.trainer.mixed_precision, cfg.trainer.activation_checkpointing)
     optimizer = torch.optim.AdamW(wrapped.parameters(), lr=cfg.trainer.lr, betas=tuple(cfg.trainer.betas))
     samples = [(g.prompt_ids, s) for g in groups() for s in g.samples]
     metrics = optimizer_step(wrapped, optimizer, samples, cfg, parallel, torch.device("cpu"))
@@ -136,3 +136,22 @@ def test_a_rank_takes_its_contiguous_share_of_the_passes():
     assert micro_batches(samples, 4, 4, 0, 1) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
     with pytest.raises(ValueError):
         micro_batches(samples, 4, 4, 0, 3)
+
+
+def test_activation_checkpointing_recomputes_the_same_step(model_path):
+    from rlrun.trainer.parallel import Parallel, Ranks
+
+    plain_metrics, plain = one_step(model_path, "gspo", Parallel(Ranks()))
+    ckpt_metrics, ckpt = one_step(model_path, "gspo", Parallel(Ranks()), ("trainer.activation_checkpointing=true",))
+    assert ckpt_metrics["loss"] == pytest.approx(plain_metrics["loss"], rel=1e-6)
+    assert max((ckpt[k] - plain[k]).abs().max().item() for k in plain) < 1e-6
+
+
+def test_bf16_mixed_precision_takes_nearly_the_fp32_step_and_keeps_fp32_weights(model_path):
+    from rlrun.trainer.parallel import Parallel, Ranks
+
+    fp32_metrics, fp32 = one_step(model_path, "grpo", Parallel(Ranks()))
+    bf16_metrics, bf16 = one_step(model_path, "grpo", Parallel(Ranks()), ("trainer.mixed_precision=bf16",))
+    assert {t.dtype for t in bf16.values()} == {torch.float32}  # master weights stay fp32
+    assert bf16_metrics["loss"] == pytest.approx(fp32_metrics["loss"], rel=0.05, abs=1e-3)
+    assert bf16_metrics["loss"] != fp32_metrics["loss"]  # it did compute in bf16
