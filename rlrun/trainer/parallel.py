@@ -1,6 +1,6 @@
 """The trainer's ranks: torch.distributed setup, the model's wrapping, the loop's few collectives.
 
-Owns: which rank this process is (from the launcher's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
+Owns: which rank this process is (from its launcher's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
 the torchrun convention, read once by `Ranks.from_env`), the choice between FSDP2
 (`torch.distributed.fsdp.fully_shard`) and DDP, bf16 mixed precision and activation
 checkpointing, handing the step's batch from rank 0 to every rank, summing metrics over ranks and
@@ -42,7 +42,7 @@ class Ranks:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Ranks":
-        """This process's rank as its launcher (rlrun.trainer.launch or torchrun) set it."""
+        """This process's rank as its launcher (rlrun.trainer.rank_group or torchrun) set it."""
         if "WORLD_SIZE" not in env or int(env["WORLD_SIZE"]) <= 1:
             return cls()
         return cls(
