@@ -64,11 +64,14 @@ class RedisProbe:
         """PING on the probe's own connection (a new connection and AUTH per poll cost CPU)."""
         return self.call(lambda client: client.ping())
 
-    def heartbeat(self, key: str, pid: int, max_age_s: float = HEARTBEAT_FRESH_S) -> bool:
-        """True when process `pid` wrote a heartbeat into hash `key` less than max_age_s ago."""
+    def heartbeat(self, key: str, pid: int, max_age_s: float = HEARTBEAT_FRESH_S, also: tuple[str, ...] = ()) -> bool:
+        """True when process `pid` wrote a heartbeat into hash `key` less than max_age_s ago, and
+        so did each of the fields `also` (the other ranks of a process that has several)."""
         state = self._hgetall(key)
+        now = time.time()
         try:
-            return int(state.get("pid", -1)) == pid and time.time() - float(state.get("heartbeat", 0)) < max_age_s
+            fresh = all(now - float(state.get(field, 0)) < max_age_s for field in ("heartbeat", *also))
+            return int(state.get("pid", -1)) == pid and fresh
         except ValueError:
             return False
 

@@ -9,6 +9,7 @@ directory. Finished: exit 0 and the samples target consumed, or its own `trainin
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -106,6 +107,10 @@ class HfBackend:
         argv, write_role_file = role_command(
             run_dir, "rlrun.trainer.main", "trainer", redis_url=endpoints.redis_url, model_path=model_path, vllm_urls=endpoints.vllm_urls
         )
+        nproc = cfg.trainer.nproc_per_node
+        if nproc > 1:  # one supervised process: a rank that fails takes the group down (rank_group.py)
+            argv = [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", str(nproc), "--", *argv]
+        others = tuple(names.rank_heartbeat(rank) for rank in range(1, nproc))  # the watchdog sees every rank
         trainer = ProcessSpec(
             name="trainer",
             argv=argv,
@@ -113,7 +118,7 @@ class HfBackend:
             env=child_env(cfg.trainer.threads),
             log_path=run_dir.log("trainer"),
             ready=lambda pid: probe.marker(names.TRAINER_STATE, "ready_pid", pid),
-            alive=lambda pid: probe.heartbeat(names.TRAINER_STATE, pid),
+            alive=lambda pid: probe.heartbeat(names.TRAINER_STATE, pid, also=others),
             ready_timeout_s=sup.ready_timeout_s,
             stop_grace_s=sup.stop_grace_s,
             finishes=True,

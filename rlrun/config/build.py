@@ -179,6 +179,14 @@ def validate(cfg: RunConfig) -> None:
             f"trainer.train_batch_size ({t.train_batch_size}) must be a multiple of algo.group_size "
             f"({a.group_size}) so that every pass holds whole groups.",
         )
+    need(t.nproc_per_node >= 1, f"trainer.nproc_per_node must be at least 1 (got {t.nproc_per_node}).")
+    if t.backend == "hf" and t.nproc_per_node > 1 and t.gradient_accumulation_passes >= 1:
+        need(
+            t.gradient_accumulation_passes % t.nproc_per_node == 0,
+            f"trainer.gradient_accumulation_passes ({t.gradient_accumulation_passes}) must be a multiple of "
+            f"trainer.nproc_per_node ({t.nproc_per_node}): each rank takes an equal share of the step's passes "
+            f"(e.g. trainer.gradient_accumulation_passes={t.nproc_per_node * max(1, t.gradient_accumulation_passes // t.nproc_per_node)}).",
+        )
     need(t.lr > 0, f"trainer.lr must be positive (got {t.lr}).")
     need(len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas), f"trainer.betas must be two numbers in [0, 1) (got {t.betas}).")
     need(t.grad_clip > 0, f"trainer.grad_clip must be positive (got {t.grad_clip}).")

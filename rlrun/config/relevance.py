@@ -32,6 +32,10 @@ RULES: list[Rule] = [
     ("dataset.hf_config", lambda c: c.dataset.name == "arithmetic", "dataset=arithmetic is generated, not loaded: remove it or choose dataset=gsm8k"),
     ("dataset.split", lambda c: c.dataset.name == "arithmetic", "dataset=arithmetic is generated, not loaded: remove it or choose dataset=gsm8k"),
     ("trainer.fast_llm", lambda c: c.trainer.backend != "fast_llm", "it configures the Fast-LLM trainer only: set trainer=fast_llm, or remove it"),
+    ("trainer.nproc_per_node", lambda c: c.trainer.backend != "hf",
+     "it sets the ranks of rlrun's own trainer (trainer=hf): set trainer.fast_llm.nproc_per_node for Fast-LLM"),
+    *[(f"trainer.{key}", lambda c: c.trainer.backend != "hf", "rlrun's own trainer only (trainer=hf): remove it")
+      for key in ("sharding", "mixed_precision", "activation_checkpointing")],
     ("supervisor.weights", lambda c: c.trainer.backend != "fast_llm",
      "the weight follower runs with trainer=fast_llm only: set trainer=fast_llm, or remove it"),
     ("world.address", lambda c: c.world.kind != "ray", "it names a Ray cluster: set world=ray, or remove it"),

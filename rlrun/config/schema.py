@@ -118,7 +118,11 @@ class TrainerConfig:
     checkpoint_every: int = 50  # steps between checkpoints (and one at the end)
     keep_checkpoints: int = 2  # complete checkpoints kept; older ones are deleted
     device: str = "cpu"  # torch device of the trainer
-    threads: int = 1  # torch CPU threads of the trainer
+    threads: int = 1  # torch CPU threads of the trainer (per rank)
+    nproc_per_node: int = 1  # hf: ranks of the trainer, data-parallel; gradient_accumulation_passes must be a multiple of it
+    sharding: Literal["auto", "fsdp2", "ddp"] = "auto"  # hf, nproc_per_node>1: auto is FSDP2 where torch has fully_shard, DDP otherwise
+    mixed_precision: Literal["none", "bf16"] = "none"  # hf: bf16 compute (FSDP2 reduces gradients in fp32)
+    activation_checkpointing: bool = False  # hf: recompute activations in backward (less memory, more compute)
     fast_llm: FastLlmConfig = field(default_factory=FastLlmConfig)  # backend=fast_llm only
 
     @property

@@ -13,3 +13,8 @@ TRAINER_EVENTS = "rlrun:trainer:events"  # stream: trainer events (weights ready
 POLICY_VERSION = "rlrun:policy_version"  # string: the policy version vLLM currently serves
 ACTOR_STATE = "rlrun:actor:state"  # hash: the actor's progress (prompt cursor, groups published)
 WEIGHTS_STATE = "rlrun:weights"  # hash: the Fast-LLM weight follower (join requests, last event, counts)
+
+
+def rank_heartbeat(rank: int) -> str:
+    """TRAINER_STATE's field where trainer rank `rank` > 0 writes its heartbeat (rank 0: `heartbeat`)."""
+    return f"heartbeat_rank{rank}"

@@ -1,9 +1,13 @@
 """The hf trainer's checkpoints: written atomically, an `ok` marker last, read back safely.
 
-Layout: `<run>/checkpoints/step_000050/` with the model (safetensors), `optimizer.pt` (tensors
-only, loaded with weights_only=True), `trainer_state.json`, and `ok`. A folder is written under a
-temporary name and renamed; the `ok` marker is written after the rename, so a folder without
-`ok` is a half-written checkpoint and is never loaded. The marker lists every file's size.
+Layout: `<run>/checkpoints/step_000050/` with the model (safetensors, a whole Hugging Face
+folder that vLLM and users load), the optimizer, `trainer_state.json`, and `ok`. One rank writes
+`optimizer.pt` (tensors only, loaded with weights_only=True); several ranks write `optimizer/`
+with torch.distributed.checkpoint, each rank its own shard and rank 0 the metadata, and either
+layout is loaded by any number of ranks. A folder is written under a temporary name and renamed
+by rank 0 once every rank has written its part; the `ok` marker is written after the rename, so
+a folder without `ok` is a half-written checkpoint and is never loaded. The marker lists every
+file's size (`optimizer/<file>` included).
 
 A checkpoint damaged after it was written (a truncated file, an unreadable trainer_state.json) is
 found by `problem` without loading any tensor: `resume_point` skips it with a warning and falls
@@ -29,6 +33,9 @@ log = logging.getLogger(__name__)
 
 OK_MARKER = "ok"
 STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.pt"  # written by one rank
+OPTIMIZER_DIR = "optimizer"  # written by several (torch.distributed.checkpoint)
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index, written after every shard
 
 
 @dataclass(frozen=True)
@@ -131,16 +138,20 @@ def problem(path: Path) -> Optional[str]:
         return None
 
     def optimizer() -> None:
-        with zipfile.ZipFile(path / "optimizer.pt"):  # torch.save writes a zip; a truncated one has no directory
+        with zipfile.ZipFile(path / OPTIMIZER_FILE):  # torch.save writes a zip; a truncated one has no directory
             return None
 
-    for name in (STATE_FILE, "config.json", "optimizer.pt"):
+    sharded = (path / OPTIMIZER_DIR).is_dir()
+    optimizer_file = f"{OPTIMIZER_DIR}/{DCP_METADATA}" if sharded else OPTIMIZER_FILE
+    for name in (STATE_FILE, "config.json", optimizer_file):
         if not (path / name).is_file():
             return f"{name} is missing"
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
         return "no model weights (*.safetensors)"
-    checks = [(OK_MARKER, sizes), (STATE_FILE, state), ("config.json", config), ("optimizer.pt", optimizer)]
+    checks = [(OK_MARKER, sizes), (STATE_FILE, state), ("config.json", config)]
+    if not sharded:  # the sharded one's files are covered by the manifest's sizes
+        checks.append((OPTIMIZER_FILE, optimizer))
     checks += [(file.name, lambda file=file: _safetensors_problem(file)) for file in weights]
     for name, check in checks:
         why = reading(name, check)
@@ -194,27 +205,54 @@ def read_state(path: Path) -> TrainerState:
     return TrainerState(**json.loads((path / STATE_FILE).read_text()))
 
 
-def save(model, optimizer, state: TrainerState, final: Path, keep: int) -> None:
-    """Write a checkpoint atomically into `final`, then prune all but the newest `keep`."""
+def save(model, optimizer, state: TrainerState, final: Path, keep: int, parallel=None) -> None:
+    """Write a checkpoint atomically into `final`, then prune all but the newest `keep`.
+
+    With several ranks (`parallel`, rlrun.trainer.parallel) every rank must call it: each writes
+    its optimizer shard, rank 0 the model, the state, the rename and the `ok` marker, last.
+    """
     import torch
 
+    ranks = parallel.ranks if parallel is not None else None
+    distributed, main = bool(ranks and ranks.distributed), ranks is None or ranks.is_main
     tmp = final.with_name(f".tmp-{final.name}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if main:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    if distributed:
+        parallel.barrier()  # the folder exists before any rank writes into it
+    weights = parallel.full_state_dict(model) if parallel is not None else None  # every rank takes part
+    if main:
+        bare = parallel.unwrapped(model) if parallel is not None else model
+        bare.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+    if distributed:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        # Returns on rank 0 once every rank's shard and the metadata are written.
+        dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=tmp / OPTIMIZER_DIR)
+    else:
+        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+    if main:
+        _seal(tmp, final, state)
+        _prune(final.parent, keep)
+    if distributed:
+        parallel.barrier()  # no rank goes on before the checkpoint is complete
+
+
+def _seal(tmp: Path, final: Path, state: TrainerState) -> None:
+    """Rank 0, once every part is written: the state, the rename, then the `ok` manifest."""
     state = TrainerState(**{**asdict(state), "written_at": time.time()})
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
     if final.exists():  # a half-written leftover of an earlier attempt at the same step
         shutil.rmtree(final)
     os.replace(tmp, final)
-    sizes = {p.name: p.stat().st_size for p in sorted(final.iterdir()) if p.is_file()}
+    sizes = {str(p.relative_to(final)): p.stat().st_size for p in sorted(final.rglob("*")) if p.is_file()}
     with open(final / OK_MARKER, "w") as marker:
         marker.write(json.dumps({"files": sizes}, indent=1) + "\n")
         marker.flush()
         os.fsync(marker.fileno())
-    _prune(final.parent, keep)
 
 
 def _prune(checkpoints: Path, keep: int) -> None:
@@ -223,7 +261,29 @@ def _prune(checkpoints: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def load_optimizer(optimizer, path: Path) -> None:
+def load_optimizer(optimizer, path: Path, model=None, parallel=None) -> None:
+    """Load the optimizer state of checkpoint `path`, written by one rank or several, into this
+    rank's optimizer (whole, or its shard under FSDP2)."""
     import torch
 
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    if (path / OPTIMIZER_DIR).is_dir():
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+        wanted = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the shapes this rank holds
+        dcp.load(wanted, checkpoint_id=path / OPTIMIZER_DIR)  # resharded to them, whatever wrote it
+        set_optimizer_state_dict(model, optimizer, wanted["optimizer"])
+        return
+    saved = torch.load(path / OPTIMIZER_FILE, weights_only=True)
+    if parallel is not None and parallel.sharding == "fsdp2":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        # One rank's file names parameters by position; the sharded optimizer wants their names.
+        names = [name for name, _ in parallel.unwrapped(model).named_parameters()]
+        full = {
+            "state": {names[i]: value for i, value in saved["state"].items()},
+            "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
+        }
+        set_optimizer_state_dict(model, optimizer, full, options=StateDictOptions(full_state_dict=True))
+        return
+    optimizer.load_state_dict(saved)

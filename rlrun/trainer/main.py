@@ -28,6 +28,8 @@ from rlrun.streams.codec import decode, encode
 from rlrun.streams.server import connect
 from rlrun.trainer import checkpoint
 from rlrun.trainer.checkpoint import TrainerState
+from rlrun.trainer.parallel import Parallel, Ranks
+from rlrun.trainer.step import optimizer_step
 
 log = logging.getLogger("rlrun.trainer")
 
@@ -35,25 +37,31 @@ VLLM_WAIT_S = 600.0  # a weight update waits this long for a restarting vLLM ser
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, run_dir: RunDir, redis, model_path: str, vllm: VllmAdmin) -> None:
+    def __init__(
+        self, cfg: RunConfig, run_dir: RunDir, redis, model_path: str, vllm: VllmAdmin, parallel: Parallel | None = None
+    ) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.run_dir, self.redis, self.vllm = cfg, run_dir, redis, vllm
+        self.parallel = parallel if parallel is not None else Parallel(Ranks())
+        self.main = self.parallel.ranks.is_main  # rank 0 reads Redis, publishes, checkpoints' owner
         torch.manual_seed(cfg.run.seed)
         torch.set_num_threads(cfg.trainer.threads)
         self.device = torch.device(cfg.trainer.device)
         self.state = TrainerState(step=0, samples_processed=0, policy_version=0, config_hash=run_dir.config_hash())
         resume_from = checkpoint.resume_point(run_dir.checkpoints)  # damaged ones skipped, with a warning
         source = str(resume_from) if resume_from else model_path
-        self.model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, cfg.model.dtype)).to(self.device)
-        self.model.train()
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, cfg.model.dtype)).to(self.device)
+        model.train()
+        self.vocab_size = model.config.vocab_size
         t = cfg.trainer
+        self.model = self.parallel.wrap(model, t.mixed_precision, t.activation_checkpointing)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay
         )
         if resume_from:
-            checkpoint.load_optimizer(self.optimizer, resume_from)
+            checkpoint.load_optimizer(self.optimizer, resume_from, self.model, self.parallel)
             self.state = checkpoint.read_state(resume_from)
             log.info("resumed from %s at step %d", resume_from, self.state.step)
         self.bad_messages = 0
@@ -63,10 +71,12 @@ class Trainer:
         # Reading our own pending entries (id "0") does not advance by itself: this remembers
         # where the replay is; None once it is done and new entries (">") are read.
         self._pending_from: str | None = "0"
-        self.metrics = MetricsWriter(run_dir.metrics, run_dir.tensorboard if cfg.metrics.tensorboard else None)
+        # Rank 0 alone writes metrics (metrics.jsonl, TensorBoard, W&B): the others keep a writer of nothing.
+        tensorboard = run_dir.tensorboard if cfg.metrics.tensorboard and self.main else None
+        self.metrics = MetricsWriter(run_dir.metrics, tensorboard)
         self.history = read_metrics(run_dir.metrics)  # every record so far, this run's earlier launches too: for ETTR
         self.wandb = None
-        if cfg.metrics.wandb:  # the same W&B run for every trainer attempt and every launch of this run
+        if cfg.metrics.wandb and self.main:  # the same W&B run for every trainer attempt and every launch of this run
             from rlrun.wandb_sink import WandbSink
 
             last = self.history[-1]["time"] if self.history else None
@@ -74,13 +84,18 @@ class Trainer:
 
     # --- the loop ------------------------------------------------------------------------------
     def train(self) -> None:
-        self._ensure_consumer_group()
+        self._heartbeat()
+        if self.main:
+            self._ensure_consumer_group()
         if self.state.step > 0:  # vLLM must serve the weights of the checkpoint we resumed from
             self._push_weights()
-        self._publish_state(ready_pid=os.getpgrp(), training_done=0)
+        self.parallel.barrier()  # every rank is up (and has heartbeaten) before the group is ready
+        if self.main:
+            self._publish_state(ready_pid=os.getpgrp(), training_done=0)
         while self.state.step < self.cfg.trainer.max_train_steps:
             started = time.monotonic()
-            groups, message_ids = self._next_batch()
+            groups, message_ids = self._next_batch() if self.main else ([], [])
+            groups = self._shared(groups)  # rank 0 read them once; every rank takes its share
             waited = time.monotonic() - started
             metrics = self._optimizer_step(groups)
             self.state = TrainerState(
@@ -95,10 +110,14 @@ class Trainer:
             metrics["step_time_s"] = round(time.monotonic() - started, 4)
             metrics["wait_s"] = round(waited, 4)
             metrics["weights_s"] = round(time.monotonic() - pushing, 4)
-            self._record(metrics, groups)
+            if self.main:
+                self._record(metrics, groups)
+            else:
+                self._heartbeat()
             if self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
                 self._save_checkpoint()
-        self._announce_done()
+        if self.main:
+            self._announce_done()
 
     def close(self) -> None:
         """Close the metric sinks (TensorBoard, W&B), whether training finished or failed."""
@@ -141,7 +160,7 @@ class Trainer:
                     if self._pending_from is not None:
                         self._pending_from = message_id  # the next read continues after it
                     try:
-                        group = Group.from_dict(decode(fields.get("data", "")), vocab_size=self.model.config.vocab_size)
+                        group = Group.from_dict(decode(fields.get("data", "")), vocab_size=self.vocab_size)
                     except (MalformedGroup, ValueError) as exc:
                         self.bad_messages += 1
                         log.warning("rejected message %s on %s: %s", message_id, names.GROUPS_STREAM, exc)
@@ -153,51 +172,30 @@ class Trainer:
                     groups.append(group)
         return groups, ids
 
+    def _shared(self, groups: list[Group]) -> list[Group]:
+        """Rank 0's groups on every rank (the identity on one rank)."""
+        if not self.parallel.ranks.distributed:
+            return groups
+        payload = json.dumps([g.to_dict() for g in groups]).encode() if self.main else None
+        data = self.parallel.share(payload, self._heartbeat)
+        return groups if self.main else [Group.from_dict(d) for d in json.loads(data)]
+
     # --- the step ------------------------------------------------------------------------------
     def _optimizer_step(self, groups: list[Group]) -> dict:
-        import torch
-
-        from rlrun.trainer.losses import completion_logprobs, policy_loss
-
         samples = [(g.prompt_ids, s) for g in groups for s in g.samples]
-        passes = self.cfg.trainer.gradient_accumulation_passes
-        per_pass = self.cfg.trainer.train_batch_size
-        self.optimizer.zero_grad(set_to_none=True)
-        losses, clip_fractions, ratios = [], [], []
-        for start in range(0, len(samples), per_pass):
-            batch = collate(samples[start : start + per_pass], self.device)
-            logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            logprobs = completion_logprobs(logits, batch["input_ids"])
-            out = policy_loss(
-                self.cfg.algo.name,
-                logprobs,
-                batch["old_logprobs"][:, 1:],
-                batch["advantages"],
-                batch["mask"][:, 1:],
-                self.cfg.algo.clip_eps_low,
-                self.cfg.algo.clip_eps_high,
-            )
-            (out.loss / passes).backward()
-            losses.append(out.loss.detach().item())
-            clip_fractions.append(out.clip_fraction)
-            ratios.append(out.mean_ratio)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
-        self.optimizer.step()
-        return {
-            "loss": sum(losses) / len(losses),
-            "clip_fraction": sum(clip_fractions) / len(clip_fractions),
-            "mean_ratio": sum(ratios) / len(ratios),
-            "grad_norm": float(grad_norm),
-        }
+        return optimizer_step(self.model, self.optimizer, samples, self.cfg, self.parallel, self.device)
 
     # --- weights to vLLM -----------------------------------------------------------------------
     def _push_weights(self) -> None:
         """Save this version's weights, then pause (abort in-flight), reload and resume vLLM."""
         version = self.state.policy_version
+        weights = self.parallel.full_state_dict(self.model)  # every rank takes part; rank 0 gets them
+        if not self.main:
+            return
         target = self.run_dir.weights_version(version)
         tmp = target.with_name(f".tmp-{target.name}")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp, safe_serialization=True)
+        self.parallel.unwrapped(self.model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
         self._until_vllm_answers(lambda: self._reload_all(str(target), version))
@@ -267,7 +265,11 @@ class Trainer:
         )  # fmt: skip
 
     def _heartbeat(self) -> None:
-        self.redis.hset(names.TRAINER_STATE, mapping={"pid": os.getpgrp(), "heartbeat": time.time()})
+        """Rank 0 writes `pid` and `heartbeat`; rank r>0 `heartbeat_rank<r>` (the watchdog reads every rank)."""
+        if self.main:
+            self.redis.hset(names.TRAINER_STATE, mapping={"pid": os.getpgrp(), "heartbeat": time.time()})
+        else:
+            self.redis.hset(names.TRAINER_STATE, names.rank_heartbeat(self.parallel.ranks.rank), time.time())
 
     def _publish_state(self, **extra) -> None:
         self.redis.hset(
@@ -285,7 +287,9 @@ class Trainer:
 
     def _save_checkpoint(self) -> None:
         path = self.run_dir.checkpoint(self.state.step)
-        checkpoint.save(self.model, self.optimizer, self.state, path, keep=self.cfg.trainer.keep_checkpoints)
+        checkpoint.save(self.model, self.optimizer, self.state, path, keep=self.cfg.trainer.keep_checkpoints, parallel=self.parallel)
+        if not self.main:
+            return
         if self.unacked:  # the checkpoint now covers these groups
             self.redis.xack(names.GROUPS_STREAM, names.TRAINER_GROUP, *self.unacked)
             self.unacked = []
@@ -301,42 +305,17 @@ class Trainer:
         log.info("training done at step %d", self.state.step)
 
 
-def collate(samples, device) -> dict:
-    """Pad prompt+completion sequences; mask and old log-probs are aligned with input_ids."""
-    import torch
-
-    length = max(len(p) + len(s.completion_ids) for p, s in samples)
-    n = len(samples)
-    input_ids = torch.zeros((n, length), dtype=torch.long)
-    attention = torch.zeros((n, length), dtype=torch.long)
-    mask = torch.zeros((n, length), dtype=torch.float32)
-    old = torch.zeros((n, length), dtype=torch.float32)
-    advantages = torch.zeros(n, dtype=torch.float32)
-    for row, (prompt, sample) in enumerate(samples):
-        seq = list(prompt) + list(sample.completion_ids)
-        input_ids[row, : len(seq)] = torch.tensor(seq)
-        attention[row, : len(seq)] = 1
-        mask[row, len(prompt) : len(seq)] = 1.0
-        old[row, len(prompt) : len(seq)] = torch.tensor(sample.logprobs, dtype=torch.float32)
-        advantages[row] = sample.advantage
-    return {
-        "input_ids": input_ids.to(device),
-        "attention_mask": attention.to(device),
-        "mask": mask.to(device),
-        "old_logprobs": old.to(device),
-        "advantages": advantages.to(device),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    vllm = None
+    vllm = parallel = None
     try:
         role = role_from_argv("rlrun::trainer", argv)
         cfg, run_dir = role.load_config(), role.run
         redis = connect(role.redis_url, run_dir.read_redis_password())
         vllm = VllmAdmin(role.vllm_urls, api_key=run_dir.read_vllm_api_key())
-        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm)
+        # One rank unless a launcher (rlrun.trainer.rank_group, torchrun) set RANK/WORLD_SIZE.
+        parallel = Parallel(Ranks.from_env(os.environ), cfg.trainer.sharding, cfg.trainer.device)
+        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel)
         try:
             trainer.train()
         finally:
@@ -349,12 +328,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if vllm is not None:
             vllm.close()
+        if parallel is not None:
+            parallel.close()
     return 0
 
 
 if __name__ == "__main__":
     from rlrun import proctitle, stackdump
 
-    proctitle.name("trainer")  # `ps` shows rlrun:trainer
+    rank = os.environ.get("RANK") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    proctitle.name(f"trainer-rank{rank}" if rank else "trainer")  # `ps` shows rlrun:trainer (-rank1...)
     stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)
     raise SystemExit(main())

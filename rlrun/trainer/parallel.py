@@ -1,0 +1,208 @@
+"""The trainer's ranks: torch.distributed setup, the model's wrapping, the loop's few collectives.
+
+Owns: which rank this process is (from its launcher's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
+the torchrun convention, read once by `Ranks.from_env`), the choice between FSDP2
+(`torch.distributed.fsdp.fully_shard`) and DDP, bf16 mixed precision and activation
+checkpointing, handing the step's batch from rank 0 to every rank, summing metrics over ranks and
+gathering a full state dict for rank 0. Refuses: Redis, the loss maths, the checkpoint layout.
+
+One rank (the default) creates no process group at all: the model is not wrapped and every
+collective is the identity, so `nproc_per_node=1` trains exactly as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Optional
+
+log = logging.getLogger(__name__)
+
+SHARDINGS = ("auto", "fsdp2", "ddp")
+POLL_S = 0.005  # a rank waiting for rank 0's batch checks this often whether it has come
+HEARTBEAT_S = 1.0  # and heartbeats this often meanwhile
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "Ranks":
+        """This process's rank as its launcher (rlrun.trainer.rank_group or torchrun) set it."""
+        if "WORLD_SIZE" not in env or int(env["WORLD_SIZE"]) <= 1:
+            return cls()
+        return cls(
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", "0")),
+        )
+
+
+def choose_sharding(wanted: str) -> str:
+    """`auto` is FSDP2 when this torch has `fully_shard` (it runs on CPU with gloo since 2.6), DDP otherwise."""
+    if wanted != "auto":
+        return wanted
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError:
+        return "ddp"
+    return "fsdp2"
+
+
+class Parallel:
+    """The loop's view of its ranks. Built once per trainer process; `close()` at exit."""
+
+    def __init__(self, ranks: Ranks, sharding: str = "auto", device: str = "cpu", timeout_s: float = 1800.0) -> None:
+        self.ranks = ranks
+        self.sharding = choose_sharding(sharding) if ranks.distributed else "none"
+        self.device = device
+        if ranks.distributed:
+            import datetime
+
+            import torch.distributed as dist
+
+            if dist.is_initialized():  # a second view of the same ranks (tests compare shardings)
+                return
+
+            backend = "nccl" if device.startswith("cuda") else "gloo"
+            dist.init_process_group(
+                backend,
+                init_method=f"tcp://{ranks.master_addr}:{ranks.master_port}",
+                rank=ranks.rank,
+                world_size=ranks.world_size,
+                timeout=datetime.timedelta(seconds=timeout_s),
+            )
+            log.info("rank %d of %d joined (%s, %s)", ranks.rank, ranks.world_size, backend, self.sharding)
+
+    # --- the model -----------------------------------------------------------------------------
+    def wrap(self, model, mixed_precision: str = "none", activation_checkpointing: bool = False):
+        """The model the loop calls: sharded (FSDP2), replicated (DDP) or as it is (one rank)."""
+        if activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if self.sharding == "fsdp2":
+            import torch
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            policy = MixedPrecisionPolicy()
+            if mixed_precision == "bf16":  # compute in bf16, gradients reduced and kept in fp32
+                policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            # One unit per transformer block (the classes HF says must not be split), then the rest.
+            blocks = set(getattr(model, "_no_split_modules", None) or [])
+            for module in list(model.modules()):
+                if type(module).__name__ in blocks:
+                    fully_shard(module, mp_policy=policy)
+            return fully_shard(model, mp_policy=policy)
+        if self.sharding == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            return DistributedDataParallel(model)
+        return model
+
+    @staticmethod
+    def unwrapped(model):
+        """The Hugging Face model under a DDP wrapper (FSDP2 modifies the model in place)."""
+        return getattr(model, "module", model)
+
+    def autocast(self, mixed_precision: str):
+        """bf16 autocast where FSDP2's policy does not already cast (one rank, DDP)."""
+        if mixed_precision != "bf16" or self.sharding == "fsdp2":
+            return contextlib.nullcontext()
+        import torch
+
+        return torch.autocast(device_type=self.device.split(":")[0], dtype=torch.bfloat16)
+
+    @contextlib.contextmanager
+    def accumulating(self, model, sync: bool) -> Iterator[None]:
+        """A backward pass whose gradients are reduced over ranks only when `sync` (the last pass)."""
+        if self.sharding == "ddp" and not sync:
+            with model.no_sync():
+                yield
+            return
+        if self.sharding == "fsdp2":
+            model.set_requires_gradient_sync(sync)
+        yield
+
+    def full_state_dict(self, model) -> Optional[dict]:
+        """Every rank must call it; rank 0 gets the whole model's tensors (CPU), the others None."""
+        if self.sharding != "fsdp2":
+            return self.unwrapped(model).state_dict() if self.ranks.is_main else None
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=options)
+        return state if self.ranks.is_main else None
+
+    # --- collectives -----------------------------------------------------------------------------
+    def share(self, payload: Optional[bytes], heartbeat: Callable[[], None]) -> bytes:
+        """Rank 0's `payload` on every rank. The others wait without blocking (polling an async
+        broadcast), heartbeating meanwhile: rank 0 may wait a long time for the actor's groups."""
+        if not self.ranks.distributed:
+            assert payload is not None
+            return payload
+        import torch
+        import torch.distributed as dist
+
+        device = self._collective_device()
+        size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64, device=device)
+        self._wait(dist.broadcast(size, src=0, async_op=True), heartbeat)
+        if self.ranks.is_main:
+            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+        else:
+            data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+        self._wait(dist.broadcast(data, src=0, async_op=True), heartbeat)
+        return payload if self.ranks.is_main else data.cpu().numpy().tobytes()
+
+    def _collective_device(self):
+        """Where collective tensors live: the GPU under NCCL, the CPU under gloo."""
+        import torch
+
+        return torch.device(self.device) if self.device.startswith("cuda") else torch.device("cpu")
+
+    @staticmethod
+    def _wait(work, heartbeat: Callable[[], None]) -> None:
+        last = 0.0
+        while not work.is_completed():
+            if time.monotonic() - last > HEARTBEAT_S:
+                heartbeat()
+                last = time.monotonic()
+            time.sleep(POLL_S)
+        work.wait()
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Element-wise sum over ranks (the identity on one rank)."""
+        if not self.ranks.distributed:
+            return list(values)
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
+        dist.all_reduce(tensor)
+        return tensor.cpu().tolist()
+
+    def barrier(self) -> None:
+        if self.ranks.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def close(self) -> None:
+        if self.ranks.distributed:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()

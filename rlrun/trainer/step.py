@@ -1,0 +1,90 @@
+"""One optimizer step of the hf trainer, on one rank or many: collate, forward, loss, backward, step.
+
+The step's samples are cut into `gradient_accumulation_passes` micro-batches of
+`train_batch_size` samples, in stream order, whatever the number of ranks; rank r computes the
+r-th contiguous share of them. Each micro-batch's loss is the policy loss averaged over that
+micro-batch (tokens for GRPO, sequences for GSPO), and the step's gradient is the mean over the
+micro-batches. Ranks average their gradients (DDP's all-reduce, FSDP2's reduce-scatter), so each
+rank scales its passes by world_size / passes: the sum over ranks of its share equals the
+one-rank sum, and 2 ranks take the same step as 1, up to float summation order.
+"""
+
+from __future__ import annotations
+
+from rlrun.trainer.parallel import Parallel
+
+
+def micro_batches(samples: list, per_pass: int, passes: int, rank: int, world_size: int) -> list[list]:
+    """This rank's micro-batches: the rank-th contiguous share of the step's `passes`."""
+    every = [samples[start : start + per_pass] for start in range(0, len(samples), per_pass)]
+    if len(every) != passes or passes % world_size:
+        raise ValueError(f"{len(samples)} samples in {per_pass}-sample passes are not {passes} passes split evenly over {world_size} ranks")
+    share = passes // world_size
+    return every[rank * share : (rank + 1) * share]
+
+
+def optimizer_step(model, optimizer, samples: list, cfg, parallel: Parallel, device) -> dict:
+    """Take one optimizer step on `samples` ([(prompt_ids, Sample)], the whole step's, identical
+    on every rank); returns the step's metrics (the same on every rank)."""
+    import torch
+
+    from rlrun.trainer.losses import completion_logprobs, policy_loss
+
+    t, algo = cfg.trainer, cfg.algo
+    world = parallel.ranks.world_size
+    mine = micro_batches(samples, t.train_batch_size, t.gradient_accumulation_passes, parallel.ranks.rank, world)
+    scale = world / t.gradient_accumulation_passes
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = clip_sum = ratio_sum = 0.0
+    for i, part in enumerate(mine):
+        batch = collate(part, device)
+        with parallel.accumulating(model, sync=i == len(mine) - 1), parallel.autocast(t.mixed_precision):
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logprobs = completion_logprobs(logits, batch["input_ids"])
+            out = policy_loss(
+                algo.name, logprobs, batch["old_logprobs"][:, 1:], batch["advantages"], batch["mask"][:, 1:],
+                algo.clip_eps_low, algo.clip_eps_high,
+            )  # fmt: skip
+            (out.loss * scale).backward()
+        loss_sum += out.loss.detach().item()
+        clip_sum += out.clip_fraction
+        ratio_sum += out.mean_ratio
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor, already reduced over the shards
+        grad_norm = grad_norm.full_tensor()
+    optimizer.step()
+    loss_sum, clip_sum, ratio_sum = parallel.sum([loss_sum, clip_sum, ratio_sum])
+    passes = t.gradient_accumulation_passes
+    return {
+        "loss": loss_sum / passes,
+        "clip_fraction": clip_sum / passes,
+        "mean_ratio": ratio_sum / passes,
+        "grad_norm": float(grad_norm),
+    }
+
+
+def collate(samples, device) -> dict:
+    """Pad prompt+completion sequences; mask and old log-probs are aligned with input_ids."""
+    import torch
+
+    length = max(len(p) + len(s.completion_ids) for p, s in samples)
+    n = len(samples)
+    input_ids = torch.zeros((n, length), dtype=torch.long)
+    attention = torch.zeros((n, length), dtype=torch.long)
+    mask = torch.zeros((n, length), dtype=torch.float32)
+    old = torch.zeros((n, length), dtype=torch.float32)
+    advantages = torch.zeros(n, dtype=torch.float32)
+    for row, (prompt, sample) in enumerate(samples):
+        seq = list(prompt) + list(sample.completion_ids)
+        input_ids[row, : len(seq)] = torch.tensor(seq)
+        attention[row, : len(seq)] = 1
+        mask[row, len(prompt) : len(seq)] = 1.0
+        old[row, len(prompt) : len(seq)] = torch.tensor(sample.logprobs, dtype=torch.float32)
+        advantages[row] = sample.advantage
+    return {
+        "input_ids": input_ids.to(device),
+        "attention_mask": attention.to(device),
+        "mask": mask.to(device),
+        "old_logprobs": old.to(device),
+        "advantages": advantages.to(device),
+    }

@@ -1,0 +1,65 @@
+"""The trainer as 2 data-parallel ranks on the real stack, with 2 vLLM servers: one rank is
+SIGKILLed after the checkpoint at step 2; the whole rank group fails and is restarted from that
+checkpoint, and the run ends at exactly the requested step, every trained group trained once in
+the final lineage (the audit of test_recovery.py), nothing left running. The clean run's
+properties (exact step, exit 0, no process left) are asserted on the same run: one e2e, not two.
+~135 s on 2 busy cores (6 steps of 128 samples, tiny model).
+"""
+
+from __future__ import annotations
+
+import signal
+
+import psutil
+import pytest
+
+from rlrun.trainer.checkpoint import OPTIMIZER_DIR, latest_complete, read_state
+
+from .conftest import left_behind, read_jsonl, start_rlrun, steps_done, wait_for
+from .test_failures import restarts
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 6
+
+RANKS = [
+    "recipe=math_gspo", f"trainer.max_train_steps={STEPS}", "trainer.nproc_per_node=2", "trainer.train_batch_size=64",
+    "trainer.gradient_accumulation_passes=2", "trainer.checkpoint_every=2", "inference.num_servers=2",
+    "actor.audit=true", "supervisor.stop_grace_s=5",
+]  # fmt: skip
+
+
+def rank_process(run_dir, rank: int) -> psutil.Process:
+    """The trainer rank `rank` of the current attempt (its title is rlrun:trainer-rank<r>)."""
+    started = [e for e in read_jsonl(run_dir / "events.jsonl") if e["event"] in ("process_started", "process_restarted") and e["process"] == "trainer"]
+    for proc in psutil.Process(started[-1]["pid"]).children(recursive=True):
+        if proc.cmdline()[:1] and proc.cmdline()[0].startswith(f"rlrun:trainer-rank{rank}"):
+            return proc
+    raise AssertionError(f"no trainer rank {rank} under the trainer's group")
+
+
+def test_two_ranks_two_servers_a_killed_rank_restarts_the_group_and_the_run_ends_at_its_step(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start_rlrun(run_dir, *RANKS)
+    try:
+        wait_for(lambda: steps_done(run_dir) >= 3, 900, "step 3 (after the checkpoint at step 2)", proc)
+        rank_process(run_dir, 1).send_signal(signal.SIGKILL)
+        proc.wait(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (tmp_path / "rlrun.out").read_text()[-3000:]
+    assert left_behind(proc) == []
+    assert restarts(run_dir, "trainer") == 1  # the group, once
+    last = latest_complete(run_dir / "checkpoints")
+    assert read_state(last).step == STEPS and (last / OPTIMIZER_DIR / "__1_0.distcp").is_file()
+    final = {}
+    for line in read_jsonl(run_dir / "trained_groups.jsonl"):
+        final[line["step"]] = line["groups"]  # a step retrained after the restart replaces the lost one
+    trained = [g for groups in final.values() for g in groups]
+    assert sorted(final) == list(range(1, STEPS + 1))
+    assert len(trained) == len(set(trained)), "a group was trained twice"
+    delivered = {r["group_id"] for r in read_jsonl(run_dir / "audit" / "actor.jsonl") if r["kind"] == "delivered"}
+    assert set(trained) <= delivered
+    log = next((run_dir / "logs").rglob("trainer.1.log")).read_text()
+    assert "resumed from" in log

@@ -1,0 +1,103 @@
+"""The trainer's rank group (rlrun/trainer/rank_group.py) with real processes: torchrun's
+environment, one failing rank fails the group and stops the others, no rank outlives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rlrun.trainer.rank_group import first_failure, rank_env
+
+RANK = """
+import json, os, sys, time
+out = sys.argv[1]
+rank = int(os.environ["RANK"])
+with open(f"{out}/rank{rank}.json", "w") as f:
+    json.dump({k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")} | {"pid": os.getpid(), "pgid": os.getpgrp()}, f)
+action = sys.argv[2]
+if action == "ok":
+    sys.exit(0)
+if action == "rank1-fails" and rank == 1:
+    time.sleep(0.5)
+    sys.exit(3)
+time.sleep(60)
+"""
+
+
+def launch(tmp_path: Path, action: str, nproc: int = 3) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", str(nproc), "--", sys.executable, "-c", RANK, str(tmp_path), action],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,  # as the supervisor's guard: the group leads its own process group
+    )
+
+
+def ranks_written(tmp_path: Path, nproc: int, timeout: float = 30.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = [tmp_path / f"rank{r}.json" for r in range(nproc)]
+        if all(f.is_file() and f.stat().st_size for f in files):
+            time.sleep(0.1)
+            return [json.loads(f.read_text()) for f in files]
+        time.sleep(0.05)
+    raise AssertionError("the ranks did not start")
+
+
+def gone(pid: int, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_every_rank_gets_torchruns_environment_and_the_group_exits_0(tmp_path):
+    group = launch(tmp_path, "ok")
+    assert group.wait(timeout=30) == 0
+    ranks = ranks_written(tmp_path, 3)
+    assert [r["RANK"] for r in ranks] == ["0", "1", "2"] and {r["WORLD_SIZE"] for r in ranks} == {"3"}
+    assert {r["MASTER_ADDR"] for r in ranks} == {"127.0.0.1"} and len({r["MASTER_PORT"] for r in ranks}) == 1
+    assert {r["pgid"] for r in ranks} == {group.pid}  # in the supervised group: its stop and guard reach them
+
+
+def test_a_failing_rank_fails_the_group_with_its_status_and_stops_the_others(tmp_path):
+    group = launch(tmp_path, "rank1-fails")
+    ranks = ranks_written(tmp_path, 3)
+    assert group.wait(timeout=30) == 3
+    assert all(gone(r["pid"]) for r in ranks)
+
+
+def test_a_sigkilled_rank_fails_the_group_and_stops_the_others(tmp_path):
+    group = launch(tmp_path, "sleep")
+    ranks = ranks_written(tmp_path, 3)
+    os.kill(ranks[2]["pid"], signal.SIGKILL)
+    assert group.wait(timeout=30) == 128 + signal.SIGKILL
+    assert all(gone(r["pid"]) for r in ranks)
+
+
+def test_no_rank_outlives_a_sigkilled_group_process(tmp_path):
+    group = launch(tmp_path, "sleep")
+    ranks = ranks_written(tmp_path, 3)
+    group.kill()
+    group.wait()
+    assert all(gone(r["pid"]) for r in ranks)  # PR_SET_PDEATHSIG, even outside the supervisor
+
+
+def test_the_group_exit_status_rules():
+    assert first_failure([None, 0, None]) is None
+    assert first_failure([0, 0]) is None
+    assert first_failure([None, -9, 3]) == -9
+    assert rank_env(1, 2, "127.0.0.1", 555) == {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                                                "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "555"}  # fmt: skip

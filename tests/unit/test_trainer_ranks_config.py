@@ -1,0 +1,61 @@
+"""trainer.nproc_per_node: validated against the step's passes, and turned into one supervised
+rank group whose liveness wants every rank's heartbeat."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from rlrun.config import compose
+from rlrun.errors import ConfigError
+from rlrun.launch import plan_specs
+from rlrun.role_parts import RedisProbe
+from rlrun.rundir import RunDir
+from rlrun.streams import names
+
+
+def trainer_spec(tmp_path, *overrides):
+    cfg, _ = compose(list(overrides))
+    return next(spec for spec in plan_specs(cfg, RunDir(tmp_path)) if spec.name == "trainer")
+
+
+def test_one_rank_is_the_plain_trainer_process(tmp_path):
+    assert trainer_spec(tmp_path).argv[:3] == [sys.executable, "-m", "rlrun.trainer.main"]
+
+
+def test_two_ranks_are_one_supervised_rank_group(tmp_path):
+    spec = trainer_spec(tmp_path, "trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2")
+    assert spec.argv[:6] == [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", "2", "--"]
+    assert spec.argv[6:9] == [sys.executable, "-m", "rlrun.trainer.main"]
+
+
+def test_the_passes_must_split_evenly_over_the_ranks():
+    with pytest.raises(ConfigError, match=r"trainer.gradient_accumulation_passes \(3\) must be a multiple of trainer.nproc_per_node \(2\)"):
+        compose(["trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=3"])
+    with pytest.raises(ConfigError, match="trainer.nproc_per_node must be at least 1"):
+        compose(["trainer.nproc_per_node=0"])
+
+
+def test_fast_llm_ranks_are_set_in_its_own_block():
+    with pytest.raises(ConfigError, match="trainer.nproc_per_node has no effect here: .*set trainer.fast_llm.nproc_per_node"):
+        compose(["trainer=fast_llm", "trainer.device=cpu", "trainer.nproc_per_node=2"])
+
+
+class FakeProbe(RedisProbe):
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def _hgetall(self, key: str) -> dict:
+        return self.state
+
+
+def test_a_stuck_rank_is_no_sign_of_life():
+    now = time.time()
+    fresh = {"pid": "42", "heartbeat": now, names.rank_heartbeat(1): now, names.rank_heartbeat(2): now}
+    others = (names.rank_heartbeat(1), names.rank_heartbeat(2))
+    assert FakeProbe(fresh).heartbeat(names.TRAINER_STATE, 42, also=others)
+    assert not FakeProbe({**fresh, names.rank_heartbeat(2): now - 60}).heartbeat(names.TRAINER_STATE, 42, also=others)
+    assert not FakeProbe({k: v for k, v in fresh.items() if k != names.rank_heartbeat(1)}).heartbeat(names.TRAINER_STATE, 42, also=others)
+    assert not FakeProbe(fresh).heartbeat(names.TRAINER_STATE, 43, also=others)  # another attempt's group
