@@ -173,7 +173,7 @@ def step_table(steps: int) -> None:
     print(f"{1:>5} {'-':>8} | {statistics.median(one):>7.3f} {min(one):>7.3f}")
     for sharding in ("fsdp2", "ddp"):
         with tempfile.NamedTemporaryFile() as out:
-            mp.start_processes(_rank, args=(2, free_port(), sharding, steps, out.name), nprocs=2, start_method="fork")
+            mp.start_processes(_rank, args=(2, free_port(), sharding, steps, out.name), nprocs=2, start_method="spawn")
             two = [float(v) for v in Path(out.name).read_text().split()]
         print(f"{2:>5} {sharding:>8} | {statistics.median(two):>7.3f} {min(two):>7.3f}")
 

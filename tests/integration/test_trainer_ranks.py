@@ -96,8 +96,9 @@ def two_ranks(model_path, tmp_path_factory) -> dict:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = str(tmp_path_factory.mktemp("ranks") / "results.pt")
-    # fork: the ranks inherit the imports (spawn would import torch and transformers again, ~10 s each)
-    mp.start_processes(rank_main, args=(port, model_path, out), nprocs=2, join=True, start_method="fork")
+    # spawn, not fork: a fork of a process whose torch thread pool already ran (any earlier test in
+    # the same pytest process) deadlocks in the children's first matmul
+    mp.start_processes(rank_main, args=(port, model_path, out), nprocs=2, join=True, start_method="spawn")
     return torch.load(out, weights_only=False)
 
 
