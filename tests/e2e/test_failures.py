@@ -167,7 +167,7 @@ def fault_table(split) -> list[str]:
         f"{'failure':<8} {'reason':<44} {'recovery s':>10} {'steps retaken':>13} {'tokens regen.':>13} {'tokens reused':>13}",
     ]
     for f in split.failures:
-        recovery = "-" if f.recovery_s is None else f"{f.recovery_s:.1f}"
+        recovery = "-" if f.recovery_s is None else f"{f.recovery_s:.2f}"
         lines.append(f"{f.process:<8} {f.reason[:44]:<44} {recovery:>10} {f.steps_retaken:>13} {f.tokens_regenerated:>13} {f.tokens_reused:>13}")
     parts = ", ".join(f"{name} {value:.0f} s" for name, value in split.seconds.items())
     ettr = "-" if split.ettr is None else f"{split.ettr:.2f}"
