@@ -26,6 +26,7 @@ def current_pid(run_dir: Path, process: str) -> int:
     """The pid of the process itself (the child of the guard that leads its group)."""
     started = [e for e in events(run_dir) if e["event"] in ("process_started", "process_restarted") and e["process"] == process]
     guard = psutil.Process(started[-1]["pid"])
+    wait_for(guard.children, 30, f"the guard of {process} to start it")  # just restarted: not yet
     return guard.children()[0].pid
 
 
@@ -61,6 +62,8 @@ def chaos_run(tmp_path_factory):
         os.kill(current_pid(run_dir, "actor"), signal.SIGKILL)
         timeline["actor_killed"] = time.time()
         wait_for(lambda: restarts(run_dir, "actor") >= 1, 120, "the actor restart", proc)
+        mark = steps_done(run_dir)
+        wait_for(lambda: steps_done(run_dir) >= mark + 1, 300, "progress from the new actor", proc)
 
         pid, frozen_at_step = current_pid(run_dir, "actor"), steps_done(run_dir)
         assert frozen_at_step + MAX_STEPS_AHEAD + 1 < STEPS, f"step {frozen_at_step}: too late to freeze the actor safely"
@@ -164,7 +167,7 @@ def fault_table(split) -> list[str]:
         f"{'failure':<8} {'reason':<44} {'recovery s':>10} {'steps retaken':>13} {'tokens regen.':>13} {'tokens reused':>13}",
     ]
     for f in split.failures:
-        recovery = "-" if f.recovery_s is None else f"{f.recovery_s:.1f}"
+        recovery = "-" if f.recovery_s is None else f"{f.recovery_s:.2f}"
         lines.append(f"{f.process:<8} {f.reason[:44]:<44} {recovery:>10} {f.steps_retaken:>13} {f.tokens_regenerated:>13} {f.tokens_reused:>13}")
     parts = ", ".join(f"{name} {value:.0f} s" for name, value in split.seconds.items())
     ettr = "-" if split.ettr is None else f"{split.ettr:.2f}"
