@@ -12,7 +12,7 @@ from typing import Callable, Optional, Protocol
 
 from rlrun.actor.sampling import SampleState
 from rlrun.journal.records import GroupRecord
-from rlrun.journal.store import Append, Journal, WriteResult
+from rlrun.journal.store import KEY_PREFIX, Append, Journal, WriteResult
 from rlrun.streams import names
 
 TRIM_EVERY = 256  # deliveries between trims of old delivered markers
@@ -44,8 +44,8 @@ class JournalLedger:
     read once and then followed locally: no round trip to count or open groups. Were it wrong,
     the journal's compare-and-set refuses the open and the real cursor is taken."""
 
-    def __init__(self, redis) -> None:
-        self.journal = Journal(redis)
+    def __init__(self, redis, prefix: str = KEY_PREFIX) -> None:
+        self.journal = Journal(redis, prefix)
         self._deliveries = 0
         self._cursor = self.journal.cursor()
 

@@ -6,7 +6,10 @@ drops whole). Appends name the offset they expect, so a retried or out-of-order 
 rejected and never stored twice; delivery publishes a group to the trainer's stream and marks it
 delivered in the same script, so no replay publishes it twice and no crash loses it.
 
-Key layout (all under `prefix`, "rlrun:journal:" by default; one Redis per run):
+Key layout (all under `prefix`; one journal per actor). The prefix carries a Redis Cluster hash
+tag, that of the stream the journal delivers into (`names.journal_prefix`:
+"rlrun:journal:{rlrun:groups}:" by default), so on a cluster every key a script touches, the
+stream included, lives in one slot and the scripts stay atomic:
 
     <prefix>cursor            string  groups opened so far = the next prompt cursor
     <prefix>open              zset    group_id -> cursor, groups not yet delivered
@@ -39,6 +42,7 @@ from typing import NamedTuple
 
 import redis
 
+from rlrun.streams.names import GROUPS_STREAM, hash_tag, journal_prefix
 from rlrun.journal.records import (
     FINAL_REASONS,
     CorruptRecord,
@@ -50,7 +54,7 @@ from rlrun.journal.records import (
 
 log = logging.getLogger(__name__)
 
-KEY_PREFIX = "rlrun:journal:"
+KEY_PREFIX = journal_prefix(GROUPS_STREAM)  # the journal of the one actor of an hf run
 OPEN_GROUP_ATTEMPTS = 8  # cursor compare-and-set retries before giving up (another writer)
 _TRIM_BATCH = 500
 
@@ -264,8 +268,13 @@ class Journal:
     """
 
     def __init__(self, client: redis.Redis, prefix: str = KEY_PREFIX) -> None:
-        if not client.connection_pool.connection_kwargs.get("decode_responses"):
+        if not client.get_encoder().decode_responses:
             raise ValueError("the journal needs a client with decode_responses=True (see connect)")
+        if hash_tag(prefix) == prefix:
+            raise ValueError(
+                f"journal prefix {prefix!r} has no hash tag: on a Redis Cluster its keys would land in "
+                "different slots and its scripts fail (use rlrun.streams.names.journal_prefix)"
+            )
         self.client = client
         self.prefix = prefix
         self._open_group = client.register_script(_OPEN_GROUP)
@@ -388,6 +397,11 @@ class Journal:
         published twice). Raises NotFinished if a sample is unfinished, UnknownGroup if the group
         is not in the journal."""
         messages = [message] if isinstance(message, str) else list(message)
+        if hash_tag(stream) != hash_tag(self.prefix):
+            raise ValueError(
+                f"stream {stream!r} is not in the slot of journal {self.prefix!r}: on a Redis Cluster the "
+                f"delivery script could not publish and mark in one step (use journal_prefix({stream!r}))"
+            )
         if not messages:
             raise ValueError(f"nothing to deliver for {group_id}")
         status, detail = self._deliver(

@@ -72,8 +72,9 @@ def check_and_claim(url: str, password: str | None, owner: str, *, claim: bool) 
 
     from rlrun.streams.server import connect
 
-    client = connect(process_url(url, password is not None), password, socket_timeout=5.0, reconnect_s=0)
-    try:
+    client = None
+    try:  # connecting asks the server whether it is a cluster: credentials are checked here already
+        client = connect(process_url(url, password is not None), password, socket_timeout=5.0, reconnect_s=0)
         client.ping()
         current = client.get(OWNER_KEY)
         if current is None and claim:
@@ -90,7 +91,8 @@ def check_and_claim(url: str, password: str | None, owner: str, *, claim: bool) 
             "streams.url to let rlrun start its own."
         ) from None
     finally:
-        client.close()
+        if client is not None:
+            client.close()
     if current is not None and current != owner:
         raise EnvironmentProblem(
             f"the Redis database at streams.url={url} holds another run's keys (that of {current}). Give this run "

@@ -18,3 +18,51 @@ WEIGHTS_STATE = "rlrun:weights"  # hash: the Fast-LLM weight follower (join requ
 def rank_heartbeat(rank: int) -> str:
     """TRAINER_STATE's field where trainer rank `rank` > 0 writes its heartbeat (rank 0: `heartbeat`)."""
     return f"heartbeat_rank{rank}"
+
+
+# --- Redis Cluster: keys that Lua scripts touch together share a hash slot ----------------------
+
+JOURNAL_BASE = "rlrun:journal:"
+
+
+def hash_tag(key: str) -> str:
+    """The part of `key` Redis Cluster hashes to pick its slot: the text between the first `{`
+    and the next `}` when it is not empty, else the whole key (the cluster specification's rule)."""
+    start = key.find("{")
+    if start != -1:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
+
+
+def journal_prefix(stream: str) -> str:
+    """The key prefix of the journal that delivers into `stream`: tagged with the stream's own hash
+    tag, so every journal key and the stream sit in one slot of a Redis Cluster and the delivery
+    script (publish + mark delivered) stays atomic there. `rlrun:groups` gives
+    `rlrun:journal:{rlrun:groups}:`; `rlrun:groups:{a1}` gives `rlrun:journal:{a1}:`."""
+    return f"{JOURNAL_BASE}{{{hash_tag(stream)}}}:"
+
+
+# --- several actors (actor.num_actors = K): each its own stream, journal and state hash ---------
+
+
+def actor_stream(actor: int, num_actors: int) -> str:
+    """Where actor `actor` delivers its groups: `rlrun:groups` for a lone actor (the layout of a
+    run with one actor is unchanged), else `rlrun:groups:{a<k>}`, a hash tag of its own, so that
+    on a Redis Cluster the actors' journals spread over the nodes."""
+    return GROUPS_STREAM if num_actors == 1 else f"{GROUPS_STREAM}:{{a{actor}}}"
+
+
+def actor_state(actor: int, num_actors: int) -> str:
+    """The hash of actor `actor`'s progress and heartbeat (`rlrun:actor:state` for a lone actor)."""
+    return ACTOR_STATE if num_actors == 1 else f"rlrun:actor:{{a{actor}}}:state"
+
+
+def groups_streams(num_actors: int) -> list[str]:
+    """Every stream the trainer reads, one per actor."""
+    return [actor_stream(k, num_actors) for k in range(num_actors)]
+
+
+def actor_states(num_actors: int) -> list[str]:
+    return [actor_state(k, num_actors) for k in range(num_actors)]

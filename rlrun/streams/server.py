@@ -230,8 +230,13 @@ def connect(
     socket_timeout: float = 30.0,
     client_name: str | None = None,
     reconnect_s: float = 60.0,
-) -> redis.Redis:
+) -> redis.Redis | redis.RedisCluster:
     """A client for the run's Redis, answering str (decode_responses=True).
+
+    The server is asked whether it is a Redis Cluster node (`INFO cluster`): if so the client is
+    redis-py's `RedisCluster`, which finds every node and sends each command to the node that
+    holds its slot (keys that one script or transaction touches share a hash tag: see
+    `names.journal_prefix`); else a plain `Redis`. Both answer the same commands.
 
     `socket_timeout` bounds every reply: a blocking read (XREADGROUP BLOCK ms) must block for less.
     Connections idle for 30 s are checked with a PING before use. A command that meets a lost
@@ -244,18 +249,56 @@ def connect(
 
     retries = max(0, int(reconnect_s / 2.0))  # the backoff reaches its 2 s cap after a few tries
     retry = _RetryUnlessRefused(ExponentialBackoff(cap=2.0, base=0.1), retries, supported_errors=(RedisConnectionError, RedisTimeoutError))
-    return redis.Redis.from_url(
-        url,
-        retry=retry,
-        username=RLRUN_USER if password else None,
+    common = dict(
+        username=_username(url, password),
         password=password,
         decode_responses=True,
         socket_connect_timeout=5.0,
         socket_timeout=socket_timeout,
         socket_keepalive=True,
-        health_check_interval=30,
         client_name=client_name,
     )
+    database = _database(url)
+    # Asked on database 0: a cluster node refuses to SELECT another one before it could say why.
+    probe = redis.Redis.from_url(_on_database_0(url), retry=retry, health_check_interval=30, **common)
+    if not _is_cluster_node(probe):
+        if database == 0:
+            return probe
+        probe.close()
+        return redis.Redis.from_url(url, retry=retry, health_check_interval=30, **common)
+    probe.close()
+    if database != 0:
+        raise EnvironmentProblem(
+            f"{url} is a Redis Cluster node, and a cluster has database 0 only: use {url.rsplit('/', 1)[0]}/0."
+        )
+    return redis.RedisCluster.from_url(url, retry=retry, require_full_coverage=True, **common)
+
+
+def _username(url: str, password: str | None) -> str | None:
+    """The URL's user (an external Redis), else rlrun's own ACL user when there is a password."""
+    from urllib.parse import urlsplit
+
+    named = urlsplit(url).username
+    return named or (RLRUN_USER if password else None)
+
+
+def _database(url: str) -> int:
+    from urllib.parse import urlsplit
+
+    path = urlsplit(url).path.strip("/")
+    return int(path) if path.isdigit() else 0
+
+
+def _on_database_0(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return url if parts.scheme == "unix" else urlunsplit(parts._replace(path="/0"))
+
+
+def _is_cluster_node(client: redis.Redis) -> bool:
+    """True when the server runs with cluster-enabled (one INFO round trip, at connect)."""
+    return int(client.info("cluster").get("cluster_enabled", 0) or 0) == 1
 
 
 def ping(url: str, password: str | None, timeout: float = 1.0) -> bool:

@@ -26,8 +26,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from rlrun.actor.ledger import JournalLedger
 from rlrun.actor.sampling import SampleState, close_if_spent
 from rlrun.journal import Action, NotFinished, plan_replay
-from rlrun.journal.store import KEY_PREFIX
 from rlrun.rundir import RunDir
+from rlrun.streams.names import journal_prefix
 from rlrun.streams.server import connect
 from rlrun.streams.standalone import managed_server
 
@@ -37,7 +37,8 @@ STALENESS = 1  # max_prefix_staleness
 MAX_OPEN = 4
 MAX_VERSION = 5
 PICK = st.integers(0, 10**6)
-STREAM = "test:groups"
+STREAM = "test:groups:{prop}"  # hash-tagged, as every delivery stream: its journal shares its slot
+PREFIX = journal_prefix(STREAM)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def make_machine(client):
     class JournalMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.ledger = JournalLedger(client)
+            self.ledger = JournalLedger(client, PREFIX)
             self.version = 0
             self.generated = 0  # tokens the fake model produced so far
             # what the journal acknowledged: group_id -> per sample (tokens, logprobs, versions)
@@ -317,7 +318,7 @@ def make_machine(client):
             """The actor dies: its memory (unflushed tokens included) is gone; a new ledger
             rebuilds it from the journal."""
             self.actor = {}
-            self.ledger = JournalLedger(client)
+            self.ledger = JournalLedger(client, PREFIX)
             groups, corrupt = self.ledger.load_open_groups()
             assert corrupt == []
             plan = plan_replay(groups, current_version=self.version, max_prefix_staleness=STALENESS)
@@ -335,7 +336,7 @@ def make_machine(client):
             try:
                 self._drain_and_check()
             finally:
-                client.delete(*client.scan_iter(f"{KEY_PREFIX}*"), STREAM)
+                client.delete(*client.scan_iter(f"{PREFIX}*"), STREAM)
 
         def _drain_and_check(self):
             self.crash()
