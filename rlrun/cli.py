@@ -81,6 +81,7 @@ def train(
 
 def _print_dry_run(cfg, resolved: str, launch) -> None:
     from rlrun import preflight
+    from rlrun.actor.partition import ownership
     from rlrun.rundir import RunDir
 
     run_dir = RunDir(launch.run_root(cfg))
@@ -93,6 +94,14 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
         env = [f"{k}={v}" for k, v in spec.env.items()] + [f"{k}=<{p}>" for k, p in spec.secret_env.items()]
         table.add_row(spec.name, " ".join(spec.argv), " ".join(env), str(spec.log_path))
     console.print(table)
+    owners = Table(title="which actor sends to which vLLM servers" + (" (and runs on the node of the first)" if cfg.world.kind == "ray" else ""))
+    owners.add_column("actor")
+    owners.add_column("vLLM servers")
+    owners.add_column("prompts (positions in the run's prompt order)")
+    for k, (actor, servers) in enumerate(ownership(cfg.actor.num_actors, cfg.inference.num_servers).items()):
+        k_all = cfg.actor.num_actors
+        owners.add_row(actor, ", ".join(servers), f"{k}, {k + k_all}, {k + 2 * k_all}, ..." if k_all > 1 else "all")
+    console.print(owners)
     console.print("[dim]ports marked 0 are chosen when the run starts; nothing was started.[/]")
 
 

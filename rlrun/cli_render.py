@@ -76,8 +76,18 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
         table.add_column("field", style="bold")
         table.add_column("value", justify="right")
         for name, value in journal.items():
-            table.add_row(name.replace("_", " "), _text(value))
+            if name != "actors":
+                table.add_row(name.replace("_", " "), _text(value))
         out.append(table)
+        if journal.get("actors"):  # actor.num_actors > 1: the same, per actor
+            per = Table(title="journal per actor", title_justify="left")
+            per.add_column("field", style="bold")
+            actors = journal["actors"]
+            for actor in actors:
+                per.add_column(escape(actor), justify="right")
+            for name in next(iter(actors.values())):
+                per.add_row(name.replace("_", " "), *(_text(actors[a].get(name)) for a in actors))
+            out.append(per)
     else:
         out.append(f"journal: {escape(journal_note or '')}")
     for warning in report.warnings:

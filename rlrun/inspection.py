@@ -386,6 +386,46 @@ def staleness_bound(run: Optional[RunDir]) -> Optional[int]:
     return bound if type(bound) is int else None
 
 
+def journal_prefixes_of(run: Optional[RunDir]) -> list[tuple[str, Optional[str]]]:
+    """(actor name, key prefix of its journal) for each actor of the run (a journal follows the
+    stream its actor delivers into), once the config can be read; else one actor, the default."""
+    if run is None or not run.config.is_file():
+        return [("actor", None)]
+    try:
+        from rlrun.actor.partition import actor_name
+        from rlrun.backends import backend_for
+        from rlrun.config.compose import load_resolved
+        from rlrun.streams.names import journal_prefix
+
+        cfg = load_resolved(run.config)
+        k_all = cfg.actor.num_actors
+        backend = backend_for(cfg)
+        return [
+            (actor_name(k, k_all), journal_prefix(backend.trainer_view(cfg, None, k).stream))  # a view touches Redis only when asked
+            for k in range(k_all)
+        ]  # fmt: skip
+    except ConfigError:
+        return [("actor", None)]
+
+
+def combined_summary(per_actor: dict[str, dict]) -> dict:
+    """One actor: its summary. Several: their counts added up (the largest prefix lag, the one
+    policy version and bound), and each actor's own summary under `actors`."""
+    if len(per_actor) == 1:
+        return next(iter(per_actor.values()))
+    summaries = list(per_actor.values())
+    total: dict = {}
+    for key, first in summaries[0].items():
+        values = [s.get(key) for s in summaries]
+        if key in ("policy_version", "max_prefix_staleness"):
+            total[key] = first
+        elif key == "max_prefix_lag":
+            total[key] = max((v for v in values if v is not None), default=None)
+        else:
+            total[key] = None if any(v is None for v in values) else sum(values)
+    return {**total, "actors": per_actor}
+
+
 def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> tuple[Optional[dict], Optional[str]]:
     """(journal summary, None), or (None, why there is none).
 
@@ -415,7 +455,11 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
     client = None
     try:
         client = connect(endpoint.url, endpoint.password, socket_timeout=5.0, reconnect_s=0, client_name="rlrun-inspect")
-        return journal_summary(client, max_prefix_staleness=staleness_bound(run)), None
+        bound = staleness_bound(run)
+        per_actor = {
+            name: journal_summary(client, prefix=prefix, max_prefix_staleness=bound) for name, prefix in journal_prefixes_of(run)
+        }
+        return combined_summary(per_actor), None
     except (redis.RedisError, OSError, ValueError) as exc:
         if explicit:
             raise EnvironmentProblem(f"cannot read the token journal from {endpoint.url}: {exc}") from None

@@ -66,6 +66,15 @@ def actor_counters(state: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
+def summed_actor_counters(states: list[Mapping[str, Any]]) -> dict[str, int]:
+    """The recovery counters of the whole run: every actor's (actor.num_actors), added up."""
+    out = dict.fromkeys(ACTOR_COUNTERS, 0)
+    for state in states:
+        for key, value in actor_counters(state).items():
+            out[key] += value
+    return out
+
+
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     """The numeric fields of a record that are plotted as scalars (not step, not time)."""
     return {

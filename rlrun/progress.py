@@ -90,7 +90,8 @@ class ProgressReader:
         return self._hash(names.TRAINER_STATE)
 
     def read(self, cfg: RunConfig) -> Progress:
-        t, a = self._hash(names.TRAINER_STATE), self._hash(names.ACTOR_STATE)
+        t = self._hash(names.TRAINER_STATE)
+        actors = [self._hash(key) for key in names.actor_states(cfg.actor.num_actors)]
         reward = t.get("reward_mean")
         return Progress(
             step=int(t.get("step", 0)),
@@ -98,7 +99,7 @@ class ProgressReader:
             samples=int(t.get("samples_processed", 0)),
             reward_mean=float(reward) if reward is not None else None,
             policy_version=int(t.get("policy_version", 0)),
-            groups_published=int(a.get("groups_published", 0)),
+            groups_published=sum(int(a.get("groups_published", 0) or 0) for a in actors),
         )
 
     def _hash(self, key: str) -> dict:

@@ -4,8 +4,8 @@
     role = read_role_file(path)             # the child's main
 
 `<run>/roles/<name>.yaml` holds the run directory, the role's endpoints (Redis URL, vLLM URLs,
-the weight broadcast's host and port), the model path and the run's resolved config. It holds no
-secret: the Redis password and the vLLM key stay in `<run>/secrets/` (0600), read through the run
+the weight broadcast's host and port), the model path, an actor's index (`actor.num_actors`) and
+the run's resolved config. It holds no secret: the Redis password and the vLLM key stay in `<run>/secrets/` (0600), read through the run
 directory. To debug a role, stop the run's copy of it and start
 `python -m rlrun.actor.main <run>/roles/actor.yaml` (or any other role's module) by hand.
 """
@@ -22,7 +22,7 @@ from rlrun.config import RunConfig
 from rlrun.errors import ConfigError
 from rlrun.rundir import RunDir
 
-FORMAT = 1  # bumped when a field changes meaning
+FORMAT = 1  # bumped when a field changes meaning (a new field with a default, as actor_index, is read from older files as its default)
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class Role:
     vllm_urls: list[str] = field(default_factory=list)
     broadcast_host: str = ""  # the trainer's weight broadcast (the weight follower only)
     broadcast_port: int = 0
+    actor_index: int = 0  # k of actor.num_actors (the actor only): its prompts, servers, stream and journal
     config: dict = field(default_factory=dict)  # the run's resolved config, as config.yaml holds it
 
     @property
@@ -60,6 +61,7 @@ def write_role_file(run_dir: RunDir, role: Role) -> Path:
         "vllm_urls": list(role.vllm_urls),
         "broadcast_host": role.broadcast_host,
         "broadcast_port": role.broadcast_port,
+        "actor_index": role.actor_index,
         "config": role.config,
     }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -85,6 +87,7 @@ def read_role_file(path: Path) -> Role:
             vllm_urls=[str(url) for url in data.get("vllm_urls") or []],
             broadcast_host=str(data.get("broadcast_host") or ""),
             broadcast_port=int(data.get("broadcast_port") or 0),
+            actor_index=int(data.get("actor_index") or 0),
             config=dict(data.get("config") or {}),
         )
     except (KeyError, TypeError, ValueError) as exc:

@@ -13,7 +13,7 @@ Liveness: Redis answers PING; vLLM answers /health; the trainer and the actor wr
 
 from __future__ import annotations
 
-
+from rlrun.actor.partition import actor_name, servers_of
 from rlrun.backends import backend_for
 from rlrun.config import RunConfig
 from rlrun.inference import server as vllm_server
@@ -22,7 +22,6 @@ from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server
 from rlrun.supervisor import ProcessSpec
-
 
 
 def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str) -> list[ProcessSpec]:
@@ -64,21 +63,25 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
             )
         )
     specs += backend_for(cfg).specs(cfg, run_dir, endpoints, model_path, probe)  # the trainer and what serves it
-    argv, write_role_file = role_command(
-        run_dir, "rlrun.actor.main", "actor", redis_url=endpoints.redis_url, model_path=model_path, vllm_urls=endpoints.vllm_urls
-    )
-    specs.append(
-        ProcessSpec(
-            name="actor",
-            argv=argv,
-            before_start=write_role_file,
-            env=child_env(1),
-            log_path=run_dir.log("actor"),
-            alive=lambda pid: probe.heartbeat(names.ACTOR_STATE, pid),
-            stop_grace_s=grace,
-            finishes=True,
-            restart=restart_policy(sup.actor),
-            stall_timeout_s=sup.actor.stall_timeout_s,
+    k_all = cfg.actor.num_actors
+    for k in range(k_all):  # each with its own servers, prompts, journal and state (rlrun/actor/partition.py)
+        urls = [endpoints.vllm_urls[i] for i in servers_of(k, k_all, len(endpoints.vllm_urls))]
+        name = actor_name(k, k_all)
+        argv, write_role_file = role_command(
+            run_dir, "rlrun.actor.main", name, redis_url=endpoints.redis_url, model_path=model_path, vllm_urls=urls, actor_index=k
         )
-    )
+        specs.append(
+            ProcessSpec(
+                name=name,
+                argv=argv,
+                before_start=write_role_file,
+                env=child_env(1),
+                log_path=run_dir.log(name),
+                alive=lambda pid, key=names.actor_state(k, k_all): probe.heartbeat(key, pid),
+                stop_grace_s=grace,
+                finishes=True,
+                restart=restart_policy(sup.actor),
+                stall_timeout_s=sup.actor.stall_timeout_s,
+            )
+        )
     return specs

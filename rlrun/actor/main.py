@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from rlrun.actor.ledger import JournalLedger, Ledger, MemoryLedger
+from rlrun.actor.partition import actor_name, group_namespace, prompt_position
 from rlrun.actor.sampling import SampleState, close_if_spent, is_stale, remaining_budget
 from rlrun.actor.tokenizer import load_tokenizer
 from rlrun.actor.trainer_view import TrainerView
@@ -57,10 +58,12 @@ class LiveGroup:
 class Actor:
     def __init__(
         self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str], ledger: Ledger,
-        run_name: str, api_key: str = "", trainer: TrainerView | None = None,
+        run_name: str, api_key: str = "", trainer: TrainerView | None = None, actor_index: int = 0,
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
-        self.trainer = trainer or backend_for(cfg).trainer_view(cfg, redis)
+        self.trainer = trainer or backend_for(cfg).trainer_view(cfg, redis, actor_index)
+        self.index, self.num_actors = actor_index, cfg.actor.num_actors
+        self.state_key = names.actor_state(actor_index, cfg.actor.num_actors)  # its own progress hash
         self.urls = server_urls
         self.ledger = ledger
         self.run_name = run_name
@@ -115,7 +118,7 @@ class Actor:
     def _continue_counters(self) -> None:
         """Count for the whole run: a restarted actor goes on from what the last one published
         (what it counted after its last heartbeat, at most a second's worth, is lost)."""
-        published = self.redis.hgetall(names.ACTOR_STATE) or {}
+        published = self.redis.hgetall(self.state_key) or {}
         for key in self.counters:
             value = published.get(key)
             if value is not None and str(value).isdigit():
@@ -135,7 +138,7 @@ class Actor:
     def _heartbeat(self) -> None:
         now = time.time()
         if now - self._last_heartbeat >= 1.0:
-            self.redis.hset(names.ACTOR_STATE, mapping={"pid": os.getpgrp(), "heartbeat": now, **self.counters})
+            self.redis.hset(self.state_key, mapping={"pid": os.getpgrp(), "heartbeat": now, **self.counters})
             self._last_heartbeat = now
 
     def _room_for_another_group(self, in_flight: int) -> bool:
@@ -143,8 +146,10 @@ class Actor:
         return self.trainer.room_for_group(self.ledger.opened(in_flight), in_flight)
 
     def _problem_index(self, cursor: int) -> int:
-        """A fresh seeded permutation of the problems for every pass over the data."""
-        return problem_index(cursor, len(self.task.problems), self.cfg.run.seed)
+        """A fresh seeded permutation of the problems for every pass over the data; this actor
+        takes every K-th position of it (rlrun/actor/partition.py)."""
+        position = prompt_position(cursor, self.index, self.num_actors)
+        return problem_index(position, len(self.task.problems), self.cfg.run.seed)
 
     def _prompt_ids(self, problem_index: int) -> list[int]:
         return self.tokenizer.encode(self.task.problems[problem_index].prompt, add_special_tokens=False)
@@ -337,13 +342,21 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return int(ExitCode.USAGE)
     run_dir = role.run
+    k = role.actor_index
+    if not 0 <= k < cfg.actor.num_actors:
+        log.error("%s: actor_index %d is not an actor of this run (actor.num_actors=%d)", role.name, k, cfg.actor.num_actors)
+        return int(ExitCode.USAGE)
     redis = connect(role.redis_url, run_dir.read_redis_password())
     tokenizer = load_tokenizer(role.model_path)  # not transformers: see tokenizer.py
-    ledger = JournalLedger(redis) if cfg.actor.journal else MemoryLedger(redis)
-    actor = Actor(cfg, redis, tokenizer, task, role.vllm_urls, ledger, run_name=run_dir.root.name, api_key=run_dir.read_vllm_api_key())
+    view = backend_for(cfg).trainer_view(cfg, redis, k)
+    ledger = JournalLedger(redis, names.journal_prefix(view.stream)) if cfg.actor.journal else MemoryLedger(redis)
+    actor = Actor(
+        cfg, redis, tokenizer, task, role.vllm_urls, ledger, run_name=group_namespace(run_dir.root.name, k, cfg.actor.num_actors),
+        api_key=run_dir.read_vllm_api_key(), trainer=view, actor_index=k,
+    )  # fmt: skip
     if cfg.actor.audit:
         run_dir.audit.mkdir(exist_ok=True)
-        actor.audit_path = run_dir.audit / "actor.jsonl"
+        actor.audit_path = run_dir.audit / f"{actor_name(k, cfg.actor.num_actors)}.jsonl"
     asyncio.run(actor.run())
     return 0
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from rlrun.actor.partition import share
 from rlrun.config import RunConfig
 from rlrun.rollouts import Group
 from rlrun.streams import names
@@ -23,6 +24,8 @@ from rlrun.streams.codec import encode
 
 
 class TrainerView(Protocol):
+    stream: str  # where finished groups go; the actor's journal shares its hash tag (names.journal_prefix)
+
     def destination(self, group: Group) -> tuple[str, list[str]]: ...
     def policy_version(self) -> int: ...
     def room_for_group(self, opened: int, in_flight: int) -> bool: ...
@@ -30,11 +33,14 @@ class TrainerView(Protocol):
 
 
 class HfView:
-    def __init__(self, cfg: RunConfig, redis) -> None:
+    def __init__(self, cfg: RunConfig, redis, actor: int = 0) -> None:
         self.cfg, self.redis = cfg, redis
+        k = cfg.actor.num_actors
+        self.stream = names.actor_stream(actor, k)
+        self.groups_per_step = share(cfg.groups_per_step, actor, k)  # this actor's part of a step
 
     def destination(self, group: Group) -> tuple[str, list[str]]:
-        return names.GROUPS_STREAM, [encode(group.to_dict())]
+        return self.stream, [encode(group.to_dict())]
 
     def policy_version(self) -> int:
         return int(self.redis.get(names.POLICY_VERSION) or 0)
@@ -44,9 +50,10 @@ class HfView:
 
     def room_for_group(self, opened: int, in_flight: int) -> bool:
         """Groups for at most `max_steps_ahead` steps beyond the trainer's next, counted in groups
-        opened (delivered + in flight: the journal replays in-flight groups, never loses them)."""
+        opened (delivered + in flight: the journal replays in-flight groups, never loses them).
+        With K actors each counts its own groups against its share of a step."""
         step = int(self._state().get("step", 0))
-        return opened < (step + 1 + self.cfg.actor.max_steps_ahead) * self.cfg.groups_per_step
+        return opened < (step + 1 + self.cfg.actor.max_steps_ahead) * self.groups_per_step
 
     def done(self) -> bool:
         return self._state().get("training_done") == "1"

@@ -93,8 +93,9 @@ class TrainerBackend(Protocol):
     def completion_check(self, cfg: "RunConfig", progress: "ProgressReader") -> Callable[[dict[str, Optional[int]]], "RunVerdict"]:
         """The supervisor's check, called with the exit codes of the processes that finish."""
 
-    def trainer_view(self, cfg: "RunConfig", redis) -> "TrainerView":
-        """What the actor needs to know about this trainer (see rlrun/actor/trainer_view.py)."""
+    def trainer_view(self, cfg: "RunConfig", redis, actor: int = 0) -> "TrainerView":
+        """What actor `actor` (of cfg.actor.num_actors) needs to know about this trainer (see
+        rlrun/actor/trainer_view.py)."""
 
     def metrics_hint(self, run_dir: "RunDir") -> Optional[str]:
         """Where the training metrics are when not in metrics.jsonl (shown at the end of a run)."""

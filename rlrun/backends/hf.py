@@ -143,10 +143,10 @@ class HfBackend:
 
         return check
 
-    def trainer_view(self, cfg: RunConfig, redis):
+    def trainer_view(self, cfg: RunConfig, redis, actor: int = 0):
         from rlrun.actor.trainer_view import HfView
 
-        return HfView(cfg, redis)
+        return HfView(cfg, redis, actor)
 
     def metrics_hint(self, run_dir: RunDir) -> Optional[str]:
         return None  # metrics.jsonl, written by the trainer

@@ -68,3 +68,23 @@ def shortfall(wanted: dict[str, dict[str, float]], nodes: dict[str, dict[str, fl
 
 def describe_nodes(nodes: dict[str, dict[str, float]]) -> str:
     return "; ".join(f"{label}: {describe(offer)}" for label, offer in nodes.items()) or "no node alive"
+
+
+def colocate(bundles: dict[str, dict[str, float]], anchors: dict[str, str]) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Bundles merged so that a process runs on the node of its anchor (actor k next to its first
+    vLLM server): the anchored process's resources are added to its anchor's bundle, and it takes
+    that bundle's node. Only where both are placed by Ray (a local one has no bundle to share).
+
+    Returns (the bundles to reserve, by owning process, in start order; process → the process
+    whose bundle it runs in, for every placed process, itself when not anchored).
+    """
+    joined = {name: anchor for name, anchor in anchors.items() if bundles.get(name) and bundles.get(anchor) and name != anchor}
+    reserved: dict[str, dict[str, float]] = {}
+    for name, bundle in bundles.items():
+        if bundle and name not in joined:
+            reserved[name] = dict(bundle)
+    for name, anchor in joined.items():
+        for resource, amount in bundles[name].items():
+            reserved[anchor][resource] = reserved[anchor].get(resource, 0.0) + amount
+    owner = {name: joined.get(name, name) for name, bundle in bundles.items() if bundle}
+    return reserved, owner

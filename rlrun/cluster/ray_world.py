@@ -158,13 +158,17 @@ class RaySpawner:
         local: Optional[Spawner] = None,
         same_machine_only: bool = False,
         call_timeout_s: float = CALL_TIMEOUT_S,
+        anchors: Optional[dict[str, str]] = None,
     ) -> None:
         """`bundles`: every process of the run (start order) → its Ray resources ({} = local).
         `run_tag` names the run's placement group and agents in the cluster. `same_machine_only`:
-        the run's servers listen on loopback, so every placed process must land on this machine."""
+        the run's servers listen on loopback, so every placed process must land on this machine.
+        `anchors`: process → the process whose node it must share (an actor → its first vLLM
+        server): their bundles are reserved as one (placement.colocate)."""
         self._world = world
         self._bundles = dict(bundles)
-        self._placed = [name for name, bundle in bundles.items() if bundle]
+        self._reserved, self._owner = placement.colocate(self._bundles, anchors or {})
+        self._placed = list(self._reserved)  # the bundles of the placement group, in order
         self._tag = run_tag
         self._local = local or LocalSpawner()
         self._same_machine_only = same_machine_only
@@ -208,7 +212,7 @@ class RaySpawner:
         ray = _ray()
         from ray.util.placement_group import get_placement_group, placement_group, placement_group_table, remove_placement_group
 
-        wanted = [self._bundles[name] for name in self._placed]
+        wanted = [self._reserved[name] for name in self._placed]
         name = f"rlrun-{self._tag}"
         try:  # a second spawner of the same run (a start retried on new ports) reuses the group
             group = get_placement_group(name)
@@ -251,7 +255,7 @@ class RaySpawner:
         table = placement_group_table(self._group)
         if table.get("state") != "CREATED":
             return None
-        return table["bundles_to_node_id"].get(self._placed.index(name))
+        return table["bundles_to_node_id"].get(self._placed.index(self._owner[name]))
 
     def _check_same_machine(self, ray) -> None:
         if not self._same_machine_only:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
+from rlrun.actor.partition import actor_name, ownership
 from rlrun.backends import backend_for
 from rlrun.cluster import placement
 from rlrun.config import RunConfig
@@ -21,7 +22,8 @@ def process_names(cfg: RunConfig) -> list[str]:
     """The processes of a run, as `roles.build_specs` names them (a test holds the two together)."""
     names = [] if cfg.streams.url else ["redis"]
     names += [f"vllm-{i}" for i in range(cfg.inference.num_servers)]
-    return names + backend_for(cfg).roles(cfg) + ["actor"]
+    actors = [actor_name(k, cfg.actor.num_actors) for k in range(cfg.actor.num_actors)]
+    return names + backend_for(cfg).roles(cfg) + actors
 
 
 def run_tag(run_dir: RunDir) -> str:
@@ -36,5 +38,12 @@ def spawner_for(cfg: RunConfig, run_dir: RunDir) -> Spawner:
 
     loopback = cfg.inference.host in LOOPBACK or (cfg.streams.url is None and cfg.streams.host in LOOPBACK)
     return RaySpawner(
-        cfg.world, placement.bundles(cfg.world, process_names(cfg)), run_tag(run_dir), same_machine_only=loopback
-    )
+        cfg.world, placement.bundles(cfg.world, process_names(cfg)), run_tag(run_dir), same_machine_only=loopback,
+        anchors=actor_anchors(cfg),
+    )  # fmt: skip
+
+
+def actor_anchors(cfg: RunConfig) -> dict[str, str]:
+    """Each actor → its first vLLM server, whose node it shares under world=ray (its requests and
+    token stream stay on one machine)."""
+    return {actor: servers[0] for actor, servers in ownership(cfg.actor.num_actors, cfg.inference.num_servers).items()}

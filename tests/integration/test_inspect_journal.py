@@ -101,3 +101,33 @@ def test_redis_endpoint_is_read_from_the_runs_redis_conf(running_run):
     run, server = running_run
     endpoint = ci.run_redis_endpoint(run)
     assert endpoint == ci.RedisEndpoint(server.url, server.password)
+
+
+def test_with_two_actors_each_journal_is_shown_and_added_up(tmp_path):
+    from rlrun.config import compose
+    from rlrun.journal import Append, Journal
+    from rlrun.streams import names
+
+    _, text = compose(["recipe=math_gspo", "actor.num_actors=2", "inference.num_servers=2"])
+    run = make_run(tmp_path / "run", text)
+    write_hf(run.checkpoint(2), 2, samples=20, version=3)
+    with managed_server(run) as server:
+        run.write_state(status="running", supervisor_pid=os.getpid())
+        client = connect(server.url, server.password)
+        try:
+            for k, opened in ((0, 1), (1, 3)):  # actor-0 one open group, actor-1 three
+                journal = Journal(client, names.journal_prefix(names.actor_stream(k, 2)))
+                for _ in range(opened):
+                    g = journal.open_group(lambda c: c, lambda p: [1], group_size=2, max_new_tokens=4, run=f"r/a{k}")
+                    journal.append_many([Append(g.group_id, 0, 0, [5, 6], [-0.1, -0.1], version=1)])
+            client.set(names.POLICY_VERSION, 2)
+        finally:
+            client.close()
+        data = json.loads(invoke(str(run.root), "--json").stdout)
+        table = invoke(str(run.root))
+    journal = data["journal"]
+    assert journal["actors"]["actor-0"]["prompt_cursor"] == 1 and journal["actors"]["actor-1"]["prompt_cursor"] == 3
+    assert journal["actors"]["actor-1"]["tokens_saved"] == 6
+    assert journal["prompt_cursor"] == 4 and journal["groups_awaiting_delivery"] == 4 and journal["tokens_saved"] == 8
+    assert journal["policy_version"] == 2 and journal["max_prefix_lag"] == 1
+    assert table.exit_code == 0 and "journal per actor" in table.stdout and "actor-1" in table.stdout

@@ -108,6 +108,23 @@ def test_a_loopback_address_that_ray_would_rewrite_is_explained(cluster, monkeyp
         _check_reachable(cluster.address)
 
 
+def test_an_actor_runs_on_the_node_of_its_vllm_server(cluster, tmp_path):
+    """actor.num_actors: each actor shares the bundle, so the node, of its first server, although
+    its own resources (a CPU) would fit on any node."""
+    bundles = {"vllm-0": {"vllm_node": 1}, "trainer": {"trainer_node": 1}, "actor-0": {"CPU": 0.5}}
+    spawner = RaySpawner(world(cluster), bundles, "t-colocate", anchors={"actor-0": "vllm-0"})
+    try:
+        actor = spawner.spawn(ProcessSpec("actor-0", SLEEPER, tmp_path / "logs" / "actor-0.log"))
+        server = spawner.spawn(ProcessSpec("vllm-0", SLEEPER, tmp_path / "logs" / "vllm-0.log"))
+        assert actor.node_id == server.node_id == cluster.vllm_node
+        assert cluster.node_of(actor.pid) == cluster.vllm_node
+        for handle in (actor, server):
+            handle.signal_group(signal.SIGTERM)
+            assert wait_exit(handle) == -signal.SIGTERM
+    finally:
+        spawner.close()
+
+
 def test_a_process_runs_on_the_node_its_resources_pick_and_answers_through_its_agent(cluster, tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("s3cret-value\n")

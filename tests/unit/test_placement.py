@@ -42,7 +42,8 @@ def test_world_ray_bundles_follow_the_config():
 @pytest.mark.parametrize(
     "overrides",
     [[], RAY, [*RAY, "inference.num_servers=3"], [*RAY, "streams.url=redis://10.0.0.2:6379/0"],
-     [*RAY, "trainer=fast_llm", "trainer.device=cpu", "inference.num_servers=2"]],
+     [*RAY, "trainer=fast_llm", "trainer.device=cpu", "inference.num_servers=2"],
+     ["actor.num_actors=2", "inference.num_servers=3"]],
 )
 def test_process_names_are_the_ones_the_roles_build(overrides, tmp_path):
     cfg, _ = compose(overrides)
@@ -120,3 +121,26 @@ def test_the_fast_llm_weight_follower_is_placed_like_the_actor():
     assert placement.role_of("weights") == "actor"
     assert placement.bundles(cfg.world, names)["weights"] == placement.bundles(cfg.world, names)["actor"]
     assert "weights" not in process_names(compose(["world=ray"])[0])  # hf: no follower
+
+
+def test_an_actor_shares_the_bundle_and_node_of_its_first_vllm_server():
+    from rlrun.cluster.world import actor_anchors
+
+    cfg, _ = compose([*RAY, "actor.num_actors=2", "inference.num_servers=3", "world.vllm.gpus=1", "world.vllm.cpus=0"])
+    anchors = actor_anchors(cfg)
+    assert anchors == {"actor-0": "vllm-0", "actor-1": "vllm-1"}
+    reserved, owner = placement.colocate(placement.bundles(cfg.world, process_names(cfg)), anchors)
+    assert reserved == {  # one bundle per node-sharing set: the actors' CPUs ride with their servers
+        "vllm-0": {"CPU": 1.0, "GPU": 1.0},
+        "vllm-1": {"CPU": 1.0, "GPU": 1.0},
+        "vllm-2": {"GPU": 1.0},
+        "trainer": {"CPU": 1.0},
+    }
+    assert owner == {"vllm-0": "vllm-0", "vllm-1": "vllm-1", "vllm-2": "vllm-2", "trainer": "trainer",
+                     "actor-0": "vllm-0", "actor-1": "vllm-1"}  # fmt: skip
+
+
+def test_colocation_needs_both_placed_by_ray():
+    bundles = {"vllm-0": {}, "actor": {"CPU": 1.0}}  # the server runs locally: nothing to share
+    reserved, owner = placement.colocate(bundles, {"actor": "vllm-0"})
+    assert reserved == {"actor": {"CPU": 1.0}} and owner == {"actor": "actor"}

@@ -115,7 +115,7 @@ class FastLlmBackend:
     def completion_check(self, cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
         return completion_check(cfg, progress)
 
-    def trainer_view(self, cfg: RunConfig, redis):
+    def trainer_view(self, cfg: RunConfig, redis, actor: int = 0):  # one actor only (config validation)
         from rlrun.backends.fast_llm.view import FastLlmView
 
         return FastLlmView(cfg, redis)

@@ -24,6 +24,7 @@ class FastLlmView:
     def __init__(self, cfg: RunConfig, redis) -> None:
         self.cfg, self.redis = cfg, redis
         self.f = cfg.trainer.fast_llm
+        self.stream = self.f.stream
         self.docs_per_step = docs_per_step(cfg)
 
     def destination(self, group: Group) -> tuple[str, list[str]]:

@@ -1,0 +1,68 @@
+"""How K actors split a run between them (pure): prompts, vLLM servers, and their share of a step.
+
+Actor k of K owns the prompt positions k, k + K, k + 2K, ... of the run's seeded prompt order
+(its c-th group takes position c·K + k), so the actors' prompts are disjoint, together they cover
+the order with no gap, and each actor's own prompt cursor (its journal's) is all it needs to
+resume: a crashed actor's replacement neither skips nor repeats a prompt, whatever the others
+did meanwhile. Its vLLM servers are k, k + K, ... (with M ≥ K every server belongs to one actor;
+with fewer, actors share them), and it may run ahead of the trainer by its share of the
+groups of a step.
+"""
+
+from __future__ import annotations
+
+
+def _check(actor: int, num_actors: int) -> None:
+    if num_actors < 1 or not 0 <= actor < num_actors:
+        raise ValueError(f"actor {actor} of {num_actors}: need 0 <= actor < num_actors")
+
+
+def prompt_position(cursor: int, actor: int, num_actors: int) -> int:
+    """The position in the run's prompt order of actor `actor`'s `cursor`-th group."""
+    _check(actor, num_actors)
+    if cursor < 0:
+        raise ValueError(f"cursor must be >= 0, got {cursor}")
+    return cursor * num_actors + actor
+
+
+def owner_of_position(position: int, num_actors: int) -> tuple[int, int]:
+    """(actor, its cursor) of a position in the prompt order: the inverse of prompt_position."""
+    return position % num_actors, position // num_actors
+
+
+def servers_of(actor: int, num_actors: int, num_servers: int) -> list[int]:
+    """The indices of the vLLM servers actor `actor` sends its groups to: a round-robin split, each
+    server owned by one actor; with fewer servers than actors, actor k shares server k mod M."""
+    _check(actor, num_actors)
+    if num_servers < 1:
+        raise ValueError(f"need at least one vLLM server (got {num_servers})")
+    if num_servers < num_actors:
+        return [actor % num_servers]
+    return list(range(actor, num_servers, num_actors))
+
+
+def share(total: int, actor: int, num_actors: int) -> int:
+    """Actor `actor`'s share of `total` items dealt round-robin (the first total % K actors get one more)."""
+    _check(actor, num_actors)
+    return len(range(actor, total, num_actors))
+
+
+def group_namespace(run: str, actor: int, num_actors: int) -> str:
+    """The first part of its group ids (`<run>/<cursor>` for a lone actor, `<run>/a<k>/<cursor>`):
+    cursors are per actor, so ids must say whose they are."""
+    _check(actor, num_actors)
+    return run if num_actors == 1 else f"{run}/a{actor}"
+
+
+def actor_name(actor: int, num_actors: int) -> str:
+    """Its process name: `actor` for a lone actor (unchanged), else `actor-<k>`."""
+    _check(actor, num_actors)
+    return "actor" if num_actors == 1 else f"actor-{actor}"
+
+
+def ownership(num_actors: int, num_servers: int) -> dict[str, list[str]]:
+    """Process names: each actor → the vLLM servers it sends to (what --dry-run shows; with
+    world=ray each actor is placed on the node of its first server)."""
+    return {
+        actor_name(k, num_actors): [f"vllm-{i}" for i in servers_of(k, num_actors, num_servers)] for k in range(num_actors)
+    }
