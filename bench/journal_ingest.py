@@ -215,7 +215,7 @@ def trial(url: str, password: str, pids: list[int], actors: int, sequences: int,
 
 def single_target(root: Path):
     from rlrun.rundir import RunDir
-    from rlrun.streams.server import managed_server
+    from rlrun.streams.standalone import managed_server
 
     run_dir = RunDir(root / "single")
     run_dir.create({"kind": "rlrun-bench", "bench": "journal_ingest"})
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 parser.error(f"unknown target {target!r} (single, cluster)")
             with manager as server:
-                pids = [server.process.pid] if target == "single" else server.pids
+                pids = [server.server_pid()] if target == "single" else server.pids
                 url = server.url
                 idle = idle_cores(pids)
                 print(f"{target:8} | idle: the server(s) use {idle:.3f} cores doing nothing", flush=True)
