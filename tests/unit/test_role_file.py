@@ -86,3 +86,25 @@ def test_a_role_file_with_a_broken_config_fails_at_load_config(run):
     role = role_from_argv("rlrun::trainer", [str(path)])
     with pytest.raises(ConfigError, match="trainer.lr must be positive"):
         role.load_config()
+
+
+def test_an_actors_index_round_trips_and_a_file_without_one_is_actor_0(run):
+    _cfg, run_dir = run
+    role = Role("actor-1", run_dir.root, "redis://127.0.0.1:7000/0", "/models/tiny", ["http://127.0.0.1:8001"], actor_index=1)
+    path = write_role_file(run_dir, role)
+    assert read_role_file(path).actor_index == 1
+    data = yaml.safe_load(path.read_text())
+    del data["actor_index"]  # written before actor.num_actors existed
+    path.write_text(yaml.safe_dump(data))
+    assert read_role_file(path).actor_index == 0
+
+
+def test_an_actor_index_outside_num_actors_exits_2_before_touching_redis(run, caplog):
+    from rlrun.actor.main import main as actor_main
+    from rlrun.errors import ExitCode
+
+    _cfg, run_dir = run  # actor.num_actors=1
+    role = Role("actor-3", run_dir.root, "redis://127.0.0.1:1/0", "/models/tiny", [], actor_index=3,
+                config=yaml.safe_load(run_dir.config.read_text()))  # fmt: skip
+    assert actor_main([str(write_role_file(run_dir, role))]) == int(ExitCode.USAGE)
+    assert "actor_index 3 is not an actor of this run (actor.num_actors=1)" in caplog.text
