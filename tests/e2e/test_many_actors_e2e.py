@@ -75,7 +75,9 @@ def test_two_actors_one_killed_the_other_goes_on(tmp_path):
     run_events = events(run_dir)
     restarted = [e for e in run_events if e.get("event") == "process_restarted"]
     assert [e["process"] for e in restarted] == ["actor-0"], restarted  # only the victim
-    back = next(r["time"] for r in audits["actor-0"] if r["time"] > killed_at)  # its replacement's first token
+    # its replacement's first record (the victim may still write one between killed_at and the signal)
+    victim = [r["pid"] for r in audits["actor-0"] if r["time"] <= killed_at][-1]
+    back = next(r["time"] for r in audits["actor-0"] if r["time"] > killed_at and r["pid"] != victim)
     published_meanwhile = [r for r in audits["actor-1"] if r["kind"] == "delivered" and killed_at < r["time"] < back]
     assert published_meanwhile, f"actor-1 published nothing in the {back - killed_at:.1f} s actor-0 was down"
 
