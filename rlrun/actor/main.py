@@ -1,4 +1,4 @@
-"""The actor process: `python -m rlrun.actor.main --run-dir RUN --redis-url URL --vllm-url URL...`.
+"""The actor process: `python -m rlrun.actor.main RUN/roles/actor.yaml` (`actor-<k>.yaml`: actor k of actor.num_actors).
 
 It hands out prompts in a seeded order, samples a group of completions per prompt from vLLM
 (streamed, token ids in and out), scores them, computes group-normalised advantages and

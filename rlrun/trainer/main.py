@@ -1,4 +1,4 @@
-"""The hf trainer process: `python -m rlrun.trainer.main --run-dir RUN --redis-url URL ...`.
+"""The hf trainer process: `python -m rlrun.trainer.main RUN/roles/trainer.yaml` (rank 0 reads every actor's stream).
 
 `Trainer.train()` reads like its table of contents: resume from the last complete checkpoint,
 then per step take one batch of groups from Redis, one optimizer step, push the weights to vLLM,
