@@ -200,9 +200,12 @@ class Actor:
 
     async def _complete(self, client: httpx.AsyncClient, group: LiveGroup) -> None:
         """Generate until every sample is finished, journaling as it goes; then publish once."""
-        url = self.urls[group.cursor % len(self.urls)]
         size, budget = len(group.samples), self.cfg.actor.max_new_tokens
+        failures = 0
         while True:
+            # Groups spread over the servers by cursor; after a failure the group moves on to the
+            # next server (the failed one may be restarting), continuing from the tokens kept.
+            url = self.urls[(group.cursor + failures) % len(self.urls)]
             version = self._policy_version()
             for sample in group.samples:
                 if is_stale(sample, version, self.cfg.actor.max_prefix_staleness):
@@ -227,6 +230,7 @@ class Actor:
                         raise failed[0]
             except (httpx.HTTPError, RuntimeError, ValueError) as exc:
                 self.counters["request_errors"] += 1
+                failures += 1
                 log.warning("group %s: request to %s failed (%s); continuing from the tokens kept", group.group_id, url, exc)
                 await asyncio.sleep(RETRY_DELAY_S)
             finally:

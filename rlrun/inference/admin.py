@@ -3,11 +3,19 @@
 Pausing with mode=abort ends in-flight requests at a token boundary; the actor continues them
 from the tokens it already has, tagged with the new policy version. One mechanism serves both
 weight updates and recovery.
+
+A server that does not take connections (being restarted by the supervisor) is left out of an
+update: it starts from the newest weights the trainer pointed `weights/current` at, so the other
+servers need not wait for it. Only when no server answers does the update fail (and is retried).
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import httpx
+
+DOWN = (httpx.ConnectError, httpx.RemoteProtocolError)  # refused, or the server died mid-request
 
 from rlrun.inference.auth import bearer_header
 
@@ -15,9 +23,34 @@ from rlrun.inference.auth import bearer_header
 class VllmAdmin:
     """`api_key`: the run's vLLM key (every route but /health needs it; see auth.py)."""
 
-    def __init__(self, urls: list[str], timeout_s: float | httpx.Timeout = 120.0, api_key: str = "") -> None:
+    def __init__(self, urls: list[str], timeout_s: float | httpx.Timeout = 120.0, api_key: str = "", transport: httpx.BaseTransport | None = None) -> None:
         self.urls = list(urls)
-        self._client = httpx.Client(timeout=timeout_s, headers=bearer_header(api_key) if api_key else {})
+        headers = bearer_header(api_key) if api_key else {}
+        self._client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
+
+    def update_weights(self, weights_path: str, publish: Callable[[], None]) -> list[str]:
+        """Pause every server that answers, load `weights_path` into each, `publish()` the new
+        version, resume them; return the servers that were down (left out). Raises
+        httpx.ConnectError when none answers: there is no one to update yet."""
+        live, down = list(self.urls), []
+
+        def on_each(action: Callable[[str], object]) -> None:
+            for url in list(live):
+                try:
+                    action(url)
+                except DOWN:
+                    live.remove(url)
+                    down.append(url)
+
+        on_each(lambda url: self._post(f"{url}/pause", params={"mode": "abort"}))
+        try:
+            on_each(lambda url: self._reload(url, weights_path))
+            if not live:
+                raise httpx.ConnectError(f"no vLLM server answers ({', '.join(down)})")
+            publish()
+        finally:
+            on_each(lambda url: self._post(f"{url}/resume"))
+        return down
 
     def pause(self) -> None:
         for url in self.urls:
@@ -38,10 +71,12 @@ class VllmAdmin:
         mix two policies in one sample. The reload is rlrun's (worker_extension.py): vLLM 0.32's
         own leaves tied weights (embedding and LM head) apart.
         """
-        body = {"method": "rlrun_reload_weights", "kwargs": {"weights_path": weights_path}}
         for url in self.urls:
-            self._post(f"{url}/collective_rpc", json=body)
-        self.reset_prefix_cache()
+            self._reload(url, weights_path)
+
+    def _reload(self, url: str, weights_path: str) -> None:
+        self._post(f"{url}/collective_rpc", json={"method": "rlrun_reload_weights", "kwargs": {"weights_path": weights_path}})
+        self._post(f"{url}/reset_prefix_cache")
 
     def _post(self, url: str, **kwargs) -> httpx.Response:
         response = self._client.post(url, **kwargs)

@@ -195,7 +195,8 @@ class Trainer:
 
     # --- weights to vLLM -----------------------------------------------------------------------
     def _push_weights(self) -> None:
-        """Save this version's weights, then pause (abort in-flight), reload and resume vLLM."""
+        """Save this version's weights, point weights/current at them, then pause (abort in-flight),
+        reload and resume every vLLM server that answers (one being restarted loads them at its start)."""
         version = self.state.policy_version
         weights = self.parallel.full_state_dict(self.model)  # every rank takes part; rank 0 gets them
         if not self.main:
@@ -206,20 +207,15 @@ class Trainer:
         self.parallel.unwrapped(self.model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
-        self._until_vllm_answers(lambda: self._reload_all(str(target), version))
-        self.run_dir.point_current_weights(target)  # a restarted vLLM starts from these
+        # First: a vLLM server (re)starting from now on loads these, so the update need not wait for it.
+        self.run_dir.point_current_weights(target)
+        down = self._until_vllm_answers(lambda: self.vllm.update_weights(str(target), lambda: self.redis.set(names.POLICY_VERSION, version)))
+        if down:
+            log.warning("weights v%d: %s not reachable (restarting: it starts from these weights)", version, ", ".join(down))
         keep = {target.name, f"v{version - 1:06d}"}  # the previous one may still be loading somewhere
         for old in self.run_dir.weights.glob("v*"):
             if old.name not in keep:
                 shutil.rmtree(old, ignore_errors=True)
-
-    def _reload_all(self, path: str, version: int) -> None:
-        self.vllm.pause()
-        try:
-            self.vllm.reload_weights(path)
-            self.redis.set(names.POLICY_VERSION, version)
-        finally:
-            self.vllm.resume()
 
     def _until_vllm_answers(self, action) -> None:
         """Retry a weight update while a vLLM server is down (the supervisor restarts it)."""
