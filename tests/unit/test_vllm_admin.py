@@ -46,3 +46,10 @@ def test_no_server_answering_is_an_error_and_publishes_nothing():
     with pytest.raises(httpx.ConnectError, match="no vLLM server answers"):
         admin_with({UP, DOWN}, []).update_weights("/w/v000003", lambda: published.append(True))
     assert published == []
+
+
+def test_without_servers_the_version_is_still_published():
+    published: list[bool] = []
+    admin = VllmAdmin([], transport=httpx.MockTransport(lambda request: httpx.Response(500)))
+    assert admin.update_weights("/w/v000001", lambda: published.append(True)) == []
+    assert published == [True]
