@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         role = role_from_argv("rlrun::trainer", argv)
         cfg, run_dir = role.load_config(), role.run
+        checkpoint.resume_point(run_dir.checkpoints)  # damaged checkpoints: exit 2 before any server is asked
         redis = connect(role.redis_url, run_dir.read_redis_password())
         vllm = VllmAdmin(role.vllm_urls, api_key=run_dir.read_vllm_api_key())
         # One rank unless a launcher (rlrun.trainer.rank_group, torchrun) set RANK/WORLD_SIZE.
