@@ -178,7 +178,7 @@ class Actor:
         self.counters["tokens_regenerated"] += c.tokens_dropped_stale
         self.counters["prefixes_dropped_stale"] += c.prefixes_dropped_stale
         if plan.groups:
-            log.info("replaying the journal: %s", c.as_dict())
+            log.info("replaying the journal: %d groups, %s", len(plan.groups), c)
         return [self._from_plan(g) for g in plan.groups]
 
     def _from_plan(self, plan: GroupPlan) -> LiveGroup:

@@ -17,7 +17,7 @@ Delivered groups are skipped: the trainer already has them.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Optional
 
@@ -52,26 +52,14 @@ class GroupPlan:
     max_new_tokens: int
     samples: list[SamplePlan]
 
-    @property
-    def to_generate(self) -> list[SamplePlan]:
-        """The samples that need a request (continue or restart)."""
-        return [s for s in self.samples if s.action in (Action.CONTINUE, Action.RESTART)]
-
 
 @dataclass
 class ReplayCounters:
-    groups_planned: int = 0  # open groups in the plan
-    groups_skipped_delivered: int = 0
-    samples_kept: int = 0  # finished before the restart
-    samples_continued: int = 0
-    samples_finished_length: int = 0  # budget already spent: finished locally as "length"
-    samples_restarted: int = 0  # no tokens, or a stale prefix dropped
+    """What the actor adds to its recovery counters (the actions themselves are in the plan)."""
+
     prefixes_dropped_stale: int = 0
     tokens_reused: int = 0  # tokens kept by keep, continue and finish_length
     tokens_dropped_stale: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -95,10 +83,8 @@ def plan_replay(
     planned = []
     for group in sorted(groups, key=lambda g: g.cursor):
         if group.state == "delivered":
-            counters.groups_skipped_delivered += 1
             continue
         samples = [_plan_sample(s, group.max_new_tokens, oldest_allowed, counters) for s in group.samples]
-        counters.groups_planned += 1
         planned.append(
             GroupPlan(
                 group_id=group.group_id,
@@ -130,7 +116,6 @@ def _plan_sample(
         )
 
     if sample.state == "finished":
-        counters.samples_kept += 1
         return kept(Action.KEEP, sample.finish_reason)
     dropped = 0
     if held and min(sample.versions) < oldest_allowed:
@@ -138,12 +123,9 @@ def _plan_sample(
         counters.tokens_dropped_stale += held
         dropped = held
     elif held and held >= budget:
-        counters.samples_finished_length += 1
         return kept(Action.FINISH_LENGTH, "length")
     elif held:
-        counters.samples_continued += 1
         return kept(Action.CONTINUE, None)
-    counters.samples_restarted += 1
     return SamplePlan(
         index=sample.index,
         action=Action.RESTART,
