@@ -80,12 +80,16 @@ class RunDir:
             return ""
 
     def ensure_secret(self, path: Path) -> str:
-        """The secret stored at `path`, generated (and stored 0600) on first use."""
+        """The secret stored at `path` (the Redis password, the vLLM key), generated on first use
+        and read back afterwards, so restarted servers accept the clients of the previous ones."""
         import secrets
 
-        if not path.is_file():
-            self.write_secret(path, secrets.token_urlsafe(32))
-        return path.read_text().strip()
+        stored = path.read_text().strip() if path.is_file() else ""
+        if not stored:
+            stored = secrets.token_urlsafe(32)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.write_secret(path, stored)
+        return stored
 
     # --- services ----------------------------------------------------------------------------
     @property
@@ -230,10 +234,13 @@ class RunDir:
             ) from exc
 
     def write_secret(self, path: Path, value: str) -> None:
-        """Write a secret readable by the owner only (created 0600, never world-readable)."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        """Write `value` to `path` readable by the owner only (never world-readable), atomically."""
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
+            os.fchmod(handle.fileno(), 0o600)  # in case a stale tmp file had another mode
             handle.write(value)
+        os.replace(tmp, path)
 
     def read_state(self) -> dict:
         if not self.state.is_file():

@@ -17,23 +17,17 @@ fast_llm/data/dataset/streaming.py and fast_llm/engine/training/streaming.py): t
   MAXLEN can trim the events stream), and a reader that consumes documents meant for Fast-LLM;
   events are therefore checked by what reads them (events.py: a step that goes backwards or jumps
   is counted and ignored).
-- `rlrun`: rlrun's own processes, with the run's password and every key and command. The password
-  is stored as its SHA-256 (`#<hex>`), so the server config does not hold it in clear.
-
-Wiring (done where the server config is written): put these lines in the config file in place of
-`requirepass` (which would set a password on `default`), and make rlrun's clients authenticate as
-`RLRUN_USER` (`AUTH rlrun <password>`, redis-py `username=`): a bare `AUTH <password>` would log in
-as the passwordless `default` user and be refused everything else.
+- `rlrun`: rlrun's own processes, with the run's password and every key and command (written by
+  `rlrun.streams.server`, as for every run). rlrun's clients name their user: a bare
+  `AUTH <password>` would log in as the passwordless `default` user and be refused everything else.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 
 FAST_LLM_USER = "default"
-RLRUN_USER = "rlrun"
 
 # Key-less commands: PING (health checks), CLIENT SETINFO (what redis-py sends on connect; it
 # ignores a refusal, but the server log stays clean).
@@ -62,12 +56,3 @@ def default_user_line(streams: Sequence[str], events_stream: str) -> str:
     events = " ".join([f"~{events_stream}", *(f"+{c}" for c in FAST_LLM_EVENTS)])
     root = " ".join(f"+{c}" for c in FAST_LLM_GLOBAL)
     return f"user {FAST_LLM_USER} reset on nopass resetchannels -@all {root} ({documents}) ({events})"
-
-
-def acl_lines(password: str, streams: Sequence[str], events_stream: str) -> list[str]:
-    """The `user ...` lines of the server config: restricted passwordless `default` for Fast-LLM's
-    `streams` and `events_stream`, and `rlrun` with `password` and full access."""
-    if not password:
-        raise ValueError("the rlrun user needs a non-empty password")
-    digest = hashlib.sha256(password.encode("utf-8")).hexdigest()
-    return [default_user_line(streams, events_stream), f"user {RLRUN_USER} reset on #{digest} ~* &* +@all"]
