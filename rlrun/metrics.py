@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from rlrun.errors import EnvironmentProblem
+from rlrun.rundir import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -133,18 +134,7 @@ class MetricsWriter:
 
 def read_metrics(path: Path) -> list[dict]:
     """The records of a metrics.jsonl in file order; a line cut short by a crash is skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            records.append(record)
-    return records
+    return [record for record in read_jsonl(path) if isinstance(record.get("step"), int)]
 
 
 def final_records(records: list[dict]) -> list[dict]:

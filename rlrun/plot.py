@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -140,12 +141,7 @@ def run_start(records: list[dict], events: list[dict]) -> float:
 
 
 def rolling_median(values: list[float], window: int) -> list[float]:
-    out = []
-    for i in range(len(values)):
-        chunk = sorted(values[max(0, i - window + 1) : i + 1])
-        mid = len(chunk) // 2
-        out.append(chunk[mid] if len(chunk) % 2 else (chunk[mid - 1] + chunk[mid]) / 2)
-    return out
+    return [statistics.median(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
 # --- the run directory -----------------------------------------------------------------------------

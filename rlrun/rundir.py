@@ -21,6 +21,22 @@ MARKER = "rlrun-run.json"  # present in every run directory; its absence means "
 LAUNCH_PREFIX = "launch-"  # logs/launch-<n>/: the n-th `rlrun train`/`rlrun resume` of the run
 
 
+def read_jsonl(path: Optional[Path]) -> list[dict]:
+    """The objects of a JSON-lines file (events, metrics), in file order; a line cut short by a
+    crash is skipped, and a missing file holds none."""
+    if path is None or not Path(path).is_file():
+        return []
+    records = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 @dataclass(frozen=True)
 class RunDir:
     root: Path
