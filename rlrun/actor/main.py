@@ -23,7 +23,7 @@ import httpx
 
 from rlrun.actor.ledger import JournalLedger, Ledger, MemoryLedger
 from rlrun.actor.partition import actor_name, group_namespace, prompt_position
-from rlrun.actor.sampling import SampleState, close_if_spent, is_stale, remaining_budget
+from rlrun.actor.sampling import SampleState, close_if_spent, remaining_budget
 from rlrun.actor.tokenizer import load_tokenizer
 from rlrun.actor.trainer_view import TrainerView
 from rlrun.backends import backend_for
@@ -32,7 +32,7 @@ from rlrun.config import RunConfig
 from rlrun.data.tasks import Task, load_task, problem_index
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.auth import bearer_header
-from rlrun.journal.plan import Action, GroupPlan, plan_replay
+from rlrun.journal.plan import Action, GroupPlan, is_stale, plan_replay
 from rlrun.rollouts import Group, Sample
 from rlrun.role_file import role_from_argv
 from rlrun.streams import names
@@ -244,7 +244,6 @@ class Actor:
         by_index = {i: s for i, s in enumerate(samples)}
         for sample in samples:
             sample.finish_reason = None  # an abort being continued
-            sample.requests += 1
         try:
             async for delta in stream_completion(
                 client,

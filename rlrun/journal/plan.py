@@ -68,23 +68,28 @@ class ReplayPlan:
     counters: ReplayCounters = field(default_factory=ReplayCounters)
 
 
+def is_stale(sample, current_version: int, max_staleness: int) -> bool:
+    """An unfinished prefix whose oldest token is more than `max_staleness` versions old: of a
+    sample read back from the journal (`SampleRecord`) or being generated (the actor's `SampleState`)."""
+    return bool(sample.versions) and not sample.finished and min(sample.versions) < current_version - max_staleness
+
+
 def plan_replay(
     groups: list[GroupRecord], *, current_version: int, max_prefix_staleness: int
 ) -> ReplayPlan:
     """The replay plan for `groups` when vLLM serves policy `current_version`.
 
     A prefix is stale when its oldest token's version is below
-    `current_version - max_prefix_staleness`.
+    `current_version - max_prefix_staleness` (`is_stale`).
     """
     if max_prefix_staleness < 0:
         raise ValueError(f"max_prefix_staleness must be >= 0, got {max_prefix_staleness}")
-    oldest_allowed = current_version - max_prefix_staleness
     counters = ReplayCounters()
     planned = []
     for group in sorted(groups, key=lambda g: g.cursor):
         if group.state == "delivered":
             continue
-        samples = [_plan_sample(s, group.max_new_tokens, oldest_allowed, counters) for s in group.samples]
+        samples = [_plan_sample(s, group.max_new_tokens, current_version, max_prefix_staleness, counters) for s in group.samples]
         planned.append(
             GroupPlan(
                 group_id=group.group_id,
@@ -99,9 +104,7 @@ def plan_replay(
     return ReplayPlan(groups=planned, counters=counters)
 
 
-def _plan_sample(
-    sample: SampleRecord, budget: int, oldest_allowed: int, counters: ReplayCounters
-) -> SamplePlan:
+def _plan_sample(sample: SampleRecord, budget: int, version: int, staleness: int, counters: ReplayCounters) -> SamplePlan:
     held = len(sample.token_ids)
 
     def kept(action: Action, finish_reason: Optional[str]) -> SamplePlan:
@@ -118,7 +121,7 @@ def _plan_sample(
     if sample.state == "finished":
         return kept(Action.KEEP, sample.finish_reason)
     dropped = 0
-    if held and min(sample.versions) < oldest_allowed:
+    if is_stale(sample, version, staleness):
         counters.prefixes_dropped_stale += 1
         counters.tokens_dropped_stale += held
         dropped = held
