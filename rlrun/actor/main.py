@@ -156,9 +156,9 @@ class Actor:
 
     # --- groups: new ones, and those a restart left open ---------------------------------------
     def _open_group(self) -> LiveGroup:
-        record = self.ledger.open_group(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
+        h = self.ledger.open_group(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
         samples = [SampleState(index=i) for i in range(self.cfg.algo.group_size)]
-        return LiveGroup(record.group_id, record.cursor, record.prompt_index, list(record.prompt_ids), samples)
+        return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), samples)
 
     def _replay_plan(self) -> list[LiveGroup]:
         groups, corrupt = self.ledger.load_open_groups()
@@ -182,7 +182,7 @@ class Actor:
         return [self._from_plan(g) for g in plan.groups]
 
     def _from_plan(self, plan: GroupPlan) -> LiveGroup:
-        samples = []
+        h, samples = plan.header, []
         for p in plan.samples:
             sample = SampleState(p.index, list(p.prefix_token_ids), list(p.prefix_logprobs), list(p.prefix_versions))
             sample.journaled = len(sample.completion_ids)
@@ -190,13 +190,13 @@ class Actor:
                 sample.finish_reason = p.finish_reason
                 sample.finish_recorded = True
             elif p.action is Action.RESTART:
-                self.ledger.reset(plan.group_id, p.index)
+                self.ledger.reset(h.group_id, p.index)
             elif p.action is Action.FINISH_LENGTH:
                 sample.finish_reason = "length"
-                self.ledger.finish(plan.group_id, p.index, "length", len(sample.completion_ids))
+                self.ledger.finish(h.group_id, p.index, "length", len(sample.completion_ids))
                 sample.finish_recorded = True
             samples.append(sample)
-        return LiveGroup(plan.group_id, plan.cursor, plan.prompt_index, list(plan.prompt_ids), samples)
+        return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), samples)
 
     async def _complete(self, client: httpx.AsyncClient, group: LiveGroup) -> None:
         """Generate until every sample is finished, journaling as it goes; then publish once."""

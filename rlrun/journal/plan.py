@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Optional
 
-from rlrun.journal.records import GroupRecord, SampleRecord
+from rlrun.journal.records import GroupHeader, GroupRecord, SampleRecord
 
 
 class Action(StrEnum):
@@ -44,12 +44,7 @@ class SamplePlan:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    group_id: str
-    cursor: int
-    prompt_index: int
-    prompt_ids: list[int]
-    group_size: int
-    max_new_tokens: int
+    header: GroupHeader
     samples: list[SamplePlan]
 
 
@@ -90,17 +85,7 @@ def plan_replay(
         if group.state == "delivered":
             continue
         samples = [_plan_sample(s, group.max_new_tokens, current_version, max_prefix_staleness, counters) for s in group.samples]
-        planned.append(
-            GroupPlan(
-                group_id=group.group_id,
-                cursor=group.cursor,
-                prompt_index=group.prompt_index,
-                prompt_ids=list(group.prompt_ids),
-                group_size=group.group_size,
-                max_new_tokens=group.max_new_tokens,
-                samples=samples,
-            )
-        )
+        planned.append(GroupPlan(group.header, samples))
     return ReplayPlan(groups=planned, counters=counters)
 
 

@@ -83,7 +83,7 @@ def test_delivered_group_is_skipped():
     empty_marker = GroupRecord("run/1", 1, 1, [1], 2, BUDGET, "delivered", [])
     open_group = group([{}], cursor=2)
     plan = plan_replay([delivered, empty_marker, open_group], current_version=0, max_prefix_staleness=0)
-    assert [g.group_id for g in plan.groups] == ["run/2"]
+    assert [g.header.group_id for g in plan.groups] == ["run/2"]
 
 
 @pytest.mark.parametrize("held", [BUDGET, BUDGET + 3])
@@ -167,8 +167,8 @@ def test_a_mixed_group_and_all_counters():
 def test_groups_come_back_in_cursor_order_with_their_prompt():
     groups = [group([{}], cursor=c) for c in (7, 2, 5)]
     plan = plan_replay(groups, current_version=0, max_prefix_staleness=0)
-    assert [g.cursor for g in plan.groups] == [2, 5, 7]
-    g = plan.groups[0]
+    assert [g.header.cursor for g in plan.groups] == [2, 5, 7]
+    g = plan.groups[0].header
     assert (g.group_id, g.prompt_index, g.prompt_ids, g.group_size, g.max_new_tokens) == ("run/2", 42, [1, 2, 3], 1, BUDGET)
 
 
