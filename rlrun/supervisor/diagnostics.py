@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from rlrun.supervisor.supervisor import log_tail
+
 LOG_LINES = 40
 CPU_SAMPLE_S = 0.2
 
@@ -61,7 +63,7 @@ class Diagnoser:
         if not dumped:
             lines.append("py-spy gave no stack" + ("" if py_spy else " (not installed)") + ": asking rlrun's own processes (SIGUSR1)")
             _signal_dumps(pids, log_path, deadline, lines)
-        lines += ["", f"## last {LOG_LINES} lines of {log_path}", _tail(log_path, LOG_LINES) if log_path else "(no log)"]
+        lines += ["", f"## last {LOG_LINES} lines of {log_path}", (log_tail(log_path, LOG_LINES) if log_path else "") or "(no log)"]
         path = self.folder / f"{process}-{attempt}-{stamp}.txt"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -187,14 +189,3 @@ def _size(path: Optional[Path]) -> int:
         return path.stat().st_size if path else 0
     except OSError:
         return 0
-
-
-def _tail(path: Path, lines: int) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, 2)
-            handle.seek(max(0, handle.tell() - 64_000))
-            text = handle.read().decode(errors="replace")
-    except OSError as exc:
-        return f"(cannot read: {exc.strerror})"
-    return "\n".join(text.splitlines()[-lines:])
