@@ -68,7 +68,7 @@ def _ppid_pairs():
 
 
 class LocalHandle:
-    def __init__(self, popen: subprocess.Popen, tree: Optional[ProcessTree] = None) -> None:
+    def __init__(self, popen: subprocess.Popen, tree: ProcessTree) -> None:
         self._popen = popen
         self.pid = popen.pid
         self._tree = tree
@@ -83,14 +83,7 @@ class LocalHandle:
             pass
 
     def descendants(self, fresh: bool = False) -> list[int]:
-        if self._tree is not None:
-            return self._tree.descendants(self.pid, fresh)
-        import psutil
-
-        try:
-            return [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
-        except psutil.Error:
-            return []
+        return self._tree.descendants(self.pid, fresh)
 
 
 class LocalSpawner:
