@@ -277,10 +277,10 @@ def plot(
 def _report_end(cfg, run_dir, reason: str) -> None:
     """What a finished train/resume prints: why it finished, the last step, the time split, and
     where the metrics and their plot are (Fast-LLM keeps its training metrics in its own log)."""
-    from rlrun import launch
+    from rlrun.metrics import read_metrics
 
     console.print(f"[bold green]finished:[/] {reason}")
-    last = launch.summary(run_dir)["last_metrics"]
+    last = (read_metrics(run_dir.metrics) or [None])[-1]
     if last:
         console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
     from rlrun import status as run_status

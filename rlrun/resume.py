@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from rlrun.config.build import from_dict, validate
-from rlrun.config.compose import override_resolved
+from rlrun.config.compose import config_from_data, override_resolved
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError, RunDirError
 from rlrun.rundir import RunDir
@@ -55,8 +54,7 @@ def plan_resume(root, overrides: list[str]) -> ResumePlan:
                 f"'{key}' cannot be changed when resuming: it would change what the checkpoint and the journal "
                 f"mean. Allowed: {', '.join(ALLOWED_OVERRIDES)}. Start a new run with `rlrun train` instead."
             )
-    cfg = from_dict(RunConfig, new)
-    validate(cfg)
+    cfg = config_from_data(new, source=str(run_dir.config))
     if cfg.streams.url is None and not _has_redis_data(run_dir):
         raise RunDirError(
             f"{run_dir.root} has no Redis data ({run_dir.redis_dir} holds no AOF): the token journal and the "
