@@ -99,7 +99,7 @@ class Actor:
 
             for live in resumed:  # interrupted groups first, from the tokens they already have
                 launch(self._complete(client, live))
-            while not self._training_done():
+            while not self.trainer.done():
                 self._heartbeat()
                 if self._failure is not None:
                     raise self._failure
@@ -107,7 +107,7 @@ class Actor:
                     # Wake as soon as a slot frees up, not on a timer: groups are short.
                     await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                     continue
-                if not self._room_for_another_group(len(running)):
+                if not self.trainer.room_for_group(self.ledger.opened(len(running)), len(running)):  # back-pressure
                     await asyncio.sleep(0.02)
                     continue
                 launch(self._complete(client, self._open_group()))
@@ -129,21 +129,11 @@ class Actor:
         if not task.cancelled() and task.exception() is not None:
             self._failure = task.exception()
 
-    def _training_done(self) -> bool:
-        return self.trainer.done()
-
-    def _policy_version(self) -> int:
-        return self.trainer.policy_version()
-
     def _heartbeat(self) -> None:
         now = time.time()
         if now - self._last_heartbeat >= 1.0:
             self.redis.hset(self.state_key, mapping={"pid": os.getpgrp(), "heartbeat": now, **self.counters})
             self._last_heartbeat = now
-
-    def _room_for_another_group(self, in_flight: int) -> bool:
-        """Back-pressure, by the rule of the trainer backend (see trainer_view.py)."""
-        return self.trainer.room_for_group(self.ledger.opened(in_flight), in_flight)
 
     def _problem_index(self, cursor: int) -> int:
         """A fresh seeded permutation of the problems for every pass over the data; this actor
@@ -172,7 +162,7 @@ class Actor:
                 what = "that sample is generated again"
             log.warning("journal record %s is unreadable (%s): %s", key, reason, what)
         self.counters["journal_corrupt_records"] += len(corrupt)
-        plan = plan_replay(groups, current_version=self._policy_version(), max_prefix_staleness=self.cfg.actor.max_prefix_staleness)
+        plan = plan_replay(groups, current_version=self.trainer.policy_version(), max_prefix_staleness=self.cfg.actor.max_prefix_staleness)
         c = plan.counters
         self.counters["tokens_reused"] += c.tokens_reused
         self.counters["tokens_regenerated"] += c.tokens_dropped_stale
@@ -206,7 +196,7 @@ class Actor:
             # Groups spread over the servers by cursor; after a failure the group moves on to the
             # next server (the failed one may be restarting), continuing from the tokens kept.
             url = self.urls[(group.cursor + failures) % len(self.urls)]
-            version = self._policy_version()
+            version = self.trainer.policy_version()
             for sample in group.samples:
                 if is_stale(sample, version, self.cfg.actor.max_prefix_staleness):
                     self._drop_stale(group, sample)
