@@ -1,19 +1,11 @@
 """Stack dumps of a process before the supervisor kills it: what a hung process was doing.
 
-When the watchdog declares a stall (or a stop escalates SIGTERM to SIGKILL), the supervisor asks
-a `Diagnoser` for one text file, `diagnostics/<process>-<attempt>-<time>.txt`, holding:
-
-- the Python stacks of the process and its descendants, from `py-spy dump` (native frames where
-  py-spy can stop the process; a process frozen by SIGSTOP is read without stopping it);
-- where py-spy is missing or not allowed (no ptrace), rlrun's own children dump their stacks into
-  their log on SIGUSR1 (`rlrun.stackdump.enable`), and the file carries the log's tail after it;
-- each process's command line, state, CPU (a short sample and the average since it started),
-  memory and thread count, from psutil;
-- the last lines of the process's log.
-
-Bounded in time: every external call has a timeout taken from one budget (`budget_s`), so a dump
-that hangs delays the restart by a few seconds at most. Never raises: a dump that cannot be made
-is a line in the file, not a reason to keep a hung process alive.
+Before a kill for a stall (or a SIGKILL after the stop grace), a `Diagnoser` writes
+`diagnostics/<process>-<attempt>-<time>.txt`: each process's command line, state, CPU, memory
+and threads (psutil); their Python stacks from `py-spy dump`, or where py-spy is missing or
+refused, from rlrun's own children on SIGUSR1 (`rlrun.stackdump`) into their log; and the log's
+tail. Every external call takes its timeout from one budget (`budget_s`), and nothing raises: a
+dump that cannot be made is a line in the file, never a reason to keep a hung process alive.
 """
 
 from __future__ import annotations
