@@ -12,7 +12,7 @@ A pure function over records (no Redis, no clock). For each open group, per samp
   a policy older than `current_version - max_prefix_staleness`): the prefix is dropped (and
   counted, never trained on silently) and the sample is generated from the prompt alone.
 
-Delivered groups are skipped: the trainer already has them.
+Delivered groups are not in it: the trainer already has them.
 """
 
 from __future__ import annotations
@@ -82,8 +82,6 @@ def plan_replay(
     counters = ReplayCounters()
     planned = []
     for group in sorted(groups, key=lambda g: g.cursor):
-        if group.state == "delivered":
-            continue
         samples = [_plan_sample(s, group.max_new_tokens, current_version, max_prefix_staleness, counters) for s in group.samples]
         planned.append(GroupPlan(group.header, samples))
     return ReplayPlan(groups=planned, counters=counters)

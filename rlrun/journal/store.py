@@ -315,7 +315,7 @@ class Journal:
             )
             if status == "ok":
                 samples = [SampleRecord(header.group_id, i, "pending") for i in range(group_size)]
-                return GroupRecord.from_header(header, state="open", samples=samples)
+                return GroupRecord.from_header(header, samples)
             if status == "exists":
                 raise JournalError(
                     f"group {header.group_id} is already in the journal although the cursor is "
@@ -567,7 +567,7 @@ def fold_group(group_id: str, fields: dict[str, str], entries: list[str]) -> tup
             problems.append(f"sample {i}: {reason}")
             sample = SampleRecord(group_id, i, "pending")
         samples.append(sample)
-    return GroupRecord.from_header(header, state="open", samples=samples), problems
+    return GroupRecord.from_header(header, samples), problems
 
 
 def _index_of(raw: str) -> int | None:

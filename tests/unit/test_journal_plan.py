@@ -23,10 +23,10 @@ def sample(index: int, state: str = "pending", n: int = 0, versions=None, finish
     )
 
 
-def group(samples_spec, cursor=0, state="open", budget=BUDGET) -> GroupRecord:
+def group(samples_spec, cursor=0, budget=BUDGET) -> GroupRecord:
     gid = f"run/{cursor}"
     samples = [sample(i, gid=gid, **spec) for i, spec in enumerate(samples_spec)]
-    return GroupRecord(gid, cursor, 40 + cursor, [1, 2, 3], len(samples), budget, state, samples)
+    return GroupRecord(gid, cursor, 40 + cursor, [1, 2, 3], len(samples), budget, samples)
 
 
 def plan_one(spec, current_version=5, staleness=2, budget=BUDGET):
@@ -76,14 +76,6 @@ def test_finished_sample_is_kept_with_its_reason():
 def test_finished_sample_is_kept_even_when_its_tokens_are_old():
     (s,), counters = plan_one([{"state": "finished", "versions": [0, 0], "finish": "stop"}], current_version=10)
     assert s.action == Action.KEEP and counters.prefixes_dropped_stale == 0
-
-
-def test_delivered_group_is_skipped():
-    delivered = GroupRecord("run/0", 0, 1, [1], 2, BUDGET, "delivered", [sample(0, "delivered"), sample(1, "delivered")])
-    empty_marker = GroupRecord("run/1", 1, 1, [1], 2, BUDGET, "delivered", [])
-    open_group = group([{}], cursor=2)
-    plan = plan_replay([delivered, empty_marker, open_group], current_version=0, max_prefix_staleness=0)
-    assert [g.header.group_id for g in plan.groups] == ["run/2"]
 
 
 @pytest.mark.parametrize("held", [BUDGET, BUDGET + 3])
