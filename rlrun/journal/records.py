@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 from rlrun.streams.codec import json_object
@@ -232,17 +232,7 @@ class LogEntry:
     def to_json(self) -> str:
         if self.kind == "reset":
             return dumps({"schema_version": SCHEMA_VERSION, "kind": "reset", "index": self.index})
-        return dumps(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "kind": "append",
-                "index": self.index,
-                "offset": self.offset,
-                "token_ids": self.token_ids,
-                "logprobs": self.logprobs,
-                "version": self.version,
-            }
-        )
+        return dumps({"schema_version": SCHEMA_VERSION, **asdict(self)})
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "LogEntry":
