@@ -22,7 +22,6 @@ import string
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from filelock import FileLock
 
@@ -105,11 +104,6 @@ def ensure_tiny_model(cache_dir: Path, seed: int, warm_start_steps: int, max_ope
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return final
-
-
-def read_marker(folder: Path) -> dict[str, Any]:
-    """The build record of a tiny model folder: parameters, parameter count, measured accuracy."""
-    return json.loads((Path(folder) / MARKER).read_text())
 
 
 def longest_sequence(max_operand: int) -> int:

@@ -74,15 +74,6 @@ def encode_group(group: Group, span_end: SpanEnd = "exclusive") -> list[dict[str
     return [encode_document(group.prompt_ids, sample, span_end) for sample in group.samples]
 
 
-def publish_group(client, stream: str, group: Group, span_end: SpanEnd = "exclusive") -> list[str]:
-    """XADD the group's documents to `stream` in one MULTI/EXEC, so Fast-LLM never sees half a
-    group. Returns the entry ids."""
-    pipe = client.pipeline(transaction=True)
-    for fields in encode_group(group, span_end):
-        pipe.xadd(stream, fields)
-    return [str(i) for i in pipe.execute()]
-
-
 # --- events ------------------------------------------------------------------------------------
 
 
