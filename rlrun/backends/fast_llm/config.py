@@ -8,7 +8,6 @@ docs/architecture.md ("Fast-LLM: what rlrun relies on"). Redis is given by host 
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -123,7 +122,9 @@ def fast_llm_config(
         generated["schedule"] = {"docs_per_step": docs_per_step(cfg)}
     if on_cpu:
         generated["data"]["gpu"] = False
-    return _merged(generated, f.extra)
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.merge(generated, f.extra))  # mappings merge, the rest replaces
 
 
 def config_text(cfg: RunConfig, revision: Revision, **endpoints: Any) -> str:
@@ -158,14 +159,3 @@ def launch_argv(cfg: RunConfig, config_path: Path) -> list[str]:
             arg = arg.replace(placeholder, value)
         argv.append(arg)
     return argv
-
-
-def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """`base` with `extra` merged in recursively (mappings merge, anything else replaces)."""
-    out = copy.deepcopy(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merged(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
