@@ -12,7 +12,6 @@ directory. To debug a role, stop the run's copy of it and start
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import yaml
 
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError
-from rlrun.rundir import RunDir
+from rlrun.rundir import RunDir, write_atomic
 
 FORMAT = 1  # bumped when a field changes meaning (a new field with a default, as actor_index, is read from older files as its default)
 
@@ -53,9 +52,7 @@ def write_role_file(run_dir: RunDir, role: Role) -> Path:
     path = run_dir.role_file(role.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"format": FORMAT, **asdict(role), "run_dir": str(role.run_dir)}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    os.replace(tmp, path)
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False))
     return path
 
 

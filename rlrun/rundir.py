@@ -21,6 +21,17 @@ MARKER = "rlrun-run.json"  # present in every run directory; its absence means "
 LAUNCH_PREFIX = "launch-"  # logs/launch-<n>/: the n-th `rlrun train`/`rlrun resume` of the run
 
 
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write `text` to `path` through a temporary sibling renamed over it: a reader never sees
+    half a file, and a crash leaves the old one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), mode)  # in case a stale tmp file had another mode
+        handle.write(text)
+    os.replace(tmp, path)
+
+
 def read_jsonl(path: Optional[Path]) -> list[dict]:
     """The objects of a JSON-lines file (events, metrics), in file order; a line cut short by a
     crash is skipped, and a missing file holds none."""
@@ -251,12 +262,7 @@ class RunDir:
 
     def write_secret(self, path: Path, value: str) -> None:
         """Write `value` to `path` readable by the owner only (never world-readable), atomically."""
-        tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            os.fchmod(handle.fileno(), 0o600)  # in case a stale tmp file had another mode
-            handle.write(value)
-        os.replace(tmp, path)
+        write_atomic(path, value, mode=0o600)
 
     def read_state(self) -> dict:
         if not self.state.is_file():
@@ -283,8 +289,4 @@ class RunDir:
 
     def write_state(self, **fields) -> None:
         """Merge `fields` into state.json atomically (write a temporary file, then rename)."""
-        state = self.read_state()
-        state.update(fields)
-        tmp = self.state.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.state)
+        write_atomic(self.state, json.dumps({**self.read_state(), **fields}, indent=2, sort_keys=True) + "\n")

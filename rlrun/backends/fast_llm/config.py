@@ -8,7 +8,6 @@ docs/architecture.md ("Fast-LLM: what rlrun relies on"). Redis is given by host 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import yaml
 
 from rlrun.backends.fast_llm.revisions import Revision
 from rlrun.config.schema import RunConfig
+from rlrun.rundir import write_atomic
 
 # Fast-LLM's docs: "The Python hash seed must be set to 0 ... Training will fail if this isn't set."
 LAUNCH_ENV = {"PYTHONHASHSEED": "0"}
@@ -143,9 +143,7 @@ def write_config(cfg: RunConfig, revision: Revision, path: Path, **endpoints: An
     """Write `config_text` to `path` atomically and return `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(config_text(cfg, revision, **endpoints))
-    os.replace(tmp, path)
+    write_atomic(path, config_text(cfg, revision, **endpoints))
     return path
 
 
