@@ -49,7 +49,7 @@ class ProcessTree:
             import psutil
 
             children: dict[int, list[int]] = {}
-            for child, parent in psutil._ppid_map().items() if hasattr(psutil, "_ppid_map") else _ppid_pairs():
+            for child, parent in psutil._ppid_map().items():  # what psutil's own children() reads, once
                 children.setdefault(parent, []).append(child)
             self._children, self._read_at = children, now
         found, todo = [], list(self._children.get(pid, ()))
@@ -58,13 +58,6 @@ class ProcessTree:
             found.append(child)
             todo.extend(self._children.get(child, ()))
         return found
-
-
-def _ppid_pairs():
-    import psutil
-
-    for proc in psutil.process_iter(["ppid"]):
-        yield proc.pid, proc.info["ppid"]
 
 
 class LocalHandle:
