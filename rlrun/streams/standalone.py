@@ -6,8 +6,6 @@ spawned, probed and stopped by a one-process `Supervisor` — so there is one pr
 
 from __future__ import annotations
 
-import signal
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,8 +14,6 @@ from rlrun.streams.server import (
     DEFAULT_USER_OFF, find_server_binary, pick_free_port, ping, redis_url, server_argv, write_server_config,
 )  # fmt: skip
 from rlrun.supervisor import ProcessSpec, Supervisor, supervised
-
-KILL_WAIT_S = 10.0
 
 
 class StandaloneServer:
@@ -48,11 +44,7 @@ class StandaloneServer:
 
     def kill(self) -> None:
         """SIGKILL to the whole group, no clean shutdown: what a crash looks like."""
-        handle = self.status.handle
-        handle.signal_group(signal.SIGKILL)
-        deadline = time.monotonic() + KILL_WAIT_S
-        while handle.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        self._supervisor.kill_attempt(self.status)
 
     def restart(self) -> None:
         """Stop it if it runs, then start it again on the same port from the same AOF."""

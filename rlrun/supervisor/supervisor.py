@@ -192,7 +192,7 @@ class Supervisor:
         elif now - proc.started_at > proc.spec.ready_timeout_s:
             info = ExitInfo(ExitKind.STALLED, None, f"was not ready within {proc.spec.ready_timeout_s:.0f} s")
             self._dump(proc, info.description)
-            self._kill_attempt(proc)
+            self.kill_attempt(proc)
             self._fail(proc, info, now, info.description)
 
     def _advance_ready(self, proc: ProcessStatus, now: float) -> None:
@@ -211,7 +211,7 @@ class Supervisor:
             self._events.emit("process_stalled", process=proc.name, pid=proc.pid, quiet_s=round(quiet, 1))
             info = classify_exit(None, finishes=proc.spec.finishes, stalled=True, stalled_for_s=round(quiet))
             self._dump(proc, info.description)
-            self._kill_attempt(proc)
+            self.kill_attempt(proc)
             self._fail(proc, info, now, info.description)
 
     def _on_exit(self, proc: ProcessStatus, code: int, now: float, when: str = "") -> None:
@@ -263,8 +263,8 @@ class Supervisor:
             proc.exit_code = code
         return code
 
-    def _kill_attempt(self, proc: ProcessStatus) -> None:
-        """SIGKILL the current attempt's whole group (a stalled or hung process)."""
+    def kill_attempt(self, proc: ProcessStatus) -> None:
+        """SIGKILL the current attempt's whole group (a stalled or hung process; a test's crash)."""
         proc.known_descendants.update(proc.handle.descendants(fresh=True))
         proc.handle.signal_group(signal.SIGKILL)
         proc.exit_code = self._wait_killed(proc)
