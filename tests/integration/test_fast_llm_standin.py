@@ -15,7 +15,7 @@ import pytest
 import redis
 import yaml
 
-from rlrun.backends.fast_llm.acl import RLRUN_USER
+from rlrun.streams.server import RLRUN_USER
 from rlrun.backends.fast_llm.checkpoints import latest_complete_step, move_aside_incomplete, read_metadata
 from rlrun.backends.fast_llm.config import data_parallel, docs_per_step, write_config
 from rlrun.backends.fast_llm.installed import choose_revision
