@@ -149,11 +149,7 @@ def rolling_median(values: list[float], window: int) -> list[float]:
 
 def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
     """Write the run's plot to `out` (default `<run>/plot.png`)."""
-    if not run_dir.is_run():
-        raise RunDirError(
-            f"{run_dir.root} is not an rlrun run directory (no {run_dir.marker.name}). Give the "
-            f"directory `rlrun train` printed."
-        )
+    run_dir.require_run()
     records = [r for r in final_records(read_metrics(run_dir.metrics)) if isinstance(r.get("time"), (int, float))]
     if not records:
         raise RunDirError(

@@ -39,8 +39,7 @@ class ResumePlan:
 
 def plan_resume(root, overrides: list[str]) -> ResumePlan:
     run_dir = RunDir(root)
-    if not run_dir.is_run():
-        raise RunDirError(f"{run_dir.root} is not an rlrun run directory (no {run_dir.marker.name}). Give the directory `rlrun train` printed.")
+    run_dir.require_run()
     if not run_dir.config.is_file():
         raise RunDirError(f"{run_dir.root} has no saved config ({run_dir.config.name}); it cannot be resumed.")
     state = run_dir.read_state()

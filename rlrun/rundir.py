@@ -230,6 +230,13 @@ class RunDir:
     def is_run(self) -> bool:
         return self.marker.is_file()
 
+    def require_run(self) -> None:
+        """RunDirError unless this is a run directory (status, logs, plot, resume)."""
+        if not self.is_run():
+            raise RunDirError(
+                f"{self.root} is not an rlrun run directory (no {MARKER}). Give the directory `rlrun train` printed."
+            )
+
     def check_can_create(self) -> None:
         """RunDirError unless the directory is new, or empty and not a run (creates nothing)."""
         if self.is_run():

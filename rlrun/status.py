@@ -77,8 +77,7 @@ def replay_events(events: list[dict]) -> list[ProcessRow]:
 
 def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
     """(state.json, process rows, last metrics record) of a run directory."""
-    if not run_dir.is_run():
-        raise RunDirError(f"{run_dir.root} is not an rlrun run directory (no {run_dir.marker.name}). Give the directory `rlrun train` printed.")
+    run_dir.require_run()
     events = read_jsonl(run_dir.events)
     metrics = read_metrics(run_dir.metrics)
     state = run_dir.read_state()
