@@ -162,7 +162,8 @@ class Actor:
                 what = "that sample is generated again"
             log.warning("journal record %s is unreadable (%s): %s", key, reason, what)
         self.counters["journal_corrupt_records"] += len(corrupt)
-        plan = plan_replay(groups, current_version=self.trainer.policy_version(), max_prefix_staleness=self.cfg.actor.max_prefix_staleness)
+        version, staleness = self.trainer.policy_version(), self.cfg.actor.max_prefix_staleness
+        plan = plan_replay(groups, current_version=version, max_prefix_staleness=staleness)
         c = plan.counters
         self.counters["tokens_reused"] += c.tokens_reused
         self.counters["tokens_regenerated"] += c.tokens_dropped_stale

@@ -114,7 +114,8 @@ def local_cluster(
         deadline = time.monotonic() + ready_timeout
         while not all(_state_ok(c, nodes) for c in clients):
             if time.monotonic() > deadline:
-                raise EnvironmentProblem(f"the cluster did not reach cluster_state:ok within {ready_timeout:.0f} s (ports {cluster.ports})")
+                what = f"the cluster did not reach cluster_state:ok within {ready_timeout:.0f} s"
+                raise EnvironmentProblem(f"{what} (ports {cluster.ports}); see the nodes' server.log")
             time.sleep(0.1)
         for c in clients:
             c.close()

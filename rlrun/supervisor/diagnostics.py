@@ -55,7 +55,8 @@ class Diagnoser:
         if not dumped:
             lines.append("py-spy gave no stack" + ("" if py_spy else " (not installed)") + ": asking rlrun's own processes (SIGUSR1)")
             _signal_dumps(pids, log_path, deadline, lines)
-        lines += ["", f"## last {LOG_LINES} lines of {log_path}", (log_tail(log_path, LOG_LINES) if log_path else "") or "(no log)"]
+        tail = log_tail(log_path, LOG_LINES) if log_path else ""
+        lines += ["", f"## last {LOG_LINES} lines of {log_path}", tail or "(no log)"]
         path = self.folder / f"{process}-{attempt}-{stamp}.txt"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
