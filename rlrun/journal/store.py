@@ -444,15 +444,7 @@ class Journal:
         group_ids = self.client.zrange(open_key(self.prefix), 0, -1)
         groups: list[GroupRecord] = []
         corrupt: list[tuple[str, str]] = []
-        if not group_ids:
-            return LoadResult(groups, corrupt)
-        with self.client.pipeline(transaction=True) as pipe:
-            for group_id in group_ids:
-                pipe.hgetall(self.group_key(group_id))
-                pipe.lrange(self.log_key(group_id), 0, -1)
-            replies = pipe.execute()
-        for k, group_id in enumerate(group_ids):
-            fields, entries = replies[2 * k], replies[2 * k + 1]
+        for group_id, (fields, entries) in zip(group_ids, self._read(group_ids)):
             try:
                 group, problems = fold_group(group_id, fields, entries)
             except CorruptRecord as exc:
@@ -467,13 +459,21 @@ class Journal:
         """One open group and the problems met reading it, tolerantly (as `load_open_groups`: a
         corrupt sample is read as pending with no tokens). None when the group is delivered or
         not in the journal; raises CorruptRecord when its header cannot be read."""
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self.group_key(group_id))
-            pipe.lrange(self.log_key(group_id), 0, -1)
-            fields, entries = pipe.execute()
+        ((fields, entries),) = self._read([group_id])
         if not fields or fields.get("state") == "delivered":
             return None, []
         return fold_group(group_id, fields, entries)
+
+    def _read(self, group_ids: list[str]) -> list[tuple[dict, list]]:
+        """Each group's hash and token log, read in one transaction (one consistent snapshot)."""
+        if not group_ids:
+            return []
+        with self.client.pipeline(transaction=True) as pipe:
+            for group_id in group_ids:
+                pipe.hgetall(self.group_key(group_id))
+                pipe.lrange(self.log_key(group_id), 0, -1)
+            replies = pipe.execute()
+        return list(zip(replies[::2], replies[1::2]))
 
 
 def _append_entry(item: Append) -> LogEntry:
