@@ -457,10 +457,31 @@ def test_every_bad_input_is_refused_before_anything_exists(work, nothing_starts,
         run_cli(work, ["train", "--dry-run", f"run.dir={work / 'run'}", *overrides], code, wanted)
 
 
-def test_supervisor_live_view_is_read():
+@pytest.mark.parametrize("live", [True, False])
+def test_supervisor_live_view_is_read(live, monkeypatch, tmp_path):
     """A documented key is used, not ignored: the CLI passes it to the live view."""
-    import inspect
+    from rlrun import cli, launch, live as live_module
+    from rlrun.config import compose
 
-    from rlrun import cli
+    seen = []
 
-    assert inspect.getsource(cli.train).count("live=cfg.supervisor.live_view") == 1
+    class Recording:
+        def __init__(self, console, live):
+            seen.append(live)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, processes):
+            pass
+
+    monkeypatch.setattr(live_module, "LiveView", Recording)
+    monkeypatch.setattr(launch, "train", lambda cfg, run_dir, on_tick, resumed: "done")
+    monkeypatch.setattr(cli, "_report_end", lambda cfg, run_dir, reason: None)
+    monkeypatch.setattr(cli.signal, "signal", lambda *a: None)
+    cfg, _ = compose([f"supervisor.live_view={str(live).lower()}"])
+    cli._supervise(cfg, tmp_path)
+    assert seen == [live]
