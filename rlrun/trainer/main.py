@@ -210,33 +210,19 @@ class Trainer:
             return
         publish = lambda: self.redis.set(names.POLICY_VERSION, version)  # noqa: E731
         if self.broadcast is None:
-            target = self._write_weights(weights, version)  # first: a server (re)starting from now on loads these
+            target = write_weights(self.run_dir, self._bare(), weights, version)  # first: a server (re)starting from now on loads these
             down = self._until_vllm_answers(lambda: self.vllm.update_weights(str(target), publish))
         else:
             down = self._until_vllm_answers(lambda: self.broadcast.update(weights, version, publish, self._heartbeat))
             # A copy on disk for the servers that start cold: one restarting now, and at every
             # checkpoint one that restarts between two updates (the next update brings it up to date).
             if down or self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
-                self._write_weights(weights, version)
+                write_weights(self.run_dir, self._bare(), weights, version)
         if down:
             log.warning("weights v%d: %s not reachable (restarting: it starts from weights/current)", version, ", ".join(down))
 
-    def _write_weights(self, weights: dict, version: int):
-        """weights/vNNNNNN (complete, renamed into place), weights/current pointed at it; older
-        versions deleted but the one current pointed at before (it may still be loading somewhere)."""
-        target = self.run_dir.weights_version(version)
-        tmp = target.with_name(f".tmp-{target.name}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.parallel.unwrapped(self.model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-        current = self.run_dir.current_weights
-        previous = os.path.basename(os.readlink(current)) if current.is_symlink() else ""
-        self.run_dir.point_current_weights(target)
-        for old in self.run_dir.weights.glob("v*"):
-            if old.name not in {target.name, previous}:
-                shutil.rmtree(old, ignore_errors=True)
-        return target
+    def _bare(self):
+        return self.parallel.unwrapped(self.model)
 
     def _until_vllm_answers(self, action) -> None:
         """Retry a weight update while a vLLM server is down (the supervisor restarts it)."""
@@ -330,6 +316,25 @@ class Trainer:
             {"event": encode({"type": "training_done", "step": self.state.step, "samples": self.state.samples_processed})},
         )
         log.info("training done at step %d", self.state.step)
+
+
+def write_weights(run_dir: RunDir, model, weights: dict, version: int):
+    """weights/vNNNNNN (complete, renamed into place) from `weights` (a full state dict of the
+    transformers `model`), weights/current pointed at it; older versions deleted but the one
+    current pointed at before (it may still be loading somewhere). Returns the folder."""
+    target = run_dir.weights_version(version)
+    tmp = target.with_name(f".tmp-{target.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    current = run_dir.current_weights
+    previous = os.path.basename(os.readlink(current)) if current.is_symlink() else ""
+    run_dir.point_current_weights(target)
+    for old in run_dir.weights.glob("v*"):
+        if old.name not in {target.name, previous}:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
 
 
 def main(argv: list[str] | None = None) -> int:
