@@ -78,6 +78,18 @@ class VllmAdmin:
         results = self._post(f"{url}/collective_rpc", json=body, **extra).json().get("results") or [None]
         return results[0] if isinstance(results[0], dict) else {"reply": results[0]}
 
+    def resume_answering(self) -> list[str]:
+        """Resume every server that answers (a trainer that died between /pause and /resume left
+        it paused, and its successor may have no update to make before the actor feeds it);
+        return those that did not answer or refused."""
+        missed = []
+        for url in self.urls:
+            try:
+                self._post(f"{url}/resume")
+            except (*DOWN, RuntimeError):
+                missed.append(url)
+        return missed
+
     def pause(self) -> None:
         for url in self.urls:
             self._post(f"{url}/pause", params={"mode": "abort"})

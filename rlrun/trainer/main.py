@@ -99,6 +99,8 @@ class Trainer:
             self._ensure_consumer_group()
         if self.state.step > 0:  # vLLM must serve the weights of the checkpoint we resumed from
             self._push_weights()
+        elif self.main:  # (a push resumes them too)
+            self.vllm.resume_answering()  # an earlier trainer may have died with the servers paused
         self.parallel.barrier()  # every rank is up (and has heartbeaten) before the group is ready
         if self.main:
             self._publish_state(ready_pid=os.getpgrp(), training_done=0)

@@ -227,6 +227,7 @@ def test_the_hf_trainers_broadcast_is_served_and_a_restarted_server_gets_the_new
         return max(abs(a - b) for a, b in zip(served, expected))
 
     try:
+        assert admin.resume_answering() == []  # what a new trainer does first: harmless on a server not paused
         for version, step in ((1, STEP), (2, 2)):
             assert sync.update(weights_at(pretrained, step), version, lambda: published.append(version)) == []
             assert serves(weights_at(pretrained, step)) < 2e-3, f"v{version}"
