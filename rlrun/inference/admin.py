@@ -98,8 +98,8 @@ class VllmAdmin:
         for url in self.urls:
             self._post(f"{url}/resume")
 
-    def reset_prefix_cache(self) -> None:
-        for url in self.urls:
+    def reset_prefix_cache(self, urls: list[str] | None = None) -> None:
+        for url in self.urls if urls is None else urls:
             self._post(f"{url}/reset_prefix_cache")
 
     def reload_weights(self, weights_path: str) -> None:

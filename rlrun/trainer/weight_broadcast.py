@@ -17,7 +17,7 @@ retry forms a new group with whoever answers. The receiver loads nothing until i
 broadcast, so a failed one leaves a server on its old weights, never on a mix.
 
 The group is formed on one port (the run's, `HfBackend.broadcast_port`), rank 0 serving the TCP
-store at 127.0.0.1 on one machine; every formation has a new id, and a receiver's join that a newer
+store on inference.host (127.0.0.1 on one machine); every formation has a new id, and a receiver's join that a newer
 one overtook claims no rank (`broadcast.join`'s `still_wanted`).
 """
 
@@ -26,8 +26,9 @@ from __future__ import annotations
 import datetime
 import logging
 import pickle
+import threading
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Callable
 
@@ -111,7 +112,6 @@ class BroadcastSync:
         self.membership: Membership | None = None
         self.sender: WeightBroadcaster | None = None
         self._sent = 0  # broadcasts sent by this process: with the group id, a unique event id
-        self._pool = ThreadPoolExecutor(max_workers=max(2, len(admin.urls) + 1), thread_name_prefix="broadcast")
 
     def update(self, weights: dict[str, torch.Tensor], version: int, publish: Callable[[], None],
                while_waiting: Callable[[], None] = lambda: None) -> list[str]:  # fmt: skip
@@ -139,8 +139,7 @@ class BroadcastSync:
         except Exception as exc:
             self._drop()
             raise RuntimeError(f"weight broadcast of v{version} to {', '.join(servers)} failed: {exc}") from exc
-        for url in servers:
-            self.admin._post(f"{url}/reset_prefix_cache")  # cached KV blocks were computed with the old weights
+        self.admin.reset_prefix_cache(servers)  # cached KV blocks were computed with the old weights
         return down
 
     def _form(self, servers: list[str], while_waiting) -> None:
@@ -158,7 +157,7 @@ class BroadcastSync:
         assert self.membership is not None and self.sender is not None
         self._sent += 1
         kwargs = {"event_id": f"{self.membership.group_id}-{self._sent}", "step": version, "timeout_s": self.timeout_s}
-        receiving = [self._pool.submit(self.admin.rpc, url, "rlrun_receive_broadcast", kwargs, self.timeout_s)
+        receiving = [in_thread(lambda url=url: self.admin.rpc(url, "rlrun_receive_broadcast", kwargs, self.timeout_s))
                      for url in self.membership.servers]  # fmt: skip
         sender = self.sender
         sent = self._waiting(lambda: sender.send(weights), while_waiting)
@@ -166,7 +165,7 @@ class BroadcastSync:
         log.info("weights v%d broadcast (%.1f MB) to %d server(s): %s", version, sent / 1e6, len(reports), reports)
 
     def _waiting(self, action, while_waiting):
-        return self._wait(self._pool.submit(action), while_waiting)
+        return self._wait(in_thread(action), while_waiting)
 
     @staticmethod
     def _wait(future: Future, while_waiting):
@@ -181,4 +180,18 @@ class BroadcastSync:
 
     def close(self) -> None:
         self._drop()
-        self._pool.shutdown(wait=False)
+
+
+def in_thread(action: Callable[[], object]) -> Future:
+    """Run `action` in a daemon thread of its own (a call left blocked by a failed broadcast ends
+    at its timeout and never holds up the next one, as a pool's worker would); its future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(action())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="rlrun-broadcast", daemon=True).start()
+    return future
