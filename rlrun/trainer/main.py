@@ -211,14 +211,15 @@ class Trainer:
         if not self.main:
             return
         publish = lambda: self.redis.set(names.POLICY_VERSION, version)  # noqa: E731
-        if self.broadcast is None:
-            target = write_weights(self.run_dir, self._bare(), weights, version)  # first: a server (re)starting from now on loads these
+        if self.broadcast is None:  # first the folder: a server (re)starting from now on loads it
+            target = write_weights(self.run_dir, self._bare(), weights, version)
             down = self._until_vllm_answers(lambda: self.vllm.update_weights(str(target), publish))
         else:
             down = self._until_vllm_answers(lambda: self.broadcast.update(weights, version, publish, self._heartbeat))
-            # A copy on disk for the servers that start cold: one restarting now, and at every
-            # checkpoint one that restarts between two updates (the next update brings it up to date).
-            if down or self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
+            from rlrun.trainer.weight_broadcast import disk_copy_due
+
+            t = self.cfg.trainer
+            if disk_copy_due(self.state.step, t.checkpoint_every, t.max_train_steps, down):  # for cold starts
                 write_weights(self.run_dir, self._bare(), weights, version)
         if down:
             log.warning("weights v%d: %s not reachable (restarting: it starts from weights/current)", version, ", ".join(down))

@@ -86,6 +86,13 @@ def transport(device: str) -> str:
     return "gloo" if device == "cpu" else "nccl"
 
 
+def disk_copy_due(step: int, checkpoint_every: int, last_step: int, down: list[str]) -> bool:
+    """Whether a broadcast update also writes weights/current, for the servers that start cold:
+    one restarting now (`down`: it loads the folder at its start), and at every checkpoint (and the
+    last step) one that restarts between two updates unseen (the next update brings it up to date)."""
+    return bool(down) or step % checkpoint_every == 0 or step >= last_step
+
+
 @dataclass(frozen=True)
 class Membership:
     """One formation of the group: its id, and its receivers (rank i+1 is servers[i])."""

@@ -202,3 +202,12 @@ def test_no_server_answering_is_an_error_the_trainer_retries(sync):
     with pytest.raises(httpx.ConnectError, match="no vLLM server answers"):
         sync.update(WEIGHTS, 1, lambda: pytest.fail("published with no server"))
     assert FakeSender.formed == []
+
+
+def test_a_broadcasting_trainer_writes_a_folder_for_cold_starts_only_when_one_is_due():
+    from rlrun.trainer.weight_broadcast import disk_copy_due
+
+    assert not disk_copy_due(3, 5, 20, [])
+    assert disk_copy_due(3, 5, 20, [B])  # B is restarting: it loads weights/current at its start
+    assert disk_copy_due(5, 5, 20, []) and disk_copy_due(10, 5, 20, [])  # every checkpoint
+    assert disk_copy_due(20, 7, 20, [])  # the last step (its checkpoint)
