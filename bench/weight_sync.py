@@ -25,7 +25,8 @@
    resume); broadcast = `BroadcastSync.update` (pause, group check, receive while rank 0 sends,
    reset, publish, resume), its first update forming the group. `pause` is vLLM's: from the
    /pause request to the /resume answer (generation stopped); `update` is the trainer's whole
-   call (the disk write, done before the pause, included; `write` alone); bytes = the folder written (and read
+   call (the disk write, done before the pause, included; `write` alone); `receive`/`load`: the
+   vLLM worker's own report for a broadcast (the tensors in, then vLLM's load into its model); bytes = the folder written (and read
    back by the server) or the tensors sent. The model folder is served by the server from its
    start; the `tiny` shape here is the run's real tiny model (warm-started, tied embeddings),
    `100m` the shape above with the tiny model's tokenizer.
@@ -248,8 +249,8 @@ def nudged(state: dict, version: int) -> dict:
     return {name: t + 1e-4 * version for name, t in state.items()}
 
 
-def vllm_updates(size: str, repeats: int, root: Path) -> list[tuple[str, int, float, float, int, float]]:
-    """(way, version, pause s, update s, bytes, write s) for `repeats` disk then `repeats` broadcast updates."""
+def vllm_updates(size: str, repeats: int, root: Path) -> list[tuple]:
+    """(way, version, pause s, update s, bytes, write s, receive s, load s) for `repeats` disk then `repeats` broadcast updates."""
     import signal
 
     from transformers import AutoModelForCausalLM
@@ -281,7 +282,8 @@ def vllm_updates(size: str, repeats: int, root: Path) -> list[tuple[str, int, fl
             admin.update_weights(str(target), lambda: None)
             done = time.perf_counter()
             size_bytes = sum(p.stat().st_size for p in target.rglob("*.safetensors"))
-            out.append(("disk", version, admin.resumed_at - admin.paused_at, done - started, size_bytes, written - started))
+            out.append(("disk", version, admin.resumed_at - admin.paused_at, done - started, size_bytes, written - started,
+                        float("nan"), float("nan")))  # fmt: skip
         sync = BroadcastSync(admin, "127.0.0.1", free_port(), "gloo", timeout_s=120)
         for version in range(repeats + 1, 2 * repeats + 2):  # one more: the first forms the group
             admin.paused_at = None
@@ -290,8 +292,10 @@ def vllm_updates(size: str, repeats: int, root: Path) -> list[tuple[str, int, fl
             sync.update(weights, version, lambda: None)
             done = time.perf_counter()
             sent = sum(t.numel() * t.element_size() for t in weights.values())
+            (report,) = sync.last_reports
             out.append(("broadcast" if version > repeats + 1 else "broadcast, forming", version,
-                        admin.resumed_at - admin.paused_at, done - started, sent, 0.0))  # fmt: skip
+                        admin.resumed_at - admin.paused_at, done - started, sent, 0.0,
+                        report["receive_s"], report["load_s"]))  # fmt: skip
         sync.close()
         admin.close()
     finally:
@@ -302,15 +306,15 @@ def vllm_updates(size: str, repeats: int, root: Path) -> list[tuple[str, int, fl
 
 def vllm_table(sizes: list[str], repeats: int) -> None:
     print(f"\n## a whole update into a real vLLM CPU server (median of {repeats}; pause = /pause sent to /resume answered)")
-    print(f"{'model':>6} {'way':>18} | {'pause s':>8} {'write s':>8} {'update s':>8} {'MB':>7}")
+    print(f"{'model':>6} {'way':>18} | {'pause s':>8} {'write s':>8} {'update s':>8} {'MB':>7} | {'receive s':>9} {'load s':>7}")
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             rows = vllm_updates(size, repeats, Path(tmp))
             for way in ("disk", "broadcast, forming", "broadcast"):
                 mine = [r for r in rows if r[0] == way]
                 pause, update = statistics.median(r[2] for r in mine), statistics.median(r[3] for r in mine)
-                write = statistics.median(r[5] for r in mine)
-                print(f"{size:>6} {way:>18} | {pause:>8.3f} {write:>8.3f} {update:>8.3f} {mine[0][4] / 1e6:>7.1f}")
+                write, receive, load = (statistics.median(r[k] for r in mine) for k in (5, 6, 7))
+                print(f"{size:>6} {way:>18} | {pause:>8.3f} {write:>8.3f} {update:>8.3f} {mine[0][4] / 1e6:>7.1f} | {receive:>9.3f} {load:>7.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:

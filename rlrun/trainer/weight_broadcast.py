@@ -119,6 +119,7 @@ class BroadcastSync:
         self.membership: Membership | None = None
         self.sender: WeightBroadcaster | None = None
         self._sent = 0  # broadcasts sent by this process: with the group id, a unique event id
+        self.last_reports: list[dict] = []  # each receiver's report of the last broadcast (receive_s, load_s, ...)
 
     def update(self, weights: dict[str, torch.Tensor], version: int, publish: Callable[[], None],
                while_waiting: Callable[[], None] = lambda: None) -> list[str]:  # fmt: skip
@@ -169,6 +170,7 @@ class BroadcastSync:
         sender = self.sender
         sent = self._waiting(lambda: sender.send(weights), while_waiting)
         reports = [self._wait(future, while_waiting) for future in receiving]
+        self.last_reports = reports
         log.info("weights v%d broadcast (%.1f MB) to %d server(s): %s", version, sent / 1e6, len(reports), reports)
 
     def _waiting(self, action, while_waiting):
