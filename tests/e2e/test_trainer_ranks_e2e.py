@@ -5,7 +5,7 @@ SIGKILLed after the checkpoint at step 2; the whole rank group fails and is rest
 checkpoint, and the run ends at exactly the requested step, every trained group trained once in
 the final lineage (the audit of test_recovery.py), nothing left running. The clean run's
 properties (exact step, exit 0, no process left) are asserted on the same run: one e2e, not two.
-~135 s on 2 busy cores (6 steps of 128 samples, tiny model).
+~115-175 s on 2 busy cores (6 steps of 128 samples, tiny model; the same with the disk path).
 """
 
 from __future__ import annotations
