@@ -83,6 +83,9 @@ class HfBackend:
     def roles(self, cfg: RunConfig) -> list[str]:
         return ["trainer"]
 
+    def trainer_ranks(self, cfg: RunConfig) -> int:
+        return cfg.trainer.nproc_per_node
+
     def broadcast_port(self, cfg: RunConfig, pick_port: Callable[[str], int]) -> int:
         """trainer.weight_transfer=broadcast: where rank 0 serves its group's store (on
         inference.host, where the servers reach it); 0 when weights go through files."""

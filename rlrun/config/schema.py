@@ -155,8 +155,8 @@ class RolePlacement:
     """
 
     local: bool = False  # true: run it on this machine, next to the supervisor, not placed by Ray
-    cpus: float = 1.0  # Ray CPUs reserved
-    gpus: float = 0.0  # Ray GPUs reserved
+    cpus: float = 1.0  # Ray CPUs reserved (per rank for the trainer)
+    gpus: float = 0.0  # Ray GPUs reserved (per rank for the trainer)
     resources: Optional[dict[str, float]] = None  # custom Ray resources, e.g. {vllm_node: 1} to pick nodes
 
     def bundle(self) -> dict[str, float]:
