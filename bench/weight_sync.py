@@ -4,7 +4,8 @@
 
 1. Weight hand-over, for a model built locally (nothing downloaded): `tiny` is rlrun's demo
    shape (~0.3 M parameters), `100m` a ~100 M-parameter Qwen2 (8 layers of 768, vocabulary 32k).
-   - disk: what the hf trainer does after every step today — `save_pretrained` (safetensors) into
+   - disk: what the hf trainer does after every step with trainer.weight_transfer=disk (the
+     default) — `save_pretrained` (safetensors) into
      a fresh folder, into the page cache, not fsynced, as the trainer does — then reading every
      tensor back into memory (what vLLM's reload reads); bytes = the folder.
    - broadcast: rank 0 of the in-memory path (rlrun/trainer/weight_broadcast.py) to one receiver

@@ -354,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.trainer.weight_transfer == "broadcast" and parallel.ranks.is_main:
             from rlrun.trainer.weight_broadcast import BroadcastSync, transport
 
+            if not (role.broadcast_host and role.broadcast_port):
+                raise ConfigError("trainer.weight_transfer=broadcast, but the trainer's role file names no broadcast host "
+                                  "and port: it was not written by `rlrun train`/`resume` of this version.")  # fmt: skip
             broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, transport(cfg.trainer.device))
         trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast)
         try:
