@@ -1,6 +1,8 @@
-"""Weight updates into a real vLLM server (CPU) through rlrun's worker extension, both ways:
-what the Fast-LLM stand-in broadcasts (the weight follower's calls), and a checkpoint folder (the
-hf trainer's call). The model ties its embedding and LM head, as Qwen2.5 does. After each update
+"""Weight updates into a real vLLM server (CPU) through rlrun's worker extension, every way:
+what the Fast-LLM stand-in broadcasts (the weight follower's calls), a checkpoint folder (the hf
+trainer's call with trainer.weight_transfer=disk), and the hf trainer's own broadcast
+(=broadcast; last, since it kills and restarts the server to show a restarted one is brought to
+the newest weights). The model ties its embedding and LM head, as Qwen2.5 does. After each update
 the server's log-probabilities match transformers' on the new weights, not on the old ones.
 
 The server runs as a run runs it (rlrun's argv, env and API key in VLLM_API_KEY): every route but
