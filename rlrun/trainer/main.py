@@ -215,11 +215,22 @@ class Trainer:
             target = write_weights(self.run_dir, self._bare(), weights, version)
             down = self._until_vllm_answers(lambda: self.vllm.update_weights(str(target), publish))
         else:
-            down = self._until_vllm_answers(lambda: self.broadcast.update(weights, version, publish, self._heartbeat))
             from rlrun.trainer.weight_broadcast import disk_copy_due
 
+            copied = []  # a folder for the servers that start cold, written at most once per version
+
+            def broadcast():
+                try:
+                    return self.broadcast.update(weights, version, publish, self._heartbeat)
+                except Exception:  # none answers, or the broadcast failed: a server may be restarting
+                    if not copied:  # it loads weights/current at its start: make that this version
+                        copied.append(write_weights(self.run_dir, self._bare(), weights, version))
+                        log.info("weights v%d written to weights/current for a vLLM server that starts cold", version)
+                    raise
+
+            down = self._until_vllm_answers(broadcast)
             t = self.cfg.trainer
-            if disk_copy_due(self.state.step, t.checkpoint_every, t.max_train_steps, down):  # for cold starts
+            if not copied and disk_copy_due(self.state.step, t.checkpoint_every, t.max_train_steps, down):
                 write_weights(self.run_dir, self._bare(), weights, version)
         if down:
             log.warning("weights v%d: %s not reachable (restarting: it starts from weights/current)", version, ", ".join(down))

@@ -89,7 +89,8 @@ def transport(device: str) -> str:
 def disk_copy_due(step: int, checkpoint_every: int, last_step: int, down: list[str]) -> bool:
     """Whether a broadcast update also writes weights/current, for the servers that start cold:
     one restarting now (`down`: it loads the folder at its start), and at every checkpoint (and the
-    last step) one that restarts between two updates unseen (the next update brings it up to date)."""
+    last step) one that restarts between two updates unseen (the next update brings it up to date).
+    (An update that fails — none answers, or the broadcast broke — writes it too: the trainer.)"""
     return bool(down) or step % checkpoint_every == 0 or step >= last_step
 
 
