@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -42,8 +44,34 @@ def _fail(exc: BaseException, debug: bool) -> None:
     raise typer.Exit(int(ExitCode.INTERNAL))
 
 
-def _sigterm_as_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
+@contextmanager
+def _errors(debug: bool, run: bool = False) -> Iterator[None]:
+    """The one place errors become messages and exit codes; Ctrl-C (or SIGTERM) stops a `run`."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt as exc:
+        if not run:
+            _fail(exc, debug)
+        err_console.print("[yellow]interrupted:[/] every process of the run was stopped. `rlrun resume` continues it.")
+        raise typer.Exit(int(Interrupted.exit_code))
+    except BaseException as exc:  # noqa: BLE001 - the one place errors become messages
+        _fail(exc, debug)
+
+
+def _supervise(cfg, run_dir, resumed: bool = False) -> None:
+    """Run to the end under the live view, then report how it ended."""
+    from rlrun import launch
+    from rlrun.live import LiveView
+
+    def interrupt(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    with LiveView(console, live=cfg.supervisor.live_view) as view:
+        reason = launch.train(cfg, run_dir, on_tick=view.update, resumed=resumed)
+    _report_end(cfg, run_dir, reason)
 
 
 @app.command(context_settings={"allow_extra_args": False})
@@ -55,28 +83,17 @@ def train(
     """Compose the config, start Redis, vLLM, the trainer and the actor, and supervise them to the end."""
     from rlrun import launch
     from rlrun.config import compose
-    from rlrun.live import LiveView
 
     overrides = list(overrides or [])
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(name)s: %(message)s")
-    try:
+    with _errors(debug, run=True):
         cfg, resolved = compose(overrides)
         if dry_run:
             _print_dry_run(cfg, resolved, launch)
             return
         run_dir = launch.create_run(cfg, resolved, overrides)
         console.print(f"run directory: [bold]{run_dir.root}[/]")
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-        with LiveView(console, live=cfg.supervisor.live_view) as view:
-            reason = launch.train(cfg, run_dir, on_tick=view.update)
-        _report_end(cfg, run_dir, reason)
-    except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted:[/] every process of the run was stopped. `rlrun resume` continues it.")
-        raise typer.Exit(int(Interrupted.exit_code))
-    except typer.Exit:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - the one place errors become messages
-        _fail(exc, debug)
+        _supervise(cfg, run_dir)
 
 
 def _print_dry_run(cfg, resolved: str, launch) -> None:
@@ -122,12 +139,10 @@ def resume(
 ) -> None:
     """Continue a stopped or crashed run: Redis from its AOF, the trainer from its last complete
     checkpoint, vLLM with the current weights, the actor from its token journal."""
-    from rlrun import launch
     from rlrun import resume as resuming
-    from rlrun.live import LiveView
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(name)s: %(message)s")
-    try:
+    with _errors(debug, run=True):
         plan = resuming.plan_resume(run_dir.resolve(), list(overrides or []))
         for key, before, after in plan.changes:
             console.print(f"change: {key}: {before!r} -> {after!r}")
@@ -136,17 +151,7 @@ def resume(
             return
         resuming.apply(plan)
         console.print(f"resuming run directory: [bold]{plan.run_dir.root}[/]")
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-        with LiveView(console, live=plan.cfg.supervisor.live_view) as view:
-            reason = launch.train(plan.cfg, plan.run_dir, on_tick=view.update, resumed=True)
-        _report_end(plan.cfg, plan.run_dir, reason)
-    except KeyboardInterrupt:
-        err_console.print("[yellow]interrupted:[/] every process of the run was stopped. `rlrun resume` continues it.")
-        raise typer.Exit(int(Interrupted.exit_code))
-    except typer.Exit:
-        raise
-    except BaseException as exc:  # noqa: BLE001
-        _fail(exc, debug)
+        _supervise(plan.cfg, plan.run_dir, resumed=True)
 
 
 @app.command()
@@ -162,14 +167,12 @@ def status(
     from rlrun.live import status_table
     from rlrun.rundir import RunDir
 
-    try:
+    with _errors(debug):
         if as_json:
             typer.echo(json.dumps(run_status.report(RunDir(run_dir.resolve())), indent=2))
             return
         state, rows, last = run_status.load(RunDir(run_dir.resolve()))
         split = run_status.time_split(RunDir(run_dir.resolve()))
-    except BaseException as exc:  # noqa: BLE001
-        _fail(exc, debug)
     console.print(f"run {run_dir}: [bold]{state.get('status', 'unknown')}[/]")
     console.print(status_table(rows))
     if last:
@@ -191,10 +194,8 @@ def runs(
 
     from rlrun import status as run_status
 
-    try:
+    with _errors(debug):
         found = run_status.list_runs(root)
-    except BaseException as exc:  # noqa: BLE001
-        _fail(exc, debug)
     if as_json:
         typer.echo(json.dumps(found, indent=2))
         return
@@ -225,23 +226,22 @@ def logs(
     from rlrun import status as run_status
     from rlrun.rundir import RunDir
 
-    try:
+    with _errors(debug):
         path = run_status.latest_log(RunDir(run_dir.resolve()), process, launch)
-        with open(path, errors="replace") as handle:
-            sys.stdout.write(handle.read())
-            while follow:
-                line = handle.readline()
-                if line:
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
-                else:
-                    time.sleep(0.3)
-    except KeyboardInterrupt:
-        return
-    except OSError as exc:
-        _fail(RunDirError(f"cannot read the log of '{process}': {exc}"), debug)
-    except BaseException as exc:  # noqa: BLE001
-        _fail(exc, debug)
+        try:
+            with open(path, errors="replace") as handle:
+                sys.stdout.write(handle.read())
+                while follow:
+                    line = handle.readline()
+                    if line:
+                        sys.stdout.write(line)
+                        sys.stdout.flush()
+                    else:
+                        time.sleep(0.3)
+        except KeyboardInterrupt:
+            return
+        except OSError as exc:
+            raise RunDirError(f"cannot read the log of '{process}': {exc}") from None
 
 
 @app.command("inspect-checkpoint")
@@ -256,11 +256,9 @@ def inspect_checkpoint(
     from rlrun import inspection as checkpoint_inspect
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.ERROR, format="%(name)s: %(message)s")
-    try:
+    with _errors(debug):
         report = checkpoint_inspect.inspect_path(path)
         journal, note = checkpoint_inspect.read_journal(report, redis_url)
-    except BaseException as exc:  # noqa: BLE001 - the one place errors become messages
-        _fail(exc, debug)
     if as_json:
         typer.echo(cli_render.checkpoint_json(report, journal, note))
     else:
@@ -280,31 +278,24 @@ def plot(
     from rlrun import plot as plotting
     from rlrun.rundir import RunDir
 
-    try:
+    with _errors(debug):
         result = plotting.plot_run(RunDir(run_dir.resolve()), out)
-    except BaseException as exc:  # noqa: BLE001 - the one place errors become messages
-        _fail(exc, debug)
     console.print(f"plot: {result.path} ({result.steps} steps, {result.restarts} restarts, {result.failures} failures)", soft_wrap=True)
-
-
-def _print_time_split(run_dir) -> None:
-    """The final summary's ETTR line: where the wall time went, what each failure cost."""
-    from rlrun import status as run_status
-
-    console.print(run_status.describe_split(run_status.time_split(run_dir)), highlight=False, markup=False, soft_wrap=True)
 
 
 def _report_end(cfg, run_dir, reason: str) -> None:
     """What a finished train/resume prints: why it finished, the last step, the time split, and
     where the metrics and their plot are (Fast-LLM keeps its training metrics in its own log)."""
-    from rlrun import launch
+    from rlrun.metrics import read_metrics
 
     console.print(f"[bold green]finished:[/] {reason}")
-    last = launch.summary(run_dir)["last_metrics"]
+    last = (read_metrics(run_dir.metrics) or [None])[-1]
     if last:
         console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
-    _print_time_split(run_dir)
+    from rlrun import status as run_status
     from rlrun.backends import backend_for
+
+    console.print(run_status.describe_split(run_status.time_split(run_dir)), highlight=False, markup=False, soft_wrap=True)
 
     elsewhere = backend_for(cfg).metrics_hint(run_dir)
     if elsewhere is not None:

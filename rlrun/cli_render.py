@@ -12,7 +12,6 @@ import time
 from dataclasses import asdict
 from typing import Any, Optional
 
-from rlrun import inspection
 from rlrun.inspection import CheckpointReport
 
 

@@ -327,17 +327,29 @@ class RedisEndpoint:
     password: Optional[str]
 
 
+def _config(run: Optional[RunDir]):
+    """The run's resolved config, or None when it has none that can be read."""
+    from rlrun.config.compose import load_resolved
+
+    if run is None or not run.config.is_file():
+        return None
+    try:
+        return load_resolved(run.config)
+    except ConfigError:
+        return None
+
+
 def run_redis_endpoint(run: RunDir) -> Optional[RedisEndpoint]:
     """The run's Redis: the external one its config names (streams.url), else its own, from its
     redis.conf (`bind`, `port`); with the run's password file."""
     from rlrun.streams.server import redis_url
 
-    external = _external_url(run)
-    if external is not None:
+    cfg = _config(run)
+    password = run.read_redis_password()
+    if cfg is not None and cfg.streams.url is not None:
         from rlrun.streams.external import process_url
 
-        password = _password(run)
-        return RedisEndpoint(process_url(external, password is not None), password)
+        return RedisEndpoint(process_url(cfg.streams.url, password is not None), password)
     try:
         lines = run.redis_conf.read_text().splitlines()
     except OSError:
@@ -349,63 +361,24 @@ def run_redis_endpoint(run: RunDir) -> Optional[RedisEndpoint]:
             settings[key] = value.split()[0].strip('"')
     if not settings.get("port", "").isdigit():
         return None
-    return RedisEndpoint(redis_url(settings.get("bind", "127.0.0.1"), int(settings["port"])), _password(run))
+    return RedisEndpoint(redis_url(settings.get("bind", "127.0.0.1"), int(settings["port"])), password)
 
 
-def _external_url(run: RunDir) -> Optional[str]:
-    try:
-        from rlrun.config import load_resolved
-
-        return load_resolved(run.config).streams.url
-    except Exception:  # noqa: BLE001 - no readable config: not an external-Redis run as far as we can tell
-        return None
-
-
-def _password(run: RunDir) -> Optional[str]:
-    try:
-        return run.redis_password.read_text().strip() or None
-    except OSError:
-        return None
-
-
-def supervisor_running(run: RunDir) -> bool:
-    """state.json says running and its supervisor process is alive."""
-    return run.running_supervisor() is not None
-
-
-def staleness_bound(run: Optional[RunDir]) -> Optional[int]:
-    """The run's prefix staleness bound, once the config has one (`actor.max_prefix_staleness`)."""
-    if run is None or not run.config.is_file():
-        return None
-    try:
-        from rlrun.config.compose import load_resolved
-
-        bound = getattr(load_resolved(run.config).actor, "max_prefix_staleness", None)
-    except ConfigError:
-        return None
-    return bound if type(bound) is int else None
-
-
-def journal_prefixes_of(run: Optional[RunDir]) -> list[tuple[str, Optional[str]]]:
+def journal_prefixes_of(cfg) -> list[tuple[str, Optional[str]]]:
     """(actor name, key prefix of its journal) for each actor of the run (a journal follows the
-    stream its actor delivers into), once the config can be read; else one actor, the default."""
-    if run is None or not run.config.is_file():
+    stream its actor delivers into); one actor, the default, without a config."""
+    if cfg is None:
         return [("actor", None)]
-    try:
-        from rlrun.actor.partition import actor_name
-        from rlrun.backends import backend_for
-        from rlrun.config.compose import load_resolved
-        from rlrun.streams.names import journal_prefix
+    from rlrun.actor.partition import actor_name
+    from rlrun.backends import backend_for
+    from rlrun.streams.names import journal_prefix
 
-        cfg = load_resolved(run.config)
-        k_all = cfg.actor.num_actors
-        backend = backend_for(cfg)
-        return [
-            (actor_name(k, k_all), journal_prefix(backend.trainer_view(cfg, None, k).stream))  # a view touches Redis only when asked
-            for k in range(k_all)
-        ]  # fmt: skip
-    except ConfigError:
-        return [("actor", None)]
+    k_all = cfg.actor.num_actors
+    backend = backend_for(cfg)
+    return [
+        (actor_name(k, k_all), journal_prefix(backend.trainer_view(cfg, None, k).stream))  # a view touches Redis only when asked
+        for k in range(k_all)
+    ]  # fmt: skip
 
 
 def combined_summary(per_actor: dict[str, dict]) -> dict:
@@ -441,12 +414,12 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
             has_password = bool(urlsplit(redis_url).password)
         except ValueError as exc:
             raise EnvironmentProblem(f"--redis-url {redis_url!r} is not a URL ({exc}); use e.g. redis://127.0.0.1:6379/0") from None
-        password = None if has_password or run is None else _password(run)
+        password = None if has_password or run is None else run.read_redis_password()
         endpoint, explicit = RedisEndpoint(redis_url, password), True
     else:
         if run is None:
             return None, NO_RUN_FOR_JOURNAL
-        endpoint = run_redis_endpoint(run) if supervisor_running(run) else None
+        endpoint = run_redis_endpoint(run) if run.running_supervisor() is not None else None
         if endpoint is None or not ping(endpoint.url, endpoint.password):
             return None, REDIS_NOT_RUNNING
         explicit = False
@@ -455,9 +428,10 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
     client = None
     try:
         client = connect(endpoint.url, endpoint.password, socket_timeout=5.0, reconnect_s=0, client_name="rlrun-inspect")
-        bound = staleness_bound(run)
+        cfg = _config(run)
+        bound = None if cfg is None else cfg.actor.max_prefix_staleness
         per_actor = {
-            name: journal_summary(client, prefix=prefix, max_prefix_staleness=bound) for name, prefix in journal_prefixes_of(run)
+            name: journal_summary(client, prefix=prefix, max_prefix_staleness=bound) for name, prefix in journal_prefixes_of(cfg)
         }
         return combined_summary(per_actor), None
     except (redis.RedisError, OSError, ValueError) as exc:

@@ -10,7 +10,6 @@ publishes in Redis).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -171,13 +170,3 @@ def _ticker(on_tick, progress: "ProgressReader", cfg: RunConfig):
     if on_tick is None:
         return None
     return lambda processes: on_tick(processes, progress.read(cfg))
-
-
-def summary(run_dir: RunDir) -> dict:
-    """The last metrics record and where things are, for the end-of-run message."""
-    last = {}
-    if run_dir.metrics.is_file():
-        lines = run_dir.metrics.read_text().splitlines()
-        if lines:
-            last = json.loads(lines[-1])
-    return {"run_dir": str(run_dir.root), "last_metrics": last}

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from rlrun.errors import EnvironmentProblem
+from rlrun.rundir import read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -55,23 +56,14 @@ ACTOR_COUNTERS = ("tokens_reused", "tokens_regenerated", "samples_continued", "p
 NOT_SCALARS = ("step", "time")  # the x axis and the wall time of a scalar, not scalars themselves
 
 
-def actor_counters(state: Mapping[str, Any]) -> dict[str, int]:
-    """The recovery counters from the actor's published state (0 for any not published yet)."""
-    out = {}
-    for key in ACTOR_COUNTERS:
-        try:
-            out[key] = int(state.get(key) or 0)
-        except (TypeError, ValueError):
-            out[key] = 0
-    return out
-
-
 def summed_actor_counters(states: list[Mapping[str, Any]]) -> dict[str, int]:
-    """The recovery counters of the whole run: every actor's (actor.num_actors), added up."""
+    """The recovery counters of the whole run: every actor's published state (actor.num_actors)
+    added up, 0 for a counter not published yet (or unreadable)."""
     out = dict.fromkeys(ACTOR_COUNTERS, 0)
     for state in states:
-        for key, value in actor_counters(state).items():
-            out[key] += value
+        for key in ACTOR_COUNTERS:
+            value = str(state.get(key) or 0)
+            out[key] += int(value) if value.isdigit() else 0
     return out
 
 
@@ -133,18 +125,7 @@ class MetricsWriter:
 
 def read_metrics(path: Path) -> list[dict]:
     """The records of a metrics.jsonl in file order; a line cut short by a crash is skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            records.append(record)
-    return records
+    return [record for record in read_jsonl(path) if isinstance(record.get("step"), int)]
 
 
 def final_records(records: list[dict]) -> list[dict]:

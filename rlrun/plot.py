@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -140,12 +141,7 @@ def run_start(records: list[dict], events: list[dict]) -> float:
 
 
 def rolling_median(values: list[float], window: int) -> list[float]:
-    out = []
-    for i in range(len(values)):
-        chunk = sorted(values[max(0, i - window + 1) : i + 1])
-        mid = len(chunk) // 2
-        out.append(chunk[mid] if len(chunk) % 2 else (chunk[mid - 1] + chunk[mid]) / 2)
-    return out
+    return [statistics.median(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
 # --- the run directory -----------------------------------------------------------------------------
@@ -153,11 +149,7 @@ def rolling_median(values: list[float], window: int) -> list[float]:
 
 def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
     """Write the run's plot to `out` (default `<run>/plot.png`)."""
-    if not run_dir.is_run():
-        raise RunDirError(
-            f"{run_dir.root} is not an rlrun run directory (no {run_dir.marker.name}). Give the "
-            f"directory `rlrun train` printed."
-        )
+    run_dir.require_run()
     records = [r for r in final_records(read_metrics(run_dir.metrics)) if isinstance(r.get("time"), (int, float))]
     if not records:
         raise RunDirError(

@@ -209,14 +209,10 @@ def check_external_redis(cfg: RunConfig, root: Path) -> None:
         external.check_and_claim(cfg.streams.url, password, str(Path(root).resolve()), claim=False)
 
 
-def explicit_ports(cfg: RunConfig) -> list[tuple[str, str, int]]:
-    """(config key, host, port) of every port the config fixes. Every other port is picked free
-    when the run starts (and a start that loses its port to another program is retried)."""
-    return backend_for(cfg).explicit_ports(cfg)
-
-
 def check_ports(cfg: RunConfig) -> None:
-    for key, host, port in explicit_ports(cfg):
+    """Every port the config fixes is free. Every other port is picked free when the run starts
+    (and a start that loses its port to another program is retried)."""
+    for key, host, port in backend_for(cfg).explicit_ports(cfg):
         if port_in_use(host, port):
             raise EnvironmentProblem(
                 f"port {port} on {host} ({key}={port}) is already in use by another program. Stop "

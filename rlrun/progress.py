@@ -52,17 +52,13 @@ class ProgressReader:
         """Read the trainer's new events; True once its `training_done` event has been seen.
         A malformed event is counted, logged with its id and recorded in events.jsonl."""
         try:
-            polled = self._trainer_events.poll(self._redis())
+            polled = self._trainer_events.poll(self.redis())
         except Exception:  # Redis not up yet, or restarting: read on from the same id next time
             self._client = None
             return self.training_done_seen
         for message_id, why in polled.malformed:
-            self.malformed_events += 1
             log.warning("rejected message %s on %s: %s", message_id, names.TRAINER_EVENTS, why)
-            if self._events is not None:
-                self._events.emit(
-                    "malformed_message", stream=names.TRAINER_EVENTS, id=message_id, reason=why, count=self.malformed_events
-                )
+            self.note_rejected_event(names.TRAINER_EVENTS, message_id, why)
         if any(message.get("type") == "training_done" for _id, message in polled.messages):
             self.training_done_seen = True
         return self.training_done_seen
@@ -79,9 +75,6 @@ class ProgressReader:
 
     def redis(self):
         """A client for the run's Redis (made on first use, again after a failure)."""
-        return self._redis()
-
-    def _redis(self):
         if self._client is None:
             self._client = redis_server.connect(self._url, self._run_dir.read_redis_password(), socket_timeout=2.0, reconnect_s=0)
         return self._client
@@ -104,7 +97,7 @@ class ProgressReader:
 
     def _hash(self, key: str) -> dict:
         try:
-            value = self._redis().hgetall(key) or {}
+            value = self.redis().hgetall(key) or {}
         except Exception:  # Redis not up yet, restarting or stopped: what was read last
             self._client = None
             return self._last.get(key, {})

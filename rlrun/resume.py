@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from rlrun.config.build import from_dict, validate
-from rlrun.config.compose import override_resolved
+from rlrun.config.compose import config_from_data, override_resolved
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError, RunDirError
 from rlrun.rundir import RunDir
@@ -40,8 +39,7 @@ class ResumePlan:
 
 def plan_resume(root, overrides: list[str]) -> ResumePlan:
     run_dir = RunDir(root)
-    if not run_dir.is_run():
-        raise RunDirError(f"{run_dir.root} is not an rlrun run directory (no {run_dir.marker.name}). Give the directory `rlrun train` printed.")
+    run_dir.require_run()
     if not run_dir.config.is_file():
         raise RunDirError(f"{run_dir.root} has no saved config ({run_dir.config.name}); it cannot be resumed.")
     state = run_dir.read_state()
@@ -55,8 +53,7 @@ def plan_resume(root, overrides: list[str]) -> ResumePlan:
                 f"'{key}' cannot be changed when resuming: it would change what the checkpoint and the journal "
                 f"mean. Allowed: {', '.join(ALLOWED_OVERRIDES)}. Start a new run with `rlrun train` instead."
             )
-    cfg = from_dict(RunConfig, new)
-    validate(cfg)
+    cfg = config_from_data(new, source=str(run_dir.config))
     if cfg.streams.url is None and not _has_redis_data(run_dir):
         raise RunDirError(
             f"{run_dir.root} has no Redis data ({run_dir.redis_dir} holds no AOF): the token journal and the "

@@ -12,15 +12,14 @@ directory. To debug a role, stop the run's copy of it and start
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import yaml
 
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError
-from rlrun.rundir import RunDir
+from rlrun.rundir import RunDir, write_atomic
 
 FORMAT = 1  # bumped when a field changes meaning (a new field with a default, as actor_index, is read from older files as its default)
 
@@ -52,21 +51,8 @@ def write_role_file(run_dir: RunDir, role: Role) -> Path:
     """Write `<run>/roles/<role.name>.yaml` atomically (a child never reads half of it)."""
     path = run_dir.role_file(role.name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {
-        "format": FORMAT,
-        "name": role.name,
-        "run_dir": str(role.run_dir),
-        "redis_url": role.redis_url,
-        "model_path": role.model_path,
-        "vllm_urls": list(role.vllm_urls),
-        "broadcast_host": role.broadcast_host,
-        "broadcast_port": role.broadcast_port,
-        "actor_index": role.actor_index,
-        "config": role.config,
-    }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    os.replace(tmp, path)
+    data = {"format": FORMAT, **asdict(role), "run_dir": str(role.run_dir)}
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False))
     return path
 
 
@@ -78,19 +64,10 @@ def read_role_file(path: Path) -> Role:
         raise ConfigError(f"cannot read the role file {path}: {exc}. Start roles through `rlrun train` / `rlrun resume`, which write it.") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f"{path} is not an rlrun role file of format {FORMAT}: write it again with `rlrun resume RUN_DIR`.")
-    try:
-        return Role(
-            name=str(data["name"]),
-            run_dir=Path(data["run_dir"]),
-            redis_url=str(data["redis_url"]),
-            model_path=str(data["model_path"]),
-            vllm_urls=[str(url) for url in data.get("vllm_urls") or []],
-            broadcast_host=str(data.get("broadcast_host") or ""),
-            broadcast_port=int(data.get("broadcast_port") or 0),
-            actor_index=int(data.get("actor_index") or 0),
-            config=dict(data.get("config") or {}),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
+    try:  # a field an older file lacks (actor_index) takes its default
+        role = Role(**{f.name: data[f.name] for f in fields(Role) if f.name in data})
+        return replace(role, run_dir=Path(role.run_dir))
+    except TypeError as exc:
         raise ConfigError(f"the role file {path} is incomplete ({exc!r}): write it again with `rlrun resume RUN_DIR`.") from None
 
 

@@ -54,12 +54,6 @@ class RedisProbe:
         self._url, self._run_dir = url, run_dir
         self._client = None
 
-    def _password(self) -> str | None:
-        try:
-            return self._run_dir.read_redis_password()
-        except OSError:
-            return None
-
     def ping(self, pid: int = 0) -> bool:
         """PING on the probe's own connection (a new connection and AUTH per poll cost CPU)."""
         return self.call(lambda client: client.ping())
@@ -67,7 +61,7 @@ class RedisProbe:
     def heartbeat(self, key: str, pid: int, max_age_s: float = HEARTBEAT_FRESH_S, also: tuple[str, ...] = ()) -> bool:
         """True when process `pid` wrote a heartbeat into hash `key` less than max_age_s ago, and
         so did each of the fields `also` (the other ranks of a process that has several)."""
-        state = self._hgetall(key)
+        state = self._ask(lambda client: client.hgetall(key) or {}, {})
         now = time.time()
         try:
             fresh = all(now - float(state.get(field, 0)) < max_age_s for field in ("heartbeat", *also))
@@ -77,40 +71,27 @@ class RedisProbe:
 
     def marker(self, key: str, field: str, pid: int) -> bool:
         """True when process `pid` set `field` = its pid in hash `key` (a readiness marker)."""
-        return self._hgetall(key).get(field) == str(pid)
+        return self._ask(lambda client: client.hget(key, field), None) == str(pid)
 
     def call(self, action) -> bool:
         """Run `action(client)`; True if it went through, False if Redis could not be reached."""
-        try:
-            if self._client is None:
-                self._client = redis_server.connect(self._url, self._password(), socket_timeout=2.0, reconnect_s=0)
-            action(self._client)
-            return True
-        except Exception:  # not reachable means "no"
-            self._client = None
-            return False
+        return self._ask(lambda client: action(client) or True, False)
 
     def stream_has_event_after(self, stream: str, after_id: str, needle: str) -> bool:
         """True when `stream` holds an entry newer than `after_id` whose fields contain `needle`."""
+        entries = self._ask(lambda client: client.xrange(stream, min=f"({after_id}", count=1000), [])
+        return any(needle in value for _id, fields in entries for value in fields.values())
+
+    def _ask(self, action, default):
+        """`action(client)`, or `default` when Redis cannot be reached: never an exception in the supervisor."""
         try:
             if self._client is None:
-                self._client = redis_server.connect(self._url, self._password(), socket_timeout=2.0, reconnect_s=0)
-            for _id, fields in self._client.xrange(stream, min=f"({after_id}", count=1000):
-                if any(needle in value for value in fields.values()):
-                    return True
-            return False
+                password = self._run_dir.read_redis_password()
+                self._client = redis_server.connect(self._url, password, socket_timeout=2.0, reconnect_s=0)
+            return action(self._client)
         except Exception:  # not reachable means "no"
             self._client = None
-            return False
-
-    def _hgetall(self, key: str) -> dict:
-        try:
-            if self._client is None:
-                self._client = redis_server.connect(self._url, self._password(), socket_timeout=2.0, reconnect_s=0)
-            return self._client.hgetall(key) or {}
-        except Exception:  # not reachable means "no", never an exception in the supervisor
-            self._client = None
-            return {}
+            return default
 
 
 def role_command(run_dir: RunDir, module: str, name: str, **settings) -> tuple[list[str], Callable[[], None]]:

@@ -1,14 +1,8 @@
 """The processes of a run as supervisor specs: Redis → vLLM servers → trainer → actor.
 
 Each role's command line, environment, log file, readiness and liveness probes and restart
-policy are decided here, from the typed config; the trainer's processes come from its backend
-(`rlrun.backends`). The supervisor only ever sees the specs.
-
-rlrun's own children (actor, trainer, weight follower) start from one file each,
-`<run>/roles/<name>.yaml` (rlrun/role_file.py), written before every start.
-
-Liveness: Redis answers PING; vLLM answers /health; the trainer and the actor write a heartbeat
-(time and pid) into their state hash in Redis from their main loops.
+policy are decided here from the typed config; the trainer's processes come from its backend
+(`rlrun.backends`). rlrun's own children start from their role file (`rlrun/role_file.py`).
 """
 
 from __future__ import annotations

@@ -35,10 +35,6 @@ class Group:
     prompt_ids: list[int]
     samples: list[Sample]
 
-    @property
-    def mean_reward(self) -> float:
-        return sum(s.reward for s in self.samples) / len(self.samples)
-
     def to_dict(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, **asdict(self)}
 

@@ -21,6 +21,33 @@ MARKER = "rlrun-run.json"  # present in every run directory; its absence means "
 LAUNCH_PREFIX = "launch-"  # logs/launch-<n>/: the n-th `rlrun train`/`rlrun resume` of the run
 
 
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write `text` to `path` through a temporary sibling renamed over it: a reader never sees
+    half a file, and a crash leaves the old one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(handle.fileno(), mode)  # in case a stale tmp file had another mode
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Optional[Path]) -> list[dict]:
+    """The objects of a JSON-lines file (events, metrics), in file order; a line cut short by a
+    crash is skipped, and a missing file holds none."""
+    if path is None or not Path(path).is_file():
+        return []
+    records = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 @dataclass(frozen=True)
 class RunDir:
     root: Path
@@ -80,12 +107,16 @@ class RunDir:
             return ""
 
     def ensure_secret(self, path: Path) -> str:
-        """The secret stored at `path`, generated (and stored 0600) on first use."""
+        """The secret stored at `path` (the Redis password, the vLLM key), generated on first use
+        and read back afterwards, so restarted servers accept the clients of the previous ones."""
         import secrets
 
-        if not path.is_file():
-            self.write_secret(path, secrets.token_urlsafe(32))
-        return path.read_text().strip()
+        stored = path.read_text().strip() if path.is_file() else ""
+        if not stored:
+            stored = secrets.token_urlsafe(32)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.write_secret(path, stored)
+        return stored
 
     # --- services ----------------------------------------------------------------------------
     @property
@@ -199,6 +230,13 @@ class RunDir:
     def is_run(self) -> bool:
         return self.marker.is_file()
 
+    def require_run(self) -> None:
+        """RunDirError unless this is a run directory (status, logs, plot, resume)."""
+        if not self.is_run():
+            raise RunDirError(
+                f"{self.root} is not an rlrun run directory (no {MARKER}). Give the directory `rlrun train` printed."
+            )
+
     def check_can_create(self) -> None:
         """RunDirError unless the directory is new, or empty and not a run (creates nothing)."""
         if self.is_run():
@@ -230,10 +268,8 @@ class RunDir:
             ) from exc
 
     def write_secret(self, path: Path, value: str) -> None:
-        """Write a secret readable by the owner only (created 0600, never world-readable)."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(value)
+        """Write `value` to `path` readable by the owner only (never world-readable), atomically."""
+        write_atomic(path, value, mode=0o600)
 
     def read_state(self) -> dict:
         if not self.state.is_file():
@@ -260,8 +296,4 @@ class RunDir:
 
     def write_state(self, **fields) -> None:
         """Merge `fields` into state.json atomically (write a temporary file, then rename)."""
-        state = self.read_state()
-        state.update(fields)
-        tmp = self.state.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.state)
+        write_atomic(self.state, json.dumps({**self.read_state(), **fields}, indent=2, sort_keys=True) + "\n")

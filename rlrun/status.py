@@ -9,7 +9,6 @@ line per run under a folder.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Optional
 from rlrun.errors import RunDirError
 from rlrun.ettr import TimeSplit, split_wall_time
 from rlrun.metrics import read_metrics
-from rlrun.rundir import RunDir
+from rlrun.rundir import RunDir, read_jsonl
 
 # The state each supervisor event leaves a process in.
 EVENT_STATES = {
@@ -78,10 +77,9 @@ def replay_events(events: list[dict]) -> list[ProcessRow]:
 
 def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
     """(state.json, process rows, last metrics record) of a run directory."""
-    if not run_dir.is_run():
-        raise RunDirError(f"{run_dir.root} is not an rlrun run directory (no {run_dir.marker.name}). Give the directory `rlrun train` printed.")
-    events = _read_jsonl(run_dir.events)
-    metrics = _read_jsonl(run_dir.metrics)
+    run_dir.require_run()
+    events = read_jsonl(run_dir.events)
+    metrics = read_metrics(run_dir.metrics)
     state = run_dir.read_state()
     if state.get("status") == "running" and run_dir.running_supervisor() is None:
         state["status"] = "running (supervisor gone: rlrun was killed; use `rlrun resume`)"
@@ -91,7 +89,7 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
 def report(run_dir: RunDir, now: Optional[float] = None) -> dict:
     """One run as plain data: state, processes, restarts, last failure, progress and ETTR."""
     state, rows, last = load(run_dir)
-    events = _read_jsonl(run_dir.events)
+    events = read_jsonl(run_dir.events)
     live = run_dir.running_supervisor() is not None
     split = time_split(run_dir, now)
     failures = [e for e in events if e.get("event") == "process_failed"]
@@ -111,7 +109,7 @@ def report(run_dir: RunDir, now: Optional[float] = None) -> dict:
 def time_split(run_dir: RunDir, now: Optional[float] = None) -> TimeSplit:
     """The run's wall time split (rlrun/ettr.py); a running run is counted up to `now`."""
     live = run_dir.running_supervisor() is not None
-    return split_wall_time(_read_jsonl(run_dir.events), read_metrics(run_dir.metrics), now=(now or time.time()) if live else None)
+    return split_wall_time(read_jsonl(run_dir.events), read_metrics(run_dir.metrics), now=(now or time.time()) if live else None)
 
 
 def list_runs(root: Path) -> list[dict]:
@@ -199,7 +197,7 @@ def latest_log(run_dir: RunDir, process: str, launch: Optional[int] = None) -> P
     """The log of `process`'s latest start attempt in launch `launch` (default: the newest launch)."""
     if launch is not None:
         return _attempt_log(run_dir, process, launch)
-    rows = {row.name: row for row in replay_events(_read_jsonl(run_dir.events))}
+    rows = {row.name: row for row in replay_events(read_jsonl(run_dir.events))}
     if process not in rows:
         known = ", ".join(rows) or "none yet"
         raise RunDirError(f"no process named '{process}' in {run_dir.root}. Processes: {known}.")
@@ -222,15 +220,3 @@ def _attempt_log(run_dir: RunDir, process: str, launch: int) -> Path:
         known = sorted({p.name.split(".")[0] for p in folder.glob("*.log")})
         raise RunDirError(f"no log of '{process}' in launch {launch} of {run_dir.root}. Processes: {', '.join(known) or 'none'}.")
     return attempts[max(attempts)]
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash
-    return records

@@ -7,11 +7,11 @@ so the journal's overhead can be measured against it (`actor.journal=false`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Optional, Protocol
 
 from rlrun.actor.sampling import SampleState
-from rlrun.journal.records import GroupRecord
+from rlrun.journal.records import GroupHeader, GroupRecord
 from rlrun.journal.store import KEY_PREFIX, Append, Journal, WriteResult
 from rlrun.streams import names
 
@@ -19,17 +19,9 @@ TRIM_EVERY = 256  # deliveries between trims of old delivered markers
 KEEP_DELIVERED = 10_000  # delivered markers kept (a replay older than that cannot happen)
 
 
-@dataclass(frozen=True)
-class OpenedGroup:
-    group_id: str
-    cursor: int
-    prompt_index: int
-    prompt_ids: list[int]
-
-
 class Ledger(Protocol):
     def opened(self, in_flight: int) -> int: ...
-    def open_group(self, index_for: Callable[[int], int], ids_for: Callable[[int], list[int]], size: int, budget: int, run: str) -> OpenedGroup: ...
+    def open_group(self, index_for: Callable[[int], int], ids_for: Callable[[int], list[int]], size: int, budget: int, run: str) -> GroupHeader: ...
     def load_open_groups(self) -> tuple[list[GroupRecord], list[tuple[str, str]]]: ...
     def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]: ...
     def finish(self, group_id: str, index: int, reason: str, length: int) -> None: ...
@@ -52,10 +44,10 @@ class JournalLedger:
     def opened(self, in_flight: int) -> int:
         return self._cursor  # delivered + open: in-flight groups are in it already
 
-    def open_group(self, index_for, ids_for, size, budget, run) -> OpenedGroup:
+    def open_group(self, index_for, ids_for, size, budget, run) -> GroupHeader:
         r = self.journal.open_group(index_for, ids_for, group_size=size, max_new_tokens=budget, run=run, cursor_hint=self._cursor)
         self._cursor = r.cursor + 1
-        return OpenedGroup(r.group_id, r.cursor, r.prompt_index, list(r.prompt_ids))
+        return r.header
 
     def load_open_groups(self):
         loaded = self.journal.load_open_groups()
@@ -121,12 +113,12 @@ class MemoryLedger:
     def opened(self, in_flight: int) -> int:
         return self._published + in_flight
 
-    def open_group(self, index_for, ids_for, size, budget, run) -> OpenedGroup:
+    def open_group(self, index_for, ids_for, size, budget, run) -> GroupHeader:
         cursor = self._cursor
         self._cursor += 1
         self.redis.hset(names.ACTOR_STATE, "cursor", self._cursor)
         index = index_for(cursor)
-        return OpenedGroup(f"{run}/{cursor}", cursor, index, list(ids_for(index)))
+        return GroupHeader(f"{run}/{cursor}", cursor, index, list(ids_for(index)), size, budget)
 
     def load_open_groups(self):
         return [], []

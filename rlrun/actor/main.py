@@ -23,7 +23,7 @@ import httpx
 
 from rlrun.actor.ledger import JournalLedger, Ledger, MemoryLedger
 from rlrun.actor.partition import actor_name, group_namespace, prompt_position
-from rlrun.actor.sampling import SampleState, close_if_spent, is_stale, remaining_budget
+from rlrun.actor.sampling import SampleState, close_if_spent, remaining_budget
 from rlrun.actor.tokenizer import load_tokenizer
 from rlrun.actor.trainer_view import TrainerView
 from rlrun.backends import backend_for
@@ -32,7 +32,7 @@ from rlrun.config import RunConfig
 from rlrun.data.tasks import Task, load_task, problem_index
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.auth import bearer_header
-from rlrun.journal.plan import Action, GroupPlan, plan_replay
+from rlrun.journal.plan import Action, GroupPlan, is_stale, plan_replay
 from rlrun.rollouts import Group, Sample
 from rlrun.role_file import role_from_argv
 from rlrun.streams import names
@@ -99,7 +99,7 @@ class Actor:
 
             for live in resumed:  # interrupted groups first, from the tokens they already have
                 launch(self._complete(client, live))
-            while not self._training_done():
+            while not self.trainer.done():
                 self._heartbeat()
                 if self._failure is not None:
                     raise self._failure
@@ -107,7 +107,7 @@ class Actor:
                     # Wake as soon as a slot frees up, not on a timer: groups are short.
                     await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                     continue
-                if not self._room_for_another_group(len(running)):
+                if not self.trainer.room_for_group(self.ledger.opened(len(running)), len(running)):  # back-pressure
                     await asyncio.sleep(0.02)
                     continue
                 launch(self._complete(client, self._open_group()))
@@ -129,21 +129,11 @@ class Actor:
         if not task.cancelled() and task.exception() is not None:
             self._failure = task.exception()
 
-    def _training_done(self) -> bool:
-        return self.trainer.done()
-
-    def _policy_version(self) -> int:
-        return self.trainer.policy_version()
-
     def _heartbeat(self) -> None:
         now = time.time()
         if now - self._last_heartbeat >= 1.0:
             self.redis.hset(self.state_key, mapping={"pid": os.getpgrp(), "heartbeat": now, **self.counters})
             self._last_heartbeat = now
-
-    def _room_for_another_group(self, in_flight: int) -> bool:
-        """Back-pressure, by the rule of the trainer backend (see trainer_view.py)."""
-        return self.trainer.room_for_group(self.ledger.opened(in_flight), in_flight)
 
     def _problem_index(self, cursor: int) -> int:
         """A fresh seeded permutation of the problems for every pass over the data; this actor
@@ -156,9 +146,9 @@ class Actor:
 
     # --- groups: new ones, and those a restart left open ---------------------------------------
     def _open_group(self) -> LiveGroup:
-        record = self.ledger.open_group(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
+        h = self.ledger.open_group(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
         samples = [SampleState(index=i) for i in range(self.cfg.algo.group_size)]
-        return LiveGroup(record.group_id, record.cursor, record.prompt_index, list(record.prompt_ids), samples)
+        return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), samples)
 
     def _replay_plan(self) -> list[LiveGroup]:
         groups, corrupt = self.ledger.load_open_groups()
@@ -172,17 +162,18 @@ class Actor:
                 what = "that sample is generated again"
             log.warning("journal record %s is unreadable (%s): %s", key, reason, what)
         self.counters["journal_corrupt_records"] += len(corrupt)
-        plan = plan_replay(groups, current_version=self._policy_version(), max_prefix_staleness=self.cfg.actor.max_prefix_staleness)
+        version, staleness = self.trainer.policy_version(), self.cfg.actor.max_prefix_staleness
+        plan = plan_replay(groups, current_version=version, max_prefix_staleness=staleness)
         c = plan.counters
         self.counters["tokens_reused"] += c.tokens_reused
         self.counters["tokens_regenerated"] += c.tokens_dropped_stale
         self.counters["prefixes_dropped_stale"] += c.prefixes_dropped_stale
         if plan.groups:
-            log.info("replaying the journal: %s", c.as_dict())
+            log.info("replaying the journal: %d groups, %s", len(plan.groups), c)
         return [self._from_plan(g) for g in plan.groups]
 
     def _from_plan(self, plan: GroupPlan) -> LiveGroup:
-        samples = []
+        h, samples = plan.header, []
         for p in plan.samples:
             sample = SampleState(p.index, list(p.prefix_token_ids), list(p.prefix_logprobs), list(p.prefix_versions))
             sample.journaled = len(sample.completion_ids)
@@ -190,13 +181,13 @@ class Actor:
                 sample.finish_reason = p.finish_reason
                 sample.finish_recorded = True
             elif p.action is Action.RESTART:
-                self.ledger.reset(plan.group_id, p.index)
+                self.ledger.reset(h.group_id, p.index)
             elif p.action is Action.FINISH_LENGTH:
                 sample.finish_reason = "length"
-                self.ledger.finish(plan.group_id, p.index, "length", len(sample.completion_ids))
+                self.ledger.finish(h.group_id, p.index, "length", len(sample.completion_ids))
                 sample.finish_recorded = True
             samples.append(sample)
-        return LiveGroup(plan.group_id, plan.cursor, plan.prompt_index, list(plan.prompt_ids), samples)
+        return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), samples)
 
     async def _complete(self, client: httpx.AsyncClient, group: LiveGroup) -> None:
         """Generate until every sample is finished, journaling as it goes; then publish once."""
@@ -206,7 +197,7 @@ class Actor:
             # Groups spread over the servers by cursor; after a failure the group moves on to the
             # next server (the failed one may be restarting), continuing from the tokens kept.
             url = self.urls[(group.cursor + failures) % len(self.urls)]
-            version = self._policy_version()
+            version = self.trainer.policy_version()
             for sample in group.samples:
                 if is_stale(sample, version, self.cfg.actor.max_prefix_staleness):
                     self._drop_stale(group, sample)
@@ -244,7 +235,6 @@ class Actor:
         by_index = {i: s for i, s in enumerate(samples)}
         for sample in samples:
             sample.finish_reason = None  # an abort being continued
-            sample.requests += 1
         try:
             async for delta in stream_completion(
                 client,

@@ -25,11 +25,6 @@ def prompt_position(cursor: int, actor: int, num_actors: int) -> int:
     return cursor * num_actors + actor
 
 
-def owner_of_position(position: int, num_actors: int) -> tuple[int, int]:
-    """(actor, its cursor) of a position in the prompt order: the inverse of prompt_position."""
-    return position % num_actors, position // num_actors
-
-
 def servers_of(actor: int, num_actors: int, num_servers: int) -> list[int]:
     """The indices of the vLLM servers actor `actor` sends its groups to: a round-robin split, each
     server owned by one actor; with fewer servers than actors, actor k shares server k mod M."""

@@ -1,4 +1,4 @@
-"""Pure rules of group sampling: a sample's state, its remaining budget, staleness.
+"""Pure rules of group sampling: a sample's state and its remaining budget (staleness: `rlrun.journal.plan.is_stale`).
 
 A sample is generated in one or more requests: the first asks for the whole group at once; a
 sample cut short (vLLM paused with abort for a weight update, a server lost, the actor
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-FINISHED_REASONS = ("stop", "length")
+from rlrun.journal.records import FINAL_REASONS
 
 
 @dataclass
@@ -20,13 +20,12 @@ class SampleState:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # policy version that produced each token
     finish_reason: Optional[str] = None
-    requests: int = 0  # requests that contributed tokens (1 = never continued)
     journaled: int = 0  # tokens already appended to the journal
     finish_recorded: bool = False  # the journal knows it is finished
 
     @property
     def finished(self) -> bool:
-        return self.finish_reason in FINISHED_REASONS
+        return self.finish_reason in FINAL_REASONS
 
     def append(self, token_ids: list[int], logprobs: list[float], version: int) -> None:
         self.append_all(token_ids, logprobs, [version] * len(token_ids))
@@ -55,8 +54,3 @@ def close_if_spent(sample: SampleState, max_new_tokens: int) -> bool:
         sample.finish_reason = "length"
         return True
     return False
-
-
-def is_stale(sample: SampleState, current_version: int, max_staleness: int) -> bool:
-    """An unfinished prefix whose oldest token is more than `max_staleness` versions old."""
-    return bool(sample.versions) and not sample.finished and min(sample.versions) < current_version - max_staleness

@@ -1,15 +1,8 @@
-"""What the actor needs to know about the trainer, per trainer backend.
-
-- where to send a finished group (stream and messages),
-- the policy version vLLM serves now (tokens are tagged with it),
-- whether there is room for another group (back-pressure),
-- whether training is over.
-
-The `hf` trainer publishes its step in a Redis hash and the policy version in a key; under
-Fast-LLM the weight follower publishes the version once vLLM has loaded Fast-LLM's broadcast,
-and Fast-LLM reads documents, one per sample, from its own stream (its view is
-`rlrun/backends/fast_llm/view.py`). The actor asks its backend for the view:
-`rlrun.backends.backend_for(cfg).trainer_view(cfg, redis)`.
+"""What the actor needs to know about the trainer, per trainer backend (`TrainerView`): where a
+finished group goes, the policy version vLLM serves (tokens are tagged with it), whether there is
+room for another group (back-pressure) and whether training is over. The actor asks its backend
+for the view (`backend_for(cfg).trainer_view(cfg, redis, actor)`); Fast-LLM's is
+`rlrun/backends/fast_llm/view.py`.
 """
 
 from __future__ import annotations

@@ -117,6 +117,10 @@ class HfBackend:
         if nproc > 1:  # one supervised process: a rank that fails takes the group down (rank_group.py)
             argv = [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", str(nproc), "--", *argv]
         others = tuple(names.rank_heartbeat(rank) for rank in range(1, nproc))  # the watchdog sees every rank
+        # A fresh trainer needs only Redis before its first step: it loads torch and the model while
+        # vLLM starts. One resuming from a checkpoint first hands its weights to vLLM: it waits.
+        fresh = checkpoint.latest_complete(run_dir.checkpoints) is None
+        after = ("redis",) if endpoints.redis_port is not None else ()
         trainer = ProcessSpec(
             name="trainer",
             argv=argv,
@@ -130,6 +134,7 @@ class HfBackend:
             finishes=True,
             restart=restart_policy(sup.trainer),
             stall_timeout_s=sup.trainer.stall_timeout_s,
+            after=after if fresh else None,
         )
         return [trainer]
 

@@ -12,16 +12,16 @@ A pure function over records (no Redis, no clock). For each open group, per samp
   a policy older than `current_version - max_prefix_staleness`): the prefix is dropped (and
   counted, never trained on silently) and the sample is generated from the prompt alone.
 
-Delivered groups are skipped: the trainer already has them.
+Delivered groups are not in it: the trainer already has them.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Optional
 
-from rlrun.journal.records import GroupRecord, SampleRecord
+from rlrun.journal.records import GroupHeader, GroupRecord, SampleRecord
 
 
 class Action(StrEnum):
@@ -44,34 +44,17 @@ class SamplePlan:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    group_id: str
-    cursor: int
-    prompt_index: int
-    prompt_ids: list[int]
-    group_size: int
-    max_new_tokens: int
+    header: GroupHeader
     samples: list[SamplePlan]
-
-    @property
-    def to_generate(self) -> list[SamplePlan]:
-        """The samples that need a request (continue or restart)."""
-        return [s for s in self.samples if s.action in (Action.CONTINUE, Action.RESTART)]
 
 
 @dataclass
 class ReplayCounters:
-    groups_planned: int = 0  # open groups in the plan
-    groups_skipped_delivered: int = 0
-    samples_kept: int = 0  # finished before the restart
-    samples_continued: int = 0
-    samples_finished_length: int = 0  # budget already spent: finished locally as "length"
-    samples_restarted: int = 0  # no tokens, or a stale prefix dropped
+    """What the actor adds to its recovery counters (the actions themselves are in the plan)."""
+
     prefixes_dropped_stale: int = 0
     tokens_reused: int = 0  # tokens kept by keep, continue and finish_length
     tokens_dropped_stale: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -80,42 +63,31 @@ class ReplayPlan:
     counters: ReplayCounters = field(default_factory=ReplayCounters)
 
 
+def is_stale(sample, current_version: int, max_staleness: int) -> bool:
+    """An unfinished prefix whose oldest token is more than `max_staleness` versions old: of a
+    sample read back from the journal (`SampleRecord`) or being generated (the actor's `SampleState`)."""
+    return bool(sample.versions) and not sample.finished and min(sample.versions) < current_version - max_staleness
+
+
 def plan_replay(
     groups: list[GroupRecord], *, current_version: int, max_prefix_staleness: int
 ) -> ReplayPlan:
     """The replay plan for `groups` when vLLM serves policy `current_version`.
 
     A prefix is stale when its oldest token's version is below
-    `current_version - max_prefix_staleness`.
+    `current_version - max_prefix_staleness` (`is_stale`).
     """
     if max_prefix_staleness < 0:
         raise ValueError(f"max_prefix_staleness must be >= 0, got {max_prefix_staleness}")
-    oldest_allowed = current_version - max_prefix_staleness
     counters = ReplayCounters()
     planned = []
     for group in sorted(groups, key=lambda g: g.cursor):
-        if group.state == "delivered":
-            counters.groups_skipped_delivered += 1
-            continue
-        samples = [_plan_sample(s, group.max_new_tokens, oldest_allowed, counters) for s in group.samples]
-        counters.groups_planned += 1
-        planned.append(
-            GroupPlan(
-                group_id=group.group_id,
-                cursor=group.cursor,
-                prompt_index=group.prompt_index,
-                prompt_ids=list(group.prompt_ids),
-                group_size=group.group_size,
-                max_new_tokens=group.max_new_tokens,
-                samples=samples,
-            )
-        )
+        samples = [_plan_sample(s, group.max_new_tokens, current_version, max_prefix_staleness, counters) for s in group.samples]
+        planned.append(GroupPlan(group.header, samples))
     return ReplayPlan(groups=planned, counters=counters)
 
 
-def _plan_sample(
-    sample: SampleRecord, budget: int, oldest_allowed: int, counters: ReplayCounters
-) -> SamplePlan:
+def _plan_sample(sample: SampleRecord, budget: int, version: int, staleness: int, counters: ReplayCounters) -> SamplePlan:
     held = len(sample.token_ids)
 
     def kept(action: Action, finish_reason: Optional[str]) -> SamplePlan:
@@ -130,20 +102,16 @@ def _plan_sample(
         )
 
     if sample.state == "finished":
-        counters.samples_kept += 1
         return kept(Action.KEEP, sample.finish_reason)
     dropped = 0
-    if held and min(sample.versions) < oldest_allowed:
+    if is_stale(sample, version, staleness):
         counters.prefixes_dropped_stale += 1
         counters.tokens_dropped_stale += held
         dropped = held
     elif held and held >= budget:
-        counters.samples_finished_length += 1
         return kept(Action.FINISH_LENGTH, "length")
     elif held:
-        counters.samples_continued += 1
         return kept(Action.CONTINUE, None)
-    counters.samples_restarted += 1
     return SamplePlan(
         index=sample.index,
         action=Action.RESTART,

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 from rlrun.streams.codec import json_object
 
 SCHEMA_VERSION = 1
 
-SAMPLE_STATES = ("pending", "generating", "finished", "delivered")
-GROUP_STATES = ("open", "delivered")
+SAMPLE_STATES = ("pending", "generating", "finished")
 FINAL_REASONS = ("stop", "length")  # finish reasons that end a sample; "abort" does not
 
 
@@ -112,7 +111,7 @@ class SampleRecord:
 
     group_id: str
     index: int  # position in its group
-    state: str  # pending | generating | finished | delivered
+    state: str  # pending | generating | finished
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # sampled-token logprob, one per token
     versions: list[int] = field(default_factory=list)  # policy version that produced each token
@@ -134,12 +133,10 @@ class SampleRecord:
             )
         if self.state in ("pending", "generating") and self.finish_reason is not None:
             raise CorruptRecord(f"{what}: {self.state} but has finish_reason {self.finish_reason!r}")
-        if self.state == "delivered" and self.finish_reason not in (None, *FINAL_REASONS):
-            raise CorruptRecord(f"{what}: delivered with finish_reason {self.finish_reason!r}")
 
     @property
     def finished(self) -> bool:
-        return self.state in ("finished", "delivered")
+        return self.state == "finished"
 
 
 @dataclass(frozen=True)
@@ -174,7 +171,8 @@ class GroupHeader:
 
 @dataclass(frozen=True)
 class GroupRecord:
-    """A group of samples for one prompt, as the journal holds it."""
+    """An open group of samples for one prompt, as the journal holds it (a delivered group is gone
+    from the journal but for its marker)."""
 
     group_id: str
     cursor: int
@@ -182,18 +180,13 @@ class GroupRecord:
     prompt_ids: list[int]
     group_size: int
     max_new_tokens: int
-    state: str  # open | delivered
     samples: list[SampleRecord]
 
     def __post_init__(self) -> None:
         GroupHeader(**header_fields(self))  # validates the fixed part
         what = f"group {self.group_id!r}"
-        if self.state not in GROUP_STATES:
-            raise CorruptRecord(f"{what}: unknown state {self.state!r} (one of {GROUP_STATES})")
-        if self.state == "open" and len(self.samples) != self.group_size:
-            raise CorruptRecord(
-                f"{what}: open with {len(self.samples)} samples, expected {self.group_size}"
-            )
+        if len(self.samples) != self.group_size:
+            raise CorruptRecord(f"{what}: {len(self.samples)} samples, expected {self.group_size}")
         for position, sample in enumerate(self.samples):
             if not isinstance(sample, SampleRecord):
                 raise CorruptRecord(f"{what}: sample {position} is not a SampleRecord")
@@ -201,16 +194,14 @@ class GroupRecord:
                 raise CorruptRecord(
                     f"{what}: sample at position {position} is {sample.group_id!r}#{sample.index}"
                 )
-            if (sample.state == "delivered") != (self.state == "delivered"):
-                raise CorruptRecord(f"{what} is {self.state} but sample {position} is {sample.state}")
 
     @property
     def header(self) -> GroupHeader:
         return GroupHeader(**header_fields(self))
 
     @classmethod
-    def from_header(cls, header: GroupHeader, state: str, samples: list[SampleRecord]) -> "GroupRecord":
-        return cls(**header_fields(header), state=state, samples=samples)
+    def from_header(cls, header: GroupHeader, samples: list[SampleRecord]) -> "GroupRecord":
+        return cls(**header_fields(header), samples=samples)
 
 
 HEADER_FIELDS = tuple(f.name for f in fields(GroupHeader))  # the one list of a header's fields
@@ -241,17 +232,7 @@ class LogEntry:
     def to_json(self) -> str:
         if self.kind == "reset":
             return dumps({"schema_version": SCHEMA_VERSION, "kind": "reset", "index": self.index})
-        return dumps(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "kind": "append",
-                "index": self.index,
-                "offset": self.offset,
-                "token_ids": self.token_ids,
-                "logprobs": self.logprobs,
-                "version": self.version,
-            }
-        )
+        return dumps({"schema_version": SCHEMA_VERSION, **asdict(self)})
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "LogEntry":

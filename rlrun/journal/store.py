@@ -109,9 +109,9 @@ class CursorConflict(JournalError):
 class WriteResult:
     """The answer to an append or a finish.
 
-    `reason`: "ok"; "duplicate" (the offset is behind the sample: already stored), "gap" (the
-    offset is beyond it), "length_mismatch" (finish: the sample holds another length),
-    "finished" (the sample is finished: nothing more is appended), "delivered", "unknown".
+    `reason`: "ok"; "duplicate" (the offset is behind the sample: already stored, or a finish at a
+    shorter length), "gap" (the offset is beyond it), "finished" (the sample is finished: nothing
+    more is appended, nor another finish), "delivered", "unknown".
     `length` is the sample's length after the call (0 for unknown or delivered groups).
     """
 
@@ -164,7 +164,7 @@ return {'ok', cur}
 
 # A batch of appends, each checked on its own against its sample's length, each optionally
 # finishing its sample (one round trip for a whole request's tokens and finishes). Repeating a
-# finish (no tokens, same length, same reason) is accepted, as `_FINISH` accepts it.
+# finish (no tokens, same length, same reason) is accepted: a retry.
 # KEYS: (group hash, group log) per append. ARGV: (index, expected offset, n, entry, finish
 # reason or "") per append.
 _APPEND = """
@@ -199,23 +199,6 @@ for a = 1, #KEYS / 2 do
   out[#out + 1] = len
 end
 return out
-"""
-
-# KEYS: group hash. ARGV: index, finish reason, expected length.
-_FINISH = """
-local i = ARGV[1]
-local st = redis.call('HMGET', KEYS[1], 'state', i .. ':state', i .. ':len', i .. ':finish')
-if not st[1] then return {'unknown', 0} end
-if st[1] ~= 'open' then return {'delivered', 0} end
-if not st[2] then return {'unknown', 0} end
-local len = tonumber(st[3])
-if len ~= tonumber(ARGV[3]) then return {'length_mismatch', len} end
-if st[2] == 'finished' then
-  if st[4] == ARGV[2] then return {'ok', len} end
-  return {'finished', len}
-end
-redis.call('HSET', KEYS[1], i .. ':state', 'finished', i .. ':finish', ARGV[2])
-return {'ok', len}
 """
 
 # KEYS: group hash, group log. ARGV: index, reset entry.
@@ -279,7 +262,6 @@ class Journal:
         self.prefix = prefix
         self._open_group = client.register_script(_OPEN_GROUP)
         self._append = client.register_script(_APPEND)
-        self._finish = client.register_script(_FINISH)
         self._reset = client.register_script(_RESET)
         self._deliver = client.register_script(_DELIVER)
 
@@ -333,7 +315,7 @@ class Journal:
             )
             if status == "ok":
                 samples = [SampleRecord(header.group_id, i, "pending") for i in range(group_size)]
-                return GroupRecord.from_header(header, state="open", samples=samples)
+                return GroupRecord.from_header(header, samples)
             if status == "exists":
                 raise JournalError(
                     f"group {header.group_id} is already in the journal although the cursor is "
@@ -369,15 +351,11 @@ class Journal:
         ]
 
     def finish(self, group_id: str, index: int, finish_reason: str, expected_length: int) -> WriteResult:
-        """Mark a sample finished ("stop" or "length") if it holds `expected_length` tokens.
-        Repeating the same finish is accepted (a retry); another reason is rejected."""
-        if finish_reason not in FINAL_REASONS:
-            raise ValueError(
-                f"finish_reason {finish_reason!r} does not end a sample (one of {FINAL_REASONS}); "
-                f"an aborted sample stays generating and is continued from its prefix"
-            )
-        status, length = self._finish(keys=[self.group_key(group_id)], args=[index, finish_reason, expected_length])
-        return WriteResult(accepted=status == "ok", length=int(length), reason=status)
+        """Mark a sample finished ("stop" or "length") if it holds `expected_length` tokens: an
+        append of no tokens at that offset. Repeating the same finish is accepted (a retry);
+        another reason is rejected. An aborted sample is not finished: it is continued."""
+        (result,) = self.append_many([Append(group_id, index, expected_length, [], [], 0, finish_reason)])
+        return result
 
     def reset(self, group_id: str, index: int) -> None:
         """Drop a sample's tokens (its prefix was stale, or corrupt) before it is generated again:
@@ -466,15 +444,7 @@ class Journal:
         group_ids = self.client.zrange(open_key(self.prefix), 0, -1)
         groups: list[GroupRecord] = []
         corrupt: list[tuple[str, str]] = []
-        if not group_ids:
-            return LoadResult(groups, corrupt)
-        with self.client.pipeline(transaction=True) as pipe:
-            for group_id in group_ids:
-                pipe.hgetall(self.group_key(group_id))
-                pipe.lrange(self.log_key(group_id), 0, -1)
-            replies = pipe.execute()
-        for k, group_id in enumerate(group_ids):
-            fields, entries = replies[2 * k], replies[2 * k + 1]
+        for group_id, (fields, entries) in zip(group_ids, self._read(group_ids)):
             try:
                 group, problems = fold_group(group_id, fields, entries)
             except CorruptRecord as exc:
@@ -489,13 +459,21 @@ class Journal:
         """One open group and the problems met reading it, tolerantly (as `load_open_groups`: a
         corrupt sample is read as pending with no tokens). None when the group is delivered or
         not in the journal; raises CorruptRecord when its header cannot be read."""
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self.group_key(group_id))
-            pipe.lrange(self.log_key(group_id), 0, -1)
-            fields, entries = pipe.execute()
+        ((fields, entries),) = self._read([group_id])
         if not fields or fields.get("state") == "delivered":
             return None, []
         return fold_group(group_id, fields, entries)
+
+    def _read(self, group_ids: list[str]) -> list[tuple[dict, list]]:
+        """Each group's hash and token log, read in one transaction (one consistent snapshot)."""
+        if not group_ids:
+            return []
+        with self.client.pipeline(transaction=True) as pipe:
+            for group_id in group_ids:
+                pipe.hgetall(self.group_key(group_id))
+                pipe.lrange(self.log_key(group_id), 0, -1)
+            replies = pipe.execute()
+        return list(zip(replies[::2], replies[1::2]))
 
 
 def _append_entry(item: Append) -> LogEntry:
@@ -589,7 +567,7 @@ def fold_group(group_id: str, fields: dict[str, str], entries: list[str]) -> tup
             problems.append(f"sample {i}: {reason}")
             sample = SampleRecord(group_id, i, "pending")
         samples.append(sample)
-    return GroupRecord.from_header(header, state="open", samples=samples), problems
+    return GroupRecord.from_header(header, samples), problems
 
 
 def _index_of(raw: str) -> int | None:

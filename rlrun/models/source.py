@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlrun.config import RunConfig
-from rlrun.errors import ConfigError, EnvironmentProblem
+from rlrun.errors import EnvironmentProblem
 
 
 def model_path(cfg: RunConfig, build: bool) -> str:
@@ -18,12 +18,8 @@ def model_path(cfg: RunConfig, build: bool) -> str:
         if not build:
             return str(Path(m.cache_dir).expanduser() / TinyBuild(**args).folder_name())
         return str(ensure_tiny_model(Path(m.cache_dir), **args))
-    if m.source == "path":
-        path = Path(m.path).expanduser()
-        if not (path / "config.json").is_file():
-            what = "does not exist" if not path.exists() else "is not a Hugging Face model folder (no config.json)"
-            raise ConfigError(f"model.path={m.path} {what}. Point model.path at a folder saved with save_pretrained, or use model=tiny.")
-        return str(path.resolve())
+    if m.source == "path":  # a Hugging Face model folder (rlrun.preflight.check_model)
+        return str(Path(m.path).expanduser().resolve())
     try:  # a hub id: fetched once into the Hugging Face cache, then served from that folder
         from huggingface_hub import snapshot_download
 

@@ -22,12 +22,10 @@ import string
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from filelock import FileLock
 
 from rlrun.data.arithmetic import Problem, arithmetic_problems
-from rlrun.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +80,9 @@ def ensure_tiny_model(cache_dir: Path, seed: int, warm_start_steps: int, max_ope
     The build runs at most once per parameter set: callers serialise on a lock file in
     `cache_dir`, the model is written to a temporary sibling folder and renamed into place with
     its marker already inside, so a crash never leaves a folder that looks finished.
+    The parameters were checked with the config (`rlrun.config.build.validate`).
     """
     build = TinyBuild(seed=seed, warm_start_steps=warm_start_steps, max_operand=max_operand, max_model_len=max_model_len)
-    _check(build)
     cache_dir = Path(cache_dir).expanduser()
     cache_dir.mkdir(parents=True, exist_ok=True)
     final = cache_dir / build.folder_name()
@@ -108,28 +106,10 @@ def ensure_tiny_model(cache_dir: Path, seed: int, warm_start_steps: int, max_ope
     return final
 
 
-def read_marker(folder: Path) -> dict[str, Any]:
-    """The build record of a tiny model folder: parameters, parameter count, measured accuracy."""
-    return json.loads((Path(folder) / MARKER).read_text())
-
-
 def longest_sequence(max_operand: int) -> int:
     """Tokens in the longest training sequence: prompt "a+b=", answer, end-of-sequence."""
     digits = len(str(max_operand))
     return 2 * digits + 2 + len(str(2 * max_operand)) + 1
-
-
-def _check(build: TinyBuild) -> None:
-    if build.max_operand < 0:
-        raise ConfigError(f"dataset.max_operand must be 0 or more, got {build.max_operand}.")
-    if build.warm_start_steps < 0:
-        raise ConfigError(f"model.warm_start_steps must be 0 or more, got {build.warm_start_steps}.")
-    need = longest_sequence(build.max_operand)
-    if build.max_model_len < need:
-        raise ConfigError(
-            f"model.max_model_len={build.max_model_len} is too short for sums up to "
-            f"{build.max_operand}+{build.max_operand}: set it to {need} or more."
-        )
 
 
 # --- the build -----------------------------------------------------------------------------------

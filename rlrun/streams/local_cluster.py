@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import redis
 
 from rlrun.errors import EnvironmentProblem
-from rlrun.streams.server import RLRUN_USER, find_server_binary, pick_free_port, redis_url
+from rlrun.streams.server import RLRUN_USER, find_server_binary, pick_free_port, ping, redis_url
+from rlrun.supervisor import ProcessSpec, Supervisor, supervised
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class LocalCluster:
     password: str
     ports: list[int] = field(default_factory=list)
     bus_ports: list[int] = field(default_factory=list)
-    processes: list[subprocess.Popen] = field(default_factory=list)
+    supervisor: Optional[Supervisor] = None  # runs the servers, as a run's supervisor runs its Redis
 
     @property
     def url(self) -> str:
@@ -51,22 +52,12 @@ class LocalCluster:
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self.processes]
+        """The servers' own pids (each group's leader is the supervisor's guard)."""
+        return [p.handle.descendants(fresh=True)[0] for p in self.supervisor.processes]
 
     def node(self, k: int) -> redis.Redis:
         """A plain client of node k alone (to see which keys it holds)."""
         return redis.Redis(host=self.host, port=self.ports[k], password=self.password, decode_responses=True)
-
-    def stop(self, grace: float = 10.0) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(grace)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 def _config(directory: Path, host: str, port: int, bus_port: int, password: str, appendonly: bool) -> str:
@@ -94,59 +85,45 @@ def local_cluster(
     directory: Path, password: str, nodes: int = 3, host: str = "127.0.0.1", binary: str = "auto",
     *, appendonly: bool = True, ready_timeout: float = 30.0,
 ) -> Iterator[LocalCluster]:  # fmt: skip
-    """Start `nodes` servers under `directory`, form the cluster, yield it once every node says
-    `cluster_state:ok`, and stop every server on exit (also when forming it failed)."""
+    """Start `nodes` servers under `directory` (through `supervised`, as a run starts its Redis),
+    form the cluster, yield it once every node says `cluster_state:ok`, and stop every server on
+    exit (also when forming it failed)."""
     server = find_server_binary(binary)
     cluster = LocalCluster(host, password)
-    try:
-        for k in range(nodes):
-            node_dir = directory / f"node-{k}"
-            node_dir.mkdir(parents=True, exist_ok=True)
-            port, bus_port = pick_free_port(host), pick_free_port(host)
-            conf = node_dir / "valkey.conf"
-            conf.write_text(_config(node_dir.resolve(), host, port, bus_port, password, appendonly))
-            conf.chmod(0o600)
-            with open(node_dir / "server.log", "ab") as out:
-                cluster.processes.append(subprocess.Popen(
-                    [str(server), str(conf)], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    cwd=node_dir, start_new_session=True,
-                ))  # fmt: skip
-            cluster.ports.append(port)
-            cluster.bus_ports.append(bus_port)
+    specs = []
+    for k in range(nodes):
+        node_dir = (directory / f"node-{k}").resolve()
+        node_dir.mkdir(parents=True, exist_ok=True)
+        port, bus_port = pick_free_port(host), pick_free_port(host)
+        conf = node_dir / "valkey.conf"
+        conf.write_text(_config(node_dir, host, port, bus_port, password, appendonly))
+        conf.chmod(0o600)
+        url = redis_url(host, port)
+        specs.append(ProcessSpec(
+            name=f"node-{k}", argv=[str(server), str(conf)], log_path=node_dir / "server.log", cwd=node_dir,
+            ready=lambda pid, url=url: ping(url, password), ready_timeout_s=ready_timeout,
+        ))  # fmt: skip
+        cluster.ports.append(port)
+        cluster.bus_ports.append(bus_port)
+    with supervised(*specs) as cluster.supervisor:
         clients = [cluster.node(k) for k in range(nodes)]
-        _wait(lambda: all(_pings(c) for c in clients), ready_timeout, "the cluster's servers did not start", cluster)
         for client, (first, last) in zip(clients, slot_ranges(nodes)):
             client.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
         for port, bus_port in zip(cluster.ports[1:], cluster.bus_ports[1:]):
             clients[0].execute_command("CLUSTER", "MEET", host, port, bus_port)  # the bus is not port + 10000
-        _wait(
-            lambda: all(_state_ok(c, nodes) for c in clients), ready_timeout, "the cluster did not reach cluster_state:ok",
-            cluster,
-        )  # fmt: skip
+        deadline = time.monotonic() + ready_timeout
+        while not all(_state_ok(c, nodes) for c in clients):
+            if time.monotonic() > deadline:
+                what = f"the cluster did not reach cluster_state:ok within {ready_timeout:.0f} s"
+                raise EnvironmentProblem(f"{what} (ports {cluster.ports}); see the nodes' server.log")
+            time.sleep(0.1)
         for c in clients:
             c.close()
         log.info("local Redis Cluster ready on ports %s", cluster.ports)
         yield cluster
-    finally:
-        cluster.stop()
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except (redis.RedisError, OSError):
-        return False
 
 
 def _state_ok(client: redis.Redis, nodes: int) -> bool:
     info = client.execute_command("CLUSTER", "INFO")
     text = info if isinstance(info, str) else info.decode() if isinstance(info, bytes) else str(info)
     return "cluster_state:ok" in text and f"cluster_known_nodes:{nodes}" in text
-
-
-def _wait(ready, timeout: float, what: str, cluster: LocalCluster) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if any(p.poll() is not None for p in cluster.processes) or time.monotonic() > deadline:
-            raise EnvironmentProblem(f"{what} within {timeout:.0f} s (ports {cluster.ports}); see their server.log")
-        time.sleep(0.1)

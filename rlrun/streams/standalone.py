@@ -6,18 +6,14 @@ spawned, probed and stopped by a one-process `Supervisor` — so there is one pr
 
 from __future__ import annotations
 
-import signal
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rlrun.rundir import RunDir
 from rlrun.streams.server import (
-    DEFAULT_USER_OFF, ensure_password, find_server_binary, pick_free_port, ping, redis_url, server_argv, write_server_config,
+    DEFAULT_USER_OFF, find_server_binary, pick_free_port, ping, redis_url, server_argv, write_server_config,
 )  # fmt: skip
 from rlrun.supervisor import ProcessSpec, Supervisor, supervised
-
-KILL_WAIT_S = 10.0
 
 
 class StandaloneServer:
@@ -26,7 +22,7 @@ class StandaloneServer:
     def __init__(self, run_dir: RunDir, host: str, port: int, supervisor: Supervisor) -> None:
         self.run_dir, self.host, self.port = run_dir, host, port
         self.url = redis_url(host, port)
-        self.password = ensure_password(run_dir)
+        self.password = run_dir.ensure_secret(run_dir.redis_password)
         self._supervisor = supervisor
 
     @property
@@ -48,11 +44,7 @@ class StandaloneServer:
 
     def kill(self) -> None:
         """SIGKILL to the whole group, no clean shutdown: what a crash looks like."""
-        handle = self.status.handle
-        handle.signal_group(signal.SIGKILL)
-        deadline = time.monotonic() + KILL_WAIT_S
-        while handle.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        self._supervisor.kill_attempt(self.status)
 
     def restart(self) -> None:
         """Stop it if it runs, then start it again on the same port from the same AOF."""
@@ -74,7 +66,7 @@ def managed_server(
     the run's redis log. `default_user`: the passwordless user's ACL line (off by default)."""
     port = pick_free_port(host)
     write_server_config(run_dir, port, host, appendfsync, default_user=default_user)
-    url, password = redis_url(host, port), ensure_password(run_dir)
+    url, password = redis_url(host, port), run_dir.ensure_secret(run_dir.redis_password)
     spec = ProcessSpec(
         name="redis", argv=server_argv(find_server_binary(binary), run_dir), log_path=run_dir.log("redis"),
         ready=lambda pid: ping(url, password), ready_timeout_s=ready_timeout,

@@ -1,19 +1,11 @@
 """Stack dumps of a process before the supervisor kills it: what a hung process was doing.
 
-When the watchdog declares a stall (or a stop escalates SIGTERM to SIGKILL), the supervisor asks
-a `Diagnoser` for one text file, `diagnostics/<process>-<attempt>-<time>.txt`, holding:
-
-- the Python stacks of the process and its descendants, from `py-spy dump` (native frames where
-  py-spy can stop the process; a process frozen by SIGSTOP is read without stopping it);
-- where py-spy is missing or not allowed (no ptrace), rlrun's own children dump their stacks into
-  their log on SIGUSR1 (`rlrun.stackdump.enable`), and the file carries the log's tail after it;
-- each process's command line, state, CPU (a short sample and the average since it started),
-  memory and thread count, from psutil;
-- the last lines of the process's log.
-
-Bounded in time: every external call has a timeout taken from one budget (`budget_s`), so a dump
-that hangs delays the restart by a few seconds at most. Never raises: a dump that cannot be made
-is a line in the file, not a reason to keep a hung process alive.
+Before a kill for a stall (or a SIGKILL after the stop grace), a `Diagnoser` writes
+`diagnostics/<process>-<attempt>-<time>.txt`: each process's command line, state, CPU, memory
+and threads (psutil); their Python stacks from `py-spy dump`, or where py-spy is missing or
+refused, from rlrun's own children on SIGUSR1 (`rlrun.stackdump`) into their log; and the log's
+tail. Every external call takes its timeout from one budget (`budget_s`), and nothing raises: a
+dump that cannot be made is a line in the file, never a reason to keep a hung process alive.
 """
 
 from __future__ import annotations
@@ -27,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from rlrun.supervisor.supervisor import log_tail
 
 LOG_LINES = 40
 CPU_SAMPLE_S = 0.2
@@ -61,7 +55,8 @@ class Diagnoser:
         if not dumped:
             lines.append("py-spy gave no stack" + ("" if py_spy else " (not installed)") + ": asking rlrun's own processes (SIGUSR1)")
             _signal_dumps(pids, log_path, deadline, lines)
-        lines += ["", f"## last {LOG_LINES} lines of {log_path}", _tail(log_path, LOG_LINES) if log_path else "(no log)"]
+        tail = log_tail(log_path, LOG_LINES) if log_path else ""
+        lines += ["", f"## last {LOG_LINES} lines of {log_path}", tail or "(no log)"]
         path = self.folder / f"{process}-{attempt}-{stamp}.txt"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -187,14 +182,3 @@ def _size(path: Optional[Path]) -> int:
         return path.stat().st_size if path else 0
     except OSError:
         return 0
-
-
-def _tail(path: Path, lines: int) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, 2)
-            handle.seek(max(0, handle.tell() - 64_000))
-            text = handle.read().decode(errors="replace")
-    except OSError as exc:
-        return f"(cannot read: {exc.strerror})"
-    return "\n".join(text.splitlines()[-lines:])

@@ -8,22 +8,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from rlrun.rundir import read_jsonl as read_events  # noqa: F401 - the events of an events.jsonl
+
 log = logging.getLogger(__name__)
-
-
-def read_events(path: Optional[Path]) -> list[dict[str, Any]]:
-    """The events of an `events.jsonl`, in file order; a line cut short by a crash is skipped."""
-    if path is None or not Path(path).is_file():
-        return []
-    events = []
-    for line in Path(path).read_text(errors="replace").splitlines():
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict):
-            events.append(event)
-    return events
 
 
 class EventLog:

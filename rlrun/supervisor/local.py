@@ -49,7 +49,7 @@ class ProcessTree:
             import psutil
 
             children: dict[int, list[int]] = {}
-            for child, parent in psutil._ppid_map().items() if hasattr(psutil, "_ppid_map") else _ppid_pairs():
+            for child, parent in psutil._ppid_map().items():  # what psutil's own children() reads, once
                 children.setdefault(parent, []).append(child)
             self._children, self._read_at = children, now
         found, todo = [], list(self._children.get(pid, ()))
@@ -60,15 +60,8 @@ class ProcessTree:
         return found
 
 
-def _ppid_pairs():
-    import psutil
-
-    for proc in psutil.process_iter(["ppid"]):
-        yield proc.pid, proc.info["ppid"]
-
-
 class LocalHandle:
-    def __init__(self, popen: subprocess.Popen, tree: Optional[ProcessTree] = None) -> None:
+    def __init__(self, popen: subprocess.Popen, tree: ProcessTree) -> None:
         self._popen = popen
         self.pid = popen.pid
         self._tree = tree
@@ -83,14 +76,7 @@ class LocalHandle:
             pass
 
     def descendants(self, fresh: bool = False) -> list[int]:
-        if self._tree is not None:
-            return self._tree.descendants(self.pid, fresh)
-        import psutil
-
-        try:
-            return [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
-        except psutil.Error:
-            return []
+        return self._tree.descendants(self.pid, fresh)
 
 
 class LocalSpawner:

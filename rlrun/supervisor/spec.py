@@ -50,3 +50,6 @@ class ProcessSpec:
     # Stopped before every other process, which keep running meanwhile: a trainer that finishes
     # its step on SIGTERM needs its inputs (and the weight receivers) until it has exited.
     stop_first: bool = False
+    # The processes that must be ready (or done) before this one starts. None: every process
+    # before it in the list, so each waits for the one before; () starts it at once.
+    after: Optional[tuple[str, ...]] = None

@@ -1,4 +1,4 @@
-"""The supervisor: start processes in order, watch them, restart what fails, stop in order.
+"""The supervisor: start processes in dependency order, watch them, restart what fails, stop in order.
 
 It is given process specs and a completion check and knows nothing about RL. Each process
 goes through an explicit state machine
@@ -109,6 +109,10 @@ class Supervisor:
         if len(set(names)) != len(names):
             raise ValueError(f"process names must be unique: {names}")
         self.processes = [ProcessStatus(spec, RestartTracker(spec.restart)) for spec in specs]
+        self._after = {s.name: names[:i] if s.after is None else s.after for i, s in enumerate(specs)}
+        unknown = {n for after in self._after.values() for n in after} - set(names)
+        if unknown:
+            raise ValueError(f"`after` names processes that are not in the run: {sorted(unknown)}")
         self._events = events
         self._spawner = spawner or LocalSpawner()
         self._clock = clock
@@ -122,25 +126,28 @@ class Supervisor:
 
     # --- the three phases ----------------------------------------------------------------------
     def start_all(self) -> None:
-        """Start every process in order, each gated on the readiness of the one before.
+        """Start every process once the ones it comes after (`spec.after`; by default every one
+        before it in the list) are ready, and return when all are ready (or done).
 
         A process failing at its first start follows its restart policy like any other failure
         (a configuration error, exit code 2, is never retried).
         """
-        for proc in self.processes:
-            self._spawn(proc)
-            while proc.state is not ProcessState.READY:
-                now = self._clock()
-                for earlier in self.processes:
-                    if earlier is proc:
-                        break
-                    self._advance(earlier, now)
+        pending = list(self.processes)
+        while True:
+            for proc in [p for p in pending if self._may_start(p)]:
+                pending.remove(proc)
+                self._spawn(proc)
+            now = self._clock()
+            for proc in self.processes:
                 self._advance(proc, now)
-                if proc.state is ProcessState.EXITED:
-                    break  # its work is already done (a finishing role can be that quick)
-                if proc.state is not ProcessState.READY:
-                    self._on_tick(self.processes)
-                    self._sleep(self._poll)
+            if not pending and all(p.state in (ProcessState.READY, ProcessState.EXITED) for p in self.processes):
+                return
+            if not any(self._may_start(p) for p in pending):
+                self._on_tick(self.processes)
+                self._sleep(self._poll)
+
+    def _may_start(self, proc: ProcessStatus) -> bool:
+        return all(self.status(name).state in (ProcessState.READY, ProcessState.EXITED) for name in self._after[proc.name])
 
     def watch(self, is_finished: CompletionCheck) -> str:
         """Watch and restart until the completion check says done.
@@ -192,7 +199,7 @@ class Supervisor:
         elif now - proc.started_at > proc.spec.ready_timeout_s:
             info = ExitInfo(ExitKind.STALLED, None, f"was not ready within {proc.spec.ready_timeout_s:.0f} s")
             self._dump(proc, info.description)
-            self._kill_attempt(proc)
+            self.kill_attempt(proc)
             self._fail(proc, info, now, info.description)
 
     def _advance_ready(self, proc: ProcessStatus, now: float) -> None:
@@ -211,7 +218,7 @@ class Supervisor:
             self._events.emit("process_stalled", process=proc.name, pid=proc.pid, quiet_s=round(quiet, 1))
             info = classify_exit(None, finishes=proc.spec.finishes, stalled=True, stalled_for_s=round(quiet))
             self._dump(proc, info.description)
-            self._kill_attempt(proc)
+            self.kill_attempt(proc)
             self._fail(proc, info, now, info.description)
 
     def _on_exit(self, proc: ProcessStatus, code: int, now: float, when: str = "") -> None:
@@ -263,8 +270,8 @@ class Supervisor:
             proc.exit_code = code
         return code
 
-    def _kill_attempt(self, proc: ProcessStatus) -> None:
-        """SIGKILL the current attempt's whole group (a stalled or hung process)."""
+    def kill_attempt(self, proc: ProcessStatus) -> None:
+        """SIGKILL the current attempt's whole group (a stalled or hung process; a test's crash)."""
         proc.known_descendants.update(proc.handle.descendants(fresh=True))
         proc.handle.signal_group(signal.SIGKILL)
         proc.exit_code = self._wait_killed(proc)

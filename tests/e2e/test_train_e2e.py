@@ -65,6 +65,9 @@ def test_processes_started_in_order_and_nothing_is_left(short_run):
     events = read_jsonl(run_dir / "events.jsonl")
     started = [e["process"] for e in events if e["event"] == "process_started"]
     assert started == ["redis", "vllm-0", "trainer", "actor"]
+    at = {(e["event"], e["process"]): e["time"] for e in events if e["event"] in ("process_started", "process_ready")}
+    assert at["process_started", "trainer"] < at["process_ready", "vllm-0"]  # a fresh trainer loads while vLLM starts
+    assert at["process_started", "actor"] >= max(at["process_ready", "vllm-0"], at["process_ready", "trainer"])
     assert events[-1] == {**events[-1], "event": "run_stopped", "status": "finished"}
     assert result.left_behind == []
 

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,8 +11,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from rlrun.backends.fast_llm.acl import RLRUN_USER, acl_lines
-from rlrun.streams.server import find_server_binary, pick_free_port
+from rlrun.backends.fast_llm.acl import default_user_line
+from rlrun.rundir import RunDir
+from rlrun.streams.server import RLRUN_USER, write_server_config
+from rlrun.streams.standalone import managed_server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -24,53 +23,14 @@ PASSWORD = "s3cret-for-the-test"
 
 
 @contextmanager
-def acl_server(folder: Path, password: str = PASSWORD) -> Iterator[int]:
-    """A throwaway server on 127.0.0.1 configured with `acl_lines`; yields its port and kills its
-    process group on exit."""
-    folder.mkdir(parents=True, exist_ok=True)
-    binary = find_server_binary("auto")
-    for _ in range(5):
-        port = pick_free_port("127.0.0.1")
-        conf = folder / "redis.conf"
-        lines = [
-            "bind 127.0.0.1",
-            f"port {port}",
-            "protected-mode yes",
-            "daemonize no",
-            f'dir "{folder}"',
-            'save ""',
-            "appendonly no",
-            *acl_lines(password, [STREAM], EVENTS),
-        ]
-        conf.write_text("\n".join(lines) + "\n")
-        log = open(folder / "redis.log", "ab")
-        process = subprocess.Popen(
-            [str(binary), str(conf)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        try:
-            if _wait_ready(process, port, password):
-                yield port
-                return
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    raise RuntimeError(f"could not start the ACL test server; see {folder / 'redis.log'}")
-
-
-def _wait_ready(process: subprocess.Popen, port: int, password: str) -> bool:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            return False  # port taken meanwhile (or a bad config: the caller's error names the log)
-        try:
-            if redis.Redis(port=port, username=RLRUN_USER, password=password, socket_timeout=1).ping():
-                return True
-        except redis.RedisError:
-            time.sleep(0.05)
-    raise RuntimeError("the ACL test server did not answer PING within 20 s")
+def acl_server(folder: Path) -> Iterator[int]:
+    """The run's Redis configured as for a Fast-LLM run (the restricted passwordless `default`
+    user beside rlrun's), with PASSWORD as the run's password; yields its port."""
+    run = RunDir(folder)
+    run.create({"name": "acl-test"})
+    run.write_secret(run.redis_password, PASSWORD)
+    with managed_server(run, default_user=default_user_line([STREAM], EVENTS)) as server:
+        yield server.port
 
 
 def fast_llm_client(port: int) -> redis.Redis:
@@ -182,20 +142,22 @@ def test_a_bare_password_logs_in_as_the_restricted_user(tmp_path):
             bare.get("rlrun:policy_version")
 
 
-def test_acl_lines_keep_the_password_out_of_the_config_and_refuse_glob_names():
-    lines = acl_lines(PASSWORD, [STREAM], EVENTS)
-    assert not any(PASSWORD in line for line in lines)
-    assert lines[0] == (
+def test_the_server_config_keeps_the_password_out_and_acl_lines_refuse_glob_names(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.create({"name": "acl-test"})
+    run.write_secret(run.redis_password, PASSWORD)
+    write_server_config(run, 6379, "127.0.0.1", "everysec", default_user=default_user_line([STREAM], EVENTS))
+    conf = run.redis_conf.read_text()
+    assert PASSWORD not in conf
+    assert (
         "user default reset on nopass resetchannels -@all +ping +client|setinfo "
         "(~fast_llm_streaming +xreadgroup +xgroup|create +xgroup|createconsumer) (~fast_llm_events +xadd)"
-    )
+    ) in conf.splitlines()
     for bad in ("fast_llm_*", "a b", ""):
         with pytest.raises(ValueError):
-            acl_lines(PASSWORD, [bad], EVENTS)
+            default_user_line([bad], EVENTS)
     with pytest.raises(ValueError):
-        acl_lines("", [STREAM], EVENTS)
-    with pytest.raises(ValueError):
-        acl_lines(PASSWORD, [EVENTS], EVENTS)  # one stream cannot be both
+        default_user_line([EVENTS], EVENTS)  # one stream cannot be both
 
 
 # --- the run's own Redis, configured as `rlrun train trainer=fast_llm` configures it -----------
@@ -216,10 +178,8 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
     from rlrun.progress import ProgressReader
     from rlrun.backends.fast_llm.follower import WeightFollower, request_join
     from rlrun.config import compose
-    from rlrun.rundir import RunDir
     from rlrun.streams import names
     from rlrun.streams.server import connect
-    from rlrun.streams.standalone import managed_server
     from rlrun.supervisor import EventLog
 
     from .test_weight_follower import RecordingAdmin

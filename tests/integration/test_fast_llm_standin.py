@@ -15,13 +15,13 @@ import pytest
 import redis
 import yaml
 
-from rlrun.backends.fast_llm.acl import RLRUN_USER
+from rlrun.streams.server import RLRUN_USER
 from rlrun.backends.fast_llm.checkpoints import latest_complete_step, move_aside_incomplete, read_metadata
 from rlrun.backends.fast_llm.config import data_parallel, docs_per_step, write_config
 from rlrun.backends.fast_llm.installed import choose_revision
 from rlrun.backends.fast_llm.revisions import named
 from rlrun.backends.fast_llm.rewind import rewind_group
-from rlrun.backends.fast_llm.protocol import TrainingFinished, WeightsReady, parse_event, publish_group
+from rlrun.backends.fast_llm.protocol import TrainingFinished, WeightsReady, encode_group, parse_event
 from rlrun.completion import HfTarget, TrainerObservation, fast_llm_finished, hf_finished
 from rlrun.config import compose
 from rlrun.errors import ConfigError
@@ -75,7 +75,10 @@ class Run:
                 for i in range(GROUP_SIZE)
             ]
             group = Group(group_id=f"t/{self.fed_groups}", prompt_index=self.fed_groups, prompt_ids=[1] * PROMPT, samples=samples)
-            publish_group(self.client, self.cfg.trainer.fast_llm.stream, group)
+            with self.client.pipeline(transaction=True) as pipe:  # a whole group at once, as the journal delivers
+                for fields in encode_group(group):
+                    pipe.xadd(self.cfg.trainer.fast_llm.stream, fields)
+                pipe.execute()
             self.fed_groups += 1
 
     def start(self, *extra: str) -> subprocess.Popen:

@@ -74,7 +74,7 @@ def _one_group_through(journal: Journal, stream: str, run: str = "run") -> str:
     loaded = journal.load_open_groups()
     assert loaded.corrupt == [] and [g.group_id for g in loaded.groups] == [group.group_id]
     assert [s.token_ids for s in loaded.groups[0].samples] == [[1, 2], [4, 5, 6]]
-    assert plan_replay(loaded.groups, current_version=1, max_prefix_staleness=1).groups[0].group_id == group.group_id
+    assert plan_replay(loaded.groups, current_version=1, max_prefix_staleness=1).groups[0].header.group_id == group.group_id
     assert journal.deliver(group.group_id, stream, "payload") is not None
     assert journal.deliver(group.group_id, stream, "payload") is None  # never twice
     return group.group_id

@@ -145,7 +145,7 @@ def make_machine(client):
 
         def _adopt(self, plan):
             """Check a group's plan against what the journal acknowledged, and act on it."""
-            gid = plan.group_id
+            gid = plan.header.group_id
             samples = []
             for s in plan.samples:
                 truth_tokens, truth_lp, truth_v = self.truth[gid][s.index]
@@ -323,7 +323,7 @@ def make_machine(client):
             assert corrupt == []
             plan = plan_replay(groups, current_version=self.version, max_prefix_staleness=STALENESS)
             # every group handed out and not delivered comes back, and nothing else
-            assert [g.group_id for g in plan.groups] == [g for g in self.truth if g not in self.delivered]
+            assert [g.header.group_id for g in plan.groups] == [g for g in self.truth if g not in self.delivered]
             for group_plan in plan.groups:
                 self._adopt(group_plan)
 

@@ -50,6 +50,21 @@ def test_each_backend_builds_the_processes_it_names(overrides, roles, tmp_path):
     assert trainer.finishes  # the completion rule reads its exit code
 
 
+def test_a_fresh_hf_trainer_starts_beside_vllm_and_a_resuming_one_after_it(tmp_path, monkeypatch):
+    from rlrun.trainer import checkpoint
+
+    cfg, _ = compose([])
+    run_dir = RunDir(tmp_path)
+    endpoints = Endpoints("redis://127.0.0.1:1/0", 1, ["http://127.0.0.1:2"])
+    trainer_after = lambda: backend_for(cfg).specs(cfg, run_dir, endpoints, "m", RedisProbe(endpoints.redis_url, run_dir))[-1].after  # noqa: E731
+    assert trainer_after() == ("redis",)
+    monkeypatch.setattr(checkpoint, "latest_complete", lambda path: path / "step_000002")
+    assert trainer_after() is None  # it pushes the checkpoint's weights to vLLM first: after everything before it
+    no_redis = Endpoints("redis://10.0.0.1:6379/0", None, ["http://127.0.0.1:2"])  # a Redis rlrun does not start
+    monkeypatch.setattr(checkpoint, "latest_complete", lambda path: None)
+    assert backend_for(cfg).specs(cfg, run_dir, no_redis, "m", RedisProbe(no_redis.redis_url, run_dir))[-1].after == ()
+
+
 def test_only_fast_llm_and_a_broadcasting_hf_trainer_have_a_broadcast_port_and_only_fast_llm_a_passwordless_redis_user():
     hf, _ = compose([])
     fast_llm, _ = compose([*FAST_LLM, "trainer.fast_llm.broadcast_port=29555"])

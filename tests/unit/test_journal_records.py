@@ -29,7 +29,7 @@ def _sample(**overrides) -> SampleRecord:
 def _group() -> GroupRecord:
     return GroupRecord(
         group_id="run/3", cursor=3, prompt_index=17, prompt_ids=[5, 6, 7], group_size=2,
-        max_new_tokens=16, state="open",
+        max_new_tokens=16,
         samples=[
             _sample(index=0, state="finished", finish_reason="stop"),
             _sample(index=1),
@@ -66,7 +66,7 @@ def test_header_round_trip_and_a_group_holds_its_header():
         "prompt_ids": [1, 2], "group_size": 3, "max_new_tokens": 8,
     }  # fmt: skip
     assert _group().header == GroupHeader("run/3", 3, 17, [5, 6, 7], 2, 16)
-    assert GroupRecord.from_header(_group().header, "open", _group().samples) == _group()
+    assert GroupRecord.from_header(_group().header, _group().samples) == _group()
 
 
 def test_records_are_json_never_pickle():
@@ -191,12 +191,12 @@ def test_inconsistent_states_are_refused(overrides, message):
 def test_group_shape_is_checked():
     group = _group()
     fixed = {name: getattr(group, name) for name in ("group_id", "cursor", "prompt_index", "prompt_ids", "group_size")}
-    with pytest.raises(CorruptRecord, match="open with 1 samples, expected 2"):
-        GroupRecord(**fixed, max_new_tokens=16, state="open", samples=group.samples[:1])
+    with pytest.raises(CorruptRecord, match=": 1 samples, expected 2"):
+        GroupRecord(**fixed, max_new_tokens=16, samples=group.samples[:1])
     with pytest.raises(CorruptRecord, match="sample at position 0"):
-        GroupRecord(**fixed, max_new_tokens=16, state="open", samples=group.samples[::-1])
+        GroupRecord(**fixed, max_new_tokens=16, samples=group.samples[::-1])
     with pytest.raises(CorruptRecord, match="max_new_tokens must be >= 1"):
-        GroupRecord(**fixed, max_new_tokens=0, state="open", samples=group.samples)
+        GroupRecord(**fixed, max_new_tokens=0, samples=group.samples)
 
 
 # --- folding a group's log (what the store reads back) ------------------------------------------

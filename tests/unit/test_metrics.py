@@ -17,11 +17,11 @@ from rlrun.metrics import (
     ACTOR_COUNTERS,
     FIELDS,
     MetricsWriter,
-    actor_counters,
     final_records,
     read_metrics,
     require_tensorboard,
     scalars,
+    summed_actor_counters,
 )
 
 
@@ -54,10 +54,11 @@ def test_a_step_retaken_after_a_trainer_restart_replaces_the_first_record():
     ]  # fmt: skip
 
 
-def test_actor_counters_come_from_the_published_hash_and_default_to_zero():
+def test_actor_counters_come_from_the_published_hashes_added_up_and_default_to_zero():
     published = {"tokens_reused": "120", "samples_continued": "7", "pid": "42", "heartbeat": "1.5", "prefixes_dropped_stale": "bad"}
-    assert actor_counters(published) == {"tokens_reused": 120, "tokens_regenerated": 0, "samples_continued": 7, "prefixes_dropped_stale": 0}
-    assert actor_counters({}) == dict.fromkeys(ACTOR_COUNTERS, 0)
+    assert summed_actor_counters([published]) == {"tokens_reused": 120, "tokens_regenerated": 0, "samples_continued": 7, "prefixes_dropped_stale": 0}
+    assert summed_actor_counters([published, {"tokens_reused": "3"}])["tokens_reused"] == 123
+    assert summed_actor_counters([{}]) == dict.fromkeys(ACTOR_COUNTERS, 0)
 
 
 def test_scalars_are_the_numeric_fields_except_step_and_time():

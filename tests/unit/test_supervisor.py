@@ -91,6 +91,30 @@ def test_starts_in_order_each_gated_on_readiness(tmp_path):
     assert all(p.state is ProcessState.READY for p in sup.processes)
 
 
+def test_a_process_with_after_starts_once_those_are_ready_not_the_ones_before_it(tmp_path):
+    clock = FakeClock()
+    specs = [
+        spec("redis", tmp_path, ready=lambda pid: clock.now >= 1.0),
+        spec("vllm", tmp_path, ready=lambda pid: clock.now >= 30.0),
+        spec("trainer", tmp_path, after=("redis",), ready=lambda pid: clock.now >= 5.0),
+        spec("actor", tmp_path),  # default: after every process before it
+    ]
+    sup, spawner, events, _ = make(specs, clock)
+    spawn_times = {}
+    original = spawner.spawn
+    spawner.spawn = lambda s: (spawn_times.__setitem__(s.name, clock.now), original(s))[1]
+    sup.start_all()
+    assert 1.0 <= spawn_times["trainer"] < 2.0  # beside vLLM's start, not after it
+    assert spawn_times["vllm"] == spawn_times["trainer"]
+    assert spawn_times["actor"] >= 30.0  # waited for vLLM and the trainer
+    assert all(p.state is ProcessState.READY for p in sup.processes)
+
+
+def test_after_naming_an_unknown_process_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="redis"):
+        make([spec("trainer", tmp_path, after=("redis",))])
+
+
 def test_a_process_that_dies_before_ready_fails_fast_not_after_timeout(tmp_path):
     (tmp_path / "vllm.log").write_text("line 1\nImportError: no vllm\n")
     specs = [spec("vllm", tmp_path, ready=lambda pid: False, ready_timeout_s=300)]

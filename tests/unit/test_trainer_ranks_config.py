@@ -47,7 +47,7 @@ class FakeProbe(RedisProbe):
     def __init__(self, state: dict) -> None:
         self.state = state
 
-    def _hgetall(self, key: str) -> dict:
+    def _ask(self, action, default):  # heartbeat's hgetall of the trainer's state
         return self.state
 
 

@@ -1,39 +1,19 @@
 """Redis ACL for a run with Fast-LLM: its passwordless clients read documents and write events.
 
-Fast-LLM's Redis clients connect with host and port only (`redis.Redis(host, port)` in
-fast_llm/data/dataset/streaming.py and fast_llm/engine/training/streaming.py): they are the
-`default` user. So the run's server gets two users instead of `requirepass`:
-
-- `default`: no password, on, and with ACL selectors (Redis 7+ / valkey) exactly what Fast-LLM
-  sends, each command on its own stream only. Measured against the real source
-  (Fast-LLM main and its rl520 / gspo502 branches: the same calls in all three):
-  the data loader sends `XGROUP CREATE <stream> <group> 0 MKSTREAM` once, then
-  `XREADGROUP GROUP <group> <consumer> COUNT 1 BLOCK 1000 NOACK STREAMS <stream> >`; the training
-  callback sends `XADD <events> * event <json>`. redis-py adds `CLIENT SETINFO` on connect.
-  So the documents stream can be consumed (XREADGROUP, XGROUP CREATE/CREATECONSUMER) and nothing
-  else (no XADD: nobody can inject training data; no XDEL, XTRIM, XGROUP SETID/DESTROY, XACK, XRANGE),
-  and the events stream can be appended to and nothing else. No other key (`rlrun:*`, journals),
-  no pub/sub channel, no admin command. What ACLs cannot limit: an XADD's own arguments (its
-  MAXLEN can trim the events stream), and a reader that consumes documents meant for Fast-LLM;
-  events are therefore checked by what reads them (events.py: a step that goes backwards or jumps
-  is counted and ignored).
-- `rlrun`: rlrun's own processes, with the run's password and every key and command. The password
-  is stored as its SHA-256 (`#<hex>`), so the server config does not hold it in clear.
-
-Wiring (done where the server config is written): put these lines in the config file in place of
-`requirepass` (which would set a password on `default`), and make rlrun's clients authenticate as
-`RLRUN_USER` (`AUTH rlrun <password>`, redis-py `username=`): a bare `AUTH <password>` would log in
-as the passwordless `default` user and be refused everything else.
+Fast-LLM's clients connect with host and port only, as the `default` user. The run's server
+therefore has `default` passwordless and limited by ACL selectors to exactly what Fast-LLM sends
+(docs/architecture.md lists the commands): consume the documents stream, append to the events
+stream, nothing else (no XADD of training data, no other key, no admin command). What ACLs cannot
+limit (an XADD's own arguments, a reader taking documents meant for Fast-LLM) is handled by what
+reads the events (`events.py`). rlrun's own clients log in as `rlrun` (`rlrun.streams.server`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Sequence
 
 FAST_LLM_USER = "default"
-RLRUN_USER = "rlrun"
 
 # Key-less commands: PING (health checks), CLIENT SETINFO (what redis-py sends on connect; it
 # ignores a refusal, but the server log stays clean).
@@ -62,12 +42,3 @@ def default_user_line(streams: Sequence[str], events_stream: str) -> str:
     events = " ".join([f"~{events_stream}", *(f"+{c}" for c in FAST_LLM_EVENTS)])
     root = " ".join(f"+{c}" for c in FAST_LLM_GLOBAL)
     return f"user {FAST_LLM_USER} reset on nopass resetchannels -@all {root} ({documents}) ({events})"
-
-
-def acl_lines(password: str, streams: Sequence[str], events_stream: str) -> list[str]:
-    """The `user ...` lines of the server config: restricted passwordless `default` for Fast-LLM's
-    `streams` and `events_stream`, and `rlrun` with `password` and full access."""
-    if not password:
-        raise ValueError("the rlrun user needs a non-empty password")
-    digest = hashlib.sha256(password.encode("utf-8")).hexdigest()
-    return [default_user_line(streams, events_stream), f"user {RLRUN_USER} reset on #{digest} ~* &* +@all"]

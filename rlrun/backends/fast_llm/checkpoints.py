@@ -1,23 +1,10 @@
 """Fast-LLM's checkpoint layout, read by rlrun, and half-written checkpoints moved out of its way.
 
-Layout (fast_llm/engine/training/trainer.py `_save_checkpoint`, config.py
-`TrainingCheckpointConfig.get_save_directory`): `<experiment_dir>/checkpoint/<step>/` (the legacy
-name `checkpoints/` is used when only it exists), with `metadata.yaml` (fast_llm/engine/checkpoint/
-distributed.py: a `CheckpointMetadata` whose `metadata:` mapping holds the trainer's
-`completed_steps`, its optimizer state and, in revisions that count documents, `documents_seen`)
-and an empty `ok` file written last, after every rank finished writing.
-
-Why rlrun moves half-written checkpoints aside before (re)starting Fast-LLM:
-- `_get_last_checkpoint` takes the highest-numbered directory and `_load_checkpoint` then asserts
-  that its `ok` file exists: one half-written directory makes every restart fail;
-- `_save_checkpoint` creates `<step>/` with `exist_ok=False`: a leftover at a step Fast-LLM reaches
-  again crashes it there;
-- both list the folder with `int(path.name)`, so anything not named by a step number inside
-  `checkpoint/` crashes Fast-LLM too. Incomplete directories therefore go to a sibling folder,
-  `<experiment_dir>/checkpoint_incomplete/<step>.incomplete-<timestamp>/`, and are never deleted.
-
-Call `move_aside_incomplete` only while Fast-LLM is stopped: a checkpoint being written has no
-`ok` yet either.
+`<experiment_dir>/checkpoint/<step>/` with `metadata.yaml` (`completed_steps`, and `documents_seen`
+where counted) and an empty `ok` written last. A half-written one (no `ok`) makes every restart of
+Fast-LLM fail, so it is moved to `checkpoint_incomplete/<step>.incomplete-<time>/` before every
+start, never deleted (why, in Fast-LLM's code: docs/architecture.md). Call `move_aside_incomplete`
+only while Fast-LLM is stopped: a checkpoint being written has no `ok` yet either.
 """
 
 from __future__ import annotations

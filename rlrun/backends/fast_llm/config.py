@@ -1,37 +1,13 @@
 """Fast-LLM's own YAML config, generated from the run's config, and the command that launches it.
 
-Every key written here was accepted by the real Fast-LLM's validation (`fast-llm train gpt
---config FILE -v`) at each commit of `revisions.REVISIONS`, and read in its sources:
-
-- `training.train_iters`, `training.checkpoint.{interval,keep}`, `training.num_workers`:
-  fast_llm/engine/training/config.py. `num_workers` must be 0: the streaming dataset refuses a
-  second loader instance per rank ("StreamingDataset can work only with one instance per rank").
-- `schedule.docs_per_step` (the RL branches only, `Revision.docs_per_step`): the trainer pulls
-  whole micro-batches until the global document count reaches it, so it overshoots. On main the
-  documents per step follow from `data.micro_batch_size` tokens per micro-batch.
-- `data.datasets.training: {type: streaming, host, port, timeout}`, `data.micro_batch_size`
-  (tokens), `data.maximum_document_length`, `data.truncate_documents`.
-- `callbacks.streaming: {type: streaming, host, port, timeout, broadcast: {host, port, backend,
-  external_world_size}, export: {format}}`: fast_llm/engine/training/streaming.py.
-- `model.base_model.head.losses.<algo>: {type: grpo|gspo, epsilon_low, epsilon_high,
-  logits_scale_factor, metrics}`: fast_llm/layers/language_model/loss/config.py. The logits are
-  multiplied by `logits_scale_factor`, so 1/temperature gives the new log-probs at the actor's
-  sampling temperature, like the old ones. `metrics: none`: main's default (`auto`) needs a
-  per-document `reward` and per-token `model_version` that rlrun does not send.
-- On CPU (`trainer.device=cpu`): `model.distributed.{use_cuda: false, backend: gloo}` and
-  `data.gpu: false`, without which Fast-LLM asks for CUDA.
-- `optimizer.{learning_rate.base, beta_1, beta_2, weight_decay, gradient_norm_clipping}`,
-  `pretrained.{format, path, model_weights}`, `run.experiment_dir`, `model.distributed.compute_dtype`.
-
-Redis is given by host and port only: Fast-LLM's clients (`redis.Redis(host, port)`) send no
-password, so the run's Redis grants them a restricted passwordless user (see `acl`). Extra keys go
-through `trainer.fast_llm.extra`, merged last.
+Every key written here was accepted by Fast-LLM's own validation (`fast-llm train gpt --config
+FILE -v`) at each commit of `revisions.REVISIONS`; where Fast-LLM reads each one is listed in
+docs/architecture.md ("Fast-LLM: what rlrun relies on"). Redis is given by host and port only
+(Fast-LLM's clients send no password: see `acl`); `trainer.fast_llm.extra` is merged last.
 """
 
 from __future__ import annotations
 
-import copy
-import os
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +15,7 @@ import yaml
 
 from rlrun.backends.fast_llm.revisions import Revision
 from rlrun.config.schema import RunConfig
+from rlrun.rundir import write_atomic
 
 # Fast-LLM's docs: "The Python hash seed must be set to 0 ... Training will fail if this isn't set."
 LAUNCH_ENV = {"PYTHONHASHSEED": "0"}
@@ -145,7 +122,9 @@ def fast_llm_config(
         generated["schedule"] = {"docs_per_step": docs_per_step(cfg)}
     if on_cpu:
         generated["data"]["gpu"] = False
-    return _merged(generated, f.extra)
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.merge(generated, f.extra))  # mappings merge, the rest replaces
 
 
 def config_text(cfg: RunConfig, revision: Revision, **endpoints: Any) -> str:
@@ -164,9 +143,7 @@ def write_config(cfg: RunConfig, revision: Revision, path: Path, **endpoints: An
     """Write `config_text` to `path` atomically and return `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(config_text(cfg, revision, **endpoints))
-    os.replace(tmp, path)
+    write_atomic(path, config_text(cfg, revision, **endpoints))
     return path
 
 
@@ -180,14 +157,3 @@ def launch_argv(cfg: RunConfig, config_path: Path) -> list[str]:
             arg = arg.replace(placeholder, value)
         argv.append(arg)
     return argv
-
-
-def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """`base` with `extra` merged in recursively (mappings merge, anything else replaces)."""
-    out = copy.deepcopy(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merged(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out

@@ -1,24 +1,13 @@
 """Fast-LLM's events, checked against the run before anyone acts on them.
 
-Fast-LLM's Redis clients have no password (see acl.py), so any local process may append to the
-events stream. What reads it (the supervisor's completion rule, the weight follower) only acts on
-an event that fits the current trainer attempt; anything else is counted and ignored:
-
-- a new trainer attempt starts at the join request the supervisor records before every (re)start
-  (`join_after`, the last event id then, and `join_step`, the checkpoint step it resumes from):
-  events up to `join_after` belong to an earlier trainer and are skipped;
-- its first `weights_ready` announces `join_step` (Fast-LLM broadcasts once when it begins; when
-  `join_step` is unknown, any step up to `train_iters`);
-- each next `weights_ready` is the step after the last one (fp16 only: a later one, since
-  Fast-LLM's loss scaler skips updates with non-finite gradients and broadcasts nothing then),
-  never past `train_iters`;
-- `training_finished` comes once, after this attempt's first `weights_ready`;
-- any other type, or a message that is not an event, is malformed.
-
-Limits: an event that fits cannot be told from a forged one with the same content. A forged
-`weights_ready` can only make the follower wait for a broadcast (weights come from the trainer's
-torch.distributed group, never from Redis), and `training_finished` alone finishes nothing (the
-completion rule also needs the trainer's exit 0 and the step reached).
+Any local process may append to the events stream (Fast-LLM's clients have no password), so what
+reads it (the completion rule, the weight follower) acts only on an event that fits the current
+trainer attempt, which starts at the supervisor's join request (`join_after`, `join_step`): its
+first `weights_ready` announces `join_step` (any step up to `train_iters` when unknown), each next
+one the step after (fp16: a later one, as Fast-LLM skips non-finite updates), never past
+`train_iters`; one `training_finished` after that. Anything else is counted and ignored. A forged
+event that fits can only make the follower wait for a broadcast (weights never come from Redis),
+and `training_finished` alone finishes nothing (the rule also needs exit 0 and the step reached).
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """rlrun::weights — makes the vLLM servers serve every policy Fast-LLM broadcasts (trainer=fast_llm).
 
-Fast-LLM pushes its weights itself (see `broadcast.py`); someone must have each vLLM server take
-part. This process does, and nothing else:
-
-1. Join. Before every (re)start of the trainer, the supervisor records a join request in
-   `rlrun:weights`: a new `join_request` number, and `join_after`, the last id on the events
-   stream then. The follower asks every vLLM server to join the group the new trainer will open
-   (rank i+1 for server i) and records it has (`joined`), so a restarted follower does not ask
-   again while the trainer is the same.
-2. Follow `weights_ready`. For each one after `join_after` (earlier ones belong to a trainer
-   that is gone) that fits the run (events.py: the step the trainer resumed from, then each next
-   step; anything else — a step that goes backwards or jumps, an unknown type — is counted in
-   `events_rejected`, logged and ignored, since any local process may append to the stream): pause every server (in-flight requests are aborted and continued by
-   the actor), have all of them receive the broadcast at once (it is collective: the trainer waits
-   for every receiver), drop their prefix caches, publish the step as the policy version vLLM
-   serves (`rlrun:policy_version`, as the hf trainer does), and resume them.
-
-The broadcast's TCP store is served by Fast-LLM's rank 0, except where its torch makes rank 0 a
-client under torchrun (`installed.store_host`): then this process serves it, a fresh one for every
-join (keys left by an earlier trainer's group would mislead the new one).
-
-A receive that fails (the trainer died mid-broadcast) is logged and counted; the servers keep
-the previous weights and the version stays. Progress (`last_event_id`) is kept in Redis, so a
-restarted follower neither repeats nor skips an event.
+Before every (re)start of the trainer the supervisor records a join request in `rlrun:weights`;
+the follower has every vLLM server join the group the new trainer opens (rank i+1 for server i).
+On each `weights_ready` that fits the run (`events.py`) it pauses the servers, has them all receive
+the broadcast at once (it is collective), drops their prefix caches, publishes the step as the
+policy version and resumes them. It serves the broadcast's TCP store itself where Fast-LLM's rank
+0 will not (`installed.store_host`), a fresh one per join. A failed receive is logged and counted
+(the servers keep the previous weights); progress is kept in Redis, so a restart neither repeats
+nor skips an event. See docs/architecture.md ("Weight updates").
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """What the installed Fast-LLM is, asked of it before a run starts (preflight).
 
-- Which revision's config it accepts: Fast-LLM validates its config strictly, so rlrun writes the
-  config of each candidate revision (`revisions.py`) and runs Fast-LLM's own validate-only mode
-  (`fast-llm train gpt --config FILE -v`) on it. The first one accepted is the run's revision;
-  when none is, the refusal (with the keys Fast-LLM names) becomes exit 2, never a crash loop.
-- Who hosts the weight broadcast's TCP store. Fast-LLM's rank 0 calls
-  `torch.distributed.rendezvous("tcp://host:port", rank=0)`. Under torchrun, which exports
-  `TORCHELASTIC_USE_AGENT_STORE=True`, torch <= 2.13 makes every rank a *client* of that endpoint
-  (it assumes the elastic agent serves it), while torch 2.14 does so only when the endpoint is the
-  agent's own `MASTER_ADDR:MASTER_PORT` and otherwise lets rank 0 host it. rlrun does not guess
-  from version numbers: it runs that rendezvous in Fast-LLM's Python with torchrun's variables set
-  and sees whether rank 0 hosted a store or waited for one. When rank 0 will not host, rlrun's
-  weight follower does (`follower.py`), so exactly one party always serves the store.
+- Which revision's config it accepts: rlrun writes the config of each candidate revision
+  (`revisions.py`) and runs Fast-LLM's validate-only mode on it; the first accepted is the run's,
+  and when none is, Fast-LLM's refusal becomes exit 2, never a crash loop.
+- Who hosts the weight broadcast's TCP store: under torchrun that depends on Fast-LLM's torch
+  version (docs/architecture.md), so rlrun runs the rendezvous in Fast-LLM's Python and sees.
 
-Each answer costs one short process (~5 s, mostly importing torch); answers are remembered for the
-life of the rlrun process, keyed by everything that decides them.
+Each answer costs one short process (~5 s, mostly importing torch) and is remembered for the life
+of the rlrun process.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Fast-LLM's Redis protocol: the documents rlrun writes and the events Fast-LLM writes back.
 
-These are Fast-LLM's messages, not rlrun's: they carry no schema_version and follow Fast-LLM's
-reader (fast_llm/data/dataset/streaming.py, `RedisStreamingDocumentData.from_message`: the JSON in
-field `data` gives the document's fields; `tokens` and `old_log_probabilities` may be lists) and
-its callback (fast_llm/engine/training/streaming.py: stream `fast_llm_events`, field `event`).
-
-Documents. One message per sample on `trainer.fast_llm.stream`, field `data` =
-`{"tokens": prompt + completion, "loss_masking_spans": [[begin, end]], "advantage": float,
-"old_log_probabilities": [0.0 per prompt token] + the behaviour log-probs}`.
-The span masks the prompt. Its end convention depends on the Fast-LLM version
-(`trainer.fast_llm.loss_masking_span_end`): since the document/range rewrite that brought the
-streaming dataset, spans are half-open — fast_llm/data/document/language_model.py applies
-`labels[span_begin:span_end] = -100` and fast_llm/data/sample/range.py crops `[begin, end)` —
-so the prompt is `[0, len(prompt)]` ("exclusive", the default). Older GPT preprocessing applied
-`labels[start : end + 1] = -100` (inclusive end), where the prompt is `[0, len(prompt) - 1]`.
-Labels are the tokens themselves (shifted by the model), so masking the prompt's labels leaves the
-first completion token as the first trained prediction.
-
-Events. `{"type": "weights_ready", "step": int}` (some versions add `"documents_seen": int`) before
-each weight broadcast: after every step, and once when the run begins (step = the steps already
-done). `{"type": "training_finished"}` when the training loop ends, also after SIGINT/SIGTERM.
-Anything else raises `MalformedEvent`, which the caller counts and skips.
+These are Fast-LLM's messages, not rlrun's (no schema_version). Documents: one message per sample
+on `trainer.fast_llm.stream`, field `data` = `{"tokens": prompt + completion, "loss_masking_spans":
+[[begin, end]], "advantage": float, "old_log_probabilities": [0.0 per prompt token] + the behaviour
+log-probs}`; the span masks the prompt, with the end convention of `trainer.fast_llm.
+loss_masking_span_end`. Events: `weights_ready` (with its step) and `training_finished`; anything
+else raises `MalformedEvent`. Where Fast-LLM reads and writes them: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -87,15 +72,6 @@ def encode_document(prompt_ids: list[int], sample: Sample, span_end: SpanEnd = "
 def encode_group(group: Group, span_end: SpanEnd = "exclusive") -> list[dict[str, str]]:
     """One document message per sample of `group`, in sample order."""
     return [encode_document(group.prompt_ids, sample, span_end) for sample in group.samples]
-
-
-def publish_group(client, stream: str, group: Group, span_end: SpanEnd = "exclusive") -> list[str]:
-    """XADD the group's documents to `stream` in one MULTI/EXEC, so Fast-LLM never sees half a
-    group. Returns the entry ids."""
-    pipe = client.pipeline(transaction=True)
-    for fields in encode_group(group, span_end):
-        pipe.xadd(stream, fields)
-    return [str(i) for i in pipe.execute()]
 
 
 # --- events ------------------------------------------------------------------------------------

@@ -1,19 +1,12 @@
 """What differs between the Fast-LLM revisions rlrun drives: one small table, one entry each.
 
-Fast-LLM is not released on PyPI; users run a branch. Its config is read strictly (an unknown key
-fails its start), so the generated config must match the revision exactly. Every entry names the
-commits it was checked against: its generated config was accepted by that commit's own
-validation (`fast-llm train gpt --config FILE -v`) and a CPU run of `rlrun train trainer=fast_llm`
-went to the end on it (see docs/operations.md, "Fast-LLM").
-
-`trainer.fast_llm.version=auto` (the default) lets preflight ask the installed Fast-LLM which
-entry's config it accepts, most specific first (`validate.py`).
-
-What does not differ, and so is not in the table: the stream, group and events names, the loss
-block's keys (`type: grpo|gspo`, `epsilon_low`, `epsilon_high`, `logits_scale_factor`,
-`metrics`), the streaming dataset and callback, the weight broadcast and the checkpoint layout.
-Whether `weights_ready` and the checkpoint's metadata carry `documents_seen` (PR #520 and main
-do, PR #502's head does not) is read from what the trainer writes, not from this table.
+Fast-LLM is not on PyPI (users run a branch) and reads its config strictly, so the generated config
+must match the revision. Each entry names the commits it was checked against (its config accepted
+by that commit's own validation, and a CPU run of `rlrun train trainer=fast_llm` to the end).
+`trainer.fast_llm.version=auto` lets preflight ask the installed Fast-LLM which entry's config it
+accepts, most specific first (`installed.py`). What does not differ (stream names, the loss keys,
+the broadcast, the checkpoint layout) is not in the table; whether `documents_seen` is sent is
+read from what the trainer writes.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Exactly-once documents under Fast-LLM: before every (re)start, the consumer group is set back to
 the first document the trainer's checkpoint does not cover.
 
-Fast-LLM reads the documents stream with `XREADGROUP ... NOACK` (fast_llm/data/dataset/
-streaming.py): the group's position moves as documents are *read*, not trained, and nothing is
-ever acknowledged. A trainer that dies (or is interrupted) after checkpoint k has read documents
-that its successor, restarting from checkpoint k, never sees again: they are lost.
-
-Which documents checkpoint k covers: the trainer counts the documents of every step it takes
-(`_documents_seen`, saved in the checkpoint's metadata and sent with `weights_ready`), and its only
-reader takes the stream's entries in order, one at a time, so the first `documents_seen` entries of
-the stream are exactly what steps 1..k trained (a document read but held for the next
-micro-batch is not counted, and is delivered again). With several data-parallel readers the
-entries are spread over ranks in arrival order; the count is still exact, the prefix is then the
-best rlrun can tell from outside.
-
-So before a start rlrun moves the group to just after entry number `documents_seen` (`XGROUP SETID
-... ENTRIESREAD n`): the documents the dead trainer read after its checkpoint are delivered again,
-none twice. A revision that does not record `documents_seen` (PR #502's head) cannot be rewound:
-the group is left where it is and what it read after the checkpoint is reported as lost.
+Fast-LLM reads with `XREADGROUP ... NOACK`, so a trainer that dies after checkpoint k has read
+documents its successor would never see. Checkpoint k records `documents_seen`; the first that
+many entries of the stream are what steps 1..k trained, so the group is moved to just after them
+(`XGROUP SETID ... ENTRIESREAD n`) and the rest are delivered again, none twice. A revision that
+does not record `documents_seen` cannot be rewound: what it read after the checkpoint is reported
+as lost. Details and limits: docs/operations.md ("Exactly-once documents").
 """
 
 from __future__ import annotations
