@@ -86,7 +86,7 @@ class VllmAdmin:
         for url in self.urls:
             try:
                 self._post(f"{url}/resume")
-            except (*DOWN, RuntimeError):
+            except (httpx.HTTPError, RuntimeError):  # down, starting, or refusing: nothing to resume there
                 missed.append(url)
         return missed
 
