@@ -1,10 +1,11 @@
 """Handing weights to vLLM, disk vs broadcast, and the trainer's step time with 1 and 2 ranks.
 
-    python bench/weight_sync.py [--sizes tiny,100m] [--repeats 3] [--steps 6] [--skip-steps]
+    python bench/weight_sync.py [--sizes tiny,100m] [--repeats 3] [--steps 6] [--skip-steps] [--vllm]
 
 1. Weight hand-over, for a model built locally (nothing downloaded): `tiny` is rlrun's demo
    shape (~0.3 M parameters), `100m` a ~100 M-parameter Qwen2 (8 layers of 768, vocabulary 32k).
-   - disk: what the hf trainer does after every step today — `save_pretrained` (safetensors) into
+   - disk: what the hf trainer does after every step with trainer.weight_transfer=disk (the
+     default) — `save_pretrained` (safetensors) into
      a fresh folder, into the page cache, not fsynced, as the trainer does — then reading every
      tensor back into memory (what vLLM's reload reads); bytes = the folder.
    - broadcast: rank 0 of the in-memory path (rlrun/trainer/weight_broadcast.py) to one receiver
@@ -17,6 +18,19 @@
    (2 passes of 128, 16 per group, ~10-token prompts, 4-token completions, as the demo), median
    of --steps steps after one warm-up, with 1 rank and with 2 ranks (FSDP2 and DDP, gloo,
    1 torch thread per rank).
+
+3. (--vllm; heavy: run it under the lock) A whole weight update into a real vLLM CPU server
+   through the trainer's own code, per model size, --repeats updates each way, each with new
+   weights: disk = `rlrun.trainer.main.write_weights` (the folder, weights/current) then
+   `VllmAdmin.update_weights` (pause, `rlrun_reload_weights`, reset the prefix cache, publish,
+   resume); broadcast = `BroadcastSync.update` (pause, group check, receive while rank 0 sends,
+   reset, publish, resume), its first update forming the group. `pause` is vLLM's: from the
+   /pause request to the /resume answer (generation stopped); `update` is the trainer's whole
+   call (the disk write, done before the pause, included; `write` alone); `receive`/`load`: the
+   vLLM worker's own report for a broadcast (the tensors in, then vLLM's load into its model); bytes = the folder written (and read
+   back by the server) or the tensors sent. The model folder is served by the server from its
+   start; the `tiny` shape here is the run's real tiny model (warm-started, tied embeddings),
+   `100m` the shape above with the tiny model's tokenizer.
 
 Prints tables; asserts nothing. Other load on the machine changes the figures a lot.
 """
@@ -178,12 +192,140 @@ def step_table(steps: int) -> None:
         print(f"{2:>5} {sharding:>8} | {statistics.median(two):>7.3f} {min(two):>7.3f}")
 
 
+# --- 3. a whole update into a real vLLM server ----------------------------------------------------
+from rlrun.inference.admin import VllmAdmin  # noqa: E402 - light (httpx), after sys.path is set
+
+
+class TimedAdmin(VllmAdmin):
+    """A VllmAdmin that remembers when it sent its first /pause and got its last /resume answer."""
+
+    paused_at: float | None = None
+    resumed_at: float | None = None
+
+    def _post(self, url, **kwargs):
+        if url.endswith("/pause") and self.paused_at is None:
+            self.paused_at = time.perf_counter()
+        response = super()._post(url, **kwargs)
+        if url.endswith("/resume"):
+            self.resumed_at = time.perf_counter()
+        return response
+
+
+def model_folder(size: str, root: Path) -> tuple[str, str]:
+    """(model folder, tokenizer folder) for `size`: the run's tiny model, or the 100m shape saved."""
+    from rlrun.config import compose
+    from rlrun.models.source import model_path
+
+    cfg, _ = compose(["recipe=math_grpo"])
+    tiny = model_path(cfg, build=True)
+    if size == "tiny":
+        return tiny, tiny
+    folder = root / size
+    build(size).save_pretrained(folder, safe_serialization=True)
+    return str(folder), tiny
+
+
+def start_vllm(model: str, tokenizer: str, log: Path):
+    import subprocess
+
+    from rlrun.config import compose
+    from rlrun.inference.server import base_url, healthy, server_argv, server_env
+
+    cfg, _ = compose(["recipe=math_grpo"])
+    port = free_port()
+    env = {**os.environ, **server_env(cfg.inference), "VLLM_API_KEY": "bench-key"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(server_argv(cfg.inference, cfg.model, model, port, tokenizer=tokenizer), env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    url, deadline = base_url("127.0.0.1", port), time.time() + 600
+    while not healthy(url):
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError(f"vLLM did not start: {log.read_text()[-2000:]}")
+        time.sleep(1)
+    return proc, url
+
+
+def nudged(state: dict, version: int) -> dict:
+    """New weights for every update (as after an optimizer step): every tensor moved a little."""
+    return {name: t + 1e-4 * version for name, t in state.items()}
+
+
+def vllm_updates(size: str, repeats: int, root: Path) -> list[tuple]:
+    """(way, version, pause s, update s, bytes, write s, receive s, load s) for `repeats` disk then `repeats` broadcast updates."""
+    import signal
+
+    from transformers import AutoModelForCausalLM
+
+    from rlrun.rundir import RunDir
+    from rlrun.trainer.main import write_weights
+    from rlrun.trainer.weight_broadcast import BroadcastSync
+
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    folder, tokenizer = model_folder(size, root)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)  # as save_pretrained writes a tied model
+    run = RunDir(root / f"run-{size}")
+    run.weights.mkdir(parents=True)
+    proc, url = start_vllm(folder, tokenizer, root / f"vllm-{size}.log")
+    out = []
+    try:
+        admin = TimedAdmin([url], api_key="bench-key")
+        for version in range(1, repeats + 1):
+            admin.paused_at = None
+            weights = nudged(state, version)
+            started = time.perf_counter()
+            target = write_weights(run, model, weights, version)
+            written = time.perf_counter()
+            admin.update_weights(str(target), lambda: None)
+            done = time.perf_counter()
+            size_bytes = sum(p.stat().st_size for p in target.rglob("*.safetensors"))
+            out.append(("disk", version, admin.resumed_at - admin.paused_at, done - started, size_bytes, written - started,
+                        float("nan"), float("nan")))  # fmt: skip
+        sync = BroadcastSync(admin, "127.0.0.1", free_port(), "gloo", timeout_s=120)
+        for version in range(repeats + 1, 2 * repeats + 2):  # one more: the first forms the group
+            admin.paused_at = None
+            weights = nudged(state, version)
+            started = time.perf_counter()
+            sync.update(weights, version, lambda: None)
+            done = time.perf_counter()
+            sent = sum(t.numel() * t.element_size() for t in weights.values())
+            (report,) = sync.last_reports
+            out.append(("broadcast" if version > repeats + 1 else "broadcast, forming", version,
+                        admin.resumed_at - admin.paused_at, done - started, sent, 0.0,
+                        report["receive_s"], report["load_s"]))  # fmt: skip
+        sync.close()
+        admin.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    return out
+
+
+def vllm_table(sizes: list[str], repeats: int) -> None:
+    print(f"\n## a whole update into a real vLLM CPU server (median of {repeats}; pause = /pause sent to /resume answered)")
+    print(f"{'model':>6} {'way':>18} | {'pause s':>8} {'write s':>8} {'update s':>8} {'MB':>7} | {'receive s':>9} {'load s':>7}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in sizes:
+            rows = vllm_updates(size, repeats, Path(tmp))
+            for way in ("disk", "broadcast, forming", "broadcast"):
+                mine = [r for r in rows if r[0] == way]
+                pause, update = statistics.median(r[2] for r in mine), statistics.median(r[3] for r in mine)
+                write, receive, load = (statistics.median(r[k] for r in mine) for k in (5, 6, 7))
+                print(f"{size:>6} {way:>18} | {pause:>8.3f} {write:>8.3f} {update:>8.3f} {mine[0][4] / 1e6:>7.1f} | {receive:>9.3f} {load:>7.3f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="tiny,100m", help="comma-separated: tiny, 100m")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--skip-steps", action="store_true", help="only the weight hand-over")
+    parser.add_argument("--vllm", action="store_true", help="also whole updates into a real vLLM server (heavy)")
+    parser.add_argument("--only-vllm", action="store_true", help="only the whole updates into a real vLLM server")
     args = parser.parse_args(argv)
     sizes = [s for s in args.sizes.split(",") if s]
     unknown = [s for s in sizes if s not in SHAPES]
@@ -191,9 +333,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown size(s) {unknown}: choose among {', '.join(SHAPES)}", file=sys.stderr)
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
     print(f"load average before: {os.getloadavg()}")
-    weight_table(sizes, args.repeats)
-    if not args.skip_steps:
+    if not args.only_vllm:
+        weight_table(sizes, args.repeats)
+    if args.vllm or args.only_vllm:
+        vllm_table(sizes, args.repeats)
+    if not (args.skip_steps or args.only_vllm):
         step_table(args.steps)
     print(f"\nload average after: {os.getloadavg()}")
     return 0

@@ -119,6 +119,15 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
         k_all = cfg.actor.num_actors
         owners.add_row(actor, ", ".join(servers), f"{k}, {k + k_all}, {k + 2 * k_all}, ..." if k_all > 1 else "all")
     console.print(owners)
+    if cfg.world.kind == "ray":
+        from rlrun.cluster.world import placement_rows
+
+        placed = Table(title="where the processes go (world=ray: one placement group, reserved before anything starts)")
+        for column in ("process", "ranks", "bundle reserved", "runs on"):
+            placed.add_column(column, overflow="fold")
+        for row in placement_rows(cfg):
+            placed.add_row(*row)
+        console.print(placed)
     console.print("[dim]ports marked 0 are chosen when the run starts; nothing was started.[/]")
 
 

@@ -46,7 +46,7 @@ FIELDS: dict[str, str] = {
     "grad_norm": "global gradient norm before clipping",
     "step_time_s": "seconds from the start of waiting for this step's groups to the record (step 1 includes start-up)",
     "wait_s": "of step_time_s, seconds spent waiting for the actor's groups",
-    "weights_s": "of step_time_s, seconds spent saving the new weights and loading them into vLLM",
+    "weights_s": "of step_time_s, seconds spent handing the new weights to vLLM (saving and reloading them, or broadcasting them)",
     "ettr": "effective training time ratio of the run so far: optimizer work over wall time, every launch of the run counted (see `rlrun status`)",
 }
 

@@ -31,7 +31,7 @@ class Role:
     redis_url: str  # without the password (secrets/redis.password)
     model_path: str
     vllm_urls: list[str] = field(default_factory=list)
-    broadcast_host: str = ""  # the trainer's weight broadcast (the weight follower only)
+    broadcast_host: str = ""  # the trainer's weight broadcast (the weight follower; the hf trainer with trainer.weight_transfer=broadcast)
     broadcast_port: int = 0
     actor_index: int = 0  # k of actor.num_actors (the actor only): its prompts, servers, stream and journal
     config: dict = field(default_factory=dict)  # the run's resolved config, as config.yaml holds it

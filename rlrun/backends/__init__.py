@@ -71,6 +71,9 @@ class TrainerBackend(Protocol):
     def roles(self, cfg: "RunConfig") -> list[str]:
         """The names of the processes it starts, in start order (the trainer's among them)."""
 
+    def trainer_ranks(self, cfg: "RunConfig") -> int:
+        """The trainer's ranks on its node (world=ray reserves world.trainer.cpus/gpus per rank)."""
+
     def broadcast_port(self, cfg: "RunConfig", pick_port: Callable[[str], int]) -> int:
         """The port of its trainer→vLLM weight broadcast, or 0 when it has none."""
 

@@ -83,8 +83,13 @@ class HfBackend:
     def roles(self, cfg: RunConfig) -> list[str]:
         return ["trainer"]
 
+    def trainer_ranks(self, cfg: RunConfig) -> int:
+        return cfg.trainer.nproc_per_node
+
     def broadcast_port(self, cfg: RunConfig, pick_port: Callable[[str], int]) -> int:
-        return 0  # weights reach vLLM through files (rlrun.trainer.publish)
+        """trainer.weight_transfer=broadcast: where rank 0 serves its group's store (on
+        inference.host, where the servers reach it); 0 when weights go through files."""
+        return pick_port(cfg.inference.host) if cfg.trainer.weight_transfer == "broadcast" else 0
 
     def explicit_ports(self, cfg: RunConfig) -> list[tuple[str, str, int]]:
         return []
@@ -105,8 +110,9 @@ class HfBackend:
     def specs(self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> list[ProcessSpec]:
         sup = cfg.supervisor
         argv, write_role_file = role_command(
-            run_dir, "rlrun.trainer.main", "trainer", redis_url=endpoints.redis_url, model_path=model_path, vllm_urls=endpoints.vllm_urls
-        )
+            run_dir, "rlrun.trainer.main", "trainer", redis_url=endpoints.redis_url, model_path=model_path,
+            vllm_urls=endpoints.vllm_urls, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
+        )  # fmt: skip
         nproc = cfg.trainer.nproc_per_node
         if nproc > 1:  # one supervised process: a rank that fails takes the group down (rank_group.py)
             argv = [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", str(nproc), "--", *argv]

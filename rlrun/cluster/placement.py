@@ -26,9 +26,22 @@ def role_of(process: str) -> str:
     return role
 
 
-def bundles(world: WorldConfig, processes: list[str]) -> dict[str, dict[str, float]]:
-    """Per process, in start order, the resources it reserves; {} for one that runs locally."""
-    return {name: getattr(world, role_of(name)).bundle() for name in processes}
+# Per-rank resources: a process of N ranks reserves N times these. Custom resources pick nodes
+# (a node offering {trainer_node: 1}), so they are asked for once, not per rank.
+PER_RANK = ("CPU", "GPU")
+
+
+def bundles(world: WorldConfig, processes: list[str], ranks: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
+    """Per process, in start order, the resources it reserves; {} for one that runs locally.
+    `ranks`: process → its ranks (the trainer's nproc_per_node), whose bundle is `rank_bundle`."""
+    ranks = ranks or {}
+    return {name: rank_bundle(getattr(world, role_of(name)).bundle(), ranks.get(name, 1)) for name in processes}
+
+
+def rank_bundle(per_rank: dict[str, float], ranks: int) -> dict[str, float]:
+    """One bundle for a process of `ranks` ranks on one node (the rank group starts them all
+    there): CPUs and GPUs once per rank, custom resources (node pickers) once."""
+    return {name: amount * ranks if name in PER_RANK else amount for name, amount in per_rank.items()}
 
 
 def describe(resources: dict[str, float]) -> str:

@@ -1,6 +1,6 @@
 """world=ray: the run's process specs on the nodes of an existing Ray cluster.
 
-    spawner = RaySpawner(cfg.world, placement.bundles(cfg.world, names), run_tag)
+    spawner = RaySpawner(cfg.world, placement.bundles(cfg.world, names, ranks), run_tag)
     Supervisor(specs, events, spawner=spawner)   # same restart policy, completion rule, journal
 
 At its first spawn the spawner joins the cluster (`world.address`) and reserves every process's

@@ -187,6 +187,18 @@ def validate(cfg: RunConfig) -> None:
             f"trainer.nproc_per_node ({t.nproc_per_node}): each rank takes an equal share of the step's passes "
             f"(e.g. trainer.gradient_accumulation_passes={t.nproc_per_node * max(1, t.gradient_accumulation_passes // t.nproc_per_node)}).",
         )
+    if t.weight_transfer == "broadcast":
+        need(
+            t.backend == "hf",
+            "trainer.weight_transfer=broadcast is the hf trainer's choice: trainer=fast_llm always broadcasts its "
+            "weights itself (trainer.fast_llm.broadcast_*). Remove trainer.weight_transfer.",
+        )
+        need(
+            not _sharded_vllm(cfg.inference.extra_args),
+            "trainer.weight_transfer=broadcast needs one vLLM worker per server: each server joins the trainer's "
+            "weight broadcast as one rank. Remove --tensor-parallel-size/--pipeline-parallel-size from "
+            "inference.extra_args and use inference.num_servers, or use trainer.weight_transfer=disk.",
+        )
     need(t.lr > 0, f"trainer.lr must be positive (got {t.lr}).")
     need(len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas), f"trainer.betas must be two numbers in [0, 1) (got {t.betas}).")
     need(t.grad_clip > 0, f"trainer.grad_clip must be positive (got {t.grad_clip}).")

@@ -123,6 +123,7 @@ class TrainerConfig:
     sharding: Literal["auto", "fsdp2", "ddp"] = "auto"  # hf, nproc_per_node>1: auto is FSDP2 where torch has fully_shard, DDP otherwise
     mixed_precision: Literal["none", "bf16"] = "none"  # hf: bf16 compute (FSDP2 reduces gradients in fp32)
     activation_checkpointing: bool = False  # hf: recompute activations in backward (less memory, more compute)
+    weight_transfer: Literal["disk", "broadcast"] = "disk"  # hf: weights to vLLM after each step: a safetensors folder each server reloads, or broadcast from rank 0 over torch.distributed (gloo on CPU, NCCL on GPUs; a folder only at checkpoints and while a server restarts)
     fast_llm: FastLlmConfig = field(default_factory=FastLlmConfig)  # backend=fast_llm only
 
     @property
@@ -154,8 +155,8 @@ class RolePlacement:
     """
 
     local: bool = False  # true: run it on this machine, next to the supervisor, not placed by Ray
-    cpus: float = 1.0  # Ray CPUs reserved
-    gpus: float = 0.0  # Ray GPUs reserved
+    cpus: float = 1.0  # Ray CPUs reserved (per rank for the trainer)
+    gpus: float = 0.0  # Ray GPUs reserved (per rank for the trainer)
     resources: Optional[dict[str, float]] = None  # custom Ray resources, e.g. {vllm_node: 1} to pick nodes
 
     def bundle(self) -> dict[str, float]:

@@ -32,25 +32,63 @@ class VllmAdmin:
         """Pause every server that answers, load `weights_path` into each, `publish()` the new
         version, resume them; return the servers that were down (left out). Raises
         httpx.ConnectError when none answers: there is no one to update yet."""
+
+        def reload_each(live: list[str]) -> list[str]:
+            return [url for url in live if not self._answers(lambda: self._reload(url, weights_path))]
+
+        return self.update(reload_each, publish)
+
+    def update(self, load: Callable[[list[str]], list[str]], publish: Callable[[], None]) -> list[str]:
+        """Pause every server that answers, `load(those)` (it returns the ones it found down),
+        `publish()`, resume; return the servers that were down. Raises httpx.ConnectError when
+        none answers; whatever `load` raises, the paused servers are resumed."""
         live, down = list(self.urls), []
 
         def on_each(action: Callable[[str], object]) -> None:
             for url in list(live):
-                try:
-                    action(url)
-                except DOWN:
+                if not self._answers(lambda: action(url)):
                     live.remove(url)
                     down.append(url)
 
         on_each(lambda url: self._post(f"{url}/pause", params={"mode": "abort"}))
         try:
-            on_each(lambda url: self._reload(url, weights_path))
+            for url in load(list(live)):
+                live.remove(url)
+                down.append(url)
             if down and not live:  # (no server at all, as in trainer tests: nothing to wait for)
                 raise httpx.ConnectError(f"no vLLM server answers ({', '.join(down)})")
             publish()
         finally:
             on_each(lambda url: self._post(f"{url}/resume"))
         return down
+
+    @staticmethod
+    def _answers(action: Callable[[], object]) -> bool:
+        """Run `action`; False when its server does not take connections (down, restarting)."""
+        try:
+            action()
+            return True
+        except DOWN:
+            return False
+
+    def rpc(self, url: str, method: str, kwargs: dict, timeout_s: float | None = None) -> dict:
+        """Call rlrun's worker extension `method` on server `url`; its (first worker's) answer."""
+        body = {"method": method, "kwargs": kwargs, **({"timeout": timeout_s} if timeout_s is not None else {})}
+        extra = {"timeout": timeout_s + 30.0} if timeout_s is not None else {}
+        results = self._post(f"{url}/collective_rpc", json=body, **extra).json().get("results") or [None]
+        return results[0] if isinstance(results[0], dict) else {"reply": results[0]}
+
+    def resume_answering(self) -> list[str]:
+        """Resume every server that answers (a trainer that died between /pause and /resume left
+        it paused, and its successor may have no update to make before the actor feeds it);
+        return those that did not answer or refused."""
+        missed = []
+        for url in self.urls:
+            try:
+                self._post(f"{url}/resume")
+            except (httpx.HTTPError, RuntimeError):  # down, starting, or refusing: nothing to resume there
+                missed.append(url)
+        return missed
 
     def pause(self) -> None:
         for url in self.urls:
@@ -60,8 +98,8 @@ class VllmAdmin:
         for url in self.urls:
             self._post(f"{url}/resume")
 
-    def reset_prefix_cache(self) -> None:
-        for url in self.urls:
+    def reset_prefix_cache(self, urls: list[str] | None = None) -> None:
+        for url in self.urls if urls is None else urls:
             self._post(f"{url}/reset_prefix_cache")
 
     def reload_weights(self, weights_path: str) -> None:

@@ -12,11 +12,16 @@ methods are called through the server's `/collective_rpc`:
   packed copy of the weight for the logits GEMM: it kept the old one. Real models such as
   Qwen2.5-1.5B tie them. The hf trainer calls this one.
 
-Fast-LLM (trainer=fast_llm; called by `rlrun/backends/fast_llm/follower.py`):
+Fast-LLM's broadcast (trainer=fast_llm, called by `rlrun/backends/fast_llm/follower.py`; and the
+hf trainer's rank 0 with trainer.weight_transfer=broadcast, `rlrun/trainer/weight_broadcast.py`):
 
 - `rlrun_join_broadcast(...)`: start joining the trainer's broadcast group, in a thread (Fast-LLM
   opens the group when it starts and waits there for every receiver; the engine keeps serving
   meanwhile). Called before every (re)start of the trainer; an earlier membership is dropped.
+- `rlrun_broadcast_group()`: the group id given to the last join, or None (never joined: a
+  restarted server; or its group broke). The hf trainer (trainer.weight_transfer=broadcast,
+  `rlrun/trainer/weight_broadcast.py`) asks it before every broadcast and forms its group again
+  when a server is not in it.
 - `rlrun_receive_broadcast(event_id, step)`: receive the broadcast announced by `weights_ready`
   event `event_id` and load it in place. The engine is busy while it runs, so the caller pauses
   generation around it. A second call for the event loaded last returns at once (a retried call
@@ -95,19 +100,30 @@ class RlrunWorkerExtension:
         fixed = retie(model, groups, loaded)
         return {"tied_groups": groups, "retied": fixed}
 
-    def rlrun_join_broadcast(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> str:
+    def rlrun_join_broadcast(
+        self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float, group_id: str = ""
+    ) -> str:
         joined: Future = Future()
         port, rank, world_size, timeout_s = int(port), int(rank), int(world_size), float(timeout_s)  # JSON in
 
         def join() -> None:
             try:
-                joined.set_result(broadcast.join(host, port, rank, world_size, backend, timeout_s))
+                still_wanted = lambda: getattr(self, "rlrun_membership", None) is joined  # noqa: E731
+                joined.set_result(broadcast.join(host, port, rank, world_size, backend, timeout_s, still_wanted))
             except BaseException as exc:  # noqa: BLE001 - handed to the next receive
                 joined.set_exception(exc)
 
         self.rlrun_membership = joined
+        self.rlrun_group_id = str(group_id)
         threading.Thread(target=join, name="rlrun-broadcast-join", daemon=True).start()
         return f"joining tcp://{host}:{port} as rank {rank} of {world_size}"
+
+    def rlrun_broadcast_group(self) -> dict:
+        """The group this worker is (or is becoming) a member of: `group_id` as given to the
+        join, None when it never joined (a restarted server) or its group broke or never formed."""
+        membership: Future | None = getattr(self, "rlrun_membership", None)
+        broken = membership is None or (membership.done() and membership.exception() is not None)
+        return {"group_id": None if broken else getattr(self, "rlrun_group_id", "")}
 
     def rlrun_receive_broadcast(self, event_id: str, step: int, timeout_s: float) -> dict:
         step, timeout_s = int(step), float(timeout_s)

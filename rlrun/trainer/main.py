@@ -13,6 +13,7 @@ import os
 import shutil
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, ExitCode
@@ -31,6 +32,9 @@ from rlrun.trainer.checkpoint import TrainerState
 from rlrun.trainer.parallel import Parallel, Ranks
 from rlrun.trainer.step import optimizer_step
 
+if TYPE_CHECKING:
+    from rlrun.trainer.weight_broadcast import BroadcastSync
+
 log = logging.getLogger("rlrun.trainer")
 
 VLLM_WAIT_S = 600.0  # a weight update waits this long for a restarting vLLM server
@@ -38,12 +42,14 @@ VLLM_WAIT_S = 600.0  # a weight update waits this long for a restarting vLLM ser
 
 class Trainer:
     def __init__(
-        self, cfg: RunConfig, run_dir: RunDir, redis, model_path: str, vllm: VllmAdmin, parallel: Parallel | None = None
+        self, cfg: RunConfig, run_dir: RunDir, redis, model_path: str, vllm: VllmAdmin, parallel: Parallel | None = None,
+        broadcast: "BroadcastSync | None" = None,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.run_dir, self.redis, self.vllm = cfg, run_dir, redis, vllm
+        self.broadcast = broadcast  # None: weights go through files (trainer.weight_transfer=disk)
         self.parallel = parallel if parallel is not None else Parallel(Ranks())
         self.main = self.parallel.ranks.is_main  # rank 0 reads Redis, publishes, checkpoints' owner
         torch.manual_seed(cfg.run.seed)
@@ -93,6 +99,8 @@ class Trainer:
             self._ensure_consumer_group()
         if self.state.step > 0:  # vLLM must serve the weights of the checkpoint we resumed from
             self._push_weights()
+        elif self.main:  # (a push resumes them too)
+            self.vllm.resume_answering()  # an earlier trainer may have died with the servers paused
         self.parallel.barrier()  # every rank is up (and has heartbeaten) before the group is ready
         if self.main:
             self._publish_state(ready_pid=os.getpgrp(), training_done=0)
@@ -195,27 +203,40 @@ class Trainer:
 
     # --- weights to vLLM -----------------------------------------------------------------------
     def _push_weights(self) -> None:
-        """Save this version's weights, point weights/current at them, then pause (abort in-flight),
-        reload and resume every vLLM server that answers (one being restarted loads them at its start)."""
+        """Hand this version's weights to every vLLM server that answers (a server being restarted
+        loads weights/current at its start): through a folder (trainer.weight_transfer=disk) or a
+        broadcast from rank 0 (=broadcast, rlrun/trainer/weight_broadcast.py)."""
         version = self.state.policy_version
         weights = self.parallel.full_state_dict(self.model)  # every rank takes part; rank 0 gets them
         if not self.main:
             return
-        target = self.run_dir.weights_version(version)
-        tmp = target.with_name(f".tmp-{target.name}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.parallel.unwrapped(self.model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-        # First: a vLLM server (re)starting from now on loads these, so the update need not wait for it.
-        self.run_dir.point_current_weights(target)
-        down = self._until_vllm_answers(lambda: self.vllm.update_weights(str(target), lambda: self.redis.set(names.POLICY_VERSION, version)))
+        publish = lambda: self.redis.set(names.POLICY_VERSION, version)  # noqa: E731
+        if self.broadcast is None:  # first the folder: a server (re)starting from now on loads it
+            target = write_weights(self.run_dir, self._bare(), weights, version)
+            down = self._until_vllm_answers(lambda: self.vllm.update_weights(str(target), publish))
+        else:
+            from rlrun.trainer.weight_broadcast import disk_copy_due
+
+            copied = []  # a folder for the servers that start cold, written at most once per version
+
+            def broadcast():
+                try:
+                    return self.broadcast.update(weights, version, publish, self._heartbeat)
+                except Exception:  # none answers, or the broadcast failed: a server may be restarting
+                    if not copied:  # it loads weights/current at its start: make that this version
+                        copied.append(write_weights(self.run_dir, self._bare(), weights, version))
+                        log.info("weights v%d written to weights/current for a vLLM server that starts cold", version)
+                    raise
+
+            down = self._until_vllm_answers(broadcast)
+            t = self.cfg.trainer
+            if not copied and disk_copy_due(self.state.step, t.checkpoint_every, t.max_train_steps, down):
+                write_weights(self.run_dir, self._bare(), weights, version)
         if down:
-            log.warning("weights v%d: %s not reachable (restarting: it starts from these weights)", version, ", ".join(down))
-        keep = {target.name, f"v{version - 1:06d}"}  # the previous one may still be loading somewhere
-        for old in self.run_dir.weights.glob("v*"):
-            if old.name not in keep:
-                shutil.rmtree(old, ignore_errors=True)
+            log.warning("weights v%d: %s not reachable (restarting: it starts from weights/current)", version, ", ".join(down))
+
+    def _bare(self):
+        return self.parallel.unwrapped(self.model)
 
     def _until_vllm_answers(self, action) -> None:
         """Retry a weight update while a vLLM server is down (the supervisor restarts it)."""
@@ -311,9 +332,28 @@ class Trainer:
         log.info("training done at step %d", self.state.step)
 
 
+def write_weights(run_dir: RunDir, model, weights: dict, version: int):
+    """weights/vNNNNNN (complete, renamed into place) from `weights` (a full state dict of the
+    transformers `model`), weights/current pointed at it; older versions deleted but the one
+    current pointed at before (it may still be loading somewhere). Returns the folder."""
+    target = run_dir.weights_version(version)
+    tmp = target.with_name(f".tmp-{target.name}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    current = run_dir.current_weights
+    previous = os.path.basename(os.readlink(current)) if current.is_symlink() else ""
+    run_dir.point_current_weights(target)
+    for old in run_dir.weights.glob("v*"):
+        if old.name not in {target.name, previous}:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    vllm = parallel = None
+    vllm = parallel = broadcast = None
     try:
         role = role_from_argv("rlrun::trainer", argv)
         cfg, run_dir = role.load_config(), role.run
@@ -322,7 +362,14 @@ def main(argv: list[str] | None = None) -> int:
         vllm = VllmAdmin(role.vllm_urls, api_key=run_dir.read_vllm_api_key())
         # One rank unless a launcher (rlrun.trainer.rank_group, torchrun) set RANK/WORLD_SIZE.
         parallel = Parallel(Ranks.from_env(os.environ), cfg.trainer.sharding, cfg.trainer.device)
-        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel)
+        if cfg.trainer.weight_transfer == "broadcast" and parallel.ranks.is_main:
+            from rlrun.trainer.weight_broadcast import BroadcastSync, transport
+
+            if not (role.broadcast_host and role.broadcast_port):
+                raise ConfigError("trainer.weight_transfer=broadcast, but the trainer's role file names no broadcast host "
+                                  "and port: it was not written by `rlrun train`/`resume` of this version.")  # fmt: skip
+            broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, transport(cfg.trainer.device))
+        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast)
         try:
             trainer.train()
         finally:
@@ -333,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return int(ExitCode.USAGE)
     finally:
+        if broadcast is not None:
+            broadcast.close()
         if vllm is not None:
             vllm.close()
         if parallel is not None:

@@ -1,6 +1,6 @@
-"""The sending end of the in-memory weight path: the hf trainer's rank 0 as rank 0 of Fast-LLM's
-weight broadcast group, so the vLLM servers receive with the very receiver they run for Fast-LLM
-(rlrun/backends/fast_llm/broadcast.py, rlrun/inference/worker_extension.py).
+"""The in-memory weight path (trainer.weight_transfer=broadcast): the hf trainer's rank 0 as rank 0
+of Fast-LLM's weight broadcast group, so the vLLM servers receive with the very receiver they run
+for Fast-LLM (rlrun/backends/fast_llm/broadcast.py, rlrun/inference/worker_extension.py).
 
 Wire format (the receiver's docstring): the group of `receivers + 1` ranks is made at
 `tcp://host:port` by `torch.distributed.rendezvous` (rank 0 serves the TCP store) under the
@@ -8,19 +8,38 @@ store prefix `range_0_<n>_1/`; per tensor, `broadcast_object((shard, name, shape
 pickle's byte count as an int64 tensor, then its bytes) and the tensor; then
 `broadcast_object(None)`. gloo on CPU, NCCL on GPUs.
 
-Owns the sender only. Not yet wired into the trainer's loop (weights still reach vLLM through
-files, rlrun/trainer/main.py): bench/weight_sync.py measures it against the disk path.
+`BroadcastSync` is one weight update: pause the servers that answer, make sure each is a member
+of the current group (a server that restarted is not: it answers `rlrun_broadcast_group` with
+None), form the group again with the servers that answer when not, have each receive (the RPC
+blocks until the broadcast ends, so in threads) while rank 0 sends, drop their prefix caches,
+publish the version, resume. Any failure drops the group and raises: the trainer retries, and the
+retry forms a new group with whoever answers. The receiver loads nothing until it has the whole
+broadcast, so a failed one leaves a server on its old weights, never on a mix.
+
+The group is formed on one port (the run's, `HfBackend.broadcast_port`), rank 0 serving the TCP
+store on inference.host (127.0.0.1 on one machine); every formation has a new id, and a receiver's join that a newer
+one overtook claims no rank (`broadcast.join`'s `still_wanted`).
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import pickle
+import threading
+import uuid
+from concurrent.futures import Future, wait
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from rlrun.backends.fast_llm.broadcast import SOURCE_RANK, WEIGHTS_SHARD, store_prefix
+
+log = logging.getLogger("rlrun.trainer.weights")
+
+TIMEOUT_S = 60.0  # forming the group, and each collective of a broadcast: a peer gone fails it by then
 
 
 class WeightBroadcaster:
@@ -60,3 +79,129 @@ class WeightBroadcaster:
             sent += tensor.numel() * tensor.element_size()
         self._broadcast_object(None)
         return sent
+
+
+def transport(device: str) -> str:
+    """The broadcast's torch.distributed backend for a trainer on `device`: gloo on CPU, NCCL on GPUs."""
+    return "gloo" if device == "cpu" else "nccl"
+
+
+def disk_copy_due(step: int, checkpoint_every: int, last_step: int, down: list[str]) -> bool:
+    """Whether a broadcast update also writes weights/current, for the servers that start cold:
+    one restarting now (`down`: it loads the folder at its start), and at every checkpoint (and the
+    last step) one that restarts between two updates unseen (the next update brings it up to date).
+    (An update that fails — none answers, or the broadcast broke — writes it too: the trainer.)"""
+    return bool(down) or step % checkpoint_every == 0 or step >= last_step
+
+
+@dataclass(frozen=True)
+class Membership:
+    """One formation of the group: its id, and its receivers (rank i+1 is servers[i])."""
+
+    group_id: str
+    servers: tuple[str, ...]
+
+
+def needs_new_group(current: Membership | None, servers: list[str], reported: dict[str, str | None]) -> bool:
+    """True when the servers that answer cannot receive over the current group: there is none,
+    they are not its members (one is down, or one is back), or one reports another group or none
+    (it restarted, or its group broke)."""
+    if current is None or tuple(servers) != current.servers:
+        return True
+    return any(reported.get(url) != current.group_id for url in servers)
+
+
+class BroadcastSync:
+    """The hf trainer's rank 0 side of trainer.weight_transfer=broadcast. `admin`: the vLLM
+    servers' VllmAdmin; `host:port`: where rank 0 serves the group's store."""
+
+    def __init__(self, admin, host: str, port: int, transport: str = "gloo", timeout_s: float = TIMEOUT_S) -> None:
+        self.admin, self.host, self.port, self.transport, self.timeout_s = admin, host, port, transport, timeout_s
+        self.membership: Membership | None = None
+        self.sender: WeightBroadcaster | None = None
+        self._sent = 0  # broadcasts sent by this process: with the group id, a unique event id
+        self.last_reports: list[dict] = []  # each receiver's report of the last broadcast (receive_s, load_s, ...)
+
+    def update(self, weights: dict[str, torch.Tensor], version: int, publish: Callable[[], None],
+               while_waiting: Callable[[], None] = lambda: None) -> list[str]:  # fmt: skip
+        """Broadcast `weights` (a full state dict) as policy `version` to every server that
+        answers, then `publish()`; the servers that were down. Raises (RuntimeError, httpx errors)
+        when it failed: nothing published, every server keeps what it served."""
+        return self.admin.update(lambda live: self._load(live, weights, version, while_waiting), publish)
+
+    def _load(self, live: list[str], weights, version: int, while_waiting) -> list[str]:
+        import httpx
+
+        down, reported = [], {}
+        for url in live:
+            try:
+                reported[url] = self.admin.rpc(url, "rlrun_broadcast_group", {}).get("group_id")
+            except (httpx.ConnectError, httpx.RemoteProtocolError):
+                down.append(url)
+        servers = [url for url in live if url not in down]
+        if not servers:
+            return down
+        try:
+            if needs_new_group(self.membership, servers, reported):
+                self._form(servers, while_waiting)
+            self._broadcast(weights, version, while_waiting)
+        except Exception as exc:
+            self._drop()
+            raise RuntimeError(f"weight broadcast of v{version} to {', '.join(servers)} failed: {exc}") from exc
+        self.admin.reset_prefix_cache(servers)  # cached KV blocks were computed with the old weights
+        return down
+
+    def _form(self, servers: list[str], while_waiting) -> None:
+        self._drop()  # the old group's store frees the port
+        group_id = uuid.uuid4().hex[:12]
+        log.info("forming the weight broadcast group %s at %s:%d with %s", group_id, self.host, self.port, ", ".join(servers))
+        for rank, url in enumerate(servers, start=1):
+            kwargs = {"host": self.host, "port": self.port, "rank": rank, "world_size": len(servers) + 1,
+                      "backend": self.transport, "timeout_s": self.timeout_s, "group_id": group_id}  # fmt: skip
+            self.admin.rpc(url, "rlrun_join_broadcast", kwargs)  # answers at once; the worker joins in a thread
+        self.sender = self._waiting(lambda: WeightBroadcaster(self.host, self.port, len(servers), self.transport, self.timeout_s), while_waiting)
+        self.membership = Membership(group_id, tuple(servers))
+
+    def _broadcast(self, weights, version: int, while_waiting) -> None:
+        assert self.membership is not None and self.sender is not None
+        self._sent += 1
+        kwargs = {"event_id": f"{self.membership.group_id}-{self._sent}", "step": version, "timeout_s": self.timeout_s}
+        receiving = [in_thread(lambda url=url: self.admin.rpc(url, "rlrun_receive_broadcast", kwargs, self.timeout_s))
+                     for url in self.membership.servers]  # fmt: skip
+        sender = self.sender
+        sent = self._waiting(lambda: sender.send(weights), while_waiting)
+        reports = [self._wait(future, while_waiting) for future in receiving]
+        self.last_reports = reports
+        log.info("weights v%d broadcast (%.1f MB) to %d server(s): %s", version, sent / 1e6, len(reports), reports)
+
+    def _waiting(self, action, while_waiting):
+        return self._wait(in_thread(action), while_waiting)
+
+    @staticmethod
+    def _wait(future: Future, while_waiting):
+        """The future's result, calling `while_waiting` (the heartbeat) about once a second meanwhile."""
+        while wait([future], timeout=1.0).not_done:
+            while_waiting()
+        return future.result()
+
+    def _drop(self) -> None:
+        """Forget the group (its store, served by rank 0, closes with the last reference)."""
+        self.sender, self.membership = None, None
+
+    def close(self) -> None:
+        self._drop()
+
+
+def in_thread(action: Callable[[], object]) -> Future:
+    """Run `action` in a daemon thread of its own (a call left blocked by a failed broadcast ends
+    at its timeout and never holds up the next one, as a pool's worker would); its future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(action())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="rlrun-broadcast", daemon=True).start()
+    return future

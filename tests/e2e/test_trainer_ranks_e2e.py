@@ -1,9 +1,11 @@
-"""The trainer as 2 data-parallel ranks on the real stack, with 2 vLLM servers: one rank is
+"""The trainer as 2 data-parallel ranks on the real stack, with 2 vLLM servers that get the weights
+by broadcast from rank 0 (trainer.weight_transfer=broadcast; every other e2e run uses the disk
+path, the default): one rank is
 SIGKILLed after the checkpoint at step 2; the whole rank group fails and is restarted from that
 checkpoint, and the run ends at exactly the requested step, every trained group trained once in
 the final lineage (the audit of test_recovery.py), nothing left running. The clean run's
 properties (exact step, exit 0, no process left) are asserted on the same run: one e2e, not two.
-~135 s on 2 busy cores (6 steps of 128 samples, tiny model).
+~115-175 s on 2 busy cores (6 steps of 128 samples, tiny model; the same with the disk path).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ STEPS = 6
 RANKS = [
     "recipe=math_gspo", f"trainer.max_train_steps={STEPS}", "trainer.nproc_per_node=2", "trainer.train_batch_size=64",
     "trainer.gradient_accumulation_passes=2", "trainer.checkpoint_every=2", "inference.num_servers=2",
-    "actor.audit=true", "supervisor.stop_grace_s=5",
+    "actor.audit=true", "supervisor.stop_grace_s=5", "trainer.weight_transfer=broadcast",
 ]  # fmt: skip
 
 
@@ -63,3 +65,11 @@ def test_two_ranks_two_servers_a_killed_rank_restarts_the_group_and_the_run_ends
     assert set(trained) <= delivered
     log = next((run_dir / "logs").rglob("trainer.1.log")).read_text()
     assert "resumed from" in log
+    # The restarted group formed its own broadcast group with both servers and broadcast every
+    # version from its checkpoint's on; files were written at checkpoints only (steps 2, 4, 6).
+    assert "forming the weight broadcast group" in log and f"weights v{STEPS} broadcast" in log
+    assert all(f"weights v{v} broadcast" in log for v in range(2, STEPS + 1))
+    assert {p.name for p in (run_dir / "weights").glob("v*")} <= {f"v{v:06d}" for v in (2, 4, 6)}
+    assert (run_dir / "weights" / "current").resolve().name == f"v{STEPS:06d}"
+    served = [r["behaviour_version_max"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+    assert max(served) >= STEPS - 2, served  # vLLM sampled with broadcast weights (versions the actor saw)

@@ -1,6 +1,8 @@
-"""Weight updates into a real vLLM server (CPU) through rlrun's worker extension, both ways:
-what the Fast-LLM stand-in broadcasts (the weight follower's calls), and a checkpoint folder (the
-hf trainer's call). The model ties its embedding and LM head, as Qwen2.5 does. After each update
+"""Weight updates into a real vLLM server (CPU) through rlrun's worker extension, every way:
+what the Fast-LLM stand-in broadcasts (the weight follower's calls), a checkpoint folder (the hf
+trainer's call with trainer.weight_transfer=disk), and the hf trainer's own broadcast
+(=broadcast; last, since it kills and restarts the server to show a restarted one is brought to
+the newest weights). The model ties its embedding and LM head, as Qwen2.5 does. After each update
 the server's log-probabilities match transformers' on the new weights, not on the old ones.
 
 The server runs as a run runs it (rlrun's argv, env and API key in VLLM_API_KEY): every route but
@@ -49,26 +51,42 @@ def tied_copy(model_path: str, folder) -> str:
     return str(folder)
 
 
+class VllmProcess:
+    """One vLLM server as a run starts it, which a test may kill and start again on its port."""
+
+    def __init__(self, model: str, folder) -> None:
+        cfg, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu"])
+        self.model, self.port = model, pick_free_port(HOST)
+        self.argv = server_argv(cfg.inference, cfg.model, model, self.port, tokenizer=model)
+        self.env = {**os.environ, **server_env(cfg.inference), "VLLM_API_KEY": KEY}
+        self.url, self.log, self.starts = base_url(HOST, self.port), folder / "vllm.log", 0
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.starts += 1
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 300
+        while not healthy(self.url):
+            assert self.proc.poll() is None and time.time() < deadline, self.log.read_text()[-3000:]
+            time.sleep(1)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     cfg, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu"])
     model = tied_copy(model_path(cfg, build=True), tmp_path_factory.mktemp("tied"))
-    port = pick_free_port(HOST)
-    argv = server_argv(cfg.inference, cfg.model, model, port, tokenizer=model)
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, env={**os.environ, **server_env(cfg.inference), "VLLM_API_KEY": KEY}, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    url = base_url(HOST, port)
+    vllm = VllmProcess(model, tmp_path_factory.mktemp("vllm"))
     try:
-        deadline = time.time() + 300
-        while not healthy(url):
-            assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
-            time.sleep(1)
-        yield url, model, log
+        vllm.start()
+        yield vllm
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+        vllm.kill()
 
 
 def greedy(url: str, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
@@ -93,7 +111,7 @@ def transformers_logprobs(model_path: str, weights: dict, prompt_ids: list[int],
 def test_vllm_serves_the_weights_fast_llm_broadcast(server):
     from transformers import AutoTokenizer
 
-    url, model, _ = server
+    url, model = server.url, server.model
     prompt = AutoTokenizer.from_pretrained(model).encode(PROMPT, add_special_tokens=False)
     pretrained = load_file(os.path.join(model, "model.safetensors"))
     admin = VllmBroadcastAdmin([url], receive_timeout_s=60, api_key=KEY)
@@ -133,7 +151,7 @@ def test_vllm_serves_a_checkpoint_folder_reloaded_by_the_trainers_call(server, t
 
     from rlrun.inference.admin import VllmAdmin
 
-    url, model, _ = server
+    url, model = server.url, server.model
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
     moved = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
@@ -168,7 +186,7 @@ ADMIN_ROUTES = [
 def test_every_admin_route_needs_the_runs_key(server):
     """A local process without the key can neither freeze generation nor swap the policy; the key
     opens every route; /health stays open for the probe; the key is in no log."""
-    url, model, log = server
+    url, model, log = server.url, server.model, server.log
     with httpx.Client(base_url=url, timeout=120) as anyone, httpx.Client(base_url=url, timeout=120, headers=bearer_header(KEY)) as run:
         paused = False  # what the server should say: only the key's /pause and /resume change it
         for method, path, body in ADMIN_ROUTES:
@@ -186,3 +204,49 @@ def test_every_admin_route_needs_the_runs_key(server):
         # The reload went through: the served model is the one on disk again, and it generates.
         assert len(greedy(url, [1, 2, 3])[0]) >= 1
     assert KEY not in log.read_text(errors="replace")
+
+
+def test_the_hf_trainers_broadcast_is_served_and_a_restarted_server_gets_the_newest_weights(server):
+    """trainer.weight_transfer=broadcast, rank 0's side (`BroadcastSync`, what the trainer calls
+    every step) against the real server: each update is served; a server killed and started again
+    comes back with the weights it was started from, and the next update forms a new group with
+    it and brings it to the newest. Last in this module: it restarts the server."""
+    from transformers import AutoTokenizer
+
+    from rlrun.inference.admin import VllmAdmin
+    from rlrun.trainer.weight_broadcast import BroadcastSync
+
+    url, model = server.url, server.model
+    prompt = AutoTokenizer.from_pretrained(model).encode(PROMPT, add_special_tokens=False)
+    pretrained = load_file(os.path.join(model, "model.safetensors"))
+    admin = VllmAdmin([url], api_key=KEY)
+    sync = BroadcastSync(admin, HOST, pick_free_port(HOST), "gloo", timeout_s=60)
+    published: list[int] = []
+
+    def serves(weights) -> float:
+        completion, served = greedy(url, prompt)
+        expected = transformers_logprobs(model, weights, prompt, completion)
+        return max(abs(a - b) for a, b in zip(served, expected))
+
+    try:
+        assert admin.resume_answering() == []  # what a new trainer does first: harmless on a server not paused
+        for version, step in ((1, STEP), (2, 2)):
+            assert sync.update(weights_at(pretrained, step), version, lambda: published.append(version)) == []
+            assert serves(weights_at(pretrained, step)) < 2e-3, f"v{version}"
+            if version == 1:
+                first = sync.membership
+        assert sync.membership == first  # the second update reused the group
+
+        server.kill()  # the supervisor would restart it; meanwhile no server answers: the trainer retries
+        with pytest.raises(httpx.ConnectError, match="no vLLM server answers"):
+            sync.update(weights_at(pretrained, 3), 3, lambda: published.append(3))
+        server.start()  # from the model folder it was started with: stale weights
+        assert serves(pretrained) < 2e-3
+
+        assert sync.update(weights_at(pretrained, 3), 3, lambda: published.append(3)) == []
+        assert sync.membership.group_id != first.group_id  # a new group, with the restarted server in it
+        assert serves(weights_at(pretrained, 3)) < 2e-3 and serves(pretrained) > 0.05
+        assert published == [1, 2, 3] and server.starts == 2
+    finally:
+        sync.close()
+        admin.close()

@@ -65,11 +65,13 @@ def test_a_fresh_hf_trainer_starts_beside_vllm_and_a_resuming_one_after_it(tmp_p
     assert backend_for(cfg).specs(cfg, run_dir, no_redis, "m", RedisProbe(no_redis.redis_url, run_dir))[-1].after == ()
 
 
-def test_only_fast_llm_has_a_broadcast_port_and_a_passwordless_redis_user():
+def test_only_fast_llm_and_a_broadcasting_hf_trainer_have_a_broadcast_port_and_only_fast_llm_a_passwordless_redis_user():
     hf, _ = compose([])
     fast_llm, _ = compose([*FAST_LLM, "trainer.fast_llm.broadcast_port=29555"])
     picked = lambda host: 40000  # noqa: E731
-    assert backend_for(hf).broadcast_port(hf, picked) == 0
+    assert backend_for(hf).broadcast_port(hf, picked) == 0  # weights through files
+    broadcasting, _ = compose(["trainer.weight_transfer=broadcast"])
+    assert backend_for(broadcasting).broadcast_port(broadcasting, picked) == 40000
     assert backend_for(hf).explicit_ports(hf) == []
     assert backend_for(hf).redis_default_user(hf) == DEFAULT_USER_OFF
     assert backend_for(fast_llm).broadcast_port(fast_llm, picked) == 29555  # fixed in the config

@@ -144,3 +144,29 @@ def test_colocation_needs_both_placed_by_ray():
     bundles = {"vllm-0": {}, "actor": {"CPU": 1.0}}  # the server runs locally: nothing to share
     reserved, owner = placement.colocate(bundles, {"actor": "vllm-0"})
     assert reserved == {"actor": {"CPU": 1.0}} and owner == {"actor": "actor"}
+
+
+def test_a_trainer_of_several_ranks_reserves_its_cpus_and_gpus_per_rank_on_one_node():
+    from rlrun.cluster.world import process_ranks
+
+    cfg, _ = compose([*RAY, "trainer.nproc_per_node=4", "trainer.gradient_accumulation_passes=4", "world.trainer.gpus=1",
+                      "world.trainer.cpus=2", "world.trainer.resources={trainer_node: 1}"])  # fmt: skip
+    assert process_ranks(cfg) == {"trainer": 4}
+    bundles = placement.bundles(cfg.world, process_names(cfg), process_ranks(cfg))
+    assert bundles["trainer"] == {"CPU": 8.0, "GPU": 4.0, "trainer_node": 1.0}  # the node picker once
+    assert bundles["actor"] == {"CPU": 1.0}  # one rank: as before
+    nodes = {"a": {"CPU": 16.0, "GPU": 2.0, "trainer_node": 1.0}, "b": {"CPU": 16.0, "GPU": 2.0}}
+    assert placement.shortfall({"trainer": bundles["trainer"]}, nodes) == [
+        "trainer needs CPU 8, GPU 4, trainer_node 1 on one node, and no node has that"
+    ]
+
+
+def test_the_dry_run_shows_each_rank_and_where_it_goes():
+    from rlrun.cluster.world import placement_rows
+
+    cfg, _ = compose([*RAY, "trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2", "world.trainer.gpus=1",
+                      "inference.num_servers=2"])  # fmt: skip
+    rows = {row[0]: row[1:] for row in placement_rows(cfg)}
+    assert rows["trainer"] == ("rank 0, rank 1", "CPU 2, GPU 2 (CPU 1, GPU 1 per rank)", "a node Ray picks for this bundle; all 2 ranks on it")
+    assert rows["redis"][2].startswith("this machine") and rows["actor"][2] == "the node of vllm-0 (one bundle with it)"
+    assert rows["vllm-1"] == ("-", "CPU 1", "a node Ray picks for this bundle")

@@ -53,3 +53,9 @@ def test_without_servers_the_version_is_still_published():
     admin = VllmAdmin([], transport=httpx.MockTransport(lambda request: httpx.Response(500)))
     assert admin.update_weights("/w/v000001", lambda: published.append(True)) == []
     assert published == [True]
+
+
+def test_a_new_trainer_resumes_every_server_that_answers_and_names_the_others():
+    calls: list[str] = []
+    assert admin_with({DOWN}, calls).resume_answering() == [DOWN]
+    assert calls == ["8001/resume"]

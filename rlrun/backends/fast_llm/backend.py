@@ -81,6 +81,9 @@ class FastLlmBackend:
     def roles(self, cfg: RunConfig) -> list[str]:
         return ["weights", "trainer"]  # the follower first: the trainer waits for it at its broadcast
 
+    def trainer_ranks(self, cfg: RunConfig) -> int:
+        return cfg.trainer.fast_llm.nproc_per_node  # torchrun's processes, one per GPU
+
     def broadcast_port(self, cfg: RunConfig, pick_port: Callable[[str], int]) -> int:
         return cfg.trainer.fast_llm.broadcast_port or pick_port(cfg.inference.host)
 

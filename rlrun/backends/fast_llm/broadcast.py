@@ -53,16 +53,22 @@ def serve_store(host: str, port: int, world_size: int, timeout_s: float) -> dist
                          timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
 
 
-def join(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> BroadcastGroup:
+def join(
+    host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float, still_wanted=lambda: True
+) -> BroadcastGroup:
     """Join the group Fast-LLM's rank 0 opens at `host:port` as `rank` (1..world_size-1).
 
     Blocks until every member has joined, or raises after `timeout_s` (the trainer is not there).
+    `still_wanted()` is asked once the store answers: a join overtaken by a newer one (the hf
+    trainer forms its group again on the same port) must not claim a rank in the new group.
     """
     if not 0 < rank < world_size:
         raise ValueError(f"a receiver's rank must be in 1..{world_size - 1}, got {rank}")
     timeout = datetime.timedelta(seconds=timeout_s)
     url = f"tcp://{host}:{port}"
     store, _, _ = next(dist.rendezvous(url, rank, world_size, timeout=timeout))
+    if not still_wanted():
+        raise RuntimeError(f"the join of tcp://{host}:{port} as rank {rank} was overtaken by a newer one")
     prefixed = dist.PrefixStore(store_prefix(world_size), store)
     if backend == "gloo":
         group, device = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout), torch.device("cpu")
