@@ -46,7 +46,8 @@ FIELDS: dict[str, str] = {
     "grad_norm": "global gradient norm before clipping",
     "step_time_s": "seconds from the start of waiting for this step's groups to the record (step 1 includes start-up)",
     "wait_s": "of step_time_s, seconds spent waiting for the actor's groups",
-    "weights_s": "of step_time_s, seconds spent handing the new weights to vLLM (saving and reloading them, or broadcasting them)",
+    "weights_s": "of step_time_s, seconds the step spent on handing its weights to vLLM (saving and reloading them, or broadcasting them; overlapped: copying them and waiting for the previous update)",
+    "weights_update_s": "seconds the last whole weight update took: with trainer.overlap_weight_update, the one that finished during this step, beside the training (null at the first step); without, weights_s",
     "ettr": "effective training time ratio of the run so far: optimizer work over wall time, every launch of the run counted (see `rlrun status`)",
 }
 

@@ -35,7 +35,7 @@ RULES: list[Rule] = [
     ("trainer.nproc_per_node", lambda c: c.trainer.backend != "hf",
      "it sets the ranks of rlrun's own trainer (trainer=hf): set trainer.fast_llm.nproc_per_node for Fast-LLM"),
     *[(f"trainer.{key}", lambda c: c.trainer.backend != "hf", "rlrun's own trainer only (trainer=hf): remove it")
-      for key in ("sharding", "mixed_precision", "activation_checkpointing", "weight_transfer")],
+      for key in ("sharding", "mixed_precision", "activation_checkpointing", "weight_transfer", "overlap_weight_update")],
     ("supervisor.weights", lambda c: c.trainer.backend != "fast_llm",
      "the weight follower runs with trainer=fast_llm only: set trainer=fast_llm, or remove it"),
     ("world.address", lambda c: c.world.kind != "ray", "it names a Ray cluster: set world=ray, or remove it"),

@@ -12,7 +12,9 @@ import logging
 import os
 import shutil
 import statistics
+import threading
 import time
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from rlrun.config import RunConfig
@@ -50,6 +52,8 @@ class Trainer:
 
         self.cfg, self.run_dir, self.redis, self.vllm = cfg, run_dir, redis, vllm
         self.broadcast = broadcast  # None: weights go through files (trainer.weight_transfer=disk)
+        self._update: Future | None = None  # the weight update in flight (trainer.overlap_weight_update)
+        self.last_update_s: float | None = None  # how long the last overlapped update took
         self.parallel = parallel if parallel is not None else Parallel(Ranks())
         self.main = self.parallel.ranks.is_main  # rank 0 reads Redis, publishes, checkpoints' owner
         torch.manual_seed(cfg.run.seed)
@@ -117,11 +121,15 @@ class Trainer:
                 config_hash=self.state.config_hash,
             )
             pushing = time.monotonic()
-            self._push_weights()
+            overlap = self.cfg.trainer.overlap_weight_update
+            self._push_weights(overlap=overlap)
             self.unacked.extend(message_ids)
             metrics["step_time_s"] = round(time.monotonic() - started, 4)
             metrics["wait_s"] = round(waited, 4)
             metrics["weights_s"] = round(time.monotonic() - pushing, 4)
+            # The last whole update: overlapped, the one that finished during this step (none yet at the first).
+            update_s, self.last_update_s = (self.last_update_s if overlap else metrics["weights_s"]), None
+            metrics["weights_update_s"] = round(update_s, 4) if update_s is not None else None
             if self.main:
                 self._record(metrics, groups)
             else:
@@ -129,6 +137,7 @@ class Trainer:
             if self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
                 self._save_checkpoint()
         if self.main:
+            self._finish_update()  # the last version is served before the trainer says it is done
             self._announce_done()
 
     def close(self) -> None:
@@ -202,14 +211,40 @@ class Trainer:
         return optimizer_step(self.model, self.optimizer, samples, self.cfg, self.parallel, self.device)
 
     # --- weights to vLLM -----------------------------------------------------------------------
-    def _push_weights(self) -> None:
+    def _push_weights(self, overlap: bool = False) -> None:
         """Hand this version's weights to every vLLM server that answers (a server being restarted
-        loads weights/current at its start): through a folder (trainer.weight_transfer=disk) or a
-        broadcast from rank 0 (=broadcast, rlrun/trainer/weight_broadcast.py)."""
+        loads weights/current at its start). `overlap`: in a thread, while the next step trains;
+        an update still in flight is finished first, so at most one is."""
         version = self.state.policy_version
         weights = self.parallel.full_state_dict(self.model)  # every rank takes part; rank 0 gets them
         if not self.main:
             return
+        self._finish_update()
+        if not overlap:
+            return self._hand_over(weights, version)
+        # The next step changes the parameters in place: the thread sends a copy taken now.
+        weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}
+        self._update = Future()
+        threading.Thread(target=self._run_update, args=(self._update, weights, version), name="weights", daemon=True).start()
+
+    def _run_update(self, done: Future, weights: dict, version: int) -> None:
+        # A daemon thread, not an executor: a trainer that fails exits without waiting for it.
+        try:
+            started = time.monotonic()
+            self._hand_over(weights, version)
+            done.set_result(time.monotonic() - started)
+        except BaseException as exc:  # re-raised in the main thread by _finish_update
+            done.set_exception(exc)
+
+    def _finish_update(self) -> None:
+        """Wait for the update in flight, if any; its failure is the trainer's."""
+        update, self._update = self._update, None
+        if update is not None:
+            self.last_update_s = update.result()
+
+    def _hand_over(self, weights: dict, version: int) -> None:
+        """Through a folder (trainer.weight_transfer=disk) or a broadcast from rank 0
+        (=broadcast, rlrun/trainer/weight_broadcast.py)."""
         publish = lambda: self.redis.set(names.POLICY_VERSION, version)  # noqa: E731
         if self.broadcast is None:  # first the folder: a server (re)starting from now on loads it
             target = write_weights(self.run_dir, self._bare(), weights, version)
