@@ -151,7 +151,10 @@ def rlrun_points(run_dir: Path, launched: float) -> tuple[list[Point], float]:
 
     records = final_records(read_metrics(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").is_file() else []
     points = [Point(r["time"] - launched, r["step"], r["samples"], float(r["reward_mean"])) for r in records]
-    first_start = (records[0]["time"] - float(records[0].get("step_time_s") or 0.0) - launched) if records else 0.0
+    # Startup ends when the first step's groups have arrived: a fresh trainer starts beside vLLM, so
+    # its first step's wait covers vLLM's start.
+    first = records[0] if records else {}
+    first_start = (first["time"] - float(first.get("step_time_s") or 0.0) + float(first.get("wait_s") or 0.0) - launched) if records else 0.0
     return points, first_start
 
 

@@ -28,6 +28,7 @@ RANKS = [
     "recipe=math_gspo", f"trainer.max_train_steps={STEPS}", "trainer.nproc_per_node=2", "trainer.train_batch_size=64",
     "trainer.gradient_accumulation_passes=2", "trainer.checkpoint_every=2", "inference.num_servers=2",
     "actor.audit=true", "supervisor.stop_grace_s=5", "trainer.weight_transfer=broadcast",
+    "trainer.overlap_weight_update=true",
 ]  # fmt: skip
 
 
