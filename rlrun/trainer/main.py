@@ -215,23 +215,23 @@ class Trainer:
         """Hand this version's weights to every vLLM server that answers (a server being restarted
         loads weights/current at its start). `overlap`: in a thread, while the next step trains;
         an update still in flight is finished first, so at most one is."""
-        version = self.state.policy_version
+        version, step = self.state.policy_version, self.state.step  # (the thread must not read self.state)
         weights = self.parallel.full_state_dict(self.model)  # every rank takes part; rank 0 gets them
         if not self.main:
             return
         self._finish_update()
         if not overlap:
-            return self._hand_over(weights, version)
+            return self._hand_over(weights, version, step)
         # The next step changes the parameters in place: the thread sends a copy taken now.
         weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}
         self._update = Future()
-        threading.Thread(target=self._run_update, args=(self._update, weights, version), name="weights", daemon=True).start()
+        threading.Thread(target=self._run_update, args=(self._update, weights, version, step), name="weights", daemon=True).start()
 
-    def _run_update(self, done: Future, weights: dict, version: int) -> None:
+    def _run_update(self, done: Future, weights: dict, version: int, step: int) -> None:
         # A daemon thread, not an executor: a trainer that fails exits without waiting for it.
         try:
             started = time.monotonic()
-            self._hand_over(weights, version)
+            self._hand_over(weights, version, step)
             done.set_result(time.monotonic() - started)
         except BaseException as exc:  # re-raised in the main thread by _finish_update
             done.set_exception(exc)
@@ -242,7 +242,7 @@ class Trainer:
         if update is not None:
             self.last_update_s = update.result()
 
-    def _hand_over(self, weights: dict, version: int) -> None:
+    def _hand_over(self, weights: dict, version: int, step: int) -> None:
         """Through a folder (trainer.weight_transfer=disk) or a broadcast from rank 0
         (=broadcast, rlrun/trainer/weight_broadcast.py)."""
         publish = lambda: self.redis.set(names.POLICY_VERSION, version)  # noqa: E731
@@ -265,7 +265,7 @@ class Trainer:
 
             down = self._until_vllm_answers(broadcast)
             t = self.cfg.trainer
-            if not copied and disk_copy_due(self.state.step, t.checkpoint_every, t.max_train_steps, down):
+            if not copied and disk_copy_due(step, t.checkpoint_every, t.max_train_steps, down):
                 write_weights(self.run_dir, self._bare(), weights, version)
         if down:
             log.warning("weights v%d: %s not reachable (restarting: it starts from weights/current)", version, ", ".join(down))
