@@ -78,8 +78,10 @@ def test_two_actors_one_killed_the_other_goes_on(tmp_path):
     # its replacement's first record (the victim may still write one between killed_at and the signal)
     victim = [r["pid"] for r in audits["actor-0"] if r["time"] <= killed_at][-1]
     back = next(r["time"] for r in audits["actor-0"] if r["time"] > killed_at and r["pid"] != victim)
-    published_meanwhile = [r for r in audits["actor-1"] if r["kind"] == "delivered" and killed_at < r["time"] < back]
-    assert published_meanwhile, f"actor-1 published nothing in the {back - killed_at:.1f} s actor-0 was down"
+    # actor-1 kept generating meanwhile. Tokens, not whole groups: actor-0 is back within ~2 s, often
+    # before actor-1's first long group is done.
+    generated_meanwhile = [r for r in audits["actor-1"] if r["kind"] == "journaled" and killed_at < r["time"] < back]
+    assert generated_meanwhile, f"actor-1 generated nothing in the {back - killed_at:.1f} s actor-0 was down"
 
     # groups spread over both servers: each actor's requests went to its own one
     for k in (0, 1):
