@@ -36,13 +36,13 @@ def started_pid(run_dir: Path, process: str) -> int:
 
 
 def trainer_ranks_by_node(cluster: LocalRayCluster) -> dict[int, str]:
-    """Each trainer rank running now → the node it runs on (rank 0 is titled rlrun:trainer, rank r
-    rlrun:trainer-rank<r>; their rank group rlrun:trainer-ranks)."""
+    """Each trainer rank running now → the node it runs on (rank 0 is titled `rlrun:trainer ARGS`,
+    rank r `rlrun:trainer-rank<r> ARGS`; their rank group `rlrun:trainer-ranks ARGS`)."""
     found = {}
     for node_id, node in cluster.nodes.items():
         for p in psutil.Process(node.pid).children(recursive=True):
             try:
-                title = re.fullmatch(r"rlrun:trainer(?:-rank(\d+))?", " ".join(p.cmdline()).strip())
+                title = re.fullmatch(r"rlrun:trainer(?:-rank(\d+))?", (" ".join(p.cmdline()).split() or [""])[0])
             except psutil.Error:
                 continue
             if title:
