@@ -34,6 +34,7 @@ import time
 POLL_S = 0.1
 STOP_GRACE_S = 10.0  # a rank told to stop (SIGTERM) is SIGKILLed after this long
 PR_SET_PDEATHSIG = 1
+MODULE = "rlrun.trainer.rank_group"  # how a process spec runs it: `python -m MODULE ...`
 
 
 def free_port(host: str) -> int:
@@ -129,9 +130,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.nnodes > 1 and not args.master_port:
         parser.error("several nodes meet at one --master-addr/--master-port: give both")
     return args
-
-
-MODULE = "rlrun.trainer.rank_group"
 
 
 def node_command(argv: list[str], *, nproc: int, first_rank: int, node_rank: int, nnodes: int, world_size: int, master_addr: str, master_port: int) -> list[str]:
