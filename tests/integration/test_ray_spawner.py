@@ -311,7 +311,7 @@ def test_a_trainers_ranks_on_two_nodes_form_one_torch_distributed_group(cluster,
         spawner.close()
 
 
-def test_a_failing_rank_on_one_node_fails_the_group_and_no_rank_is_left(cluster, tmp_path):
+def test_a_failing_rank_on_one_node_fails_the_group_no_rank_is_left_and_a_restart_meets_again(cluster, tmp_path):
     spawner = RaySpawner(world(cluster), {"trainer": [{"rank_slot": 1}, {"rank_slot": 1}]}, "t-spread-fail")
     try:
         handle = spawner.spawn(rank_group_spec(tmp_path, "rank1-fails"))
@@ -321,6 +321,13 @@ def test_a_failing_rank_on_one_node_fails_the_group_and_no_rank_is_left(cluster,
         cluster.record()
         assert wait_exit(handle, timeout=60) == 3  # the failed rank's status, as with torchrun
         assert all(gone(pid) for pid in [*guards, *(r["pid"] for r in ranks)])  # rank 0, on the other node, was stopped
+
+        # the supervisor's restart is a new spawn: the ranks meet again, at a port found anew
+        again_dir = tmp_path / "again"
+        again_dir.mkdir()
+        again = spawner.spawn(rank_group_spec(again_dir, "all_reduce"))
+        assert wait_exit(again, timeout=120) == 0, (again_dir / "trainer.log").read_text()[-3000:]
+        assert [r["sum"] for r in ranks_seen(cluster, again_dir, 2)] == [3.0, 3.0]
     finally:
         spawner.close()
 
