@@ -240,7 +240,7 @@ class RaySpawner:
         self._group = None
         self._agents: dict[str, object] = {}  # node id → agent actor
         self._remote_agent = None  # NodeAgent as a Ray actor class (made once Ray is imported)
-        self.nodes: dict[str, str] = {}  # process → node id it was last started on
+        self.nodes: dict[str, str] = {}  # process → node id it was last started on (rank 0's when spread)
 
     # --- the Spawner protocol --------------------------------------------------------------------
     def spawn(self, spec: ProcessSpec) -> Handle:
@@ -253,9 +253,12 @@ class RaySpawner:
         env.update({name: path.read_text().strip() for name, path in spec.secret_env.items()})
         cwd = str(spec.cwd) if spec.cwd is not None else None
         indices = self._index[spec.name]
-        if len(indices) > 1:
-            return self._spawn_spread(spec, indices, env, cwd)
-        handle = self._start(spec.name, indices[0], list(spec.argv), str(spec.log_path), env, cwd)
+        bundle_nodes = [self._agent_at(index, spec.name)[1] for index in indices] if len(indices) > 1 else []
+        layout = placement.node_ranks(bundle_nodes)
+        if len(layout) > 1:
+            handle = self._spawn_spread(spec, indices, bundle_nodes, layout, env, cwd)
+        else:  # one bundle, or ranks that all landed on one node: the command as it is, as in world=local
+            handle = self._start(spec.name, indices[0], list(spec.argv), str(spec.log_path), env, cwd)
         self.nodes[spec.name] = handle.node_id
         return handle
 
@@ -274,15 +277,12 @@ class RaySpawner:
         log.info("%s started on node %s (pid %d there)", name, node_id[:12], pid)
         return RayHandle(agent, pid, node_id, name, self._timeout)
 
-    def _spawn_spread(self, spec: ProcessSpec, indices: list[int], env: dict[str, str], cwd: Optional[str]):
-        """A rank group per node the process's bundles are on, meeting at rank 0's node."""
+    def _spawn_spread(
+        self, spec: ProcessSpec, indices: list[int], bundle_nodes: list[str], layout: list[placement.NodeRanks],
+        env: dict[str, str], cwd: Optional[str],
+    ) -> SpreadHandle:  # fmt: skip
+        """A rank group per node of `layout`, meeting at rank 0's node (that of the first bundle)."""
         ray = _ray()
-        bundle_nodes = [self._agent_at(index, spec.name)[1] for index in indices]
-        layout = placement.node_ranks(bundle_nodes)
-        if len(layout) == 1:  # all on one node: the command as it is, as in world=local
-            handle = self._start(spec.name, indices[0], list(spec.argv), str(spec.log_path), env, cwd)
-            self.nodes[spec.name] = handle.node_id
-            return handle
         first, _ = self._agent_at(indices[0], spec.name)
         try:
             host = ray.get(first.info.remote(), timeout=max(self._timeout, 30.0))["ip"]
@@ -302,7 +302,6 @@ class RaySpawner:
             for part in parts:  # no rank group left behind by a start that failed half-way
                 part.signal_group(signal.SIGKILL)
             raise
-        self.nodes[spec.name] = parts[0].node_id
         log.info("%s: ranks on %d nodes (%s), meeting at %s:%d", spec.name, len(layout),
                  ", ".join(f"{g.node[:12]}: {g.nproc}" for g in layout), host, port)  # fmt: skip
         return SpreadHandle(parts)
