@@ -72,7 +72,11 @@ class TrainerBackend(Protocol):
         """The names of the processes it starts, in start order (the trainer's among them)."""
 
     def trainer_ranks(self, cfg: "RunConfig") -> int:
-        """The trainer's ranks on its node (world=ray reserves world.trainer.cpus/gpus per rank)."""
+        """The trainer's ranks (world=ray reserves world.trainer.cpus/gpus per rank)."""
+
+    # world=ray: its ranks may run on several nodes, one bundle each (its trainer command is a
+    # `rlrun.trainer.rank_group`, started once per node); False: all on one node, in one bundle.
+    ranks_span_nodes: bool
 
     def broadcast_port(self, cfg: "RunConfig", pick_port: Callable[[str], int]) -> int:
         """The port of its trainer→vLLM weight broadcast, or 0 when it has none."""

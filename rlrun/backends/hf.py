@@ -79,6 +79,7 @@ def _step_of(path: Path) -> Optional[int]:
 class HfBackend:
     name = "hf"
     layout = HfLayout()
+    ranks_span_nodes = True  # its rank group is started per node (rlrun.trainer.rank_group)
 
     def roles(self, cfg: RunConfig) -> list[str]:
         return ["trainer"]

@@ -3,7 +3,7 @@
 One agent per node (a small Ray actor, made by `ray_world.RaySpawner`; plain Python here, so it is
 importable and testable without Ray). It starts a spec's command as the local spawner does — under
 rlrun's guard, in its own session, output appended to the log file — and answers for its
-processes: exit status, signals to the whole group, descendants, the end of a log file.
+processes: exit status, signals to the whole group, descendants; and finds a free port on its node.
 
 The guard watches the agent: when the agent dies (its node is lost, the run's driver is gone,
 `ray.kill`), the group is SIGKILLed, so nothing of the run outlives it. On a Ray node the guard
@@ -43,6 +43,13 @@ class NodeAgent:
         except Exception:  # noqa: BLE001 - outside Ray (unit tests): no node id
             pass
         return {"node_id": node_id, "hostname": socket.gethostname(), "ip": ip, "pid": os.getpid()}
+
+    def free_port(self, host: str) -> int:
+        """A TCP port free on this node at `host` now (the rendezvous of a rank group spread over
+        nodes, whose rank 0 runs here)."""
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return s.getsockname()[1]
 
     def spawn(self, argv: list[str], log_path: str, env: dict[str, str], cwd: Optional[str] = None) -> int:
         """Start `argv` under the guard; return the guard's pid (which leads the new group).

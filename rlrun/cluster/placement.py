@@ -1,11 +1,14 @@
 """Placement as plain data: which Ray resources each process reserves, and what a cluster lacks.
 
-Pure functions over dicts (no Ray): the resources one process of each role asks for (its bundle
-in the run's placement group), and, given what the cluster's nodes offer, the list of what is
+Pure functions over dicts (no Ray): the bundles one process of each role asks for (in the run's
+placement group: one, or one per rank for a trainer whose ranks may go to several nodes), which
+ranks then run on which node, and, given what the cluster's nodes offer, the list of what is
 missing, worded for a person.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from rlrun.config.schema import WorldConfig
 
@@ -15,6 +18,11 @@ ROLES = ("redis", "vllm", "trainer", "actor")
 PLACED_LIKE = {"weights": "actor"}
 # Resources every Ray node reports that nobody asks for by hand: left out of messages.
 BOOKKEEPING = ("memory", "object_store_memory")
+# Per-rank resources: a process of N ranks on one node reserves N times these. Custom resources
+# pick nodes (a node offering {trainer_node: 1}), so such a bundle asks for them once.
+PER_RANK = ("CPU", "GPU")
+
+Bundle = dict[str, float]
 
 
 def role_of(process: str) -> str:
@@ -26,36 +34,79 @@ def role_of(process: str) -> str:
     return role
 
 
-# Per-rank resources: a process of N ranks reserves N times these. Custom resources pick nodes
-# (a node offering {trainer_node: 1}), so they are asked for once, not per rank.
-PER_RANK = ("CPU", "GPU")
-
-
-def bundles(world: WorldConfig, processes: list[str], ranks: dict[str, int] | None = None) -> dict[str, dict[str, float]]:
-    """Per process, in start order, the resources it reserves; {} for one that runs locally.
-    `ranks`: process → its ranks (the trainer's nproc_per_node), whose bundle is `rank_bundle`."""
+def bundles(
+    world: WorldConfig, processes: list[str], ranks: dict[str, int] | None = None, spread: frozenset[str] = frozenset()
+) -> dict[str, list[Bundle]]:
+    """Per process, in start order, the bundles it reserves: [] for one that runs locally, one
+    bundle for a process of one rank. A process of N ranks (`ranks`, the trainer's
+    nproc_per_node) in `spread` (its ranks may run on several nodes) gets N bundles, each of
+    `world.<role>` as it is (CPUs, GPUs and custom resources per rank); one not in `spread` (a
+    launcher rlrun cannot split, such as Fast-LLM's torchrun) gets one bundle for all its ranks on
+    one node (`rank_bundle`)."""
     ranks = ranks or {}
-    return {name: rank_bundle(getattr(world, role_of(name)).bundle(), ranks.get(name, 1)) for name in processes}
+    out: dict[str, list[Bundle]] = {}
+    for name in processes:
+        one, n = getattr(world, role_of(name)).bundle(), ranks.get(name, 1)
+        if not one:
+            out[name] = []
+        elif name in spread:
+            out[name] = [dict(one) for _ in range(n)]
+        else:
+            out[name] = [rank_bundle(one, n)]
+    return out
 
 
-def rank_bundle(per_rank: dict[str, float], ranks: int) -> dict[str, float]:
-    """One bundle for a process of `ranks` ranks on one node (the rank group starts them all
-    there): CPUs and GPUs once per rank, custom resources (node pickers) once."""
+def rank_bundle(per_rank: Bundle, ranks: int) -> Bundle:
+    """One bundle for a process of `ranks` ranks on one node: CPUs and GPUs once per rank, custom
+    resources (node pickers) once."""
     return {name: amount * ranks if name in PER_RANK else amount for name, amount in per_rank.items()}
 
 
-def describe(resources: dict[str, float]) -> str:
+@dataclass(frozen=True)
+class NodeRanks:
+    """The ranks of a spread process that run on one node, as one rank group there."""
+
+    node: str  # the node's id
+    node_rank: int  # torchrun's GROUP_RANK: 0 is the node of rank 0, whose address is the rendezvous
+    first_rank: int  # its ranks are first_rank .. first_rank + nproc - 1 (contiguous: LOCAL_RANK + first_rank)
+    nproc: int
+
+
+def node_ranks(bundle_nodes: list[str]) -> list[NodeRanks]:
+    """Which ranks run on which node, given the node each rank's bundle landed on (in bundle order).
+
+    The ranks are interchangeable, so they are numbered per node, contiguously: the node of the
+    first bundle runs ranks 0..k-1, the next node (in order of first appearance) the following
+    ones. Nodes A, B, A give A ranks 0-1 and B rank 2."""
+    counts: dict[str, int] = {}
+    for node in bundle_nodes:
+        counts[node] = counts.get(node, 0) + 1
+    out, first = [], 0
+    for k, (node, n) in enumerate(counts.items()):
+        out.append(NodeRanks(node, k, first, n))
+        first += n
+    return out
+
+
+def describe(resources: Bundle) -> str:
     """{'GPU': 1.0, 'vllm_node': 1.0} → 'GPU 1, vllm_node 1'."""
     shown = {k: v for k, v in resources.items() if k not in BOOKKEEPING and not k.startswith("node:")}
     return ", ".join(f"{name} {amount:g}" for name, amount in sorted(shown.items())) or "nothing"
 
 
-def fits(bundle: dict[str, float], offer: dict[str, float]) -> bool:
+def describe_bundles(bundles: list[Bundle]) -> str:
+    """[b] → 'CPU 1'; [b, b] → '2 bundles of CPU 1 (one per rank)'."""
+    if len(bundles) > 1 and all(b == bundles[0] for b in bundles):
+        return f"{len(bundles)} bundles of {describe(bundles[0])} (one per rank)"
+    return "; ".join(describe(b) for b in bundles) or "nothing"
+
+
+def fits(bundle: Bundle, offer: Bundle) -> bool:
     return all(offer.get(name, 0.0) >= amount for name, amount in bundle.items())
 
 
-def shortfall(wanted: dict[str, dict[str, float]], nodes: dict[str, dict[str, float]]) -> list[str]:
-    """What the cluster can never give `wanted` (process → bundle; {} bundles are ignored).
+def shortfall(wanted: dict[str, list[Bundle]], nodes: dict[str, Bundle]) -> list[str]:
+    """What the cluster can never give `wanted` (process → its bundles; local ones, [], ignored).
 
     `nodes`: the total resources of each alive node (by a label such as its address and id).
     Each bundle must fit on one node, and their sum in the whole cluster. What other jobs hold
@@ -63,41 +114,58 @@ def shortfall(wanted: dict[str, dict[str, float]], nodes: dict[str, dict[str, fl
     will be reserved, but every line it returns is a reason they never can be.
     """
     problems = []
-    placed = {name: bundle for name, bundle in wanted.items() if bundle}
-    for name, bundle in placed.items():
-        if not any(fits(bundle, offer) for offer in nodes.values()):
-            problems.append(f"{name} needs {describe(bundle)} on one node, and no node has that")
+    placed = {name: bs for name, bs in wanted.items() if bs}
+    for name, bs in placed.items():
+        for bundle in _distinct(bs):
+            if not any(fits(bundle, offer) for offer in nodes.values()):
+                each = f" for each of its {len(bs)} ranks" if len(bs) > 1 else ""
+                problems.append(f"{name} needs {describe(bundle)} on one node{each}, and no node has that")
     totals: dict[str, float] = {}
-    for bundle in placed.values():
-        for resource, amount in bundle.items():
-            totals[resource] = totals.get(resource, 0.0) + amount
+    for bs in placed.values():
+        for bundle in bs:
+            for resource, amount in bundle.items():
+                totals[resource] = totals.get(resource, 0.0) + amount
     for resource, amount in sorted(totals.items()):
         have = sum(offer.get(resource, 0.0) for offer in nodes.values())
         if have < amount:
-            users = ", ".join(name for name, bundle in placed.items() if resource in bundle)
+            users = ", ".join(
+                name + (f": {len(bs)} ranks" if len(bs) > 1 else "") for name, bs in placed.items() if any(resource in b for b in bs)
+            )
             problems.append(f"{resource}: {amount:g} needed in all ({users}), the cluster has {have:g}")
     return problems
 
 
-def describe_nodes(nodes: dict[str, dict[str, float]]) -> str:
+def _distinct(bundles: list[Bundle]) -> list[Bundle]:
+    out: list[Bundle] = []
+    for b in bundles:
+        if b not in out:
+            out.append(b)
+    return out
+
+
+def describe_nodes(nodes: dict[str, Bundle]) -> str:
     return "; ".join(f"{label}: {describe(offer)}" for label, offer in nodes.items()) or "no node alive"
 
 
-def colocate(bundles: dict[str, dict[str, float]], anchors: dict[str, str]) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+def colocate(bundles: dict[str, list[Bundle]], anchors: dict[str, str]) -> tuple[dict[str, list[Bundle]], dict[str, str]]:
     """Bundles merged so that a process runs on the node of its anchor (actor k next to its first
-    vLLM server): the anchored process's resources are added to its anchor's bundle, and it takes
-    that bundle's node. Only where both are placed by Ray (a local one has no bundle to share).
+    vLLM server): the anchored process's resources are added to its anchor's (first) bundle, and
+    it takes that bundle's node. Only where both are placed by Ray (a local one has no bundle to
+    share) and each has one bundle.
 
     Returns (the bundles to reserve, by owning process, in start order; process → the process
     whose bundle it runs in, for every placed process, itself when not anchored).
     """
-    joined = {name: anchor for name, anchor in anchors.items() if bundles.get(name) and bundles.get(anchor) and name != anchor}
-    reserved: dict[str, dict[str, float]] = {}
-    for name, bundle in bundles.items():
-        if bundle and name not in joined:
-            reserved[name] = dict(bundle)
+    joined = {
+        name: anchor for name, anchor in anchors.items()
+        if name != anchor and len(bundles.get(name, ())) == 1 and len(bundles.get(anchor, ())) == 1
+    }  # fmt: skip
+    reserved: dict[str, list[Bundle]] = {}
+    for name, bs in bundles.items():
+        if bs and name not in joined:
+            reserved[name] = [dict(b) for b in bs]
     for name, anchor in joined.items():
-        for resource, amount in bundles[name].items():
-            reserved[anchor][resource] = reserved[anchor].get(resource, 0.0) + amount
-    owner = {name: joined.get(name, name) for name, bundle in bundles.items() if bundle}
+        for resource, amount in bundles[name][0].items():
+            reserved[anchor][0][resource] = reserved[anchor][0].get(resource, 0.0) + amount
+    owner = {name: joined.get(name, name) for name, bs in bundles.items() if bs}
     return reserved, owner

@@ -1,6 +1,6 @@
 """world=ray: the run's process specs on the nodes of an existing Ray cluster.
 
-    spawner = RaySpawner(cfg.world, placement.bundles(cfg.world, names, ranks), run_tag)
+    spawner = RaySpawner(cfg.world, placement.bundles(cfg.world, names, ranks, spread), run_tag)
     Supervisor(specs, events, spawner=spawner)   # same restart policy, completion rule, journal
 
 At its first spawn the spawner joins the cluster (`world.address`) and reserves every process's
@@ -8,6 +8,14 @@ bundle in one placement group, so a cluster that cannot hold the run is reported
 missing — before anything starts. Each placed process is then started by the node agent
 (`agent.py`) of the node its bundle landed on, one agent per node; a process whose bundle is empty
 runs on this machine through the local spawner (Redis, by default, stays with the supervisor).
+
+A process with one bundle per rank (the hf trainer's ranks, `placement.bundles`' `spread`) runs
+as one rank group per node its bundles landed on (`placement.node_ranks`: contiguous ranks per
+node, rank 0 on the first bundle's node), each started with torchrun's multi-node options
+(`rank_group.node_command`) and meeting at rank 0's node address and a port its agent found free
+there. The supervisor sees one process: a `SpreadHandle` over the node groups, with torchrun's
+semantics (the first group to fail fails the process once the others are stopped; 0 only when all
+exited 0). Ranks that all landed on one node run exactly as in world=local.
 
 Handles answer like local ones, through the agent: the pid is the guard's, on its node.
 Descendants are recorded and swept by the agent (pids of another node mean nothing here), so
@@ -38,6 +46,7 @@ from rlrun.config.schema import WorldConfig
 from rlrun.errors import EnvironmentProblem
 from rlrun.supervisor.local import Handle, LocalSpawner, Spawner
 from rlrun.supervisor.spec import ProcessSpec
+from rlrun.trainer import rank_group
 
 log = logging.getLogger(__name__)
 
@@ -146,13 +155,59 @@ class RayHandle:
             return False, None
 
 
+class SpreadHandle:
+    """One process whose ranks run on several nodes, a rank group on each (`parts`, rank 0's node
+    first), answering as one process with torchrun's semantics: when one node's group fails, the
+    others are told to stop (SIGTERM, SIGKILL after `grace_s`) and, once they have exited, the
+    process exits with the first failure's status (a lost node: killed by SIGKILL); 0 only when
+    every group exited 0. The pid is rank 0's node group's: its rank 0 writes the heartbeat and
+    readiness the probes compare with it."""
+
+    def __init__(self, parts: list, grace_s: float = rank_group.STOP_GRACE_S, clock=time.monotonic) -> None:
+        self.parts = list(parts)
+        self.pid = self.parts[0].pid
+        self.node_id = self.parts[0].node_id
+        self._grace_s, self._clock = grace_s, clock
+        self._failed: Optional[int] = None
+        self._kill_at = 0.0  # after a failure: when those still running get SIGKILL
+
+    def poll(self) -> Optional[int]:
+        codes = [part.poll() for part in self.parts]
+        if self._failed is None:
+            failed = rank_group.first_failure(codes)
+            if failed is None:
+                return 0 if all(code == 0 for code in codes) else None
+            self._failed, self._kill_at = failed, self._clock() + self._grace_s
+            log.info("a rank group failed (%s): stopping those on the other nodes", failed)
+            for part, code in zip(self.parts, codes):
+                if code is None:
+                    part.signal_group(signal.SIGTERM)
+        running = [part for part, code in zip(self.parts, codes) if code is None]
+        if not running:
+            return self._failed
+        now = self._clock()
+        if now >= self._kill_at:
+            for part in running:
+                part.signal_group(signal.SIGKILL)  # also the agent's sweep of that group
+            if now >= self._kill_at + self._grace_s:  # killed, but no news of it: do not wait forever
+                return self._failed
+        return None
+
+    def signal_group(self, sig: int) -> None:
+        for part in self.parts:
+            part.signal_group(sig)
+
+    def descendants(self, fresh: bool = False) -> list[int]:
+        return []  # each node's agent records and sweeps its own
+
+
 class RaySpawner:
     """Spawner for world=ray: placement group up front, one node agent per node."""
 
     def __init__(
         self,
         world: WorldConfig,
-        bundles: dict[str, dict[str, float]],
+        bundles: dict[str, list[placement.Bundle]],
         run_tag: str,
         *,
         local: Optional[Spawner] = None,
@@ -160,15 +215,24 @@ class RaySpawner:
         call_timeout_s: float = CALL_TIMEOUT_S,
         anchors: Optional[dict[str, str]] = None,
     ) -> None:
-        """`bundles`: every process of the run (start order) → its Ray resources ({} = local).
-        `run_tag` names the run's placement group and agents in the cluster. `same_machine_only`:
+        """`bundles`: every process of the run (start order) → its bundles ([] = local; one per rank
+        for a process whose ranks may run on several nodes: its argv is a rank group's, started
+        per node). `run_tag` names the run's placement group and agents in the cluster. `same_machine_only`:
         the run's servers listen on loopback, so every placed process must land on this machine.
         `anchors`: process → the process whose node it must share (an actor → its first vLLM
         server): their bundles are reserved as one (placement.colocate)."""
         self._world = world
         self._bundles = dict(bundles)
         self._reserved, self._owner = placement.colocate(self._bundles, anchors or {})
-        self._placed = list(self._reserved)  # the bundles of the placement group, in order
+        # The placement group's bundles in order, named for messages; and each placed process's
+        # bundle indices in it (an anchored process: its anchor's first).
+        self._placed: list[str] = []
+        self._index: dict[str, list[int]] = {}
+        for owner, owned in self._reserved.items():
+            self._index[owner] = list(range(len(self._placed), len(self._placed) + len(owned)))
+            self._placed += [owner] if len(owned) == 1 else [f"{owner} rank {r}" for r in range(len(owned))]
+        for name, owner in self._owner.items():
+            self._index.setdefault(name, self._index[owner][:1])
         self._tag = run_tag
         self._local = local or LocalSpawner()
         self._same_machine_only = same_machine_only
@@ -176,7 +240,7 @@ class RaySpawner:
         self._group = None
         self._agents: dict[str, object] = {}  # node id → agent actor
         self._remote_agent = None  # NodeAgent as a Ray actor class (made once Ray is imported)
-        self.nodes: dict[str, str] = {}  # process → node id it was last started on
+        self.nodes: dict[str, str] = {}  # process → node id it was last started on (rank 0's when spread)
 
     # --- the Spawner protocol --------------------------------------------------------------------
     def spawn(self, spec: ProcessSpec) -> Handle:
@@ -185,22 +249,62 @@ class RaySpawner:
         self.reserve()  # at the first spawn, whichever it is: nothing starts on a cluster too small
         if not self._bundles[spec.name]:
             return self._local.spawn(spec)
-        ray = _ray()
         env = dict(spec.env)
         env.update({name: path.read_text().strip() for name, path in spec.secret_env.items()})
         cwd = str(spec.cwd) if spec.cwd is not None else None
+        indices = self._index[spec.name]
+        bundle_nodes = [self._agent_at(index, spec.name)[1] for index in indices] if len(indices) > 1 else []
+        layout = placement.node_ranks(bundle_nodes)
+        if len(layout) > 1:
+            handle = self._spawn_spread(spec, indices, bundle_nodes, layout, env, cwd)
+        else:  # one bundle, or ranks that all landed on one node: the command as it is, as in world=local
+            handle = self._start(spec.name, indices[0], list(spec.argv), str(spec.log_path), env, cwd)
+        self.nodes[spec.name] = handle.node_id
+        return handle
+
+    def _start(self, name: str, index: int, argv: list[str], log_path: str, env: dict[str, str], cwd: Optional[str]) -> RayHandle:
+        """Start `argv` through the agent of the node bundle `index` is on."""
+        ray = _ray()
         for attempt in (1, 2):  # an agent may die between finding it and asking it: once more, anew
-            agent, node_id = self._agent_for(spec.name)
+            agent, node_id = self._agent_at(index, name)
             try:
-                pid = ray.get(agent.spawn.remote(list(spec.argv), str(spec.log_path), env, cwd), timeout=max(self._timeout, 30.0))
+                pid = ray.get(agent.spawn.remote(argv, log_path, env, cwd), timeout=max(self._timeout, 30.0))
                 break
             except (ray.exceptions.RayError, TimeoutError) as exc:
                 self._agents.pop(node_id, None)
                 if attempt == 2:
-                    raise EnvironmentProblem(f"the node agent on node {node_id[:12]} could not start {spec.name}: {exc}") from None
-        self.nodes[spec.name] = node_id
-        log.info("%s started on node %s (pid %d there)", spec.name, node_id[:12], pid)
-        return RayHandle(agent, pid, node_id, spec.name, self._timeout)
+                    raise EnvironmentProblem(f"the node agent on node {node_id[:12]} could not start {name}: {exc}") from None
+        log.info("%s started on node %s (pid %d there)", name, node_id[:12], pid)
+        return RayHandle(agent, pid, node_id, name, self._timeout)
+
+    def _spawn_spread(
+        self, spec: ProcessSpec, indices: list[int], bundle_nodes: list[str], layout: list[placement.NodeRanks],
+        env: dict[str, str], cwd: Optional[str],
+    ) -> SpreadHandle:  # fmt: skip
+        """A rank group per node of `layout`, meeting at rank 0's node (that of the first bundle)."""
+        ray = _ray()
+        first, _ = self._agent_at(indices[0], spec.name)
+        try:
+            host = ray.get(first.info.remote(), timeout=max(self._timeout, 30.0))["ip"]
+            port = ray.get(first.free_port.remote(host), timeout=max(self._timeout, 30.0))
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            raise EnvironmentProblem(f"the node agent of {spec.name}'s rank 0 (node {bundle_nodes[0][:12]}) does not answer: {exc}") from None
+        parts: list[RayHandle] = []
+        try:
+            for group in layout:
+                argv = rank_group.node_command(
+                    list(spec.argv), nproc=group.nproc, first_rank=group.first_rank, node_rank=group.node_rank,
+                    nnodes=len(layout), world_size=len(indices), master_addr=host, master_port=port,
+                )  # fmt: skip
+                index = indices[bundle_nodes.index(group.node)]
+                parts.append(self._start(spec.name, index, argv, str(spec.log_path), env, cwd))
+        except BaseException:
+            for part in parts:  # no rank group left behind by a start that failed half-way
+                part.signal_group(signal.SIGKILL)
+            raise
+        log.info("%s: ranks on %d nodes (%s), meeting at %s:%d", spec.name, len(layout),
+                 ", ".join(f"{g.node[:12]}: {g.nproc}" for g in layout), host, port)  # fmt: skip
+        return SpreadHandle(parts)
 
     # --- placement -----------------------------------------------------------------------------
     def reserve(self) -> None:
@@ -212,7 +316,7 @@ class RaySpawner:
         ray = _ray()
         from ray.util.placement_group import get_placement_group, placement_group, placement_group_table, remove_placement_group
 
-        wanted = [self._reserved[name] for name in self._placed]
+        wanted = [bundle for owned in self._reserved.values() for bundle in owned]
         name = f"rlrun-{self._tag}"
         try:  # a second spawner of the same run (a start retried on new ports) reuses the group
             group = get_placement_group(name)
@@ -220,7 +324,7 @@ class RaySpawner:
                 raise ValueError(name)
         except ValueError:
             nodes, _ = self._cluster()
-            problems = placement.shortfall(dict(zip(self._placed, wanted)), nodes)
+            problems = placement.shortfall(self._reserved, nodes)
             if problems:
                 raise EnvironmentProblem(
                     f"the Ray cluster at {self._world.address} cannot hold this run: {'; '.join(problems)}. "
@@ -235,7 +339,7 @@ class RaySpawner:
                 f"the Ray cluster at {self._world.address} could not reserve this run's resources within "
                 f"world.placement_timeout_s={self._world.placement_timeout_s:g} s (other jobs may hold them, or the "
                 f"bundles do not pack onto the nodes). Wanted: "
-                f"{'; '.join(f'{n}: {placement.describe(b)}' for n, b in zip(self._placed, wanted))}. "
+                f"{'; '.join(f'{n}: {placement.describe_bundles(b)}' for n, b in self._reserved.items())}. "
                 f"Free now: {placement.describe(available)}. Nodes: {placement.describe_nodes(nodes)}."
             )
         self._group = group
@@ -248,21 +352,21 @@ class RaySpawner:
         }
         return nodes, dict(ray.available_resources())
 
-    def _bundle_node(self, name: str) -> Optional[str]:
-        """The node the bundle of `name` is on, None while the group is not (re)placed."""
+    def _bundle_node(self, index: int) -> Optional[str]:
+        """The node bundle `index` of the group is on, None while the group is not (re)placed."""
         from ray.util.placement_group import placement_group_table
 
         table = placement_group_table(self._group)
         if table.get("state") != "CREATED":
             return None
-        return table["bundles_to_node_id"].get(self._placed.index(self._owner[name]))
+        return table["bundles_to_node_id"].get(index)
 
     def _check_same_machine(self, ray) -> None:
         if not self._same_machine_only:
             return
         here = ray.util.get_node_ip_address()
         ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-        elsewhere = {name: ips.get(self._bundle_node(name) or "", "?") for name in self._placed}
+        elsewhere = {name: ips.get(self._bundle_node(index) or "", "?") for index, name in enumerate(self._placed)}
         elsewhere = {name: ip for name, ip in elsewhere.items() if ip != here}
         if elsewhere:
             self.close()
@@ -275,15 +379,16 @@ class RaySpawner:
             )
 
     # --- agents --------------------------------------------------------------------------------
-    def _agent_for(self, name: str):
-        """The live agent of the node `name`'s bundle is on, started if needed. Waits (up to
-        world.placement_timeout_s) for Ray to re-place a bundle whose node was lost."""
+    def _agent_at(self, index: int, name: str):
+        """(agent, node id): the live agent of the node bundle `index` (of process `name`) is on,
+        started if needed. Waits (up to world.placement_timeout_s) for Ray to re-place a bundle
+        whose node was lost."""
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         deadline = time.monotonic() + self._world.placement_timeout_s
         while True:
-            node_id = self._bundle_node(name)
+            node_id = self._bundle_node(index)
             if node_id is not None:
                 agent = self._agents.get(node_id)
                 try:
@@ -318,7 +423,7 @@ class RaySpawner:
         nodes, _ = self._cluster()
         return EnvironmentProblem(
             f"{name} cannot be started again: its node is gone (or does not answer) and the Ray cluster has no node with "
-            f"{placement.describe(self._bundles[name])} free to take its place within world.placement_timeout_s="
+            f"{placement.describe_bundles(self._bundles[name])} free to take its place within world.placement_timeout_s="
             f"{self._world.placement_timeout_s:g} s. Nodes alive: {placement.describe_nodes(nodes)}. "
             f"Add a node with those resources, then continue the run with `rlrun resume RUN_DIR`."
         )

@@ -37,37 +37,51 @@ def spawner_for(cfg: RunConfig, run_dir: RunDir) -> Spawner:
     from rlrun.cluster.ray_world import RaySpawner
 
     loopback = cfg.inference.host in LOOPBACK or (cfg.streams.url is None and cfg.streams.host in LOOPBACK)
-    return RaySpawner(
-        cfg.world, placement.bundles(cfg.world, process_names(cfg), process_ranks(cfg)), run_tag(run_dir),
-        same_machine_only=loopback, anchors=actor_anchors(cfg),
-    )  # fmt: skip
+    return RaySpawner(cfg.world, run_bundles(cfg), run_tag(run_dir), same_machine_only=loopback, anchors=actor_anchors(cfg))
 
 
 def process_ranks(cfg: RunConfig) -> dict[str, int]:
-    """The processes of several ranks: the trainer (its ranks all start on its node, as one
-    supervised group), with world.trainer.cpus/gpus per rank."""
+    """The processes of several ranks: the trainer, with world.trainer.cpus/gpus per rank."""
     return {"trainer": backend_for(cfg).trainer_ranks(cfg)}
 
 
+def spread_processes(cfg: RunConfig) -> frozenset[str]:
+    """The processes whose ranks may run on several nodes, one bundle per rank: the trainer when
+    its backend starts its ranks as rlrun's rank group (hf); Fast-LLM's torchrun keeps them on one."""
+    return frozenset({"trainer"}) if backend_for(cfg).ranks_span_nodes else frozenset()
+
+
+def run_bundles(cfg: RunConfig) -> dict[str, list[placement.Bundle]]:
+    """Every process of the run → the bundles it reserves under world=ray."""
+    return placement.bundles(cfg.world, process_names(cfg), process_ranks(cfg), spread_processes(cfg))
+
+
 def placement_rows(cfg: RunConfig) -> list[tuple[str, str, str, str]]:
-    """What `--dry-run` shows under world=ray, per process: (name, ranks, the bundle reserved,
-    where it runs). Pure: no Ray."""
+    """What `--dry-run` shows under world=ray, per process (per rank for a trainer whose ranks have
+    a bundle each): (name, ranks, the bundle reserved, where it runs). Pure: Ray is not asked, so
+    the node is the placement's choice."""
     ranks = process_ranks(cfg)
-    per_process = placement.bundles(cfg.world, process_names(cfg), ranks)
     anchors = actor_anchors(cfg)
+    per_process = run_bundles(cfg)
     rows = []
-    for name, bundle in per_process.items():
+    for name, owned in per_process.items():
         n = ranks.get(name, 1)
-        if not bundle:
-            where = "this machine, beside the supervisor (not placed by Ray)"
+        if not owned:
+            rows.append((name, "-", "nothing", "this machine, beside the supervisor (not placed by Ray)"))
         elif anchors.get(name) and per_process.get(anchors[name]):
-            where = f"the node of {anchors[name]} (one bundle with it)"
+            rows.append((name, "-", placement.describe(owned[0]), f"the node of {anchors[name]} (one bundle with it)"))
+        elif len(owned) > 1:  # one bundle per rank
+            for rank, bundle in enumerate(owned):
+                where = "a node Ray picks for this rank's bundle" + (
+                    " (rank 0's node: the ranks' rendezvous)" if rank == 0 else "; with the other ranks on that node, one rank group"
+                )
+                rows.append((name, f"rank {rank}", placement.describe(bundle), where))
+        elif n > 1:
+            per_rank = placement.describe({k: v for k, v in getattr(cfg.world, placement.role_of(name)).bundle().items() if k in placement.PER_RANK})
+            shown = ", ".join(f"rank {r}" for r in range(n))
+            rows.append((name, shown, f"{placement.describe(owned[0])} ({per_rank} per rank)", f"a node Ray picks for this bundle; all {n} ranks on it"))
         else:
-            where = "a node Ray picks for this bundle" + (f"; all {n} ranks on it" if n > 1 else "")
-        shown = ", ".join(f"rank {r}" for r in range(n)) if n > 1 else "-"
-        role = getattr(cfg.world, placement.role_of(name)).bundle()
-        per_rank = placement.describe({k: v for k, v in role.items() if k in placement.PER_RANK})
-        rows.append((name, shown, placement.describe(bundle) + (f" ({per_rank} per rank)" if n > 1 and bundle else ""), where))
+            rows.append((name, "-", placement.describe(owned[0]), "a node Ray picks for this bundle"))
     return rows
 
 

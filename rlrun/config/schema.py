@@ -151,14 +151,15 @@ class ActorConfig:
 class RolePlacement:
     """world=ray: the Ray resources one process of a role reserves (`world.<role>.*`).
 
-    They form one placement-group bundle, reserved before anything starts, and decide the node
-    the process runs on (as Ray's own num_cpus / num_gpus / resources do for an actor).
+    They form one placement-group bundle per process, reserved before anything starts, and decide
+    the node the process runs on (as Ray's own num_cpus / num_gpus / resources do for an actor).
+    The hf trainer has one bundle per rank, so its ranks may run on several nodes.
     """
 
     local: bool = False  # true: run it on this machine, next to the supervisor, not placed by Ray
     cpus: float = 1.0  # Ray CPUs reserved (per rank for the trainer)
     gpus: float = 0.0  # Ray GPUs reserved (per rank for the trainer)
-    resources: Optional[dict[str, float]] = None  # custom Ray resources, e.g. {vllm_node: 1} to pick nodes
+    resources: Optional[dict[str, float]] = None  # custom Ray resources, e.g. {vllm_node: 1} to pick nodes (per rank for the hf trainer, once for Fast-LLM's)
 
     def bundle(self) -> dict[str, float]:
         """The placement-group bundle: {} when the process runs locally."""

@@ -1,10 +1,17 @@
 """The trainer's ranks as one process: `python -m rlrun.trainer.rank_group --nproc N -- CMD...`.
 
 Starts N copies of CMD with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: a free loopback port per attempt) and gives the
-supervisor torchrun's `--max-restarts 0` semantics: when one rank fails, the others are stopped
-(SIGTERM, a grace, SIGKILL) and the group exits with that rank's status, so the supervisor's
-restart policy restarts the whole group from the last complete checkpoint. All ranks exit 0: 0.
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT: a free loopback port per attempt) and
+gives the supervisor torchrun's `--max-restarts 0` semantics: when one rank fails, the others are
+stopped (SIGTERM, a grace, SIGKILL) and the group exits with that rank's status, so the
+supervisor's restart policy restarts the whole group from the last complete checkpoint. All ranks
+exit 0: 0.
+
+Several nodes (world=ray, one bundle per rank): one rank group per node, each started with
+torchrun's multi-node options — `--nnodes K --node-rank k --first-rank R --world-size W
+--master-addr A --master-port P` — runs ranks R..R+N-1 of W, all meeting at rank 0's node A:P.
+`node_command` turns the single-node command into one node's; the Ray spawner does the rest
+(`rlrun/cluster/ray_world.py`: which node runs which ranks, one handle for all of them).
 
 Why not torchrun itself: it starts every rank in a new session, out of the process group the
 supervisor's guard leads, so a SIGKILLed supervisor or torchrun would leave ranks behind and the
@@ -27,6 +34,7 @@ import time
 POLL_S = 0.1
 STOP_GRACE_S = 10.0  # a rank told to stop (SIGTERM) is SIGKILLed after this long
 PR_SET_PDEATHSIG = 1
+MODULE = "rlrun.trainer.rank_group"  # how a process spec runs it: `python -m MODULE ...`
 
 
 def free_port(host: str) -> int:
@@ -35,11 +43,15 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def rank_env(rank: int, nproc: int, host: str, port: int) -> dict[str, str]:
-    """torchrun's variables for local rank `rank` of a single-node group of `nproc`."""
+def rank_env(
+    rank: int, nproc: int, host: str, port: int, *, first_rank: int = 0, world_size: int | None = None, node_rank: int = 0, nnodes: int = 1
+) -> dict[str, str]:
+    """torchrun's variables for local rank `rank` of the `nproc` ranks on this node, which are
+    global ranks `first_rank`.. of `world_size` (default: a single-node group of `nproc`)."""
     return {
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
-        "GROUP_RANK": "0", "MASTER_ADDR": host, "MASTER_PORT": str(port),
+        "RANK": str(first_rank + rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size or nproc),
+        "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": str(node_rank), "GROUP_WORLD_SIZE": str(nnodes),
+        "MASTER_ADDR": host, "MASTER_PORT": str(port),
     }  # fmt: skip
 
 
@@ -58,10 +70,11 @@ def first_failure(codes: list[int | None]) -> int | None:
     return None
 
 
-def run(cmd: list[str], nproc: int, host: str = "127.0.0.1", grace_s: float = STOP_GRACE_S) -> int:
-    port = free_port(host)
+def run(cmd: list[str], nproc: int, host: str = "127.0.0.1", grace_s: float = STOP_GRACE_S, port: int = 0, **layout) -> int:
+    """Run the `nproc` ranks of this node; `layout`: rank_env's multi-node keywords."""
+    port = port or free_port(host)
     procs = [
-        subprocess.Popen(cmd, env={**os.environ, **rank_env(rank, nproc, host, port)}, preexec_fn=_die_with_parent)
+        subprocess.Popen(cmd, env={**os.environ, **rank_env(rank, nproc, host, port, **layout)}, preexec_fn=_die_with_parent)
         for rank in range(nproc)
     ]
     # The supervisor signals the whole process group, the ranks included: they stop by themselves.
@@ -92,16 +105,56 @@ def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlrun::trainer-ranks")
-    parser.add_argument("--nproc", type=int, required=True)
-    parser.add_argument("--host", default="127.0.0.1", help="the ranks' rendezvous address (loopback)")
+    parser.add_argument("--nproc", type=int, required=True, help="ranks on this node")
+    parser.add_argument("--nnodes", type=int, default=1, help="nodes of the group (one rank group each)")
+    parser.add_argument("--node-rank", type=int, default=0, help="this node's place among them (0: rank 0's node)")
+    parser.add_argument("--first-rank", type=int, default=0, help="the global rank of this node's first rank")
+    parser.add_argument("--world-size", type=int, default=0, help="ranks on all nodes (default: --nproc)")
+    parser.add_argument("--master-addr", "--host", dest="host", default="127.0.0.1", help="rank 0's node: the rendezvous address")
+    parser.add_argument("--master-port", type=int, default=0, help="its port (default: a free one; needed with --nnodes > 1)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = _parser()
     args = parser.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if args.nproc < 1 or not cmd:
+    args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    args.world_size = args.world_size or args.nproc
+    if args.nproc < 1 or not args.cmd:
         parser.error("need --nproc >= 1 and a command after --")
-    return run(cmd, args.nproc, args.host)
+    if not (0 <= args.node_rank < args.nnodes) or args.first_rank < 0 or args.first_rank + args.nproc > args.world_size:
+        parser.error("need 0 <= --node-rank < --nnodes and the ranks --first-rank .. + --nproc within --world-size")
+    if args.nnodes > 1 and not args.master_port:
+        parser.error("several nodes meet at one --master-addr/--master-port: give both")
+    return args
+
+
+def node_command(argv: list[str], *, nproc: int, first_rank: int, node_rank: int, nnodes: int, world_size: int, master_addr: str, master_port: int) -> list[str]:
+    """`argv` (`... -m rlrun.trainer.rank_group --nproc N [...] -- CMD`, as a process spec holds
+    it) as one node's rank group of a group spread over `nnodes` nodes."""
+    at = next((i for i in range(1, len(argv)) if argv[i] == MODULE and argv[i - 1] == "-m"), None)
+    if at is None:
+        raise ValueError(f"not a rank group command (no -m {MODULE}): {argv[:6]}")
+    try:
+        own = _parse(argv[at + 1 :])
+    except SystemExit:  # argparse's way of refusing: here a ValueError, never an exit
+        raise ValueError(f"not a valid rank group command: {argv[at + 1 : at + 8]}") from None
+    if world_size != own.world_size:
+        raise ValueError(f"the command runs {own.world_size} ranks, the layout {world_size}")
+    options = {
+        "--nproc": nproc, "--nnodes": nnodes, "--node-rank": node_rank, "--first-rank": first_rank,
+        "--world-size": world_size, "--master-addr": master_addr, "--master-port": master_port,
+    }  # fmt: skip
+    return [*argv[: at + 1], *(str(x) for item in options.items() for x in item), "--", *own.cmd]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    layout = dict(first_rank=args.first_rank, world_size=args.world_size, node_rank=args.node_rank, nnodes=args.nnodes)
+    return run(args.cmd, args.nproc, args.host, port=args.master_port, **layout)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """world=ray on the real stack: a two-node Ray cluster on 127.0.0.1 (started by the test), vLLM
-placed on one node and the trainer on the other by custom resources. One tiny run serves every
-test here: it completes at exactly max_train_steps although its vLLM server is SIGKILLed on its
-node mid-run, and afterwards no process of the run remains on either node."""
+placed on one node by a custom resource, and the trainer as 2 ranks with a bundle each, one on
+each node (each node offers one trainer_node), meeting over gloo as one group. One tiny run
+serves every test here: it completes at exactly max_train_steps although its vLLM server is
+SIGKILLed on its node mid-run, and afterwards no process of the run remains on either node."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import re
 from pathlib import Path
 
 import psutil
@@ -31,6 +33,21 @@ RUN_MARKERS = ("rlrun.cluster.holder", "ray::NodeAgent")  # a run's processes on
 def started_pid(run_dir: Path, process: str) -> int:
     """The pid the supervisor tracks for `process`: its (outer) guard, on the process's node."""
     return [e for e in events(run_dir) if e["event"] in ("process_started", "process_restarted") and e["process"] == process][-1]["pid"]
+
+
+def trainer_ranks_by_node(cluster: LocalRayCluster) -> dict[int, str]:
+    """Each trainer rank running now → the node it runs on (rank 0 is titled `rlrun:trainer ARGS`,
+    rank r `rlrun:trainer-rank<r> ARGS`; their rank group `rlrun:trainer-ranks ARGS`)."""
+    found = {}
+    for node_id, node in cluster.nodes.items():
+        for p in psutil.Process(node.pid).children(recursive=True):
+            try:
+                title = re.fullmatch(r"rlrun:trainer(?:-rank(\d+))?", (" ".join(p.cmdline()).split() or [""])[0])
+            except psutil.Error:
+                continue
+            if title:
+                found[int(title.group(1) or 0)] = node_id
+    return found
 
 
 def process_under(pid: int) -> psutil.Process:
@@ -83,13 +100,15 @@ def ray_run(tmp_path_factory):
     proc = None
     try:
         head = cluster.add_node({"trainer_node": 1}, head=True, num_cpus=2)
-        vllm_node = cluster.add_node({"vllm_node": 1}, num_cpus=2)
+        # vLLM's bundle holds its actor's CPU too (they share a node), and a trainer rank comes here
+        vllm_node = cluster.add_node({"vllm_node": 1, "trainer_node": 1}, num_cpus=3)
         facts["nodes"] = {"head": head, "vllm_node": vllm_node}
         run_dir = root / "run"
         out = open(root / "rlrun.out", "w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "rlrun", "train", f"run.dir={run_dir}", "recipe=math_grpo",
              f"trainer.max_train_steps={STEPS}", "trainer.checkpoint_every=2", "supervisor.stop_grace_s=5",
+             "trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2",
              "world=ray", f"world.address={cluster.address}",
              "world.vllm.resources={vllm_node: 1}", "world.trainer.resources={trainer_node: 1}"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -100,6 +119,7 @@ def ray_run(tmp_path_factory):
         try:
             wait_for(lambda: steps_done(run_dir) >= 1, 900, "step 1", proc)
             facts["placed"] = {name: cluster.node_of(started_pid(run_dir, name)) for name in ("vllm-0", "trainer", "actor", "redis")}
+            facts["ranks"] = trainer_ranks_by_node(cluster)
             victim = process_under(started_pid(run_dir, "vllm-0"))
             facts["vllm_cmdline"] = " ".join(victim.cmdline())
             facts["killed_at_step"] = steps_done(run_dir)
@@ -130,12 +150,13 @@ def test_the_run_completes_at_exactly_max_train_steps(ray_run):
     assert json.loads((run_dir / "state.json").read_text())["status"] == "finished"
 
 
-def test_vllm_and_the_trainer_run_on_the_nodes_their_resources_pick(ray_run):
+def test_vllm_and_the_trainers_ranks_run_on_the_nodes_their_resources_pick(ray_run):
     _, _, facts = ray_run
     nodes = facts["nodes"]
     assert facts["placed"]["vllm-0"] == nodes["vllm_node"]
-    assert facts["placed"]["trainer"] == nodes["head"]
-    assert facts["placed"]["actor"] in nodes.values()  # {CPU: 1}: wherever Ray put it
+    assert set(facts["ranks"]) == {0, 1} and set(facts["ranks"].values()) == set(nodes.values())  # a rank on each node
+    assert facts["placed"]["trainer"] == facts["ranks"][0]  # the supervisor's pid: rank 0's node group
+    assert facts["placed"]["actor"] == nodes["vllm_node"]  # next to its vLLM server
     assert facts["placed"]["redis"] is None  # not under a Ray node: a child of rlrun itself
     assert "vllm.entrypoints.openai.api_server" in facts["vllm_cmdline"]
 
@@ -154,7 +175,7 @@ def test_the_killed_vllm_is_restarted_on_its_node_and_the_run_completes(ray_run)
 
 def test_no_process_of_the_run_remains_on_either_node(ray_run):
     _, _, facts = ray_run
-    assert facts["run_processes_on_nodes"] >= 8  # agents, guards, vLLM (twice), trainer, actor
+    assert facts["run_processes_on_nodes"] >= 10  # agents, guards, vLLM (twice), 2 trainer rank groups and ranks, actor
     assert facts["left_on_nodes"] == []
     assert facts["left_locally"] == []
 

@@ -21,7 +21,7 @@ import json, os, sys, time
 out = sys.argv[1]
 rank = int(os.environ["RANK"])
 with open(f"{out}/rank{rank}.json", "w") as f:
-    json.dump({k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")} | {"pid": os.getpid(), "pgid": os.getpgrp()}, f)
+    json.dump({k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")} | {"pid": os.getpid(), "pgid": os.getpgrp()}, f)
 action = sys.argv[2]
 if action == "ok":
     sys.exit(0)
@@ -32,9 +32,10 @@ time.sleep(60)
 """
 
 
-def launch(tmp_path: Path, action: str, nproc: int = 3) -> subprocess.Popen:
+def launch(tmp_path: Path, action: str, nproc: int = 3, options: tuple[str, ...] = ()) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", str(nproc), "--", sys.executable, "-c", RANK, str(tmp_path), action],
+        [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", str(nproc), *options, "--", sys.executable, "-c", RANK,
+         str(tmp_path), action],  # fmt: skip
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         start_new_session=True,  # as the supervisor's guard: the group leads its own process group
     )
@@ -72,6 +73,23 @@ def test_every_rank_gets_torchruns_environment_and_the_group_exits_0(tmp_path):
     assert {r["pgid"] for r in ranks} == {group.pid}  # in the supervised group: its stop and guard reach them
 
 
+def test_two_nodes_rank_groups_number_their_ranks_as_one_world(tmp_path):
+    """torchrun's multi-node options, as the Ray spawner starts one rank group per node."""
+    common = ("--nnodes", "2", "--world-size", "3", "--master-addr", "127.0.0.1", "--master-port", "29999")
+    first = launch(tmp_path, "ok", 2, (*common, "--node-rank", "0", "--first-rank", "0"))
+    second = launch(tmp_path, "ok", 1, (*common, "--node-rank", "1", "--first-rank", "2"))
+    assert first.wait(timeout=30) == 0 and second.wait(timeout=30) == 0
+    ranks = ranks_written(tmp_path, 3)
+    assert [(r["RANK"], r["LOCAL_RANK"], r["GROUP_RANK"]) for r in ranks] == [("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1")]
+    assert {(r["WORLD_SIZE"], r["MASTER_ADDR"], r["MASTER_PORT"]) for r in ranks} == {("3", "127.0.0.1", "29999")}
+    assert {r["pgid"] for r in ranks[:2]} == {first.pid} and ranks[2]["pgid"] == second.pid
+
+
+def test_several_nodes_without_a_rendezvous_port_are_refused(tmp_path):
+    refused = launch(tmp_path, "ok", 1, ("--nnodes", "2", "--world-size", "2"))
+    assert refused.wait(timeout=30) == 2 and not list(tmp_path.glob("rank*.json"))
+
+
 def test_a_failing_rank_fails_the_group_with_its_status_and_stops_the_others(tmp_path):
     group = launch(tmp_path, "rank1-fails")
     ranks = ranks_written(tmp_path, 3)
@@ -100,4 +118,5 @@ def test_the_group_exit_status_rules():
     assert first_failure([0, 0]) is None
     assert first_failure([None, -9, 3]) == -9
     assert rank_env(1, 2, "127.0.0.1", 555) == {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                                                "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "555"}  # fmt: skip
+                                                "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                                                "MASTER_PORT": "555"}  # fmt: skip

@@ -6,6 +6,7 @@ process left once the cluster is stopped."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -27,7 +28,8 @@ SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sle
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """Head {trainer_node: 1}, second node {vllm_node: 1}; this process is the Ray driver."""
+    """Head {trainer_node: 1}, second node {vllm_node: 1}, each {rank_slot: 1} (one trainer rank per
+    node); this process is the Ray driver."""
     import ray._private.ray_constants as ray_constants
 
     saved = {k: os.environ.get(k) for k in LocalRayCluster.DRIVER_ENV}
@@ -35,8 +37,8 @@ def cluster(tmp_path_factory):
     enable_cluster, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False  # read once, at import
     c = LocalRayCluster(tmp_path_factory.mktemp("ray"))
     try:
-        c.head = c.add_node({"trainer_node": 1}, head=True, num_cpus=2)
-        c.vllm_node = c.add_node({"vllm_node": 1}, num_cpus=2)
+        c.head = c.add_node({"trainer_node": 1, "rank_slot": 1}, head=True, num_cpus=2)
+        c.vllm_node = c.add_node({"vllm_node": 1, "rank_slot": 1}, num_cpus=2)
         yield c
     finally:
         if ray.is_initialized():
@@ -111,7 +113,7 @@ def test_a_loopback_address_that_ray_would_rewrite_is_explained(cluster, monkeyp
 def test_an_actor_runs_on_the_node_of_its_vllm_server(cluster, tmp_path):
     """actor.num_actors: each actor shares the bundle, so the node, of its first server, although
     its own resources (a CPU) would fit on any node."""
-    bundles = {"vllm-0": {"vllm_node": 1}, "trainer": {"trainer_node": 1}, "actor-0": {"CPU": 0.5}}
+    bundles = {"vllm-0": [{"vllm_node": 1}], "trainer": [{"trainer_node": 1}], "actor-0": [{"CPU": 0.5}]}
     spawner = RaySpawner(world(cluster), bundles, "t-colocate", anchors={"actor-0": "vllm-0"})
     try:
         actor = spawner.spawn(ProcessSpec("actor-0", SLEEPER, tmp_path / "logs" / "actor-0.log"))
@@ -129,7 +131,7 @@ def test_a_process_runs_on_the_node_its_resources_pick_and_answers_through_its_a
     secret = tmp_path / "secret"
     secret.write_text("s3cret-value\n")
     secret.chmod(0o600)
-    spawner = RaySpawner(world(cluster), {"vllm-0": {"vllm_node": 1}, "trainer": {"trainer_node": 1}}, "t-place")
+    spawner = RaySpawner(world(cluster), {"vllm-0": [{"vllm_node": 1}], "trainer": [{"trainer_node": 1}]}, "t-place")
     try:
         spec = ProcessSpec("vllm-0", SLEEPER, tmp_path / "logs" / "vllm-0.log", env={"PLAIN": "1"}, secret_env={"THE_KEY": secret})
         handle = spawner.spawn(spec)
@@ -161,7 +163,7 @@ def test_a_process_runs_on_the_node_its_resources_pick_and_answers_through_its_a
 
 
 def test_the_guard_kills_the_group_when_its_agent_dies(cluster, tmp_path):
-    spawner = RaySpawner(world(cluster), {"vllm-0": {"vllm_node": 1}}, "t-agent")
+    spawner = RaySpawner(world(cluster), {"vllm-0": [{"vllm_node": 1}]}, "t-agent")
     try:
         escaping = [sys.executable, "-c", (
             "import subprocess, sys, time\n"
@@ -202,7 +204,7 @@ def test_too_few_resources_are_named_before_anything_starts(cluster, tmp_path):
 
     spawner = RaySpawner(
         world(cluster, timeout_s=5),
-        {"redis": {}, "vllm-0": {"GPU": 1}, "vllm-1": {"vllm_node": 1}, "vllm-2": {"vllm_node": 1}},
+        {"redis": [], "vllm-0": [{"GPU": 1}], "vllm-1": [{"vllm_node": 1}], "vllm-2": [{"vllm_node": 1}]},
         "t-short",
         local=RecordingLocal(),
     )
@@ -221,7 +223,7 @@ def test_the_supervisor_restarts_a_killed_remote_process_and_stops_everything(cl
         ProcessSpec("redis", SLEEPER, tmp_path / "redis.log", restart=restart, stop_grace_s=5),  # local
         ProcessSpec("vllm-0", SLEEPER, tmp_path / "vllm-0.log", restart=restart, stop_grace_s=5),
     ]
-    spawner = RaySpawner(world(cluster), {"redis": {}, "vllm-0": {"vllm_node": 1}}, "t-sup")
+    spawner = RaySpawner(world(cluster), {"redis": [], "vllm-0": [{"vllm_node": 1}]}, "t-sup")
     events = EventLog(tmp_path / "events.jsonl")
     sup = Supervisor(specs, events, spawner=spawner, poll_interval_s=0.2)
     try:
@@ -244,9 +246,95 @@ def test_the_supervisor_restarts_a_killed_remote_process_and_stops_everything(cl
     assert all(gone(pid) for pid in pids)
 
 
+# A rank of a group spread over nodes: joins torch.distributed (gloo) at the rendezvous its rank
+# group was given, all-reduces its rank + 1, and writes what it saw with the pids of its ancestors
+# (the test finds its node from them, after it has exited).
+RANK = """
+import json, os, sys
+import psutil
+out, action = sys.argv[1], sys.argv[2]
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+seen = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")}
+seen |= {"pid": os.getpid(), "ancestors": [p.pid for p in psutil.Process().parents()]}
+if action == "all_reduce":
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo", rank=rank, world_size=world)  # env://: MASTER_ADDR, MASTER_PORT
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    seen["sum"] = total.item()
+    dist.destroy_process_group()
+with open(f"{out}/rank{rank}.tmp", "w") as f:
+    json.dump(seen, f)
+os.rename(f"{out}/rank{rank}.tmp", f"{out}/rank{rank}.json")
+if action == "rank1-fails":
+    import time
+    if rank == 1:
+        while not os.path.exists(f"{out}/rank0.json"):  # the other node's rank runs: it must be stopped
+            time.sleep(0.05)
+        sys.exit(3)
+    time.sleep(600)
+"""
+
+
+def rank_group_spec(tmp_path, action: str, nproc: int = 2) -> ProcessSpec:
+    argv = [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", str(nproc), "--", sys.executable, "-c", RANK, str(tmp_path), action]
+    return ProcessSpec("trainer", argv, tmp_path / "trainer.log")
+
+
+def ranks_seen(cluster, tmp_path, nproc: int, timeout: float = 60.0) -> list[dict]:
+    files, deadline = [tmp_path / f"rank{r}.json" for r in range(nproc)], time.time() + timeout
+    while not all(f.is_file() for f in files):
+        assert time.time() < deadline, (tmp_path / "trainer.log").read_text()[-3000:]
+        time.sleep(0.1)
+    seen = [json.loads(f.read_text()) for f in files]
+    for rank in seen:  # the node whose process tree held the rank
+        rank["node"] = next((node for node, proc in cluster.nodes.items() if proc.pid in rank["ancestors"]), None)
+    return seen
+
+
+def test_a_trainers_ranks_on_two_nodes_form_one_torch_distributed_group(cluster, tmp_path):
+    """One bundle per rank, each asking for the rank_slot that each node offers once: the two
+    ranks land on different nodes, run as a rank group on each, and meet at rank 0's node."""
+    spawner = RaySpawner(world(cluster), {"trainer": [{"rank_slot": 1}, {"rank_slot": 1}]}, "t-spread")
+    try:
+        handle = spawner.spawn(rank_group_spec(tmp_path, "all_reduce"))
+        assert {part.node_id for part in handle.parts} == {cluster.head, cluster.vllm_node}
+        cluster.record()
+        assert wait_exit(handle, timeout=120) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+        ranks = ranks_seen(cluster, tmp_path, 2)
+        assert [r["sum"] for r in ranks] == [3.0, 3.0]  # 1 + 2: the all_reduce crossed the nodes
+        assert {r["node"] for r in ranks} == {cluster.head, cluster.vllm_node}  # one rank on each node
+        assert ranks[0]["node"] == handle.node_id == spawner.nodes["trainer"]  # the supervisor's pid: rank 0's node group
+        assert [(r["RANK"], r["LOCAL_RANK"], r["GROUP_RANK"]) for r in ranks] == [("0", "0", "0"), ("1", "0", "1")]
+        assert {(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in ranks} == {("127.0.0.1", ranks[0]["MASTER_PORT"])}
+    finally:
+        spawner.close()
+
+
+def test_a_failing_rank_on_one_node_fails_the_group_no_rank_is_left_and_a_restart_meets_again(cluster, tmp_path):
+    spawner = RaySpawner(world(cluster), {"trainer": [{"rank_slot": 1}, {"rank_slot": 1}]}, "t-spread-fail")
+    try:
+        handle = spawner.spawn(rank_group_spec(tmp_path, "rank1-fails"))
+        ranks = ranks_seen(cluster, tmp_path, 2)
+        assert ranks[0]["node"] != ranks[1]["node"]
+        guards = [part.pid for part in handle.parts]
+        cluster.record()
+        assert wait_exit(handle, timeout=60) == 3  # the failed rank's status, as with torchrun
+        assert all(gone(pid) for pid in [*guards, *(r["pid"] for r in ranks)])  # rank 0, on the other node, was stopped
+
+        # the supervisor's restart is a new spawn: the ranks meet again, at a port found anew
+        again_dir = tmp_path / "again"
+        again_dir.mkdir()
+        again = spawner.spawn(rank_group_spec(again_dir, "all_reduce"))
+        assert wait_exit(again, timeout=120) == 0, (again_dir / "trainer.log").read_text()[-3000:]
+        assert [r["sum"] for r in ranks_seen(cluster, again_dir, 2)] == [3.0, 3.0]
+    finally:
+        spawner.close()
+
+
 def test_a_lost_nodes_process_is_restarted_elsewhere_and_without_room_the_restart_stops_clearly(cluster, tmp_path):
     spares = {cluster.add_node({"spare_node": 1}, num_cpus=1), cluster.add_node({"spare_node": 1}, num_cpus=1)}
-    spawner = RaySpawner(world(cluster, timeout_s=20), {"actor": {"spare_node": 1}}, "t-lost")
+    spawner = RaySpawner(world(cluster, timeout_s=20), {"actor": [{"spare_node": 1}]}, "t-lost")
     try:
         handle = spawner.spawn(ProcessSpec("actor", SLEEPER, tmp_path / "actor.log"))
         first = cluster.node_of(handle.pid)

@@ -31,11 +31,11 @@ def test_world_ray_bundles_follow_the_config():
     cfg, _ = compose([*RAY, "world.vllm.cpus=0", "world.vllm.gpus=1", "world.vllm.resources={vllm_node: 1}",
                       "world.trainer.resources={trainer_node: 2}", "inference.num_servers=2"])  # fmt: skip
     assert placement.bundles(cfg.world, process_names(cfg)) == {
-        "redis": {},  # stays with the supervisor
-        "vllm-0": {"GPU": 1.0, "vllm_node": 1.0},
-        "vllm-1": {"GPU": 1.0, "vllm_node": 1.0},
-        "trainer": {"CPU": 1.0, "trainer_node": 2.0},
-        "actor": {"CPU": 1.0},
+        "redis": [],  # stays with the supervisor
+        "vllm-0": [{"GPU": 1.0, "vllm_node": 1.0}],
+        "vllm-1": [{"GPU": 1.0, "vllm_node": 1.0}],
+        "trainer": [{"CPU": 1.0, "trainer_node": 2.0}],
+        "actor": [{"CPU": 1.0}],
     }
 
 
@@ -69,7 +69,7 @@ def test_bad_world_settings_are_named(overrides, expected):
 
 def test_a_role_with_no_resources_but_local_is_valid():
     cfg, _ = compose([*RAY, "world.actor.cpus=0", "world.actor.local=true"])
-    assert placement.bundles(cfg.world, ["actor"]) == {"actor": {}}
+    assert placement.bundles(cfg.world, ["actor"]) == {"actor": []}
 
 
 NODES = {
@@ -79,15 +79,15 @@ NODES = {
 
 
 def test_a_cluster_that_can_hold_the_run_lacks_nothing():
-    wanted = {"redis": {}, "vllm-0": {"CPU": 1.0, "vllm_node": 1.0}, "trainer": {"GPU": 2.0}, "actor": {"CPU": 1.0}}
+    wanted = {"redis": [], "vllm-0": [{"CPU": 1.0, "vllm_node": 1.0}], "trainer": [{"GPU": 1.0}] * 2, "actor": [{"CPU": 1.0}]}
     assert placement.shortfall(wanted, NODES) == []
 
 
 def test_what_is_missing_is_named_per_process_and_in_total():
     wanted = {
-        "vllm-0": {"GPU": 1.0, "vllm_node": 1.0},  # GPUs and vllm_node are on different nodes
-        "vllm-1": {"vllm_node": 1.0},
-        "trainer": {"GPU": 4.0},  # no node has 4
+        "vllm-0": [{"GPU": 1.0, "vllm_node": 1.0}],  # GPUs and vllm_node are on different nodes
+        "vllm-1": [{"vllm_node": 1.0}],
+        "trainer": [{"GPU": 4.0}],  # no node has 4
     }
     problems = placement.shortfall(wanted, NODES)
     assert problems == [
@@ -119,7 +119,7 @@ def test_the_fast_llm_weight_follower_is_placed_like_the_actor():
     names = process_names(cfg)
     assert names.index("weights") < names.index("trainer")  # the trainer waits for it at start
     assert placement.role_of("weights") == "actor"
-    assert placement.bundles(cfg.world, names)["weights"] == placement.bundles(cfg.world, names)["actor"]
+    assert placement.bundles(cfg.world, names)["weights"] == placement.bundles(cfg.world, names)["actor"] == [{"CPU": 0.5}]
     assert "weights" not in process_names(compose(["world=ray"])[0])  # hf: no follower
 
 
@@ -131,42 +131,94 @@ def test_an_actor_shares_the_bundle_and_node_of_its_first_vllm_server():
     assert anchors == {"actor-0": "vllm-0", "actor-1": "vllm-1"}
     reserved, owner = placement.colocate(placement.bundles(cfg.world, process_names(cfg)), anchors)
     assert reserved == {  # one bundle per node-sharing set: the actors' CPUs ride with their servers
-        "vllm-0": {"CPU": 1.0, "GPU": 1.0},
-        "vllm-1": {"CPU": 1.0, "GPU": 1.0},
-        "vllm-2": {"GPU": 1.0},
-        "trainer": {"CPU": 1.0},
+        "vllm-0": [{"CPU": 1.0, "GPU": 1.0}],
+        "vllm-1": [{"CPU": 1.0, "GPU": 1.0}],
+        "vllm-2": [{"GPU": 1.0}],
+        "trainer": [{"CPU": 1.0}],
     }
     assert owner == {"vllm-0": "vllm-0", "vllm-1": "vllm-1", "vllm-2": "vllm-2", "trainer": "trainer",
                      "actor-0": "vllm-0", "actor-1": "vllm-1"}  # fmt: skip
 
 
 def test_colocation_needs_both_placed_by_ray():
-    bundles = {"vllm-0": {}, "actor": {"CPU": 1.0}}  # the server runs locally: nothing to share
+    bundles = {"vllm-0": [], "actor": [{"CPU": 1.0}]}  # the server runs locally: nothing to share
     reserved, owner = placement.colocate(bundles, {"actor": "vllm-0"})
-    assert reserved == {"actor": {"CPU": 1.0}} and owner == {"actor": "actor"}
+    assert reserved == {"actor": [{"CPU": 1.0}]} and owner == {"actor": "actor"}
 
 
-def test_a_trainer_of_several_ranks_reserves_its_cpus_and_gpus_per_rank_on_one_node():
-    from rlrun.cluster.world import process_ranks
+def test_a_trainer_of_several_ranks_reserves_one_bundle_per_rank():
+    from rlrun.cluster.world import process_ranks, run_bundles, spread_processes
 
     cfg, _ = compose([*RAY, "trainer.nproc_per_node=4", "trainer.gradient_accumulation_passes=4", "world.trainer.gpus=1",
                       "world.trainer.cpus=2", "world.trainer.resources={trainer_node: 1}"])  # fmt: skip
-    assert process_ranks(cfg) == {"trainer": 4}
-    bundles = placement.bundles(cfg.world, process_names(cfg), process_ranks(cfg))
-    assert bundles["trainer"] == {"CPU": 8.0, "GPU": 4.0, "trainer_node": 1.0}  # the node picker once
-    assert bundles["actor"] == {"CPU": 1.0}  # one rank: as before
-    nodes = {"a": {"CPU": 16.0, "GPU": 2.0, "trainer_node": 1.0}, "b": {"CPU": 16.0, "GPU": 2.0}}
+    assert process_ranks(cfg) == {"trainer": 4} and spread_processes(cfg) == {"trainer"}
+    bundles = run_bundles(cfg)
+    # CPUs, GPUs and the node picker per rank: each rank's bundle may land on another node
+    assert bundles["trainer"] == [{"CPU": 2.0, "GPU": 1.0, "trainer_node": 1.0}] * 4
+    assert bundles["actor"] == [{"CPU": 1.0}]  # one rank: as before
+    # a node offering {trainer_node: 1} takes one rank: 4 need 4 such nodes, or one offering 4
+    nodes = {"a": {"CPU": 16.0, "GPU": 2.0, "trainer_node": 1.0}, "b": {"CPU": 16.0, "GPU": 2.0, "trainer_node": 1.0}}
     assert placement.shortfall({"trainer": bundles["trainer"]}, nodes) == [
-        "trainer needs CPU 8, GPU 4, trainer_node 1 on one node, and no node has that"
+        "trainer_node: 4 needed in all (trainer: 4 ranks), the cluster has 2"
+    ]
+    assert placement.shortfall({"trainer": bundles["trainer"]}, {**nodes, "c": {"CPU": 4.0, "GPU": 2.0, "trainer_node": 2.0}}) == []
+    assert placement.shortfall({"trainer": [{"GPU": 3.0}] * 2}, nodes) == [
+        "trainer needs GPU 3 on one node for each of its 2 ranks, and no node has that",
+        "GPU: 6 needed in all (trainer: 2 ranks), the cluster has 4",
     ]
 
 
-def test_the_dry_run_shows_each_rank_and_where_it_goes():
+def test_fast_llm_ranks_stay_on_one_node_in_one_bundle():
+    """Its launch command (torchrun) is the user's: rlrun cannot start it per node."""
+    from rlrun.cluster.world import run_bundles, spread_processes
+
+    cfg, _ = compose([*RAY, "trainer=fast_llm", "trainer.device=cpu", "trainer.fast_llm.nproc_per_node=4", "world.trainer.gpus=1",
+                      "world.trainer.resources={trainer_node: 1}"])  # fmt: skip
+    assert spread_processes(cfg) == frozenset()
+    assert run_bundles(cfg)["trainer"] == [{"CPU": 4.0, "GPU": 4.0, "trainer_node": 1.0}]  # the node picker once
+    nodes = {"a": {"CPU": 16.0, "GPU": 2.0, "trainer_node": 1.0}, "b": {"CPU": 16.0, "GPU": 2.0}}
+    assert placement.shortfall({"trainer": run_bundles(cfg)["trainer"]}, nodes) == [
+        "trainer needs CPU 4, GPU 4, trainer_node 1 on one node, and no node has that"
+    ]
+
+
+@pytest.mark.parametrize(
+    "bundle_nodes, expected",
+    [
+        (["A"], [("A", 0, 0, 1)]),
+        (["A", "A", "A"], [("A", 0, 0, 3)]),
+        (["A", "B"], [("A", 0, 0, 1), ("B", 1, 1, 1)]),
+        # ranks are numbered per node, contiguously, rank 0 on the first bundle's node
+        (["B", "A", "B", "C", "A"], [("B", 0, 0, 2), ("A", 1, 2, 2), ("C", 2, 4, 1)]),
+    ],
+)
+def test_the_ranks_are_grouped_by_node_and_numbered_per_node(bundle_nodes, expected):
+    layout = placement.node_ranks(bundle_nodes)
+    assert [(g.node, g.node_rank, g.first_rank, g.nproc) for g in layout] == expected
+    ranks = [r for g in layout for r in range(g.first_rank, g.first_rank + g.nproc)]
+    assert ranks == list(range(len(bundle_nodes)))  # every rank once, the world as wide as the bundles
+
+
+def test_the_dry_run_shows_each_rank_its_bundle_and_that_placement_picks_the_node():
     from rlrun.cluster.world import placement_rows
 
     cfg, _ = compose([*RAY, "trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2", "world.trainer.gpus=1",
-                      "inference.num_servers=2"])  # fmt: skip
+                      "world.trainer.resources={trainer_node: 1}", "inference.num_servers=2"])  # fmt: skip
+    rows = placement_rows(cfg)
+    trainer = [row[1:] for row in rows if row[0] == "trainer"]
+    assert trainer == [
+        ("rank 0", "CPU 1, GPU 1, trainer_node 1", "a node Ray picks for this rank's bundle (rank 0's node: the ranks' rendezvous)"),
+        ("rank 1", "CPU 1, GPU 1, trainer_node 1", "a node Ray picks for this rank's bundle; with the other ranks on that node, one rank group"),
+    ]
+    others = {row[0]: row[1:] for row in rows if row[0] != "trainer"}
+    assert others["redis"] == ("-", "nothing", "this machine, beside the supervisor (not placed by Ray)")
+    assert others["actor"] == ("-", "CPU 1", "the node of vllm-0 (one bundle with it)")
+    assert others["vllm-1"] == ("-", "CPU 1", "a node Ray picks for this bundle")
+
+
+def test_the_dry_run_of_fast_llm_ranks_shows_them_on_one_node():
+    from rlrun.cluster.world import placement_rows
+
+    cfg, _ = compose([*RAY, "trainer=fast_llm", "trainer.device=cpu", "trainer.fast_llm.nproc_per_node=2", "world.trainer.gpus=1"])
     rows = {row[0]: row[1:] for row in placement_rows(cfg)}
     assert rows["trainer"] == ("rank 0, rank 1", "CPU 2, GPU 2 (CPU 1, GPU 1 per rank)", "a node Ray picks for this bundle; all 2 ranks on it")
-    assert rows["redis"][2].startswith("this machine") and rows["actor"][2] == "the node of vllm-0 (one bundle with it)"
-    assert rows["vllm-1"] == ("-", "CPU 1", "a node Ray picks for this bundle")

@@ -77,6 +77,7 @@ class FastLlmLayout:
 class FastLlmBackend:
     name = "fast_llm"
     layout = FastLlmLayout()
+    ranks_span_nodes = False  # its launch command (torchrun) is the user's: all ranks on one node
 
     def roles(self, cfg: RunConfig) -> list[str]:
         return ["weights", "trainer"]  # the follower first: the trainer waits for it at its broadcast
