@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import psutil
@@ -177,3 +178,87 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.section(title, sep="-")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+def current_pid(run_dir: Path, process: str) -> int:
+    """The pid of the process itself (the child of the guard that leads its group)."""
+    started = [e for e in events(run_dir) if e["event"] in ("process_started", "process_restarted") and e["process"] == process]
+    guard = psutil.Process(started[-1]["pid"])
+    wait_for(guard.children, 30, f"the guard of {process} to start it")  # just restarted: not yet
+    return guard.children()[0].pid
+
+
+def restarts(run_dir: Path, process: str) -> int:
+    return sum(1 for e in events(run_dir) if e["event"] == "process_restarted" and e["process"] == process)
+
+
+# The long-generations run of the recovery tests: the actor's audit trail (actor.audit=true)
+# records every batch of tokens it journaled and every group it delivered.
+STEPS = 5
+BUDGET = 48
+
+LONG_GENERATIONS = [
+    "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", "trainer.train_batch_size=64", "trainer.checkpoint_every=100",
+    f"actor.max_new_tokens={BUDGET}", "actor.min_new_tokens=40", "actor.audit=true", "actor.max_prefix_staleness=1000",
+    "actor.max_concurrent_groups=8", "supervisor.stop_grace_s=5",
+]  # fmt: skip
+
+
+def audit(run_dir: Path, actor: str = "actor") -> list[dict]:
+    """The audit trail of one actor process (actor.audit=true)."""
+    path = run_dir / "audit" / f"{actor}.jsonl"
+    return read_jsonl(path) if path.is_file() else []
+
+
+def in_flight_tokens(run_dir: Path, actor: str = "actor") -> int:
+    """Tokens `actor` journaled for groups not delivered yet."""
+    records = audit(run_dir, actor)
+    delivered = {r["group_id"] for r in records if r["kind"] == "delivered"}
+    return sum(len(r["token_ids"]) for r in records if r["kind"] == "journaled" and r["group"] not in delivered)
+
+
+def check_exact_continuation(run_dir: Path, killed_at: float) -> dict:
+    """Every token journaled before or after the kill is exactly where it ended up for training.
+
+    Each audited batch must equal the delivered sample at its offset (tokens and log-probs): a
+    regenerated prefix would differ there. The batches must cover the sample, except for at most
+    one batch per sample whose audit line was lost when its writer was SIGKILLed after the
+    journal append (the journal, not the audit, is the source of truth).
+    """
+    records = audit(run_dir)
+    batches = defaultdict(list)
+    for r in records:
+        if r["kind"] == "journaled":
+            batches[(r["group"], r["index"])].append(r)
+    delivered = [r for r in records if r["kind"] == "delivered"]
+    ids = [g["group_id"] for g in delivered]
+    assert len(ids) == len(set(ids)), "a group was delivered twice"
+    spanning = 0
+    for group in delivered:
+        for sample in group["samples"]:
+            name = f"{group['group_id']}/{sample['index']}"
+            tokens, logprobs = sample["completion_ids"], sample["logprobs"]
+            assert len(tokens) <= BUDGET  # the budget holds across continuations
+            chain = batches[(group["group_id"], sample["index"])]
+            covered = set()
+            for batch in chain:
+                end = batch["offset"] + len(batch["token_ids"])
+                assert tokens[batch["offset"] : end] == batch["token_ids"], f"{name}: tokens at {batch['offset']} were regenerated"
+                assert logprobs[batch["offset"] : end] == batch["logprobs"], f"{name}: log-probs at {batch['offset']} changed"
+                covered.update(range(batch["offset"], end))
+            holes = sorted(set(range(len(tokens))) - covered)
+            assert not holes or holes == list(range(holes[0], holes[-1] + 1)), f"{name}: scattered gaps {holes}"
+            if chain and chain[0]["time"] < killed_at < chain[-1]["time"]:
+                spanning += 1
+    return {"delivered": set(ids), "spanning": spanning}
+
+
+def trained_once(run_dir: Path, delivered: set[str], steps: int = STEPS) -> None:
+    """Every step 1..steps trained in the final lineage, no group twice, each one delivered."""
+    final_steps = {}
+    for line in read_jsonl(run_dir / "trained_groups.jsonl"):
+        final_steps[line["step"]] = line["groups"]  # a step retrained after a restart replaces the first
+    trained = [g for groups in final_steps.values() for g in groups]
+    assert sorted(final_steps) == list(range(1, steps + 1))
+    assert len(trained) == len(set(trained)), "a group was trained twice"
+    assert set(trained) <= delivered

@@ -21,8 +21,7 @@ from rlrun.streams import names
 from rlrun.streams.server import connect, redis_url
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import leaked_secrets, left_behind, read_jsonl, start_rlrun
-from .test_failures import current_pid, steps_done, wait_for
+from .conftest import current_pid, leaked_secrets, left_behind, read_jsonl, start_rlrun, steps_done, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,7 @@ import pytest
 
 import rlrun.actor.main as actor_main
 
-from .conftest import left_behind, read_jsonl, run_cli, start_rlrun
-from .test_failures import current_pid, events, steps_done, wait_for
+from .conftest import current_pid, events, left_behind, read_jsonl, run_cli, start_rlrun, steps_done, wait_for
 
 pytestmark = pytest.mark.e2e
 

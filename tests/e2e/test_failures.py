@@ -9,29 +9,16 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import events, left_behind, start_rlrun, steps_done, summary, wait_for
+from .conftest import current_pid, events, left_behind, restarts, start_rlrun, steps_done, summary, wait_for
 
 pytestmark = pytest.mark.e2e
 
 STEPS = 24
 MAX_STEPS_AHEAD = 1  # the default, set so the freeze below stays safe if the default changes
-
-
-def current_pid(run_dir: Path, process: str) -> int:
-    """The pid of the process itself (the child of the guard that leads its group)."""
-    started = [e for e in events(run_dir) if e["event"] in ("process_started", "process_restarted") and e["process"] == process]
-    guard = psutil.Process(started[-1]["pid"])
-    wait_for(guard.children, 30, f"the guard of {process} to start it")  # just restarted: not yet
-    return guard.children()[0].pid
-
-
-def restarts(run_dir: Path, process: str) -> int:
-    return sum(1 for e in events(run_dir) if e["event"] == "process_restarted" and e["process"] == process)
 
 
 def ready_count(run_dir: Path, process: str) -> int:

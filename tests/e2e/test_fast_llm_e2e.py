@@ -22,8 +22,7 @@ from rlrun.streams import names
 from rlrun.streams.server import connect
 from rlrun.streams.standalone import managed_server
 
-from .conftest import left_behind, start_rlrun
-from .test_failures import current_pid, events, wait_for
+from .conftest import current_pid, events, left_behind, start_rlrun, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -23,8 +22,7 @@ from rlrun.rundir import RunDir
 from rlrun.streams.server import connect
 from rlrun.streams.standalone import managed_server
 
-from .conftest import left_behind, start_rlrun, wait_or_kill
-from .test_failures import events
+from .conftest import events, left_behind, start_rlrun, wait_or_kill
 
 pytestmark = pytest.mark.e2e
 

@@ -19,9 +19,7 @@ from rlrun.streams import names
 from rlrun.streams.local_cluster import local_cluster
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import events, left_behind, read_jsonl, start_rlrun
-from .test_failures import current_pid, wait_for
-from .test_recovery import LONG_GENERATIONS, STEPS, trained_once
+from .conftest import LONG_GENERATIONS, STEPS, audit, current_pid, events, in_flight_tokens, left_behind, read_jsonl, start_rlrun, trained_once, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -36,22 +34,11 @@ def _recovery_bench():
     return module
 
 
-def _audit(run_dir: Path, actor: str) -> list[dict]:
-    path = run_dir / "audit" / f"{actor}.jsonl"
-    return read_jsonl(path) if path.is_file() else []
-
-
-def _in_flight(run_dir: Path, actor: str) -> int:
-    records = _audit(run_dir, actor)
-    delivered = {r["group_id"] for r in records if r["kind"] == "delivered"}
-    return sum(len(r["token_ids"]) for r in records if r["kind"] == "journaled" and r["group"] not in delivered)
-
-
 def test_two_actors_one_killed_the_other_goes_on(tmp_path):
     run_dir = tmp_path / "run"
     proc = start_rlrun(run_dir, *LONG_GENERATIONS, *TWO, "actor.journal_flush_tokens=1", "supervisor.live_view=false")
     try:
-        wait_for(lambda: _in_flight(run_dir, "actor-0") >= 100, 600, "actor-0's long generations in flight", proc)
+        wait_for(lambda: in_flight_tokens(run_dir, "actor-0") >= 100, 600, "actor-0's long generations in flight", proc)
         killed_at = time.time()
         os.kill(current_pid(run_dir, "actor-0"), signal.SIGKILL)
         proc.wait(timeout=900)
@@ -62,7 +49,7 @@ def test_two_actors_one_killed_the_other_goes_on(tmp_path):
     assert [m["step"] for m in read_jsonl(run_dir / "metrics.jsonl")] == list(range(1, STEPS + 1))
     assert read_state(latest_complete(run_dir / "checkpoints")).step == STEPS
 
-    audits = {a: _audit(run_dir, a) for a in ("actor-0", "actor-1")}
+    audits = {a: audit(run_dir, a) for a in ("actor-0", "actor-1")}
     delivered = {a: [r["group_id"] for r in records if r["kind"] == "delivered"] for a, records in audits.items()}
     for actor, ids in delivered.items():  # each in its own namespace, none twice
         assert ids and len(ids) == len(set(ids)) and all(g.split("/")[1] == f"a{actor[-1]}" for g in ids), ids

@@ -11,38 +11,15 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import left_behind, read_jsonl, start_rlrun
-from .test_failures import current_pid, wait_for
+from .conftest import LONG_GENERATIONS, STEPS, check_exact_continuation, current_pid, in_flight_tokens, left_behind, start_rlrun, trained_once, wait_for
 
 pytestmark = pytest.mark.e2e
-
-STEPS = 5
-BUDGET = 48
-
-LONG_GENERATIONS = [
-    "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", "trainer.train_batch_size=64", "trainer.checkpoint_every=100",
-    f"actor.max_new_tokens={BUDGET}", "actor.min_new_tokens=40", "actor.audit=true", "actor.max_prefix_staleness=1000",
-    "actor.max_concurrent_groups=8", "supervisor.stop_grace_s=5",
-]  # fmt: skip
-
-
-def audit(run_dir: Path) -> list[dict]:
-    path = run_dir / "audit" / "actor.jsonl"
-    return read_jsonl(path) if path.is_file() else []
-
-
-def in_flight_tokens(run_dir: Path) -> int:
-    """Tokens journaled for groups not delivered yet."""
-    records = audit(run_dir)
-    delivered = {r["group_id"] for r in records if r["kind"] == "delivered"}
-    return sum(len(r["token_ids"]) for r in records if r["kind"] == "journaled" and r["group"] not in delivered)
 
 
 def run_with_kill(tmp_path: Path, victim: str, *extra: str):
@@ -66,52 +43,6 @@ def actor_counters(run_dir: Path) -> dict:
     logs = sorted((run_dir / "logs").rglob("actor*.log"))
     last = [line for line in logs[-1].read_text().splitlines() if "actor stops (" in line][-1]
     return ast.literal_eval(last.split("actor stops (", 1)[1].rstrip(")"))
-
-
-def check_exact_continuation(run_dir: Path, killed_at: float) -> dict:
-    """Every token journaled before or after the kill is exactly where it ended up for training.
-
-    Each audited batch must equal the delivered sample at its offset (tokens and log-probs): a
-    regenerated prefix would differ there. The batches must cover the sample, except for at most
-    one batch per sample whose audit line was lost when its writer was SIGKILLed after the
-    journal append (the journal, not the audit, is the source of truth).
-    """
-    records = audit(run_dir)
-    batches = defaultdict(list)
-    for r in records:
-        if r["kind"] == "journaled":
-            batches[(r["group"], r["index"])].append(r)
-    delivered = [r for r in records if r["kind"] == "delivered"]
-    ids = [g["group_id"] for g in delivered]
-    assert len(ids) == len(set(ids)), "a group was delivered twice"
-    spanning = 0
-    for group in delivered:
-        for sample in group["samples"]:
-            name = f"{group['group_id']}/{sample['index']}"
-            tokens, logprobs = sample["completion_ids"], sample["logprobs"]
-            assert len(tokens) <= BUDGET  # the budget holds across continuations
-            chain = batches[(group["group_id"], sample["index"])]
-            covered = set()
-            for batch in chain:
-                end = batch["offset"] + len(batch["token_ids"])
-                assert tokens[batch["offset"] : end] == batch["token_ids"], f"{name}: tokens at {batch['offset']} were regenerated"
-                assert logprobs[batch["offset"] : end] == batch["logprobs"], f"{name}: log-probs at {batch['offset']} changed"
-                covered.update(range(batch["offset"], end))
-            holes = sorted(set(range(len(tokens))) - covered)
-            assert not holes or holes == list(range(holes[0], holes[-1] + 1)), f"{name}: scattered gaps {holes}"
-            if chain and chain[0]["time"] < killed_at < chain[-1]["time"]:
-                spanning += 1
-    return {"delivered": set(ids), "spanning": spanning}
-
-
-def trained_once(run_dir: Path, delivered: set[str]) -> None:
-    final_steps = {}
-    for line in read_jsonl(run_dir / "trained_groups.jsonl"):
-        final_steps[line["step"]] = line["groups"]  # a step retrained after a restart replaces the first
-    trained = [g for groups in final_steps.values() for g in groups]
-    assert sorted(final_steps) == list(range(1, STEPS + 1))
-    assert len(trained) == len(set(trained)), "a group was trained twice"
-    assert set(trained) <= delivered
 
 
 def test_vllm_sigkill_mid_generation_continues_every_sample_from_its_exact_prefix(tmp_path):

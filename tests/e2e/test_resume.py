@@ -13,9 +13,7 @@ import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import left_behind, read_jsonl, run_cli, start_rlrun
-from .test_failures import steps_done, wait_for
-from .test_recovery import check_exact_continuation, in_flight_tokens
+from .conftest import check_exact_continuation, in_flight_tokens, left_behind, read_jsonl, run_cli, start_rlrun, steps_done, wait_for
 
 pytestmark = pytest.mark.e2e
 

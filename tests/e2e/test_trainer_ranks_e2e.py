@@ -17,8 +17,7 @@ import pytest
 
 from rlrun.trainer.checkpoint import OPTIMIZER_DIR, latest_complete, read_state
 
-from .conftest import left_behind, read_jsonl, start_rlrun, steps_done, wait_for
-from .test_failures import restarts
+from .conftest import left_behind, read_jsonl, restarts, start_rlrun, steps_done, wait_for
 
 pytestmark = pytest.mark.e2e
 

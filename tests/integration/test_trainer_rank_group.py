@@ -11,18 +11,15 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
-pytest.importorskip("torch")
-
-from rlrun import launch  # noqa: E402
-from rlrun.config import compose  # noqa: E402
-from rlrun.streams import names  # noqa: E402
-from rlrun.streams.codec import encode  # noqa: E402
-from rlrun.trainer import checkpoint  # noqa: E402
+from rlrun import launch
+from rlrun.config import compose
+from rlrun.streams import names
+from rlrun.streams.codec import encode
+from rlrun.trainer import checkpoint
 
 STEPS = 4
 

@@ -13,11 +13,10 @@ import random
 import socket
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from rlrun.config import compose  # noqa: E402
-from rlrun.rollouts import Group, Sample  # noqa: E402
+from rlrun.config import compose
+from rlrun.rollouts import Group, Sample
 
 CASES = [(algo, sharding) for algo in ("grpo", "gspo") for sharding in ("fsdp2", "ddp")]
 GROUP_SIZE = 4

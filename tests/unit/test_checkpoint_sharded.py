@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
+import torch
+from safetensors.torch import save_file
 
-torch = pytest.importorskip("torch")
-from safetensors.torch import save_file  # noqa: E402
-
-from rlrun import inspection  # noqa: E402
-from rlrun.trainer import checkpoint  # noqa: E402
+from rlrun import inspection
+from rlrun.trainer import checkpoint
 
 
 def sharded(checkpoints: Path, step: int) -> Path:
