@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from rlrun.config.build import from_dict, omegaconf_errors, to_plain, typed, unknown_key_message, validate
-from rlrun.config.relevance import ignored_overrides
+from rlrun.config.build import from_dict, omegaconf_errors, to_plain, type_at, typed, unknown_key_message, validate
+from rlrun.config.relevance import RULES, ignored_overrides
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
 
@@ -52,8 +52,7 @@ def compose(overrides: list[str], root: Path | None = None) -> tuple[RunConfig, 
         data = OmegaConf.to_container(composed, resolve=True)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_explain(exc, overrides)) from None
-    cfg = from_dict(RunConfig, data)
-    validate(cfg)
+    cfg = config_from_data(data, source="the composed config")
     ignored = ignored_overrides(cfg, list(overrides))
     if ignored:
         raise ConfigError("invalid configuration: " + " ".join(ignored))
@@ -96,23 +95,17 @@ def _check_group_choices(overrides: list[str], root: Path) -> None:
 def _explain(exc: Exception, overrides: list[str]) -> str:
     text = str(exc)
     key = re.search(r"Could not override '([\w.]+)'", text) or re.search(r"Key '(\w+)' is not in struct", text)
+    if key and type_at(key.group(1)) is not None:
+        # A real key that the chosen options leave out of the composed config (trainer.fast_llm.*
+        # with trainer=hf, world.address with world=local): say why it does not apply, not "unknown".
+        for prefix, _ignored, fix in RULES:
+            if key.group(1) == prefix or key.group(1).startswith(prefix + "."):
+                return f"invalid configuration: {key.group(1)} has no effect here: {fix}."
     if key:
-        return _unknown_key_message(key.group(1))
+        return unknown_key_message(key.group(1))
     if "Could not find" in text or "Available options" in text:
         return "configuration error: " + " ".join(text.split())
     return f"invalid override ({', '.join(overrides) or 'none'}): {' '.join(text.split())}"
-
-
-def _unknown_key_message(dotted: str) -> str:
-    # A real key that the chosen options leave out of the composed config (trainer.fast_llm.* with
-    # trainer=hf, world.address with world=local): say why it does not apply, not "unknown".
-    from rlrun.config.relevance import RULES, schema_has
-
-    if schema_has(dotted):
-        for prefix, _ignored, fix in RULES:
-            if dotted == prefix or dotted.startswith(prefix + "."):
-                return f"invalid configuration: {dotted} has no effect here: {fix}."
-    return unknown_key_message(RunConfig, dotted)
 
 
 def override_resolved(data: dict, overrides: list[str]) -> tuple[dict, list[tuple[str, object, object]]]:
@@ -131,7 +124,7 @@ def override_resolved(data: dict, overrides: list[str]) -> tuple[dict, list[tupl
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as exc:
         raise ConfigError(f"invalid override ({', '.join(overrides)}): {' '.join(str(exc).split())}") from None
-    node = typed(RunConfig, data)
+    node = typed(data)
     changes = []
     for override in parsed:
         if override.type is not OverrideType.CHANGE or override.package is not None or override.is_sweep_override():

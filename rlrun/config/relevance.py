@@ -9,8 +9,6 @@ config groups carry every key, with values that do not matter for other options)
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from typing import Callable, Optional
 
 from rlrun.config.schema import RunConfig
@@ -69,19 +67,3 @@ def ignored_overrides(cfg: RunConfig, overrides: list[str]) -> list[str]:
                 break
     return problems
 
-
-def schema_has(dotted: str) -> bool:
-    """True when `dotted` names a key (or section) of the typed config."""
-    cls: object = RunConfig
-    for part in dotted.split("."):
-        if typing.get_origin(cls) is dict:
-            return True  # inside a free-form mapping (trainer.fast_llm.extra.*): any key
-        if not dataclasses.is_dataclass(cls):
-            return False
-        hints = typing.get_type_hints(cls)
-        if part not in hints:
-            return False
-        tp = hints[part]
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        cls = args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
-    return True
