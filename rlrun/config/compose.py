@@ -38,18 +38,13 @@ def group_options(group: str, root: Path | None = None) -> list[str]:
 
 def compose(overrides: list[str], root: Path | None = None) -> tuple[RunConfig, str]:
     """Compose conf/ with the user's overrides → (validated config, resolved YAML text)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     root = root or conf_dir()
     _check_group_choices(overrides, root)
     try:
-        with initialize_config_dir(config_dir=str(root), version_base="1.3", job_name="rlrun"):
-            composed = hydra_compose(config_name="config", overrides=list(overrides))
-        data = OmegaConf.to_container(composed, resolve=True)
+        data = composed(overrides, root)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_explain(exc, overrides)) from None
     cfg = config_from_data(data, source="the composed config")
@@ -57,6 +52,16 @@ def compose(overrides: list[str], root: Path | None = None) -> tuple[RunConfig, 
     if ignored:
         raise ConfigError("invalid configuration: " + " ".join(ignored))
     return cfg, yaml.safe_dump(data, sort_keys=False)
+
+
+def composed(overrides: list[str], root: Path | None = None) -> dict:
+    """Hydra's composition of conf/ and `overrides` as plain data, not checked against the schema."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(root or conf_dir()), version_base="1.3", job_name="rlrun"):
+        return OmegaConf.to_container(hydra_compose(config_name="config", overrides=list(overrides)), resolve=True)
 
 
 def load_resolved(path: Path) -> RunConfig:
