@@ -15,6 +15,7 @@ import statistics
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from rlrun.config import RunConfig
@@ -98,6 +99,7 @@ class Trainer:
 
     # --- the loop ------------------------------------------------------------------------------
     def train(self) -> None:
+        t = self.cfg.trainer
         self._heartbeat()
         if self.main:
             self._ensure_consumer_group()
@@ -108,33 +110,31 @@ class Trainer:
         self.parallel.barrier()  # every rank is up (and has heartbeaten) before the group is ready
         if self.main:
             self._publish_state(ready_pid=os.getpgrp(), training_done=0)
-        while self.state.step < self.cfg.trainer.max_train_steps:
+        while self.state.step < t.max_train_steps:
             started = time.monotonic()
             groups, message_ids = self._next_batch() if self.main else ([], [])
             groups = self._shared(groups)  # rank 0 read them once; every rank takes its share
             waited = time.monotonic() - started
-            metrics = self._optimizer_step(groups)
-            self.state = TrainerState(
-                step=self.state.step + 1,
-                samples_processed=self.state.samples_processed + sum(len(g.samples) for g in groups),
-                policy_version=self.state.policy_version + 1,
-                config_hash=self.state.config_hash,
-            )
+            samples = [(g.prompt_ids, s) for g in groups for s in g.samples]
+            metrics = optimizer_step(self.model, self.optimizer, samples, self.cfg, self.parallel, self.device)
+            self.state = replace(
+                self.state, step=self.state.step + 1, policy_version=self.state.policy_version + 1,
+                samples_processed=self.state.samples_processed + len(samples),
+            )  # fmt: skip
             pushing = time.monotonic()
-            overlap = self.cfg.trainer.overlap_weight_update
-            self._push_weights(overlap=overlap)
+            self._push_weights(overlap=t.overlap_weight_update)
             self.unacked.extend(message_ids)
             metrics["step_time_s"] = round(time.monotonic() - started, 4)
             metrics["wait_s"] = round(waited, 4)
             metrics["weights_s"] = round(time.monotonic() - pushing, 4)
             # The last whole update: overlapped, the one that finished during this step (none yet at the first).
-            update_s, self.last_update_s = (self.last_update_s if overlap else metrics["weights_s"]), None
+            update_s, self.last_update_s = (self.last_update_s if t.overlap_weight_update else metrics["weights_s"]), None
             metrics["weights_update_s"] = round(update_s, 4) if update_s is not None else None
             if self.main:
                 self._record(metrics, groups)
             else:
                 self._heartbeat()
-            if self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
+            if self.state.step % t.checkpoint_every == 0 or self.state.step >= t.max_train_steps:
                 self._save_checkpoint()
         if self.main:
             self._finish_update()  # the last version is served before the trainer says it is done
@@ -146,9 +146,6 @@ class Trainer:
         if self.wandb is not None:
             self.wandb.close()
             self.wandb = None
-
-    def _is_last_step(self) -> bool:
-        return self.state.step >= self.cfg.trainer.max_train_steps
 
     # --- input ---------------------------------------------------------------------------------
     def _ensure_consumer_group(self) -> None:
@@ -186,13 +183,12 @@ class Trainer:
                         self._pending_from[stream] = message_id  # the next read continues after it
                     try:
                         group = Group.from_dict(decode(fields.get("data", "")), vocab_size=self.vocab_size)
+                        if len(group.samples) != self.cfg.algo.group_size:
+                            raise MalformedGroup(f"group {group.group_id} has {len(group.samples)} samples, "
+                                                 f"expected {self.cfg.algo.group_size}")  # fmt: skip
                     except (MalformedGroup, ValueError) as exc:
                         self.bad_messages += 1
                         log.warning("rejected message %s on %s: %s", message_id, stream, exc)
-                        continue
-                    if len(group.samples) != self.cfg.algo.group_size:
-                        self.bad_messages += 1
-                        log.warning("rejected message %s on %s: group %s has %d samples, expected %d", message_id, stream, group.group_id, len(group.samples), self.cfg.algo.group_size)
                         continue
                     groups.append(group)
         return groups, ids
@@ -204,11 +200,6 @@ class Trainer:
         payload = json.dumps([g.to_dict() for g in groups]).encode() if self.main else None
         data = self.parallel.share(payload, self._heartbeat)
         return groups if self.main else [Group.from_dict(d) for d in json.loads(data)]
-
-    # --- the step ------------------------------------------------------------------------------
-    def _optimizer_step(self, groups: list[Group]) -> dict:
-        samples = [(g.prompt_ids, s) for g in groups for s in g.samples]
-        return optimizer_step(self.model, self.optimizer, samples, self.cfg, self.parallel, self.device)
 
     # --- weights to vLLM -----------------------------------------------------------------------
     def _push_weights(self, overlap: bool = False) -> None:
@@ -400,9 +391,6 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.trainer.weight_transfer == "broadcast" and parallel.ranks.is_main:
             from rlrun.trainer.weight_broadcast import BroadcastSync, transport
 
-            if not (role.broadcast_host and role.broadcast_port):
-                raise ConfigError("trainer.weight_transfer=broadcast, but the trainer's role file names no broadcast host "
-                                  "and port: it was not written by `rlrun train`/`resume` of this version.")  # fmt: skip
             broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, transport(cfg.trainer.device))
         trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast)
         try:
