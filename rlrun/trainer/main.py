@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import statistics
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import replace
@@ -213,19 +212,17 @@ class Trainer:
         self._finish_update()
         if not overlap:
             return self._hand_over(weights, version, step)
+        from rlrun.trainer.weight_broadcast import in_thread
+
         # The next step changes the parameters in place: the thread sends a copy taken now.
         weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}
-        self._update = Future()
-        threading.Thread(target=self._run_update, args=(self._update, weights, version, step), name="weights", daemon=True).start()
 
-    def _run_update(self, done: Future, weights: dict, version: int, step: int) -> None:
-        # A daemon thread, not an executor: a trainer that fails exits without waiting for it.
-        try:
+        def timed() -> float:
             started = time.monotonic()
             self._hand_over(weights, version, step)
-            done.set_result(time.monotonic() - started)
-        except BaseException as exc:  # re-raised in the main thread by _finish_update
-            done.set_exception(exc)
+            return time.monotonic() - started
+
+        self._update = in_thread(timed)  # its failure is re-raised by _finish_update
 
     def _finish_update(self) -> None:
         """Wait for the update in flight, if any; its failure is the trainer's."""

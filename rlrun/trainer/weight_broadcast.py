@@ -1,24 +1,11 @@
 """The in-memory weight path (trainer.weight_transfer=broadcast): the hf trainer's rank 0 as rank 0
-of Fast-LLM's weight broadcast group, so the vLLM servers receive with the very receiver they run
-for Fast-LLM (rlrun/backends/fast_llm/broadcast.py, rlrun/inference/worker_extension.py).
+of Fast-LLM's weight broadcast group, so the vLLM servers receive with the receiver they run for
+Fast-LLM (rlrun/backends/fast_llm/broadcast.py has the wire format).
 
-Wire format (the receiver's docstring): the group of `receivers + 1` ranks is made at
-`tcp://host:port` by `torch.distributed.rendezvous` (rank 0 serves the TCP store) under the
-store prefix `range_0_<n>_1/`; per tensor, `broadcast_object((shard, name, shape, dtype))` (the
-pickle's byte count as an int64 tensor, then its bytes) and the tensor; then
-`broadcast_object(None)`. gloo on CPU, NCCL on GPUs.
-
-`BroadcastSync` is one weight update: pause the servers that answer, make sure each is a member
-of the current group (a server that restarted is not: it answers `rlrun_broadcast_group` with
-None), form the group again with the servers that answer when not, have each receive (the RPC
-blocks until the broadcast ends, so in threads) while rank 0 sends, drop their prefix caches,
-publish the version, resume. Any failure drops the group and raises: the trainer retries, and the
-retry forms a new group with whoever answers. The receiver loads nothing until it has the whole
-broadcast, so a failed one leaves a server on its old weights, never on a mix.
-
-The group is formed on one port (the run's, `HfBackend.broadcast_port`), rank 0 serving the TCP
-store on inference.host (127.0.0.1 on one machine); every formation has a new id, and a receiver's join that a newer
-one overtook claims no rank (`broadcast.join`'s `still_wanted`).
+`BroadcastSync` is one weight update: pause the servers that answer, form the group again when
+one is not a member (it restarted), have each receive while rank 0 sends, drop prefix caches,
+publish the version, resume. Any failure drops the group and raises; the receiver loads nothing
+before the whole broadcast arrived. docs/architecture.md ("Weight updates") says more.
 """
 
 from __future__ import annotations
@@ -87,10 +74,8 @@ def transport(device: str) -> str:
 
 
 def disk_copy_due(step: int, checkpoint_every: int, last_step: int, down: list[str]) -> bool:
-    """Whether a broadcast update also writes weights/current, for the servers that start cold:
-    one restarting now (`down`: it loads the folder at its start), and at every checkpoint (and the
-    last step) one that restarts between two updates unseen (the next update brings it up to date).
-    (An update that fails — none answers, or the broadcast broke — writes it too: the trainer.)"""
+    """Whether a broadcast update also writes weights/current for servers that start cold: one
+    restarting now (`down`), and at checkpoints one that restarts unseen between two updates."""
     return bool(down) or step % checkpoint_every == 0 or step >= last_step
 
 
@@ -103,9 +88,8 @@ class Membership:
 
 
 def needs_new_group(current: Membership | None, servers: list[str], reported: dict[str, str | None]) -> bool:
-    """True when the servers that answer cannot receive over the current group: there is none,
-    they are not its members (one is down, or one is back), or one reports another group or none
-    (it restarted, or its group broke)."""
+    """True when the servers that answer are not exactly the current group's members, or one
+    reports another group or none (it restarted, or its group broke)."""
     if current is None or tuple(servers) != current.servers:
         return True
     return any(reported.get(url) != current.group_id for url in servers)
@@ -193,8 +177,8 @@ class BroadcastSync:
 
 
 def in_thread(action: Callable[[], object]) -> Future:
-    """Run `action` in a daemon thread of its own (a call left blocked by a failed broadcast ends
-    at its timeout and never holds up the next one, as a pool's worker would); its future."""
+    """`action` in a daemon thread of its own, as a future (a call left blocked by a failed broadcast
+    holds up no later one, as a pool's worker would, and no exit)."""
     future: Future = Future()
 
     def run() -> None:
