@@ -6,15 +6,14 @@ one message naming the problem and the fix, and its run directory is left exactl
     check(cfg, root, fresh=True, cheap=True)   # `rlrun train --dry-run`: nothing slow (no dataset download)
 
 Raises ConfigError (exit 2), EnvironmentProblem (exit 3) or RunDirError (exit 4). Each check asks
-the module that owns the thing (the Redis binary lookup, the dataset loader, the checkpoint reader)
-and only adds the order and, where needed, the message. Writes nothing in the run directory; the one
-process it starts is Fast-LLM's own config validation (trainer=fast_llm), which opens nothing.
-What is particular to a trainer backend, the backend checks (`rlrun.backends`).
+the module that owns the thing (the trainer backend what is its own) and adds the order and the
+message. Writes nothing; the one process it may start is Fast-LLM's validation of our config.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import logging
 import os
@@ -49,14 +48,9 @@ def check(cfg: RunConfig, root: Path, *, fresh: bool, cheap: bool = False) -> No
         backend_for(cfg).check_resumable(RunDir(root))
 
 
-# --- packages ----------------------------------------------------------------------------------
-
-
 def check_dependencies(cfg: RunConfig) -> None:
     """vLLM, torch and transformers importable (and the metric sinks asked for); EnvironmentProblem
     naming the extra otherwise."""
-    import importlib.util
-
     if importlib.util.find_spec("vllm") is None:
         raise EnvironmentProblem(
             "vLLM is not installed in this environment. Install the inference stack: "
@@ -73,9 +67,6 @@ def check_dependencies(cfg: RunConfig) -> None:
         from rlrun.wandb_sink import require_wandb
 
         require_wandb()
-
-
-# --- the run directory -------------------------------------------------------------------------
 
 
 def check_run_dir(root: Path, *, fresh: bool) -> None:
@@ -124,9 +115,6 @@ def _read_only(path: Path) -> bool:
         return False
 
 
-# --- the model and the dataset -----------------------------------------------------------------
-
-
 def check_model(cfg: RunConfig) -> None:
     """model.source=path names a Hugging Face model folder: config.json (a JSON object) and
     weights. model.source=hub names a hub id, not a local path. The tiny model is built later."""
@@ -166,16 +154,12 @@ def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
     the `datasets` package and a local path are checked."""
     d = cfg.dataset
     if d.name == "gsm8k":
-        import importlib.util
-
         if importlib.util.find_spec("math_verify") is None:  # the actor scores every answer with it
             raise EnvironmentProblem(
                 "dataset=gsm8k scores answers with math-verify, which is not installed: pip install 'rlrun[gpu]' "
                 "(or pip install math-verify), or choose dataset=arithmetic."
             )
     if d.name != "arithmetic" and cheap:
-        import importlib.util
-
         if importlib.util.find_spec("datasets") is None:
             raise EnvironmentProblem(f"dataset={d.name} needs the `datasets` package: pip install 'rlrun[gpu]'.")
         if d.hf_path.startswith(("/", "./", "../", "~")) and not Path(d.hf_path).expanduser().exists():
@@ -186,9 +170,6 @@ def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
     task = load_task(d, cfg.run.seed)  # raises ConfigError / EnvironmentProblem saying what and how to fix
     if not task.problems:
         raise ConfigError(f"dataset={d.name} holds no problems (split {d.split!r}). Choose another dataset.split or dataset.")
-
-
-# --- services ----------------------------------------------------------------------------------
 
 
 def check_redis_binary(cfg: RunConfig) -> None:
