@@ -20,7 +20,7 @@ from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
 from rlrun.backends.fast_llm.config import LAUNCH_ENV, launch_argv, write_config
 from rlrun.backends.fast_llm.follower import request_join
 from rlrun.backends.fast_llm.installed import choose_revision
-from rlrun.backends.fast_llm.rewind import Rewind, rewind_group
+from rlrun.backends.fast_llm.rewind import rewind_group
 from rlrun.config import RunConfig
 from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy, role_command
 from rlrun.rundir import RunDir
@@ -152,20 +152,15 @@ def trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pa
         except fl_checkpoints.CheckpointError as exc:
             log.error("documents not rewound: %s", exc)
             return
-        done: list[Rewind | str] = []
 
         def rewind(client) -> None:
             try:
-                done.append(rewind_group(client, f.stream, f.consumer_group, checkpoint))
+                events.emit("documents_rewound", **asdict(rewind_group(client, f.stream, f.consumer_group, checkpoint)))
             except RuntimeError as exc:  # the stream holds fewer documents than the checkpoint covers
-                done.append(str(exc))
+                events.emit("documents_rewound", error=str(exc))
 
-        if not probe.call(rewind) or not done:
+        if not probe.call(rewind):
             log.warning("documents not rewound: Redis unreachable")
-        elif isinstance(done[0], str):
-            events.emit("documents_rewound", error=done[0])
-        else:
-            events.emit("documents_rewound", **asdict(done[0]))
 
     def before_start() -> None:
         moved = fl_checkpoints.move_aside_incomplete(experiment_dir)
