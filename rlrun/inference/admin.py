@@ -1,12 +1,8 @@
-"""The trainer's side of weight updates: pause generation, reload weights, resume.
+"""The trainer's side of weight updates: pause generation (mode=abort: the actor continues the
+aborted requests from their tokens, as after a crash), reload weights, resume.
 
-Pausing with mode=abort ends in-flight requests at a token boundary; the actor continues them
-from the tokens it already has, tagged with the new policy version. One mechanism serves both
-weight updates and recovery.
-
-A server that does not take connections (being restarted by the supervisor) is left out of an
-update: it starts from the newest weights the trainer pointed `weights/current` at, so the other
-servers need not wait for it. Only when no server answers does the update fail (and is retried).
+A server that takes no connections (being restarted) is left out: it starts from `weights/current`.
+Only when no server answers does the update fail (and the trainer retries it).
 """
 
 from __future__ import annotations
@@ -29,9 +25,7 @@ class VllmAdmin:
         self._client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
 
     def update_weights(self, weights_path: str, publish: Callable[[], None]) -> list[str]:
-        """Pause every server that answers, load `weights_path` into each, `publish()` the new
-        version, resume them; return the servers that were down (left out). Raises
-        httpx.ConnectError when none answers: there is no one to update yet."""
+        """`update` with a reload of `weights_path` on each server."""
 
         def reload_each(live: list[str]) -> list[str]:
             return [url for url in live if not self._answers(lambda: self._reload(url, weights_path))]
@@ -79,9 +73,8 @@ class VllmAdmin:
         return results[0] if isinstance(results[0], dict) else {"reply": results[0]}
 
     def resume_answering(self) -> list[str]:
-        """Resume every server that answers (a trainer that died between /pause and /resume left
-        it paused, and its successor may have no update to make before the actor feeds it);
-        return those that did not answer or refused."""
+        """Resume every server that answers (a trainer that died between /pause and /resume left it
+        paused); return those that did not answer or refused."""
         missed = []
         for url in self.urls:
             try:
@@ -102,17 +95,9 @@ class VllmAdmin:
         for url in self.urls if urls is None else urls:
             self._post(f"{url}/reset_prefix_cache")
 
-    def reload_weights(self, weights_path: str) -> None:
-        """Load `weights_path` (a complete folder) into every server and drop its prefix cache.
-
-        Cached KV blocks were computed with the old weights; reusing them after the update would
-        mix two policies in one sample. The reload is rlrun's (worker_extension.py): vLLM 0.32's
-        own leaves tied weights (embedding and LM head) apart.
-        """
-        for url in self.urls:
-            self._reload(url, weights_path)
-
     def _reload(self, url: str, weights_path: str) -> None:
+        """rlrun's reload (worker_extension.py keeps tied weights tied), then the prefix cache
+        dropped: KV blocks computed with the old weights would mix two policies in one sample."""
         self._post(f"{url}/collective_rpc", json={"method": "rlrun_reload_weights", "kwargs": {"weights_path": weights_path}})
         self._post(f"{url}/reset_prefix_cache")
 

@@ -160,7 +160,7 @@ def test_vllm_serves_a_checkpoint_folder_reloaded_by_the_trainers_call(server, t
     moved.save_pretrained(tmp_path / "step-30")  # as the trainer saves a step's weights (tied: no lm_head)
 
     admin = VllmAdmin([url], api_key=KEY)
-    admin.reload_weights(str(tmp_path / "step-30"))
+    assert admin.update_weights(str(tmp_path / "step-30"), publish=lambda: None) == []  # the trainer's path
     admin.close()
 
     completion, served = greedy(url, prompt)
