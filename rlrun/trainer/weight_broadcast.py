@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from rlrun.backends.fast_llm.broadcast import SOURCE_RANK, WEIGHTS_SHARD, store_prefix
+from rlrun.backends.fast_llm.broadcast import SOURCE_RANK, WEIGHTS_SHARD, broadcast_tensor, member_of
 
 log = logging.getLogger("rlrun.trainer.weights")
 
@@ -33,28 +33,16 @@ class WeightBroadcaster:
     """Rank 0 of a broadcast group to `receivers` vLLM workers (ranks 1..receivers)."""
 
     def __init__(self, host: str, port: int, receivers: int, transport: str = "gloo", timeout_s: float = 600.0) -> None:
-        world_size = receivers + 1
         timeout = datetime.timedelta(seconds=timeout_s)
         # Blocks until every receiver has joined (they join from rlrun_join_broadcast).
-        self.store, _, _ = next(dist.rendezvous(f"tcp://{host}:{port}", SOURCE_RANK, world_size, timeout=timeout))
-        prefixed = dist.PrefixStore(store_prefix(world_size), self.store)
-        if transport == "gloo":
-            self.group, self.device = dist.ProcessGroupGloo(prefixed, SOURCE_RANK, world_size, timeout), torch.device("cpu")
-        elif transport == "nccl":
-            self.device = torch.device("cuda", torch.cuda.current_device())
-            self.group = dist.ProcessGroupNCCL(prefixed, SOURCE_RANK, world_size, timeout)
-        else:
-            raise ValueError(f"unknown broadcast transport {transport!r} (gloo or nccl)")
-
-    def _broadcast(self, tensor: torch.Tensor) -> None:
-        options = dist.BroadcastOptions()
-        options.rootRank, options.rootTensor = SOURCE_RANK, 0
-        self.group.broadcast([tensor], options).wait()
+        self.store, _, _ = next(dist.rendezvous(f"tcp://{host}:{port}", SOURCE_RANK, receivers + 1, timeout=timeout))
+        self.member = member_of(self.store, SOURCE_RANK, receivers + 1, transport, timeout)
+        self.device = self.member.device
 
     def _broadcast_object(self, value) -> None:
         payload = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8).to(self.device)
-        self._broadcast(torch.tensor([payload.numel()], dtype=torch.int64, device=self.device))
-        self._broadcast(payload)
+        broadcast_tensor(self.member, torch.tensor([payload.numel()], dtype=torch.int64, device=self.device))
+        broadcast_tensor(self.member, payload)
 
     def send(self, weights: dict[str, torch.Tensor]) -> int:
         """Broadcast every tensor of `weights` (a full state dict), then the end marker; the bytes sent."""
@@ -62,7 +50,7 @@ class WeightBroadcaster:
         for name, tensor in weights.items():
             tensor = tensor.detach().to(self.device).contiguous()
             self._broadcast_object((WEIGHTS_SHARD, name, tuple(tensor.shape), tensor.dtype))
-            self._broadcast(tensor)
+            broadcast_tensor(self.member, tensor)
             sent += tensor.numel() * tensor.element_size()
         self._broadcast_object(None)
         return sent
