@@ -87,10 +87,6 @@ class VllmAdmin:
         for url in self.urls:
             self._post(f"{url}/pause", params={"mode": "abort"})
 
-    def resume(self) -> None:
-        for url in self.urls:
-            self._post(f"{url}/resume")
-
     def reset_prefix_cache(self, urls: list[str] | None = None) -> None:
         for url in self.urls if urls is None else urls:
             self._post(f"{url}/reset_prefix_cache")

@@ -73,7 +73,7 @@ class VllmBroadcastAdmin(VllmAdmin):
             kwargs = {"host": host, "port": port, "rank": rank, "world_size": world_size, "backend": backend,
                       "timeout_s": timeout_s}  # fmt: skip
             try:
-                self._rpc(url, "rlrun_join_broadcast", kwargs, timeout_s=JOIN_CALL_TIMEOUT_S)
+                self.rpc(url, "rlrun_join_broadcast", kwargs, timeout_s=JOIN_CALL_TIMEOUT_S)
             except (httpx.HTTPError, RuntimeError) as exc:
                 log.warning("vLLM %s could not be asked to join the broadcast (%s); asking again shortly", url, exc)
                 failed.append(url)
@@ -83,7 +83,7 @@ class VllmBroadcastAdmin(VllmAdmin):
         """Every server receives the broadcast announced by event `event_id` (of `step`), all at
         once; their reports. `while_waiting` is called about once a second meanwhile (the heartbeat)."""
         kwargs = {"event_id": event_id, "step": step, "timeout_s": self.receive_timeout_s}
-        futures = [self._pool.submit(self._rpc, url, "rlrun_receive_broadcast", kwargs, self.receive_timeout_s + 10)
+        futures = [self._pool.submit(self.rpc, url, "rlrun_receive_broadcast", kwargs, self.receive_timeout_s + 10)
                    for url in self.urls]  # fmt: skip
         while wait(futures, timeout=1.0).not_done:
             while_waiting()
@@ -96,11 +96,6 @@ class VllmBroadcastAdmin(VllmAdmin):
                 self._post(f"{url}/resume")
             except (httpx.HTTPError, RuntimeError) as exc:
                 log.warning("vLLM %s could not be resumed (%s)", url, exc)
-
-    def _rpc(self, url: str, method: str, kwargs: dict, timeout_s: float) -> dict:
-        reply = self._post(f"{url}/collective_rpc", json={"method": method, "kwargs": kwargs, "timeout": timeout_s})
-        results = reply.json().get("results") or [None]
-        return results[0] if isinstance(results[0], dict) else {"reply": results[0]}
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
