@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from rlrun import completion
-from rlrun.backends import HALF, Candidate, run_verdict
+from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
 from rlrun.config import RunConfig
 from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy, role_command
 from rlrun.rundir import RunDir
@@ -47,27 +47,15 @@ class HfLayout:
         return checkpoint.is_complete(path)
 
     def read_fields(self, path: Path, warnings: list[str]) -> dict:
-        fields: dict[str, Any] = {"step": _step_of(path)}
-        state_file = path / checkpoint.STATE_FILE
-        if not state_file.is_file():
-            warnings.append(f"no {checkpoint.STATE_FILE}: step taken from the folder name")
-            return fields
-        try:
+        def read() -> dict:
             state = checkpoint.read_state(path)
-        except (OSError, ValueError, TypeError) as exc:
-            warnings.append(f"cannot read {state_file.name}: {exc}")
+            fields = dict(step=state.step, samples_processed=state.samples_processed, policy_version=state.policy_version,
+                          checkpoint_config_hash=state.config_hash)  # fmt: skip
+            if state.written_at > 0:
+                fields.update(written_at=state.written_at, written_at_source=checkpoint.STATE_FILE)
             return fields
-        if fields["step"] is not None and fields["step"] != state.step:
-            warnings.append(f"the folder name says step {fields['step']} but {state_file.name} says {state.step}")
-        fields.update(
-            step=state.step,
-            samples_processed=state.samples_processed,
-            policy_version=state.policy_version,
-            checkpoint_config_hash=state.config_hash,
-        )
-        if state.written_at > 0:
-            fields.update(written_at=state.written_at, written_at_source=checkpoint.STATE_FILE)
-        return fields
+
+        return recorded_fields(path, _step_of(path), checkpoint.STATE_FILE, read, warnings)
 
 
 def _step_of(path: Path) -> Optional[int]:

@@ -12,10 +12,10 @@ import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from rlrun import completion
-from rlrun.backends import HALF, Candidate, run_verdict
+from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
 from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
 from rlrun.backends.fast_llm.config import LAUNCH_ENV, launch_argv, write_config
 from rlrun.backends.fast_llm.follower import request_join
@@ -58,20 +58,12 @@ class FastLlmLayout:
         return fl_checkpoints.is_complete(path)
 
     def read_fields(self, path: Path, warnings: list[str]) -> dict:
-        """Step and documents seen, as the backend's one metadata reader reads them."""
-        fields: dict[str, Any] = {"step": int(path.name) if path.name.isdigit() else None}
-        if not (path / fl_checkpoints.METADATA_FILE).is_file():
-            warnings.append(f"no {fl_checkpoints.METADATA_FILE}: step taken from the folder name")
-            return fields
-        try:
+        def read() -> dict:
             meta = fl_checkpoints.read_metadata(path)
-        except fl_checkpoints.CheckpointError as exc:
-            warnings.append(" ".join(str(exc).split()))
-            return fields
-        if fields["step"] is not None and fields["step"] != meta.completed_steps:
-            warnings.append(f"the folder name says step {fields['step']} but {fl_checkpoints.METADATA_FILE} says {meta.completed_steps}")
-        fields.update(step=meta.completed_steps, documents_seen=meta.documents_seen)
-        return fields
+            return {"step": meta.completed_steps, "documents_seen": meta.documents_seen}
+
+        step = int(path.name) if path.name.isdigit() else None
+        return recorded_fields(path, step, fl_checkpoints.METADATA_FILE, read, warnings)
 
 
 class FastLlmBackend:
