@@ -1,15 +1,12 @@
-"""What every role's process spec is made of, whatever starts it: where the run's services
-listen (`Endpoints`), a child's environment, its restart policy from the config, and the probes
-that read the run's Redis (readiness markers, heartbeats, events).
-
-`rlrun.roles` and each trainer backend (`rlrun.backends`) build specs from these.
+"""What every role's process spec is made of, whatever starts it: where the run's services listen
+(`Endpoints`), a child's environment and restart policy, and the probes that read the run's Redis.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import yaml
@@ -37,14 +34,8 @@ def child_env(threads: int) -> dict[str, str]:
 
 
 def restart_policy(role: RoleSupervision) -> RestartPolicy:
-    return RestartPolicy(
-        restart=role.restart,
-        max_restarts=role.max_restarts,
-        window_s=role.window_s,
-        backoff_initial_s=role.backoff_initial_s,
-        backoff_max_s=max(role.backoff_max_s, role.backoff_initial_s),
-        healthy_after_s=role.healthy_after_s,
-    )
+    settings = {f.name: getattr(role, f.name) for f in fields(role) if f.name != "stall_timeout_s"}
+    return RestartPolicy(**{**settings, "backoff_max_s": max(role.backoff_max_s, role.backoff_initial_s)})
 
 
 class RedisProbe:
@@ -95,11 +86,8 @@ class RedisProbe:
 
 
 def role_command(run_dir: RunDir, module: str, name: str, **settings) -> tuple[list[str], Callable[[], None]]:
-    """(argv, before_start) of a child started as `python -m <module> <run>/roles/<name>.yaml`.
-
-    The file is written before every (re)start, from the run's config.yaml and `settings` (the
-    `rlrun.role_file.Role` fields: redis_url, model_path, vllm_urls, broadcast_host/port).
-    """
+    """(argv, before_start) of a child started as `python -m <module> <run>/roles/<name>.yaml`; the
+    file is written before every (re)start from config.yaml and `settings` (`Role` fields)."""
     from rlrun.role_file import Role, write_role_file
 
     def write() -> None:

@@ -72,12 +72,8 @@ def attempt_log(base: Path, attempt: int) -> Path:
 
 @dataclass(frozen=True)
 class RunVerdict:
-    """A completion check's answer: is the run finished, and why (one line for the log)?
-
-    `reject` names a process that exited 0 without having done its work (e.g. a trainer
-    interrupted early that still reports success): its exit is treated as a crash, so it is
-    restarted per its policy.
-    """
+    """A completion check's answer: finished or not, and why (one line). `reject` names a process
+    that exited 0 before its work was done: that exit is a crash, restarted per its policy."""
 
     finished: bool
     reason: str
@@ -124,14 +120,9 @@ class Supervisor:
     def status(self, name: str) -> ProcessStatus:
         return next(p for p in self.processes if p.name == name)
 
-    # --- the three phases ----------------------------------------------------------------------
     def start_all(self) -> None:
-        """Start every process once the ones it comes after (`spec.after`; by default every one
-        before it in the list) are ready, and return when all are ready (or done).
-
-        A process failing at its first start follows its restart policy like any other failure
-        (a configuration error, exit code 2, is never retried).
-        """
+        """Start every process once those it comes after (`spec.after`) are ready; return when all
+        are ready or done. A failing first start follows its restart policy like any failure."""
         pending = list(self.processes)
         while True:
             for proc in [p for p in pending if self._may_start(p)]:
@@ -150,11 +141,8 @@ class Supervisor:
         return all(self.status(name).state in (ProcessState.READY, ProcessState.EXITED) for name in self._after[proc.name])
 
     def watch(self, is_finished: CompletionCheck) -> str:
-        """Watch and restart until the completion check says done.
-
-        Raises ProcessFailed when a process fails and its policy does not restart it, and
-        RestartsExhausted when it keeps failing past its restart budget.
-        """
+        """Watch and restart until the completion check says done. ProcessFailed when a failure is
+        not restarted, RestartsExhausted past a restart budget."""
         while True:
             now = self._clock()
             for proc in self.processes:
@@ -179,7 +167,6 @@ class Supervisor:
         for proc in in_order:
             self._stop(proc)
 
-    # --- the state machine of one process ------------------------------------------------------
     def _advance(self, proc: ProcessStatus, now: float) -> None:
         if proc.state is ProcessState.STARTING:
             self._advance_starting(proc, now)

@@ -1,13 +1,11 @@
 """Fast-LLM's events, checked against the run before anyone acts on them.
 
-Any local process may append to the events stream (Fast-LLM's clients have no password), so what
-reads it (the completion rule, the weight follower) acts only on an event that fits the current
-trainer attempt, which starts at the supervisor's join request (`join_after`, `join_step`): its
-first `weights_ready` announces `join_step` (any step up to `train_iters` when unknown), each next
-one the step after (fp16: a later one, as Fast-LLM skips non-finite updates), never past
-`train_iters`; one `training_finished` after that. Anything else is counted and ignored. A forged
-event that fits can only make the follower wait for a broadcast (weights never come from Redis),
-and `training_finished` alone finishes nothing (the rule also needs exit 0 and the step reached).
+Any local process may append to the events stream (Fast-LLM's clients have no password), so the
+completion rule and the weight follower act only on an event that fits the current trainer
+attempt (from the supervisor's join request): its first `weights_ready` announces `join_step`,
+each next one the step after (fp16: a later one), never past `train_iters`; then one
+`training_finished`. Anything else is counted and ignored. A forged event that fits can only make
+the follower wait for a broadcast, and `training_finished` alone finishes nothing.
 """
 
 from __future__ import annotations

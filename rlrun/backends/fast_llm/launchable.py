@@ -1,13 +1,10 @@
 """Can `trainer.fast_llm.command` start here? The program it finally runs, found through its wrappers.
 
-A launch command is often wrapped: `env VAR=1 torchrun --no_python fast-llm ...`,
-`nice -n 5 python -m fast_llm.cli ...`, `bash -c "fast-llm train gpt --config ..."`. Checking only
-`argv[0]` (env, bash) would pass a command whose real program is missing, and the run would start,
-fail at the trainer's first start, every restart, and end in exit 6. So the wrappers are peeled off
-and what each one runs is checked: a program on PATH (or an executable path), a Python script
-that exists, a Python module that the interpreter that will run it can import.
-
-Pure except for the look-ups (PATH, files, and `python -c` for an interpreter other than this one).
+A launch command is often wrapped (`env VAR=1 torchrun --no_python fast-llm ...`, `nice -n 5
+python -m fast_llm.cli ...`, `bash -c "..."`); checking only `argv[0]` would pass a command whose
+real program is missing, and the run would end in exit 6 after every restart failed. So the
+wrappers are peeled off and what each runs is checked: a program on PATH, a script that exists, a
+module that the interpreter that will run it can import.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Exactly-once documents under Fast-LLM: before every (re)start, the consumer group is set back to
 the first document the trainer's checkpoint does not cover.
 
-Fast-LLM reads with `XREADGROUP ... NOACK`, so a trainer that dies after checkpoint k has read
-documents its successor would never see. Checkpoint k records `documents_seen`; the first that
-many entries of the stream are what steps 1..k trained, so the group is moved to just after them
-(`XGROUP SETID ... ENTRIESREAD n`) and the rest are delivered again, none twice. A revision that
-does not record `documents_seen` cannot be rewound: what it read after the checkpoint is reported
-as lost. Details and limits: docs/operations.md ("Exactly-once documents").
+Fast-LLM reads with `XREADGROUP ... NOACK`; checkpoint k records `documents_seen`, the first that
+many entries of the stream, so the group is moved just after them (`XGROUP SETID ... ENTRIESREAD
+n`) and the rest are delivered again, none twice. Without `documents_seen` what was read after the
+checkpoint is reported as lost. Limits: docs/operations.md ("Exactly-once documents").
 """
 
 from __future__ import annotations
