@@ -44,28 +44,20 @@ class Ranks:
         return cls(int(env["RANK"]), int(env["WORLD_SIZE"]), *master)
 
 
-def choose_sharding(wanted: str) -> str:
-    """`auto` is FSDP2 when this torch has `fully_shard` (it runs on CPU with gloo since 2.6), DDP otherwise."""
-    if wanted != "auto":
-        return wanted
-    try:
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-    except ImportError:
-        return "ddp"
-    return "fsdp2"
-
-
 class Parallel:
     """The loop's view of its ranks. Built once per trainer process; `close()` at exit."""
 
     def __init__(self, ranks: Ranks, sharding: str = "auto", device: str = "cpu") -> None:
         self.ranks = ranks
-        self.sharding = choose_sharding(sharding) if ranks.distributed else "none"
-        self.device = device
+        self.sharding, self.device = "none", device
         if ranks.distributed:
             import datetime
 
             import torch.distributed as dist
+            import torch.distributed.fsdp as fsdp
+
+            # auto: FSDP2 where this torch has `fully_shard` (on CPU with gloo since 2.6), else DDP
+            self.sharding = sharding if sharding != "auto" else "fsdp2" if hasattr(fsdp, "fully_shard") else "ddp"
 
             if dist.is_initialized():  # a second view of the same ranks (tests compare shardings)
                 return

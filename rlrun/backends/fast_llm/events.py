@@ -92,13 +92,6 @@ class EventJudge:
         return None, f"unknown event {event!r}"  # parse_event only returns the two kinds above
 
 
-def join_state(redis) -> tuple[Optional[str], Optional[int]]:
-    """The current trainer attempt's (`join_after`, `join_step`) as the supervisor recorded them."""
-    state = redis.hgetall(names.WEIGHTS_STATE) or {}
-    step = state.get("join_step")
-    return state.get("join_after"), (int(step) if step not in (None, "") else None)
-
-
 class EventsReader:
     """The supervisor's reader: what the current trainer attempt announced, for the completion rule.
 
@@ -126,9 +119,10 @@ class EventsReader:
 
     def poll(self) -> None:
         """Read every event published since the last poll (never blocks)."""
-        after, start_step = join_state(self.redis)
+        state = self.redis.hgetall(names.WEIGHTS_STATE) or {}  # the attempt the supervisor recorded
+        after, step = state.get("join_after"), state.get("join_step")
         if after != self.judge.attempt.after:
-            self.judge.new_attempt(after, start_step)
+            self.judge.new_attempt(after, int(step) if step else None)
         while True:
             reply = self.redis.xread({self.stream: self.last_id}, count=500)
             if not reply:
