@@ -151,11 +151,7 @@ def _section(cls: type, path: str, notes: SourceNotes, shipped: dict, title: str
     fields = dataclasses.fields(cls)
     scalars = [f for f in fields if not dataclasses.is_dataclass(hints[f.name])]
     nested = [f for f in fields if dataclasses.is_dataclass(hints[f.name])]
-    heading = title or f"`{path}`"
-    out = [f"{'#' * min(2 + path.count('.'), 4)} {heading}", ""]
-    doc = notes.docstrings.get(cls.__name__, "")
-    if doc:
-        out += [" ".join(doc.split()), ""]
+    out = _heading(min(2 + path.count("."), 4), title or f"`{path}`", cls, notes)
     if scalars:
         out += ["| key | type | default | `rlrun train` | meaning |", "|---|---|---|---|---|"]
         for f in scalars:
@@ -176,22 +172,21 @@ def _section(cls: type, path: str, notes: SourceNotes, shipped: dict, title: str
             out += _section(tp, f"{path}.{f.name}" if path else f.name, notes, shipped)
             continue
         # One dataclass used for several keys (supervisor.redis, .vllm, ...): rendered once.
-        names = [f.name for f in group]
-        where = f"{path}.<{'|'.join(names)}>" if path else f"<{'|'.join(names)}>"
         instances = {f.name: schema_default(f) for f in group}  # a key's own default may differ
-        out += _shared_section(tp, path, instances, where, notes, shipped, notes.comments.get(cls.__name__, {}))
+        out += _shared_section(tp, path, instances, notes, shipped, notes.comments.get(cls.__name__, {}))
     return out
 
 
-def _shared_section(
-    cls: type, path: str, instances: dict[str, Any], where: str, notes: SourceNotes, shipped: dict, parent: dict[str, str]
-) -> list[str]:
+def _heading(level: int, title: str, cls: type, notes: SourceNotes) -> list[str]:
+    doc = notes.docstrings.get(cls.__name__, "")
+    return [f"{'#' * level} {title}", "", *([" ".join(doc.split()), ""] if doc else [])]
+
+
+def _shared_section(cls: type, path: str, instances: dict, notes: SourceNotes, shipped: dict, parent: dict) -> list[str]:
     hints = typing.get_type_hints(cls)
     names = list(instances)
-    out = [f"{'#' * min(3 + path.count('.'), 4)} `{cell(where)}`", ""]
-    doc = notes.docstrings.get(cls.__name__, "")
-    if doc:
-        out += [" ".join(doc.split()), ""]
+    where = f"{path}.<{'|'.join(names)}>" if path else f"<{'|'.join(names)}>"
+    out = _heading(min(3 + path.count("."), 4), f"`{cell(where)}`", cls, notes)
     for name in names:
         if parent.get(name):
             out.append(f"- `{path}.{name}`: {parent[name]}")
@@ -248,10 +243,5 @@ def _changes(shipped: dict, defaults: dict[str, str]) -> list[str]:
     return out
 
 
-def main() -> int:
-    print(render(), end="")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    print(render(), end="")
