@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from rlrun.config.build import from_dict, omegaconf_errors, to_plain, type_at, typed, unknown_key_message, validate
-from rlrun.config.relevance import RULES, ignored_overrides
+from rlrun.config.relevance import ignored_overrides, rule_for
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
 
@@ -100,12 +100,11 @@ def _check_group_choices(overrides: list[str], root: Path) -> None:
 def _explain(exc: Exception, overrides: list[str]) -> str:
     text = str(exc)
     key = re.search(r"Could not override '([\w.]+)'", text) or re.search(r"Key '(\w+)' is not in struct", text)
-    if key and type_at(key.group(1)) is not None:
-        # A real key that the chosen options leave out of the composed config (trainer.fast_llm.*
-        # with trainer=hf, world.address with world=local): say why it does not apply, not "unknown".
-        for prefix, _ignored, fix in RULES:
-            if key.group(1) == prefix or key.group(1).startswith(prefix + "."):
-                return f"invalid configuration: {key.group(1)} has no effect here: {fix}."
+    # A real key that the chosen options leave out of the composed config (trainer.fast_llm.* with
+    # trainer=hf, world.address with world=local): say why it does not apply, not "unknown".
+    rule = rule_for(key.group(1)) if key and type_at(key.group(1)) is not None else None
+    if rule is not None:
+        return f"invalid configuration: {key.group(1)} has no effect here: {rule[2]}."
     if key:
         return unknown_key_message(key.group(1))
     if "Could not find" in text or "Available options" in text:

@@ -47,23 +47,20 @@ RULES: list[Rule] = [
 ]  # fmt: skip
 
 
-def override_key(item: str) -> Optional[str]:
-    """The dotted key an override sets (`+a.b=1` → `a.b`); None for a deletion or no `=`."""
-    if item.startswith("~") or "=" not in item:
-        return None
-    return item.split("=", 1)[0].lstrip("+")
+def rule_for(key: str) -> Optional[Rule]:
+    """The rule about dotted `key` or a section above it (the rules' keys do not overlap)."""
+    return next((rule for rule in RULES if key == rule[0] or key.startswith(rule[0] + ".")), None)
 
 
 def ignored_overrides(cfg: RunConfig, overrides: list[str]) -> list[str]:
     """One sentence per override that `cfg`'s choices make meaningless, naming what to do instead."""
     problems = []
     for item in overrides:
-        key = override_key(item)
-        if key is None:
+        if item.startswith("~") or "=" not in item:  # a deletion sets nothing
             continue
-        for prefix, ignored, fix in RULES:
-            if (key == prefix or key.startswith(prefix + ".")) and ignored(cfg):
-                problems.append(f"{key} has no effect here: {fix}.")
-                break
+        key = item.split("=", 1)[0].lstrip("+")
+        rule = rule_for(key)
+        if rule is not None and rule[1](cfg):
+            problems.append(f"{key} has no effect here: {rule[2]}.")
     return problems
 

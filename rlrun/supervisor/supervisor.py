@@ -62,12 +62,9 @@ class ProcessStatus:
 
     @property
     def log_path(self) -> Path:
-        return attempt_log(self.spec.log_path, self.attempt)
-
-
-def attempt_log(base: Path, attempt: int) -> Path:
-    """logs/vllm-0.log for the first start, logs/vllm-0.1.log for the first restart, ..."""
-    return base if attempt == 0 else base.with_name(f"{base.stem}.{attempt}{base.suffix}")
+        """logs/vllm-0.log for the first start, logs/vllm-0.1.log for the first restart, ..."""
+        base = self.spec.log_path
+        return base if self.attempt == 0 else base.with_name(f"{base.stem}.{self.attempt}{base.suffix}")
 
 
 @dataclass(frozen=True)
