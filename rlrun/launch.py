@@ -1,11 +1,6 @@
 """`rlrun train` as a library call: prepare the run directory, build the specs, supervise, stop.
-
-    run_dir = create_run(cfg, resolved_yaml, overrides)
-    reason = train(cfg, run_dir, on_tick=...)
-
-The CLI renders; this module decides. The trainer backend (`rlrun.backends`) says its processes
-and how its completion is judged (a pure rule in `rlrun.completion`, fed by what the trainer
-publishes in Redis).
+The CLI renders; this module decides; the trainer backend (`rlrun.backends`) says its processes
+and how its completion is judged.
 """
 
 from __future__ import annotations

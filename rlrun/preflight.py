@@ -1,9 +1,7 @@
 """Checks run before a run creates or starts anything: a run that cannot work fails at once, with
 one message naming the problem and the fix, and its run directory is left exactly as it was.
-
-    check(cfg, root, fresh=True)               # `rlrun train`: before the run directory is made
-    check(cfg, run_dir.root, fresh=False)      # `launch.train` / `rlrun resume`: before any process
-    check(cfg, root, fresh=True, cheap=True)   # `rlrun train --dry-run`: nothing slow (no dataset download)
+`check(cfg, root, fresh=...)` before `rlrun train` makes the directory and before every launch
+(`cheap`: for --dry-run, nothing slow).
 
 Raises ConfigError (exit 2), EnvironmentProblem (exit 3) or RunDirError (exit 4). Each check asks
 the module that owns the thing (the trainer backend what is its own) and adds the order and the

@@ -1,9 +1,5 @@
-"""rlrun's own trainer (`rlrun.trainer`, torch + transformers): its process, completion and checkpoints.
-
-The trainer reads groups from `rlrun:groups`, publishes its step and samples processed in the
-`rlrun:trainer` hash and writes `checkpoints/step_NNNNNN/` (an `ok` marker last) in the run
-directory. Finished: exit 0 and the samples target consumed, or its own `training_done` event
-(`rlrun.completion.hf_finished`).
+"""rlrun's own trainer (`rlrun.trainer`, torch + transformers): its process, completion and checkpoints
+(`checkpoints/step_NNNNNN/`); finished: exit 0 and the samples target or `training_done`.
 """
 
 from __future__ import annotations

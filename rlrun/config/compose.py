@@ -1,9 +1,8 @@
-"""Hydra composition under typer, and the saved resolved config.
+"""Hydra composition, and the saved resolved config.
 
-`compose(overrides)` is the only place Hydra composes: it returns a validated `RunConfig` plus
-the resolved YAML text that is saved in the run directory. Children load that file back with
-`load_resolved`, so any role can be rerun by hand from its run directory; `rlrun resume` changes
-it with `override_resolved`, in the same override grammar as `rlrun train`.
+`compose(overrides)`: a validated `RunConfig` and the resolved YAML saved in the run directory;
+`load_resolved` reads it back; `rlrun resume` changes it with `override_resolved`, in the same
+override grammar as `rlrun train`.
 """
 
 from __future__ import annotations
@@ -113,12 +112,8 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
 
 
 def override_resolved(data: dict, overrides: list[str]) -> tuple[dict, list[tuple[str, object, object]]]:
-    """Hydra's `key=value` overrides (train's grammar) applied to a saved resolved config.
-
-    Returns the new plain config (the saved one with the changed keys only: schema defaults it
-    leaves out stay out) and the changes as (key, before, after). Adding (`+key`), deleting
-    (`~key`) and sweeps are refused: the schema already holds every key.
-    """
+    """Hydra's `key=value` overrides (train's grammar) applied to a saved resolved config: the new
+    plain config (only the changed keys change) and the changes as (key, before, after)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
     from hydra.errors import HydraException

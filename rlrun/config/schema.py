@@ -1,8 +1,5 @@
-"""The typed, frozen run configuration.
-
-Hydra composes YAML from `conf/`; right after composition it becomes a `RunConfig` and no
-`DictConfig` leaves the config package. Each section belongs to one role; one line per field
-says what it means. `validate` checks cross-role invariants before anything starts.
+"""The typed, frozen run configuration: one section per role, one line per field saying what it
+means. Hydra's output becomes a `RunConfig` right after composition; `validate` checks the rest.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """The supervisor: start processes in dependency order, watch them, restart what fails, stop in order.
 
-It is given process specs and a completion check and knows nothing about RL. Each process
-goes through an explicit state machine
+Given process specs and a completion check, it knows nothing about RL. Each process goes through
 
     pending → starting → ready → exited            (a finishing role's exit 0)
                  │          └──→ failed/stalled → backoff → starting (restart, per its policy)
                  └─ (dies or not ready in time) ─┘
     any → stopping → stopped                        (orderly stop, reverse start order)
 
-and every transition is written as a structured event. The operating system (spawner, clock,
-sleep) is injected, so the logic is tested with fakes.
+each transition an event. The spawner, clock and sleep are injected: the logic is tested with fakes.
 """
 
 from __future__ import annotations

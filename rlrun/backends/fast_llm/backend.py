@@ -1,9 +1,6 @@
 """The Fast-LLM trainer backend as rlrun's supervisor sees it: its processes (the weight follower,
-then Fast-LLM itself), its completion check, its checkpoints, its ports and Redis user.
-
-What the pieces mean is in the sibling modules (`config`, `protocol`, `checkpoints`, `acl`,
-`installed`, `rewind`, `follower`); this module only puts them together behind
-`rlrun.backends.TrainerBackend`.
+then Fast-LLM), completion check, checkpoints, ports and Redis user; the sibling modules say what
+each piece means, this one puts them behind `rlrun.backends.TrainerBackend`.
 """
 
 from __future__ import annotations
@@ -124,11 +121,8 @@ BACKEND = FastLlmBackend()
 
 
 def trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> ProcessSpec:
-    """Fast-LLM, launched from the config rlrun generates; tidied before every (re)start.
-
-    Ready when it announces `weights_ready` after its start. No heartbeat: Fast-LLM has none
-    (it may legitimately wait for documents; it times out by itself after `fast_llm.timeout_s`).
-    """
+    """Fast-LLM from the config rlrun generates, tidied before every (re)start; ready at its first
+    `weights_ready`. No heartbeat: it has none (it times out by itself after `fast_llm.timeout_s`)."""
     sup, f = cfg.supervisor, cfg.trainer.fast_llm
     experiment_dir = experiment_dir_of(cfg, run_dir.root)
     config_path = run_dir.root / "fast_llm.yaml"
@@ -217,11 +211,8 @@ def follower_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, probe: 
 
 
 def completion_check(cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
-    """Fast-LLM: `training_finished` + exit 0 + the step reached, never a count of documents.
-
-    `training_finished` after an interrupt at an earlier step is not completion: the trainer's
-    exit is rejected, so the supervisor restarts it from its last complete checkpoint.
-    """
+    """`completion.fast_llm_finished` over what the trainer announced; an exit 0 before the last
+    step is rejected, so the supervisor restarts it from its last complete checkpoint."""
     from rlrun.backends.fast_llm.events import EventsReader
 
     experiment_dir = experiment_dir_of(cfg, progress.run_dir.root)

@@ -93,10 +93,8 @@ class EventJudge:
 
 
 class EventsReader:
-    """The supervisor's reader: what the current trainer attempt announced, for the completion rule.
-
-    `on_rejected(message_id, reason)` is called for every event that does not fit (also counted
-    in `rejected`)."""
+    """What the current trainer attempt announced, for the completion rule; `on_rejected(id, why)`
+    for every event that does not fit (also counted in `rejected`)."""
 
     def __init__(
         self, redis, stream: str, train_iters: int, skips_possible: bool = False,
