@@ -17,7 +17,7 @@ import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -180,9 +180,7 @@ class Supervisor:
             self._events.emit("process_ready", process=proc.name, pid=proc.pid, after_s=round(now - proc.started_at, 2))
         elif now - proc.started_at > proc.spec.ready_timeout_s:
             info = ExitInfo(ExitKind.STALLED, None, f"was not ready within {proc.spec.ready_timeout_s:.0f} s")
-            self._dump(proc, info.description)
-            self.kill_attempt(proc)
-            self._fail(proc, info, now, info.description)
+            self._kill_stuck(proc, info, now)
 
     def _advance_ready(self, proc: ProcessStatus, now: float) -> None:
         code = self._reap(proc)
@@ -199,9 +197,13 @@ class Supervisor:
             quiet = now - last
             self._events.emit("process_stalled", process=proc.name, pid=proc.pid, quiet_s=round(quiet, 1))
             info = classify_exit(None, finishes=proc.spec.finishes, stalled=True, stalled_for_s=round(quiet))
-            self._dump(proc, info.description)
-            self.kill_attempt(proc)
-            self._fail(proc, info, now, info.description)
+            self._kill_stuck(proc, info, now)
+
+    def _kill_stuck(self, proc: ProcessStatus, info: ExitInfo, now: float) -> None:
+        """Dump its stacks, SIGKILL it, and treat it as a failure."""
+        self._dump(proc, info.description)
+        self.kill_attempt(proc)
+        self._fail(proc, info, now, info.description)
 
     def _on_exit(self, proc: ProcessStatus, code: int, now: float, when: str = "") -> None:
         """An exit: done (a finishing role's 0), or a failure handled by its restart policy."""
@@ -234,7 +236,7 @@ class Supervisor:
         spec = proc.spec
         if spec.before_start is not None:
             spec.before_start()
-        proc.handle = self._spawner.spawn(spec if proc.attempt == 0 else _with_log(spec, proc.log_path))
+        proc.handle = self._spawner.spawn(spec if proc.attempt == 0 else replace(spec, log_path=proc.log_path))
         proc.pid = proc.handle.pid
         proc.started_at = self._clock()
         proc.exit_code = None
@@ -327,12 +329,6 @@ def supervised(*specs: ProcessSpec, poll_interval_s: float = 0.05) -> Iterator[S
         yield supervisor
     finally:
         supervisor.stop_all()
-
-
-def _with_log(spec: ProcessSpec, path: Path) -> ProcessSpec:
-    from dataclasses import replace
-
-    return replace(spec, log_path=path)
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
