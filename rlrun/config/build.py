@@ -185,18 +185,18 @@ def validate(cfg: RunConfig) -> None:
             f"trainer.nproc_per_node ({t.nproc_per_node}): each rank takes an equal share of the step's passes "
             f"(e.g. trainer.gradient_accumulation_passes={t.nproc_per_node * max(1, t.gradient_accumulation_passes // t.nproc_per_node)}).",
         )
-    if t.weight_transfer == "broadcast":
-        need(
-            t.backend == "hf",
-            "trainer.weight_transfer=broadcast is the hf trainer's choice: trainer=fast_llm always broadcasts its "
-            "weights itself (trainer.fast_llm.broadcast_*). Remove trainer.weight_transfer.",
-        )
-        need(
-            not _sharded_vllm(cfg.inference.extra_args),
-            "trainer.weight_transfer=broadcast needs one vLLM worker per server: each server joins the trainer's "
-            "weight broadcast as one rank. Remove --tensor-parallel-size/--pipeline-parallel-size from "
-            "inference.extra_args and use inference.num_servers, or use trainer.weight_transfer=disk.",
-        )
+    need(
+        t.weight_transfer != "broadcast" or t.backend == "hf",
+        "trainer.weight_transfer=broadcast is the hf trainer's choice: trainer=fast_llm always broadcasts its "
+        "weights itself (trainer.fast_llm.broadcast_*). Remove trainer.weight_transfer.",
+    )
+    broadcasting = "trainer=fast_llm" if t.backend == "fast_llm" else "trainer.weight_transfer=broadcast"
+    need(
+        (t.backend == "hf" and t.weight_transfer == "disk") or not _sharded_vllm(cfg.inference.extra_args),
+        f"{broadcasting} needs one vLLM worker per server: each server joins the trainer's weight broadcast as "
+        "one rank. Remove --tensor-parallel-size/--pipeline-parallel-size from inference.extra_args and use "
+        f"inference.num_servers{'' if t.backend == 'fast_llm' else ', or use trainer.weight_transfer=disk'}.",
+    )
     need(len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas), f"trainer.betas must be two numbers in [0, 1) (got {t.betas}).")
     need(a.clip_eps_low > 0 and a.clip_eps_high > 0, "algo.clip_eps_low and algo.clip_eps_high must be positive.")
     need(
@@ -317,12 +317,6 @@ def _validate_fast_llm(cfg: RunConfig, need) -> None:
     )
     need(bool(f.experiment_dir_name) and "/" not in f.experiment_dir_name,
          f"trainer.fast_llm.experiment_dir_name must be a plain folder name (got {f.experiment_dir_name!r}).")
-    need(
-        not _sharded_vllm(cfg.inference.extra_args),
-        "trainer=fast_llm needs one vLLM worker per server: each server joins Fast-LLM's weight broadcast "
-        "as one rank. Remove --tensor-parallel-size/--pipeline-parallel-size from inference.extra_args "
-        "and use inference.num_servers for more servers.",
-    )
 
 
 def _sharded_vllm(extra_args) -> bool:
