@@ -75,15 +75,12 @@ class Trainer:
             self.state = checkpoint.read_state(resume_from)
             log.info("resumed from %s at step %d", resume_from, self.state.step)
         self.bad_messages = 0
-        # Groups consumed since the last checkpoint stay pending in the consumer group until a
-        # checkpoint covers them: a trainer restarted from that checkpoint reads them again.
+        # Acked only once a checkpoint covers them: a trainer restarted from it reads them again.
         self.unacked: list[tuple[str, str]] = []  # (stream, message id); rank 0's only
-        # One stream per actor (actor.num_actors), read by rank 0 one at a time: on a Redis Cluster
-        # they sit in different slots, and one XREADGROUP cannot name keys of several slots.
+        # One stream per actor, read one at a time: one XREADGROUP cannot span Redis Cluster slots.
         self.streams = names.groups_streams(cfg.actor.num_actors)
         self._turn = 0  # the stream read first next time, so no actor's groups wait behind another's
-        # Reading our own pending entries (id "0") does not advance by itself: this remembers,
-        # per stream, where the replay is; None once it is done and new entries (">") are read.
+        # Per stream, where the replay of our own pending entries is; None once new ones (">") are read.
         self._pending_from: dict[str, str | None] = {stream: "0" for stream in self.streams}
         # Rank 0 alone writes metrics (metrics.jsonl, TensorBoard, W&B): the others keep a writer of nothing.
         tensorboard = run_dir.tensorboard if cfg.metrics.tensorboard and self.main else None

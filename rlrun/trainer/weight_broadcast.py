@@ -118,20 +118,21 @@ class BroadcastSync:
                 self._form(servers, while_waiting)
             self._broadcast(weights, version, while_waiting)
         except Exception as exc:
-            self._drop()
+            self.close()
             raise RuntimeError(f"weight broadcast of v{version} to {', '.join(servers)} failed: {exc}") from exc
         self.admin.reset_prefix_cache(servers)  # cached KV blocks were computed with the old weights
         return down
 
     def _form(self, servers: list[str], while_waiting) -> None:
-        self._drop()  # the old group's store frees the port
+        self.close()  # the old group's store frees the port
         group_id = uuid.uuid4().hex[:12]
         log.info("forming the weight broadcast group %s at %s:%d with %s", group_id, self.host, self.port, ", ".join(servers))
         for rank, url in enumerate(servers, start=1):
             kwargs = {"host": self.host, "port": self.port, "rank": rank, "world_size": len(servers) + 1,
                       "backend": self.transport, "timeout_s": self.timeout_s, "group_id": group_id}  # fmt: skip
             self.admin.rpc(url, "rlrun_join_broadcast", kwargs)  # answers at once; the worker joins in a thread
-        self.sender = self._waiting(lambda: WeightBroadcaster(self.host, self.port, len(servers), self.transport, self.timeout_s), while_waiting)
+        forming = in_thread(lambda: WeightBroadcaster(self.host, self.port, len(servers), self.transport, self.timeout_s))
+        self.sender = self._wait(forming, while_waiting)
         self.membership = Membership(group_id, tuple(servers))
 
     def _broadcast(self, weights, version: int, while_waiting) -> None:
@@ -141,13 +142,10 @@ class BroadcastSync:
         receiving = [in_thread(lambda url=url: self.admin.rpc(url, "rlrun_receive_broadcast", kwargs, self.timeout_s))
                      for url in self.membership.servers]  # fmt: skip
         sender = self.sender
-        sent = self._waiting(lambda: sender.send(weights), while_waiting)
+        sent = self._wait(in_thread(lambda: sender.send(weights)), while_waiting)
         reports = [self._wait(future, while_waiting) for future in receiving]
         self.last_reports = reports
         log.info("weights v%d broadcast (%.1f MB) to %d server(s): %s", version, sent / 1e6, len(reports), reports)
-
-    def _waiting(self, action, while_waiting):
-        return self._wait(in_thread(action), while_waiting)
 
     @staticmethod
     def _wait(future: Future, while_waiting):
@@ -156,12 +154,9 @@ class BroadcastSync:
             while_waiting()
         return future.result()
 
-    def _drop(self) -> None:
+    def close(self) -> None:
         """Forget the group (its store, served by rank 0, closes with the last reference)."""
         self.sender, self.membership = None, None
-
-    def close(self) -> None:
-        self._drop()
 
 
 def in_thread(action: Callable[[], object]) -> Future:
