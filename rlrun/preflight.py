@@ -36,9 +36,7 @@ def check(cfg: RunConfig, root: Path, *, fresh: bool, cheap: bool = False) -> No
     check_run_dir(root, fresh=fresh)
     check_model(cfg)
     check_dataset(cfg, cheap=cheap)
-    check_redis_binary(cfg)
-    if not cheap:
-        check_external_redis(cfg, root)
+    check_redis(cfg, root, cheap=cheap)
     check_ports(cfg)
     if not cheap:
         backend_for(cfg).check_launchable(cfg, root)  # Fast-LLM: its own validation of our config
@@ -170,18 +168,14 @@ def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
         raise ConfigError(f"dataset={d.name} holds no problems (split {d.split!r}). Choose another dataset.split or dataset.")
 
 
-def check_redis_binary(cfg: RunConfig) -> None:
-    """The Redis server binary exists (unless streams.url names an external server)."""
+def check_redis(cfg: RunConfig, root: Path, *, cheap: bool) -> None:
+    """The Redis server binary exists; or the external Redis (streams.url) answers, takes the
+    credentials, and its database is free or already this run's (not asked with `cheap`)."""
     if cfg.streams.url is None:
         from rlrun.streams.server import find_server_binary
 
         find_server_binary(cfg.streams.server)  # EnvironmentProblem naming streams.server and what to install
-
-
-def check_external_redis(cfg: RunConfig, root: Path) -> None:
-    """An external Redis (streams.url) answers, takes the credentials, and its database is free
-    or already this run's."""
-    if cfg.streams.url is not None:
+    elif not cheap:
         from rlrun.streams import external
 
         password = external.read_password(cfg.streams.password_file)
