@@ -103,7 +103,9 @@ def train(
                     run_dir, endpoints.redis_port, cfg.streams.host, cfg.streams.appendfsync, default_user=backend_for(cfg).redis_default_user(cfg)
                 )
             progress = ProgressReader(endpoints.redis_url, run_dir, events)
-            tick = (lambda processes, progress=progress: on_tick(processes, progress.read(cfg))) if on_tick else None
+            tick = None
+            if on_tick is not None:
+                tick = lambda processes, progress=progress: on_tick(processes, progress.read(cfg))  # noqa: E731
             spawner = spawner or spawner_for(cfg, run_dir)  # one per launch: a retry keeps its placement
             supervisor = Supervisor(
                 build_specs(cfg, run_dir, endpoints, path), events, spawner=spawner,

@@ -45,8 +45,8 @@ class HfLayout:
     def read_fields(self, path: Path, warnings: list[str]) -> dict:
         def read() -> dict:
             state = checkpoint.read_state(path)
-            fields = dict(step=state.step, samples_processed=state.samples_processed, policy_version=state.policy_version,
-                          checkpoint_config_hash=state.config_hash)  # fmt: skip
+            fields = {"step": state.step, "samples_processed": state.samples_processed,
+                      "policy_version": state.policy_version, "checkpoint_config_hash": state.config_hash}  # fmt: skip
             if state.written_at > 0:
                 fields.update(written_at=state.written_at, written_at_source=checkpoint.STATE_FILE)
             return fields

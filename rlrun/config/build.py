@@ -49,7 +49,8 @@ def instantiate(cls: type, data: dict) -> Any:
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
-        inner, value = _unwrap_optional(hints[f.name]), data[f.name]
+        inner = _unwrap_optional(hints[f.name])
+        value = data[f.name]
         kwargs[f.name] = instantiate(inner, value) if dataclasses.is_dataclass(inner) and value is not None else value
     return cls(**kwargs)
 
@@ -297,7 +298,8 @@ def _validate_fast_llm(cfg: RunConfig, need) -> None:
         "Set trainer.gradient_accumulation_passes=1 and trainer.fast_llm.docs_per_step="
         f"{t.train_batch_size * t.gradient_accumulation_passes} (or trainer.train_batch_size) instead.",
     )
-    _at_least(cfg, need, 1, *(f"trainer.fast_llm.{key}" for key in ("docs_per_step", "nproc_per_node", "data_parallel")))
+    counts = ("docs_per_step", "nproc_per_node", "data_parallel")
+    _at_least(cfg, need, 1, *(f"trainer.fast_llm.{key}" for key in counts))
     need(
         f.micro_batch_size >= cfg.model.max_model_len,
         f"trainer.fast_llm.micro_batch_size ({f.micro_batch_size} tokens) must hold a whole document of "

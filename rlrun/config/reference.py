@@ -32,7 +32,7 @@ class SourceNotes:
 
 
 def source_notes() -> SourceNotes:
-    """Each schema field's trailing comment (on the line where its definition ends), each class's docstring."""
+    """Each schema field's trailing comment (on the line its definition ends on), each class's docstring."""
     source = inspect.getsource(schema)
     line_comments: dict[int, str] = {}
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -104,7 +104,8 @@ def default_groups() -> dict[str, str]:
     import yaml
 
     data = yaml.safe_load((conf_dir() / "config.yaml").read_text())
-    return {k: str(v) for entry in data.get("defaults", []) if isinstance(entry, dict) for k, v in entry.items()}
+    choices = [entry for entry in data.get("defaults", []) if isinstance(entry, dict)]
+    return {group: str(option) for entry in choices for group, option in entry.items()}
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -182,7 +183,9 @@ def _heading(level: int, title: str, cls: type, notes: SourceNotes) -> list[str]
     return [f"{'#' * level} {title}", "", *([" ".join(doc.split()), ""] if doc else [])]
 
 
-def _shared_section(cls: type, path: str, instances: dict, notes: SourceNotes, shipped: dict, parent: dict) -> list[str]:
+def _shared_section(
+    cls: type, path: str, instances: dict, notes: SourceNotes, shipped: dict, parent: dict
+) -> list[str]:
     hints = typing.get_type_hints(cls)
     names = list(instances)
     where = f"{path}.<{'|'.join(names)}>" if path else f"<{'|'.join(names)}>"

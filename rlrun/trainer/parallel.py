@@ -56,8 +56,9 @@ class Parallel:
             import torch.distributed as dist
             import torch.distributed.fsdp as fsdp
 
-            # auto: FSDP2 where this torch has `fully_shard` (on CPU with gloo since 2.6), else DDP
-            self.sharding = sharding if sharding != "auto" else "fsdp2" if hasattr(fsdp, "fully_shard") else "ddp"
+            self.sharding = sharding
+            if sharding == "auto":  # FSDP2 where this torch has `fully_shard` (CPU/gloo since 2.6)
+                self.sharding = "fsdp2" if hasattr(fsdp, "fully_shard") else "ddp"
 
             if dist.is_initialized():  # a second view of the same ranks (tests compare shardings)
                 return
