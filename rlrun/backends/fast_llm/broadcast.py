@@ -23,12 +23,6 @@ SOURCE_RANK = 0  # Fast-LLM's trainer rank 0 sends; the vLLM workers are ranks 1
 WEIGHTS_SHARD = "weights"  # the shard of `iter_checkpoint` that holds the model's parameters
 
 
-def store_prefix(world_size: int) -> str:
-    """The store prefix of Fast-LLM's group over ranks `range(0, world_size)`
-    (`ProcessGroupPool.get_process_group`: `range_{start}_{stop}_{step}/`)."""
-    return f"range_0_{world_size}_1/"
-
-
 @dataclass(frozen=True)
 class BroadcastGroup:
     """One member's view of the trainer's broadcast group."""
@@ -64,7 +58,8 @@ def join(
 
 def member_of(store, rank: int, world_size: int, backend: str, timeout: datetime.timedelta) -> BroadcastGroup:
     """Rank `rank` of the group made on `store` (the sender's side too: rank 0)."""
-    prefixed = dist.PrefixStore(store_prefix(world_size), store)
+    # Fast-LLM's prefix for ranks range(0, n) (`ProcessGroupPool`: range_{start}_{stop}_{step}/)
+    prefixed = dist.PrefixStore(f"range_0_{world_size}_1/", store)
     if backend == "gloo":
         group, device = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout), torch.device("cpu")
     elif backend == "nccl":
@@ -87,7 +82,7 @@ def receive_object(member: BroadcastGroup) -> object:
     """One `broadcast_object` from rank 0: the byte count, then the pickle's bytes."""
     size = broadcast_tensor(member, torch.empty([1], dtype=torch.int64, device=member.device))
     payload = broadcast_tensor(member, torch.empty(int(size.item()), dtype=torch.uint8, device=member.device))
-    return loads_header(payload.cpu().numpy().tobytes())
+    return _HeaderUnpickler(io.BytesIO(payload.cpu().numpy().tobytes())).load()  # an allow-list: see below
 
 
 def receive_weights(member: BroadcastGroup) -> Iterator[tuple[str, str, torch.Tensor]]:
@@ -117,6 +112,8 @@ _DTYPES = {name for name in dir(torch) if isinstance(getattr(torch, name, None),
 
 
 class _HeaderUnpickler(pickle.Unpickler):
+    """Headers are pickles from the network: no class but torch.Size and torch dtypes."""
+
     def find_class(self, module: str, name: str):
         if module == "torch" and name == "Size":
             return torch.Size
@@ -124,7 +121,3 @@ class _HeaderUnpickler(pickle.Unpickler):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"a weight header may not name {module}.{name}")
 
-
-def loads_header(data: bytes) -> object:
-    """Unpickle a broadcast header, refusing any class but torch.Size and torch dtypes."""
-    return _HeaderUnpickler(io.BytesIO(data)).load()
