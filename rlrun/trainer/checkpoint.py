@@ -114,15 +114,14 @@ def problem(path: Path) -> Optional[str]:
         return None
 
     def state() -> Optional[str]:
-        step = path.name.removeprefix("step_")
-        state = read_state(path)
+        recorded = read_state(path)
         for name in ("step", "samples_processed", "policy_version"):
-            value = getattr(state, name)
+            value = getattr(recorded, name)
             if type(value) is not int or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        recorded = state.step
-        if step.isdigit() and int(step) != recorded:
-            return f"{STATE_FILE} says step {recorded} but the folder is {path.name}"
+        step = path.name.removeprefix("step_")
+        if step.isdigit() and int(step) != recorded.step:
+            return f"{STATE_FILE} says step {recorded.step} but the folder is {path.name}"
         return None
 
     def config() -> Optional[str]:
