@@ -7,6 +7,8 @@ Only when no server answers does the update fail (and the trainer retries it).
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future, wait
 from typing import Callable
 
 import httpx
@@ -14,6 +16,28 @@ import httpx
 DOWN = (httpx.ConnectError, httpx.RemoteProtocolError)  # refused, or the server died mid-request
 
 from rlrun.inference.auth import bearer_header
+
+
+def in_thread(action: Callable[[], object]) -> Future:
+    """`action` in a daemon thread of its own, as a future (a call left blocked by a failed broadcast
+    holds up no later one, as a pool's worker would, and no exit)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(action())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="rlrun-vllm-call", daemon=True).start()
+    return future
+
+
+def results(futures: list[Future], while_waiting: Callable[[], None]) -> list:
+    """The futures' results, calling `while_waiting` (the heartbeat) about once a second meanwhile."""
+    while wait(futures, timeout=1.0).not_done:
+        while_waiting()
+    return [future.result() for future in futures]
 
 
 class VllmAdmin:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, ExitCode
-from rlrun.inference.admin import VllmAdmin
+from rlrun.inference.admin import VllmAdmin, in_thread
 from rlrun.ettr import split_wall_time
 from rlrun.metrics import MetricsWriter, read_metrics, summed_actor_counters
 from rlrun.supervisor.events import read_events
@@ -209,8 +209,6 @@ class Trainer:
         self._finish_update()
         if not overlap:
             return self._hand_over(weights, version, step)
-        from rlrun.trainer.weight_broadcast import in_thread
-
         # The next step changes the parameters in place: the thread sends a copy taken now.
         weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}
 

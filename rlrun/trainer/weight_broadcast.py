@@ -13,9 +13,7 @@ from __future__ import annotations
 import datetime
 import logging
 import pickle
-import threading
 import uuid
-from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from rlrun.backends.fast_llm.broadcast import SOURCE_RANK, WEIGHTS_SHARD, broadcast_tensor, member_of
+from rlrun.inference.admin import in_thread, results
 
 log = logging.getLogger("rlrun.trainer.weights")
 
@@ -132,7 +131,7 @@ class BroadcastSync:
                       "backend": self.transport, "timeout_s": self.timeout_s, "group_id": group_id}  # fmt: skip
             self.admin.rpc(url, "rlrun_join_broadcast", kwargs)  # answers at once; the worker joins in a thread
         forming = in_thread(lambda: WeightBroadcaster(self.host, self.port, len(servers), self.transport, self.timeout_s))
-        self.sender = self._wait(forming, while_waiting)
+        self.sender = results([forming], while_waiting)[0]
         self.membership = Membership(group_id, tuple(servers))
 
     def _broadcast(self, weights, version: int, while_waiting) -> None:
@@ -142,33 +141,11 @@ class BroadcastSync:
         receiving = [in_thread(lambda url=url: self.admin.rpc(url, "rlrun_receive_broadcast", kwargs, self.timeout_s))
                      for url in self.membership.servers]  # fmt: skip
         sender = self.sender
-        sent = self._wait(in_thread(lambda: sender.send(weights)), while_waiting)
-        reports = [self._wait(future, while_waiting) for future in receiving]
+        sent = results([in_thread(lambda: sender.send(weights))], while_waiting)[0]
+        reports = results(receiving, while_waiting)
         self.last_reports = reports
         log.info("weights v%d broadcast (%.1f MB) to %d server(s): %s", version, sent / 1e6, len(reports), reports)
-
-    @staticmethod
-    def _wait(future: Future, while_waiting):
-        """The future's result, calling `while_waiting` (the heartbeat) about once a second meanwhile."""
-        while wait([future], timeout=1.0).not_done:
-            while_waiting()
-        return future.result()
 
     def close(self) -> None:
         """Forget the group (its store, served by rank 0, closes with the last reference)."""
         self.sender, self.membership = None, None
-
-
-def in_thread(action: Callable[[], object]) -> Future:
-    """`action` in a daemon thread of its own, as a future (a call left blocked by a failed broadcast
-    holds up no later one, as a pool's worker would, and no exit)."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(action())
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="rlrun-broadcast", daemon=True).start()
-    return future

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 
 import httpx
 
@@ -22,7 +21,7 @@ from rlrun.backends.fast_llm.installed import store_host
 from rlrun.backends.fast_llm.protocol import WeightsReady
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, ExitCode
-from rlrun.inference.admin import VllmAdmin
+from rlrun.inference.admin import VllmAdmin, in_thread, results
 from rlrun.role_file import role_from_argv
 from rlrun.streams import names
 from rlrun.streams.server import connect
@@ -55,7 +54,6 @@ class VllmBroadcastAdmin(VllmAdmin):
     def __init__(self, urls: list[str], receive_timeout_s: float, api_key: str = "") -> None:
         super().__init__(urls, httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0), api_key=api_key)
         self.receive_timeout_s = receive_timeout_s
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(urls)), thread_name_prefix="receive")
 
     def join(self, host: str, port: int, backend: str, timeout_s: float, servers: list[str] | None = None) -> list[str]:
         """Ask `servers` (default: all) to join; returns those that could not be asked (down)."""
@@ -77,11 +75,9 @@ class VllmBroadcastAdmin(VllmAdmin):
         """Every server receives the broadcast of event `event_id` at once; their reports.
         `while_waiting` (the heartbeat) is called about once a second meanwhile."""
         kwargs = {"event_id": event_id, "step": step, "timeout_s": self.receive_timeout_s}
-        futures = [self._pool.submit(self.rpc, url, "rlrun_receive_broadcast", kwargs, self.receive_timeout_s + 10)
-                   for url in self.urls]  # fmt: skip
-        while wait(futures, timeout=1.0).not_done:
-            while_waiting()
-        return [future.result() for future in futures]
+        timeout_s = self.receive_timeout_s + 10
+        calls = [lambda url=url: self.rpc(url, "rlrun_receive_broadcast", kwargs, timeout_s) for url in self.urls]
+        return results([in_thread(call) for call in calls], while_waiting)
 
     def resume(self) -> None:
         """Resume every server that answers (never raises: a server left paused would stall the run)."""
@@ -90,10 +86,6 @@ class VllmBroadcastAdmin(VllmAdmin):
                 self._post(f"{url}/resume")
             except (httpx.HTTPError, RuntimeError) as exc:
                 log.warning("vLLM %s could not be resumed (%s)", url, exc)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False)
-        super().close()
 
 
 class WeightFollower:
