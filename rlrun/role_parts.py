@@ -11,10 +11,11 @@ from typing import Callable
 
 import yaml
 
-from rlrun.config.schema import RoleSupervision
+from rlrun.config.schema import RoleSupervision, RunConfig
 from rlrun.rundir import RunDir
 from rlrun.streams import server as redis_server
 from rlrun.supervisor.policy import RestartPolicy
+from rlrun.supervisor.spec import ProcessSpec
 
 HEARTBEAT_FRESH_S = 5.0  # a heartbeat older than this is "no sign of life" for this poll
 
@@ -33,9 +34,16 @@ def child_env(threads: int) -> dict[str, str]:
     return {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
 
 
-def restart_policy(role: RoleSupervision) -> RestartPolicy:
-    settings = {f.name: getattr(role, f.name) for f in fields(role) if f.name != "stall_timeout_s"}
-    return RestartPolicy(**{**settings, "backoff_max_s": max(role.backoff_max_s, role.backoff_initial_s)})
+def role_spec(cfg: RunConfig, run_dir: RunDir, name: str, role: str, **spec) -> ProcessSpec:
+    """Process `name`'s spec with its log file and role's settings (`supervisor.<role>`, and the
+    supervisor's readiness deadline and stop grace) unless `spec` gives them."""
+    sup = cfg.supervisor
+    settings: RoleSupervision = getattr(sup, role)
+    policy = {f.name: getattr(settings, f.name) for f in fields(settings) if f.name != "stall_timeout_s"}
+    policy["backoff_max_s"] = max(settings.backoff_max_s, settings.backoff_initial_s)
+    defaults = dict(log_path=run_dir.log(name), ready_timeout_s=sup.ready_timeout_s, stop_grace_s=sup.stop_grace_s,
+                    restart=RestartPolicy(**policy), stall_timeout_s=settings.stall_timeout_s)  # fmt: skip
+    return ProcessSpec(name=name, **{**defaults, **spec})
 
 
 class RedisProbe:

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 from rlrun import completion
 from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
 from rlrun.config import RunConfig
-from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy, role_command
+from rlrun.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.supervisor import ProcessSpec, RunVerdict
@@ -92,7 +92,6 @@ class HfBackend:
         checkpoint.resume_point(run_dir.checkpoints)
 
     def specs(self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> list[ProcessSpec]:
-        sup = cfg.supervisor
         argv, write_role_file = role_command(
             run_dir, "rlrun.trainer.main", "trainer", redis_url=endpoints.redis_url, model_path=model_path,
             vllm_urls=endpoints.vllm_urls, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
@@ -105,21 +104,16 @@ class HfBackend:
         # vLLM starts. One resuming from a checkpoint first hands its weights to vLLM: it waits.
         fresh = checkpoint.latest_complete(run_dir.checkpoints) is None
         after = ("redis",) if endpoints.redis_port is not None else ()
-        trainer = ProcessSpec(
-            name="trainer",
+        trainer = role_spec(
+            cfg, run_dir, "trainer", "trainer",
             argv=argv,
             before_start=write_role_file,
             env=child_env(cfg.trainer.threads),
-            log_path=run_dir.log("trainer"),
             ready=lambda pid: probe.marker(names.TRAINER_STATE, "ready_pid", pid),
             alive=lambda pid: probe.heartbeat(names.TRAINER_STATE, pid, also=others),
-            ready_timeout_s=sup.ready_timeout_s,
-            stop_grace_s=sup.stop_grace_s,
             finishes=True,
-            restart=restart_policy(sup.trainer),
-            stall_timeout_s=sup.trainer.stall_timeout_s,
             after=after if fresh else None,
-        )
+        )  # fmt: skip
         return [trainer]
 
     def completion_check(self, cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:

@@ -19,7 +19,7 @@ from rlrun.backends.fast_llm.follower import request_join
 from rlrun.backends.fast_llm.installed import choose_revision
 from rlrun.backends.fast_llm.rewind import rewind_group
 from rlrun.config import RunConfig
-from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy, role_command
+from rlrun.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict
@@ -170,16 +170,14 @@ def trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pa
         since = started.setdefault(pid, f"{int(time.time() * 1000)}-0")
         return probe.stream_has_event_after(f.events_stream, since, '"weights_ready"')
 
-    return ProcessSpec(
-        name="trainer",
+    return role_spec(
+        cfg, run_dir, "trainer", "trainer",
         argv=launch_argv(cfg, config_path),
         env={**child_env(cfg.trainer.threads), **LAUNCH_ENV},
-        log_path=run_dir.log("trainer"),
         ready=ready,
         ready_timeout_s=max(sup.ready_timeout_s, 600.0),
         stop_grace_s=max(sup.stop_grace_s, 60.0),  # it finishes its step and saves a checkpoint on SIGTERM
         finishes=True,
-        restart=restart_policy(sup.trainer),
         before_start=before_start,
         # SIGTERMed, Fast-LLM finishes its step (it needs documents, and the vLLM servers for its
         # broadcast), saves a checkpoint and exits: everything else keeps running until then.
@@ -190,24 +188,18 @@ def trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pa
 def follower_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, probe: RedisProbe) -> ProcessSpec:
     """trainer=fast_llm: the process that has the vLLM servers load what Fast-LLM broadcasts
     (rlrun/backends/fast_llm/follower.py). Started before the trainer, which waits for it."""
-    sup = cfg.supervisor
     argv, write_role_file = role_command(
         run_dir, "rlrun.backends.fast_llm.follower", "weights", redis_url=endpoints.redis_url, model_path="",
         vllm_urls=endpoints.vllm_urls, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
     )  # fmt: skip
-    return ProcessSpec(
-        name="weights",
+    return role_spec(
+        cfg, run_dir, "weights", "weights",
         argv=argv,
         before_start=write_role_file,
         env=child_env(1),
-        log_path=run_dir.log("weights"),
         ready=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),
         alive=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),
-        ready_timeout_s=sup.ready_timeout_s,
-        stop_grace_s=sup.stop_grace_s,
-        restart=restart_policy(sup.weights),
-        stall_timeout_s=sup.weights.stall_timeout_s,
-    )
+    )  # fmt: skip
 
 
 def completion_check(cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
