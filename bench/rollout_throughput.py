@@ -64,7 +64,7 @@ from rlrun.actor.vllm_client import stream_completion
 from rlrun.config import compose
 from rlrun.data.tasks import load_task
 from rlrun.inference.auth import bearer_header
-from rlrun.inference.server import base_url, healthy, server_argv, server_env
+from rlrun.inference.server import HealthCheck, base_url, server_argv, server_env
 from rlrun.journal.store import KEY_PREFIX
 from rlrun.launch import create_run, model_path
 from rlrun.streams import names
@@ -105,7 +105,7 @@ def vllm_server(cfg, path: str, run_dir):
     spec = ProcessSpec(
         name="vllm-0", argv=server_argv(cfg.inference, cfg.model, path, int(url.rsplit(":", 1)[1]), tokenizer=path),
         env=server_env(cfg.inference), secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # as the run's spec: never on argv
-        log_path=run_dir.log("vllm-0"), ready=lambda pid: healthy(url), ready_timeout_s=VLLM_READY_TIMEOUT_S, stop_grace_s=STOP_GRACE_S,
+        log_path=run_dir.log("vllm-0"), ready=HealthCheck(url), ready_timeout_s=VLLM_READY_TIMEOUT_S, stop_grace_s=STOP_GRACE_S,
     )  # fmt: skip
     started = time.monotonic()
     with supervised(spec, poll_interval_s=0.5) as supervisor:

@@ -229,7 +229,7 @@ def start_vllm(model: str, tokenizer: str, log: Path):
     import subprocess
 
     from rlrun.config import compose
-    from rlrun.inference.server import base_url, healthy, server_argv, server_env
+    from rlrun.inference.server import HealthCheck, base_url, server_argv, server_env
 
     cfg, _ = compose(["recipe=math_grpo"])
     port = free_port()
@@ -238,7 +238,7 @@ def start_vllm(model: str, tokenizer: str, log: Path):
         proc = subprocess.Popen(server_argv(cfg.inference, cfg.model, model, port, tokenizer=tokenizer), env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     url, deadline = base_url("127.0.0.1", port), time.time() + 600
-    while not healthy(url):
+    while not HealthCheck(url)():
         if proc.poll() is not None or time.time() > deadline:
             raise RuntimeError(f"vLLM did not start: {log.read_text()[-2000:]}")
         time.sleep(1)

@@ -1,8 +1,5 @@
-"""Group-relative advantages: one group's rewards → one advantage per sample.
-
-Pure Python over plain floats; knows nothing about torch, tokens or the trainer loop. The actor
-computes them when it delivers a group (so a group message carries its advantages); it lives
-outside both roles' packages so neither imports the other.
+"""Group-relative advantages: one group's rewards → one advantage per sample. Pure Python; the
+actor computes them at delivery, and it lives outside both roles' packages so neither imports the other.
 """
 
 from __future__ import annotations
@@ -11,12 +8,8 @@ import math
 
 
 def group_advantages(rewards: list[float], normalize_std: bool, eps: float = 1e-6) -> list[float]:
-    """Return per-sample advantages, in group order.
-
-    Each reward minus the group mean; with `normalize_std`, divided by `std + eps` where std is
-    the group's population standard deviation (divide by n, not n - 1). A group whose rewards
-    are all equal carries no signal and gets all zeros. An empty group gives an empty list.
-    """
+    """Per-sample advantages, in group order: reward minus the group mean, with `normalize_std`
+    divided by `std + eps` (population std); all zeros when every reward is equal (no signal)."""
     n = len(rewards)
     if n == 0:
         return []

@@ -1,8 +1,5 @@
-"""When is training really finished? One pure rule per trainer backend.
-
-Plain data in (what the supervisor observed of the trainer), a `Verdict` out (finished or not,
-and why, for the log). Knows nothing about processes, Redis or torch: the supervisor gathers the
-observation, this module only judges it.
+"""When is training really finished? One pure rule per trainer backend: what the supervisor
+observed of the trainer in, a `Verdict` (and why, for the log) out. No processes, Redis or torch.
 """
 
 from __future__ import annotations
@@ -48,14 +45,8 @@ def _not_exited_cleanly(obs: TrainerObservation) -> Verdict | None:
 
 
 def hf_finished(target: HfTarget, obs: TrainerObservation) -> Verdict:
-    """The hf backend's rule: the trainer exited 0 **and** it either consumed the target number
-    of samples (max_train_steps × train_batch_size × gradient_accumulation_passes) or sent its
-    own `training_done` event.
-
-    The exit code is required in both cases: reaching the sample count while the trainer is
-    still running (saving its last checkpoint) is not yet the end, and a crash after the target
-    is a failure to report, not a completion.
-    """
+    """hf: the trainer exited 0 **and** consumed the samples target or sent `training_done`. Exit 0
+    is needed either way: still running, it may be saving its last checkpoint; a crash is a crash."""
     early = _not_exited_cleanly(obs)
     if early is not None:
         return early
@@ -68,14 +59,9 @@ def hf_finished(target: HfTarget, obs: TrainerObservation) -> Verdict:
 
 
 def fast_llm_finished(train_iters: int, obs: TrainerObservation) -> Verdict:
-    """The fast_llm backend's rule: `training_finished` seen **and** the trainer exited 0 **and**
-    the last complete checkpoint or the last `weights_ready` step reached `train_iters`.
-
-    Samples are not counted: Fast-LLM overshoots `docs_per_step`, so a sample count would say
-    "done" several steps early. `training_finished` is also sent after SIGINT/SIGTERM, so on its
-    own it proves nothing: at an earlier step the verdict is "interrupted at step k of N".
-    A step beyond `train_iters` (the target lowered on resume) counts as reached.
-    """
+    """fast_llm: `training_finished` **and** exit 0 **and** the last complete checkpoint or
+    `weights_ready` step at or past `train_iters`. No sample count (Fast-LLM overshoots
+    docs_per_step); `training_finished` alone proves nothing (it is also sent after SIGTERM)."""
     early = _not_exited_cleanly(obs)
     if early is not None:
         return early

@@ -1,11 +1,6 @@
 """`rlrun train` as a library call: prepare the run directory, build the specs, supervise, stop.
-
-    run_dir = create_run(cfg, resolved_yaml, overrides)
-    reason = train(cfg, run_dir, on_tick=...)
-
-The CLI renders; this module decides. The trainer backend (`rlrun.backends`) says its processes
-and how its completion is judged (a pure rule in `rlrun.completion`, fed by what the trainer
-publishes in Redis).
+The CLI renders; this module decides; the trainer backend (`rlrun.backends`) says its processes
+and how its completion is judged.
 """
 
 from __future__ import annotations
@@ -78,11 +73,8 @@ def train(
     on_tick: Optional[Callable[[list[ProcessStatus], Progress], None]] = None,
     resumed: bool = False,
 ) -> str:
-    """Run the whole job; return why it finished. Raises ProcessFailed / KeyboardInterrupt.
-
-    A fresh run and a resumed one take this same path: every role recovers from what the run
-    directory and Redis hold (checkpoint, pending groups, token journal).
-    """
+    """Run the whole job, fresh or resumed (every role recovers from the run directory and Redis);
+    return why it finished. Raises ProcessFailed / KeyboardInterrupt."""
     preflight.check(cfg, run_dir.root, fresh=False)  # packages, model, data, binary, ports, checkpoints
     run_dir = run_dir.for_new_launch()  # logs/launch-<n>/: each train/resume keeps its own logs
     if cfg.streams.url is not None:
@@ -111,7 +103,9 @@ def train(
                     run_dir, endpoints.redis_port, cfg.streams.host, cfg.streams.appendfsync, default_user=backend_for(cfg).redis_default_user(cfg)
                 )
             progress = ProgressReader(endpoints.redis_url, run_dir, events)
-            tick = _ticker(on_tick, progress, cfg)
+            tick = None
+            if on_tick is not None:
+                tick = lambda processes, progress=progress: on_tick(processes, progress.read(cfg))  # noqa: E731
             spawner = spawner or spawner_for(cfg, run_dir)  # one per launch: a retry keeps its placement
             supervisor = Supervisor(
                 build_specs(cfg, run_dir, endpoints, path), events, spawner=spawner,
@@ -165,8 +159,3 @@ def _use_external_redis(cfg: RunConfig, run_dir: RunDir) -> None:
     elif run_dir.redis_password.exists():
         run_dir.redis_password.unlink()  # none now: an old one would be sent to a server that wants none
 
-
-def _ticker(on_tick, progress: "ProgressReader", cfg: RunConfig):
-    if on_tick is None:
-        return None
-    return lambda processes: on_tick(processes, progress.read(cfg))

@@ -1,20 +1,17 @@
 """Checks run before a run creates or starts anything: a run that cannot work fails at once, with
 one message naming the problem and the fix, and its run directory is left exactly as it was.
-
-    check(cfg, root, fresh=True)               # `rlrun train`: before the run directory is made
-    check(cfg, run_dir.root, fresh=False)      # `launch.train` / `rlrun resume`: before any process
-    check(cfg, root, fresh=True, cheap=True)   # `rlrun train --dry-run`: nothing slow (no dataset download)
+`check(cfg, root, fresh=...)` before `rlrun train` makes the directory and before every launch
+(`cheap`: for --dry-run, nothing slow).
 
 Raises ConfigError (exit 2), EnvironmentProblem (exit 3) or RunDirError (exit 4). Each check asks
-the module that owns the thing (the Redis binary lookup, the dataset loader, the checkpoint reader)
-and only adds the order and, where needed, the message. Writes nothing in the run directory; the one
-process it starts is Fast-LLM's own config validation (trainer=fast_llm), which opens nothing.
-What is particular to a trainer backend, the backend checks (`rlrun.backends`).
+the module that owns the thing (the trainer backend what is its own) and adds the order and the
+message. Writes nothing; the one process it may start is Fast-LLM's validation of our config.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import logging
 import os
@@ -39,9 +36,7 @@ def check(cfg: RunConfig, root: Path, *, fresh: bool, cheap: bool = False) -> No
     check_run_dir(root, fresh=fresh)
     check_model(cfg)
     check_dataset(cfg, cheap=cheap)
-    check_redis_binary(cfg)
-    if not cheap:
-        check_external_redis(cfg, root)
+    check_redis(cfg, root, cheap=cheap)
     check_ports(cfg)
     if not cheap:
         backend_for(cfg).check_launchable(cfg, root)  # Fast-LLM: its own validation of our config
@@ -49,14 +44,9 @@ def check(cfg: RunConfig, root: Path, *, fresh: bool, cheap: bool = False) -> No
         backend_for(cfg).check_resumable(RunDir(root))
 
 
-# --- packages ----------------------------------------------------------------------------------
-
-
 def check_dependencies(cfg: RunConfig) -> None:
     """vLLM, torch and transformers importable (and the metric sinks asked for); EnvironmentProblem
     naming the extra otherwise."""
-    import importlib.util
-
     if importlib.util.find_spec("vllm") is None:
         raise EnvironmentProblem(
             "vLLM is not installed in this environment. Install the inference stack: "
@@ -73,9 +63,6 @@ def check_dependencies(cfg: RunConfig) -> None:
         from rlrun.wandb_sink import require_wandb
 
         require_wandb()
-
-
-# --- the run directory -------------------------------------------------------------------------
 
 
 def check_run_dir(root: Path, *, fresh: bool) -> None:
@@ -124,9 +111,6 @@ def _read_only(path: Path) -> bool:
         return False
 
 
-# --- the model and the dataset -----------------------------------------------------------------
-
-
 def check_model(cfg: RunConfig) -> None:
     """model.source=path names a Hugging Face model folder: config.json (a JSON object) and
     weights. model.source=hub names a hub id, not a local path. The tiny model is built later."""
@@ -166,16 +150,12 @@ def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
     the `datasets` package and a local path are checked."""
     d = cfg.dataset
     if d.name == "gsm8k":
-        import importlib.util
-
         if importlib.util.find_spec("math_verify") is None:  # the actor scores every answer with it
             raise EnvironmentProblem(
                 "dataset=gsm8k scores answers with math-verify, which is not installed: pip install 'rlrun[gpu]' "
                 "(or pip install math-verify), or choose dataset=arithmetic."
             )
     if d.name != "arithmetic" and cheap:
-        import importlib.util
-
         if importlib.util.find_spec("datasets") is None:
             raise EnvironmentProblem(f"dataset={d.name} needs the `datasets` package: pip install 'rlrun[gpu]'.")
         if d.hf_path.startswith(("/", "./", "../", "~")) and not Path(d.hf_path).expanduser().exists():
@@ -188,21 +168,14 @@ def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
         raise ConfigError(f"dataset={d.name} holds no problems (split {d.split!r}). Choose another dataset.split or dataset.")
 
 
-# --- services ----------------------------------------------------------------------------------
-
-
-def check_redis_binary(cfg: RunConfig) -> None:
-    """The Redis server binary exists (unless streams.url names an external server)."""
+def check_redis(cfg: RunConfig, root: Path, *, cheap: bool) -> None:
+    """The Redis server binary exists; or the external Redis (streams.url) answers, takes the
+    credentials, and its database is free or already this run's (not asked with `cheap`)."""
     if cfg.streams.url is None:
         from rlrun.streams.server import find_server_binary
 
         find_server_binary(cfg.streams.server)  # EnvironmentProblem naming streams.server and what to install
-
-
-def check_external_redis(cfg: RunConfig, root: Path) -> None:
-    """An external Redis (streams.url) answers, takes the credentials, and its database is free
-    or already this run's."""
-    if cfg.streams.url is not None:
+    elif not cheap:
         from rlrun.streams import external
 
         password = external.read_password(cfg.streams.password_file)

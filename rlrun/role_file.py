@@ -1,13 +1,9 @@
 """One file per child process: everything it needs to start, so any role can be rerun by hand.
 
-    path = write_role_file(run_dir, role)   # the launcher, before every (re)start
-    role = read_role_file(path)             # the child's main
-
-`<run>/roles/<name>.yaml` holds the run directory, the role's endpoints (Redis URL, vLLM URLs,
-the weight broadcast's host and port), the model path, an actor's index (`actor.num_actors`) and
-the run's resolved config. It holds no secret: the Redis password and the vLLM key stay in `<run>/secrets/` (0600), read through the run
-directory. To debug a role, stop the run's copy of it and start
-`python -m rlrun.actor.main <run>/roles/actor.yaml` (or any other role's module) by hand.
+`<run>/roles/<name>.yaml` (written before every start, read by the child's `main`): the run
+directory, the role's endpoints, the model path, an actor's index and the run's resolved config;
+no secret (those stay in `<run>/secrets/`). To debug a role, stop the run's copy and start
+`python -m rlrun.actor.main <run>/roles/actor.yaml` (or another role's module) by hand.
 """
 
 from __future__ import annotations

@@ -1,23 +1,21 @@
-"""What every role's process spec is made of, whatever starts it: where the run's services
-listen (`Endpoints`), a child's environment, its restart policy from the config, and the probes
-that read the run's Redis (readiness markers, heartbeats, events).
-
-`rlrun.roles` and each trainer backend (`rlrun.backends`) build specs from these.
+"""What every role's process spec is made of, whatever starts it: where the run's services listen
+(`Endpoints`), a child's environment and restart policy, and the probes that read the run's Redis.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import yaml
 
-from rlrun.config.schema import RoleSupervision
+from rlrun.config.schema import RoleSupervision, RunConfig
 from rlrun.rundir import RunDir
 from rlrun.streams import server as redis_server
 from rlrun.supervisor.policy import RestartPolicy
+from rlrun.supervisor.spec import ProcessSpec
 
 HEARTBEAT_FRESH_S = 5.0  # a heartbeat older than this is "no sign of life" for this poll
 
@@ -36,15 +34,16 @@ def child_env(threads: int) -> dict[str, str]:
     return {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
 
 
-def restart_policy(role: RoleSupervision) -> RestartPolicy:
-    return RestartPolicy(
-        restart=role.restart,
-        max_restarts=role.max_restarts,
-        window_s=role.window_s,
-        backoff_initial_s=role.backoff_initial_s,
-        backoff_max_s=max(role.backoff_max_s, role.backoff_initial_s),
-        healthy_after_s=role.healthy_after_s,
-    )
+def role_spec(cfg: RunConfig, run_dir: RunDir, name: str, role: str, **spec) -> ProcessSpec:
+    """Process `name`'s spec with its log file and role's settings (`supervisor.<role>`, and the
+    supervisor's readiness deadline and stop grace) unless `spec` gives them."""
+    sup = cfg.supervisor
+    settings: RoleSupervision = getattr(sup, role)
+    policy = {f.name: getattr(settings, f.name) for f in fields(settings) if f.name != "stall_timeout_s"}
+    policy["backoff_max_s"] = max(settings.backoff_max_s, settings.backoff_initial_s)
+    defaults = dict(log_path=run_dir.log(name), ready_timeout_s=sup.ready_timeout_s, stop_grace_s=sup.stop_grace_s,
+                    restart=RestartPolicy(**policy), stall_timeout_s=settings.stall_timeout_s)  # fmt: skip
+    return ProcessSpec(name=name, **{**defaults, **spec})
 
 
 class RedisProbe:
@@ -95,11 +94,8 @@ class RedisProbe:
 
 
 def role_command(run_dir: RunDir, module: str, name: str, **settings) -> tuple[list[str], Callable[[], None]]:
-    """(argv, before_start) of a child started as `python -m <module> <run>/roles/<name>.yaml`.
-
-    The file is written before every (re)start, from the run's config.yaml and `settings` (the
-    `rlrun.role_file.Role` fields: redis_url, model_path, vllm_urls, broadcast_host/port).
-    """
+    """(argv, before_start) of a child started as `python -m <module> <run>/roles/<name>.yaml`; the
+    file is written before every (re)start from config.yaml and `settings` (`Role` fields)."""
     from rlrun.role_file import Role, write_role_file
 
     def write() -> None:

@@ -11,7 +11,7 @@ from rlrun.actor.partition import actor_name, servers_of
 from rlrun.backends import backend_for
 from rlrun.config import RunConfig
 from rlrun.inference import server as vllm_server
-from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy, role_command
+from rlrun.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server
@@ -19,42 +19,25 @@ from rlrun.supervisor import ProcessSpec
 
 
 def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str) -> list[ProcessSpec]:
-    sup = cfg.supervisor
-    grace = sup.stop_grace_s
     probe = RedisProbe(endpoints.redis_url, run_dir)
     specs: list[ProcessSpec] = []
     if endpoints.redis_port is not None:
         binary = redis_server.find_server_binary(cfg.streams.server)
-        specs.append(
-            ProcessSpec(
-                name="redis",
-                argv=redis_server.server_argv(binary, run_dir),
-                log_path=run_dir.log("redis"),
-                ready=probe.ping,
-                alive=probe.ping,
-                ready_timeout_s=sup.ready_timeout_s,
-                stop_grace_s=grace,
-                restart=restart_policy(sup.redis),
-                stall_timeout_s=sup.redis.stall_timeout_s,
-            )
-        )
+        argv = redis_server.server_argv(binary, run_dir)
+        specs.append(role_spec(cfg, run_dir, "redis", "redis", argv=argv, ready=probe.ping, alive=probe.ping))
     for i, url in enumerate(endpoints.vllm_urls):
         port = int(url.rsplit(":", 1)[1])
         specs.append(
-            ProcessSpec(
-                name=f"vllm-{i}",
+            role_spec(
+                cfg, run_dir, f"vllm-{i}", "vllm",
                 # Started (and restarted) from the newest weights the trainer published.
                 argv=vllm_server.server_argv(cfg.inference, cfg.model, str(run_dir.current_weights), port, tokenizer=model_path),
                 env=vllm_server.server_env(cfg.inference),
                 secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # every route but /health (rlrun.inference.auth)
-                log_path=run_dir.log(f"vllm-{i}"),
                 ready=vllm_server.HealthCheck(url),
                 alive=vllm_server.HealthCheck(url),
                 ready_timeout_s=cfg.inference.ready_timeout_s,
-                stop_grace_s=grace,
-                restart=restart_policy(sup.vllm),
-                stall_timeout_s=sup.vllm.stall_timeout_s,
-            )
+            )  # fmt: skip
         )
     specs += backend_for(cfg).specs(cfg, run_dir, endpoints, model_path, probe)  # the trainer and what serves it
     k_all = cfg.actor.num_actors
@@ -65,17 +48,9 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
             run_dir, "rlrun.actor.main", name, redis_url=endpoints.redis_url, model_path=model_path, vllm_urls=urls, actor_index=k
         )
         specs.append(
-            ProcessSpec(
-                name=name,
-                argv=argv,
-                before_start=write_role_file,
-                env=child_env(1),
-                log_path=run_dir.log(name),
+            role_spec(
+                cfg, run_dir, name, "actor", argv=argv, before_start=write_role_file, env=child_env(1), finishes=True,
                 alive=lambda pid, key=names.actor_state(k, k_all): probe.heartbeat(key, pid),
-                stop_grace_s=grace,
-                finishes=True,
-                restart=restart_policy(sup.actor),
-                stall_timeout_s=sup.actor.stall_timeout_s,
-            )
+            )  # fmt: skip
         )
     return specs

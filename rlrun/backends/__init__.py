@@ -5,12 +5,8 @@
     backend.completion_check(cfg, progress)          # the supervisor's RunVerdict per poll
     for layout in checkpoint_layouts(): ...          # inspect-checkpoint reads any backend's
 
-`launch`, `roles`, `preflight`, `inspection`, the actor and the CLI ask the backend object and
-never name a backend. A new trainer is one new module here, registered in `_BACKENDS`.
-The rules each backend judges with stay pure, in `rlrun.completion`.
-
-Backend modules are imported on first use: the actor does not load the supervisor's side, and
-`hf` never loads Fast-LLM's.
+Nothing else names a backend; a new trainer is one new module here, registered in `_BACKENDS`
+(imported on first use: `hf` never loads Fast-LLM's). Completion rules stay pure, in `rlrun.completion`.
 """
 
 from __future__ import annotations
@@ -50,46 +46,38 @@ class CheckpointLayout(Protocol):
 
     name: str  # shown as the checkpoint's layout
 
-    def looks_like(self, path: Path) -> bool:
-        """`path` is one of this backend's checkpoint folders (a half-written one included)."""
+    def looks_like(self, path: Path) -> bool: ...  # one of its checkpoint folders (even half-written)
 
-    def candidates(self, run: "RunDir") -> list[Candidate]:
-        """Every checkpoint of this layout inside `run`, each with why resume would skip it."""
+    def candidates(self, run: "RunDir") -> list[Candidate]: ...  # each with why resume would skip it
 
     def is_complete(self, path: Path) -> bool: ...
 
     def read_fields(self, path: Path, warnings: list[str]) -> dict:
-        """What the checkpoint records (`step`, and any of `samples_processed`, `documents_seen`,
-        `policy_version`, `checkpoint_config_hash`, `written_at`, `written_at_source`); what
-        cannot be read is appended to `warnings`, never raised."""
+        """`step` and what else it records (samples_processed, documents_seen, policy_version,
+        checkpoint_config_hash, written_at[_source]); what cannot be read goes to `warnings`."""
 
 
 class TrainerBackend(Protocol):
     name: str
     layout: CheckpointLayout
 
-    def roles(self, cfg: "RunConfig") -> list[str]:
-        """The names of the processes it starts, in start order (the trainer's among them)."""
+    def roles(self, cfg: "RunConfig") -> list[str]: ...  # its processes' names, in start order
 
-    def trainer_ranks(self, cfg: "RunConfig") -> int:
-        """The trainer's ranks (world=ray reserves world.trainer.cpus/gpus per rank)."""
+    def trainer_ranks(self, cfg: "RunConfig") -> int: ...  # world=ray reserves world.trainer.cpus/gpus per rank
 
     # world=ray: its ranks may run on several nodes, one bundle each (its trainer command is a
     # `rlrun.trainer.rank_group`, started once per node); False: all on one node, in one bundle.
     ranks_span_nodes: bool
 
-    def broadcast_port(self, cfg: "RunConfig", pick_port: Callable[[str], int]) -> int:
-        """The port of its trainer→vLLM weight broadcast, or 0 when it has none."""
+    def broadcast_port(self, cfg: "RunConfig", pick_port: Callable[[str], int]) -> int: ...  # 0: none
 
     def explicit_ports(self, cfg: "RunConfig") -> list[tuple[str, str, int]]:
         """(config key, host, port) of every port its config fixes (preflight checks they are free)."""
 
-    def redis_default_user(self, cfg: "RunConfig") -> str:
-        """The ACL line of Redis's passwordless `default` user (off unless its trainer needs it)."""
+    def redis_default_user(self, cfg: "RunConfig") -> str: ...  # the ACL line of Redis's `default` user
 
     def check_launchable(self, cfg: "RunConfig", root: Path) -> None:
-        """Preflight: its program is there and takes the config rlrun generates (raises ConfigError /
-        EnvironmentProblem)."""
+        """Preflight: its program is there and takes rlrun's config (ConfigError / EnvironmentProblem)."""
 
     def check_resumable(self, run_dir: "RunDir") -> None:
         """Preflight of a resume: its checkpoints leave something to resume from (RunDirError)."""
@@ -101,8 +89,7 @@ class TrainerBackend(Protocol):
         """The supervisor's check, called with the exit codes of the processes that finish."""
 
     def trainer_view(self, cfg: "RunConfig", redis, actor: int = 0) -> "TrainerView":
-        """What actor `actor` (of cfg.actor.num_actors) needs to know about this trainer (see
-        rlrun/actor/trainer_view.py)."""
+        """What actor `actor` needs to know about this trainer (rlrun/actor/trainer_view.py)."""
 
     def metrics_hint(self, run_dir: "RunDir") -> Optional[str]:
         """Where the training metrics are when not in metrics.jsonl (shown at the end of a run)."""
@@ -121,6 +108,23 @@ def backend_for(cfg_or_name: "RunConfig | str") -> TrainerBackend:
 def checkpoint_layouts() -> list[CheckpointLayout]:
     """Every backend's checkpoint layout (a checkpoint on disk does not say which run made it)."""
     return [backend_for(name).layout for name in NAMES]
+
+
+def recorded_fields(
+    path: Path, step: Optional[int], file: str, read: Callable[[], dict], warnings: list[str]
+) -> dict:
+    """A layout's `read_fields`: the step in the folder name, then what `read()` gets from `file`."""
+    if not (path / file).is_file():
+        warnings.append(f"no {file}: step taken from the folder name")
+        return {"step": step}
+    try:
+        recorded = read()
+    except (OSError, ValueError, TypeError) as exc:
+        warnings.append(" ".join(f"cannot read {file}: {exc}".split()))
+        return {"step": step}
+    if step is not None and step != recorded["step"]:
+        warnings.append(f"the folder name says step {step} but {file} says {recorded['step']}")
+    return recorded
 
 
 def run_verdict(verdict: "Verdict", exits: dict[str, Optional[int]]) -> "RunVerdict":

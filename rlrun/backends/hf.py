@@ -1,9 +1,5 @@
-"""rlrun's own trainer (`rlrun.trainer`, torch + transformers): its process, completion and checkpoints.
-
-The trainer reads groups from `rlrun:groups`, publishes its step and samples processed in the
-`rlrun:trainer` hash and writes `checkpoints/step_NNNNNN/` (an `ok` marker last) in the run
-directory. Finished: exit 0 and the samples target consumed, or its own `training_done` event
-(`rlrun.completion.hf_finished`).
+"""rlrun's own trainer (`rlrun.trainer`, torch + transformers): its process, completion and checkpoints
+(`checkpoints/step_NNNNNN/`); finished: exit 0 and the samples target or `training_done`.
 """
 
 from __future__ import annotations
@@ -11,12 +7,12 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from rlrun import completion
-from rlrun.backends import HALF, Candidate, run_verdict
+from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
 from rlrun.config import RunConfig
-from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy, role_command
+from rlrun.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.supervisor import ProcessSpec, RunVerdict
@@ -47,27 +43,15 @@ class HfLayout:
         return checkpoint.is_complete(path)
 
     def read_fields(self, path: Path, warnings: list[str]) -> dict:
-        fields: dict[str, Any] = {"step": _step_of(path)}
-        state_file = path / checkpoint.STATE_FILE
-        if not state_file.is_file():
-            warnings.append(f"no {checkpoint.STATE_FILE}: step taken from the folder name")
-            return fields
-        try:
+        def read() -> dict:
             state = checkpoint.read_state(path)
-        except (OSError, ValueError, TypeError) as exc:
-            warnings.append(f"cannot read {state_file.name}: {exc}")
+            fields = {"step": state.step, "samples_processed": state.samples_processed,
+                      "policy_version": state.policy_version, "checkpoint_config_hash": state.config_hash}  # fmt: skip
+            if state.written_at > 0:
+                fields.update(written_at=state.written_at, written_at_source=checkpoint.STATE_FILE)
             return fields
-        if fields["step"] is not None and fields["step"] != state.step:
-            warnings.append(f"the folder name says step {fields['step']} but {state_file.name} says {state.step}")
-        fields.update(
-            step=state.step,
-            samples_processed=state.samples_processed,
-            policy_version=state.policy_version,
-            checkpoint_config_hash=state.config_hash,
-        )
-        if state.written_at > 0:
-            fields.update(written_at=state.written_at, written_at_source=checkpoint.STATE_FILE)
-        return fields
+
+        return recorded_fields(path, _step_of(path), checkpoint.STATE_FILE, read, warnings)
 
 
 def _step_of(path: Path) -> Optional[int]:
@@ -109,7 +93,6 @@ class HfBackend:
         checkpoint.resume_point(run_dir.checkpoints)
 
     def specs(self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> list[ProcessSpec]:
-        sup = cfg.supervisor
         argv, write_role_file = role_command(
             run_dir, "rlrun.trainer.main", "trainer", redis_url=endpoints.redis_url, model_path=model_path,
             vllm_urls=endpoints.vllm_urls, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
@@ -122,21 +105,16 @@ class HfBackend:
         # vLLM starts. One resuming from a checkpoint first hands its weights to vLLM: it waits.
         fresh = checkpoint.latest_complete(run_dir.checkpoints) is None
         after = ("redis",) if endpoints.redis_port is not None else ()
-        trainer = ProcessSpec(
-            name="trainer",
+        trainer = role_spec(
+            cfg, run_dir, "trainer", "trainer",
             argv=argv,
             before_start=write_role_file,
             env=child_env(cfg.trainer.threads),
-            log_path=run_dir.log("trainer"),
             ready=lambda pid: probe.marker(names.TRAINER_STATE, "ready_pid", pid),
             alive=lambda pid: probe.heartbeat(names.TRAINER_STATE, pid, also=others),
-            ready_timeout_s=sup.ready_timeout_s,
-            stop_grace_s=sup.stop_grace_s,
             finishes=True,
-            restart=restart_policy(sup.trainer),
-            stall_timeout_s=sup.trainer.stall_timeout_s,
             after=after if fresh else None,
-        )
+        )  # fmt: skip
         return [trainer]
 
     def completion_check(self, cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import enum
 import functools
+import operator
 import re
 import types
 import typing
@@ -22,24 +23,24 @@ from rlrun.errors import ConfigError
 
 def from_dict(cls: type, data: Any) -> Any:
     """Build schema dataclass `cls` from a nested dict, checking every key and type."""
-    return instantiate(cls, to_plain(typed(cls, data), cls))
+    return instantiate(cls, to_plain(typed(data)))
 
 
-def typed(cls: type, data: Any):
-    """`data` merged onto `cls`'s structured config: an OmegaConf `DictConfig` in struct mode."""
+def typed(data: Any):
+    """`data` merged onto the schema's structured config: an OmegaConf `DictConfig` in struct mode."""
     from omegaconf import OmegaConf
 
     if not isinstance(data, dict):
         raise ConfigError(f"the config must be a mapping of sections (trainer, actor, ...), got {data!r}.")
-    with omegaconf_errors(cls):
-        return OmegaConf.merge(OmegaConf.structured(_structured(cls)), data)
+    with omegaconf_errors():
+        return OmegaConf.merge(OmegaConf.structured(_structured(RunConfig)), data)
 
 
-def to_plain(node, cls: type = RunConfig) -> dict:
-    """A typed `DictConfig` of `cls` → plain data (choices as strings), every required key checked."""
+def to_plain(node) -> dict:
+    """A typed `DictConfig` → plain data (choices as strings), every required key checked."""
     from omegaconf import OmegaConf
 
-    with omegaconf_errors(cls):
+    with omegaconf_errors():
         return OmegaConf.to_container(node, resolve=True, enum_to_str=True, throw_on_missing=True)
 
 
@@ -64,13 +65,9 @@ def _structured(cls: type) -> type:
     fields = []
     for f in dataclasses.fields(cls):
         if f.default_factory is not dataclasses.MISSING:
-            make = f.default_factory
-        elif f.default is not dataclasses.MISSING:
-            make = functools.partial(lambda value: value, f.default)
+            default = dataclasses.field(default_factory=lambda make=f.default_factory: _plain_default(make()))
         else:
-            fields.append((f.name, _omega_type(hints[f.name]), dataclasses.field(default=MISSING)))
-            continue
-        default = dataclasses.field(default_factory=lambda make=make: _plain_default(make()))
+            default = dataclasses.field(default=MISSING if f.default is dataclasses.MISSING else f.default)
         fields.append((f.name, _omega_type(hints[f.name]), default))
     return dataclasses.make_dataclass(cls.__name__, fields)
 
@@ -103,8 +100,8 @@ def _unwrap_optional(tp: Any) -> Any:
 
 
 @contextlib.contextmanager
-def omegaconf_errors(cls: type = RunConfig):
-    """Turns OmegaConf's error about a key of `cls`'s config into a one-paragraph `ConfigError`."""
+def omegaconf_errors():
+    """Turns OmegaConf's error about a config key into a one-paragraph `ConfigError`."""
     from omegaconf import errors
 
     try:
@@ -112,18 +109,18 @@ def omegaconf_errors(cls: type = RunConfig):
     except errors.OmegaConfBaseException as exc:
         key = exc.full_key or "<root>"
         if isinstance(exc, (errors.ConfigKeyError, errors.ConfigAttributeError)):
-            raise ConfigError(unknown_key_message(cls, key)) from None
+            raise ConfigError(unknown_key_message(key)) from None
         if isinstance(exc, errors.MissingMandatoryValue):
             raise ConfigError(f"config key '{key}' is required but missing.") from None
-        expected = _kind(_type_at(cls, key))
+        expected = _kind(type_at(key))
         if expected is None or not isinstance(exc, errors.ValidationError):
             raise ConfigError(f"invalid config value at '{key}': {str(exc.msg).splitlines()[0]}") from None
         raise ConfigError(f"{key} must be {expected}, got {exc.value!r}.") from None
 
 
-def unknown_key_message(cls: type, dotted: str) -> str:
+def unknown_key_message(dotted: str) -> str:
     parent, _, _ = dotted.rpartition(".")
-    section = _type_at(cls, parent) if parent else cls
+    section = type_at(parent) if parent else RunConfig
     names = [f.name for f in dataclasses.fields(section)] if dataclasses.is_dataclass(section) else []
     where = f"under '{parent}'" if parent else "at the top level"
     return (
@@ -132,11 +129,13 @@ def unknown_key_message(cls: type, dotted: str) -> str:
     )
 
 
-def _type_at(cls: type, dotted: str) -> Any:
-    """The schema type at `a.b[0].c`; None where the schema has no such key."""
-    tp: Any = cls
+def type_at(dotted: str) -> Any:
+    """The schema type at `a.b[0].c` (Any inside a free-form mapping); None where there is no such key."""
+    tp: Any = RunConfig
     for part in re.findall(r"[^.\[\]]+", dotted):
         tp = _unwrap_optional(tp)
+        if tp is Any:
+            return Any
         if dataclasses.is_dataclass(tp):
             tp = typing.get_type_hints(tp).get(part)
         elif typing.get_origin(tp) in (list, dict):
@@ -151,9 +150,9 @@ def _kind(tp: Any) -> Optional[str]:
     tp = _unwrap_optional(tp)
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
-    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}
     if dataclasses.is_dataclass(tp):
         return "a mapping"
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}
     return words.get(typing.get_origin(tp) or tp)
 
 
@@ -166,12 +165,13 @@ def validate(cfg: RunConfig) -> None:
             problems.append(message)
 
     t, a, act = cfg.trainer, cfg.algo, cfg.actor
-    need(t.max_train_steps >= 1, f"trainer.max_train_steps must be at least 1 (got {t.max_train_steps}).")
-    need(t.train_batch_size >= 1, f"trainer.train_batch_size must be at least 1 (got {t.train_batch_size}).")
-    need(
-        t.gradient_accumulation_passes >= 1,
-        f"trainer.gradient_accumulation_passes must be at least 1 (got {t.gradient_accumulation_passes}).",
-    )
+    trainer_counts = ("max_train_steps", "train_batch_size", "gradient_accumulation_passes", "nproc_per_node",
+                      "checkpoint_every", "keep_checkpoints")  # fmt: skip
+    _at_least(cfg, need, 1, *(f"trainer.{key}" for key in trainer_counts))
+    _at_least(cfg, need, 1, "actor.max_new_tokens", "actor.max_concurrent_groups", "actor.journal_flush_tokens",
+              "inference.num_servers", "actor.num_actors")  # fmt: skip
+    _at_least(cfg, need, 0, "actor.max_steps_ahead", "actor.max_prefix_staleness")
+    _positive(cfg, need, "trainer.lr", "trainer.grad_clip", "actor.temperature")
     need(a.group_size >= 2, f"algo.group_size must be at least 2: advantages compare samples of a group (got {a.group_size}).")
     if a.group_size >= 1 and t.train_batch_size >= 1:
         need(
@@ -179,7 +179,6 @@ def validate(cfg: RunConfig) -> None:
             f"trainer.train_batch_size ({t.train_batch_size}) must be a multiple of algo.group_size "
             f"({a.group_size}) so that every pass holds whole groups.",
         )
-    need(t.nproc_per_node >= 1, f"trainer.nproc_per_node must be at least 1 (got {t.nproc_per_node}).")
     if t.backend == "hf" and t.nproc_per_node > 1 and t.gradient_accumulation_passes >= 1:
         need(
             t.gradient_accumulation_passes % t.nproc_per_node == 0,
@@ -187,40 +186,29 @@ def validate(cfg: RunConfig) -> None:
             f"trainer.nproc_per_node ({t.nproc_per_node}): each rank takes an equal share of the step's passes "
             f"(e.g. trainer.gradient_accumulation_passes={t.nproc_per_node * max(1, t.gradient_accumulation_passes // t.nproc_per_node)}).",
         )
-    if t.weight_transfer == "broadcast":
-        need(
-            t.backend == "hf",
-            "trainer.weight_transfer=broadcast is the hf trainer's choice: trainer=fast_llm always broadcasts its "
-            "weights itself (trainer.fast_llm.broadcast_*). Remove trainer.weight_transfer.",
-        )
-        need(
-            not _sharded_vllm(cfg.inference.extra_args),
-            "trainer.weight_transfer=broadcast needs one vLLM worker per server: each server joins the trainer's "
-            "weight broadcast as one rank. Remove --tensor-parallel-size/--pipeline-parallel-size from "
-            "inference.extra_args and use inference.num_servers, or use trainer.weight_transfer=disk.",
-        )
-    need(t.lr > 0, f"trainer.lr must be positive (got {t.lr}).")
+    need(
+        t.weight_transfer != "broadcast" or t.backend == "hf",
+        "trainer.weight_transfer=broadcast is the hf trainer's choice: trainer=fast_llm always broadcasts its "
+        "weights itself (trainer.fast_llm.broadcast_*). Remove trainer.weight_transfer.",
+    )
+    broadcasting = "trainer=fast_llm" if t.backend == "fast_llm" else "trainer.weight_transfer=broadcast"
+    need(
+        (t.backend == "hf" and t.weight_transfer == "disk") or not _sharded_vllm(cfg.inference.extra_args),
+        f"{broadcasting} needs one vLLM worker per server: each server joins the trainer's weight broadcast as "
+        "one rank. Remove --tensor-parallel-size/--pipeline-parallel-size from inference.extra_args and use "
+        f"inference.num_servers{'' if t.backend == 'fast_llm' else ', or use trainer.weight_transfer=disk'}.",
+    )
     need(len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas), f"trainer.betas must be two numbers in [0, 1) (got {t.betas}).")
-    need(t.grad_clip > 0, f"trainer.grad_clip must be positive (got {t.grad_clip}).")
-    need(t.checkpoint_every >= 1, f"trainer.checkpoint_every must be at least 1 (got {t.checkpoint_every}).")
-    need(t.keep_checkpoints >= 1, f"trainer.keep_checkpoints must be at least 1 (got {t.keep_checkpoints}).")
     need(a.clip_eps_low > 0 and a.clip_eps_high > 0, "algo.clip_eps_low and algo.clip_eps_high must be positive.")
-    need(act.max_new_tokens >= 1, f"actor.max_new_tokens must be at least 1 (got {act.max_new_tokens}).")
-    need(act.temperature > 0, f"actor.temperature must be positive (got {act.temperature}).")
-    need(act.max_steps_ahead >= 0, f"actor.max_steps_ahead must be 0 or more (got {act.max_steps_ahead}).")
-    need(act.max_concurrent_groups >= 1, "actor.max_concurrent_groups must be at least 1.")
-    need(act.max_prefix_staleness >= 0, f"actor.max_prefix_staleness must be 0 or more (got {act.max_prefix_staleness}).")
     need(
         0 <= act.min_new_tokens <= act.max_new_tokens,
         f"actor.min_new_tokens ({act.min_new_tokens}) must be between 0 and actor.max_new_tokens ({act.max_new_tokens}).",
     )
-    need(act.journal_flush_tokens >= 1, f"actor.journal_flush_tokens must be at least 1 (got {act.journal_flush_tokens}).")
     need(
         act.max_new_tokens < cfg.model.max_model_len,
         f"actor.max_new_tokens ({act.max_new_tokens}) must be below model.max_model_len "
         f"({cfg.model.max_model_len}) to leave room for the prompt.",
     )
-    need(cfg.inference.num_servers >= 1, "inference.num_servers must be at least 1.")
     _validate_actors(cfg, need)
     need(0 < cfg.inference.gpu_memory_utilization <= 1, "inference.gpu_memory_utilization must be in (0, 1].")
     need(cfg.model.source == "tiny" or bool(cfg.model.path), f"model.path must be set when model.source={cfg.model.source}.")
@@ -242,9 +230,21 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("invalid configuration: " + " ".join(problems))
 
 
+def _at_least(cfg: RunConfig, need, least: int, *keys: str) -> None:
+    for key in keys:
+        value = operator.attrgetter(key)(cfg)
+        if value is not None:  # an optional count left unset takes its default
+            need(value >= least, f"{key} must be {f'at least {least}' if least else '0 or more'} (got {value}).")
+
+
+def _positive(cfg: RunConfig, need, *keys: str) -> None:
+    for key in keys:
+        value = operator.attrgetter(key)(cfg)
+        need(value > 0, f"{key} must be positive (got {value}).")
+
+
 def _validate_actors(cfg: RunConfig, need) -> None:
     k = cfg.actor.num_actors
-    need(k >= 1, f"actor.num_actors must be at least 1 (got {k}).")
     if k <= 1:
         return
     need(
@@ -260,7 +260,7 @@ def _validate_tiny(cfg: RunConfig, need) -> None:
     m, d = cfg.model, cfg.dataset
     if m.source != "tiny":
         return
-    need(m.warm_start_steps >= 0, f"model.warm_start_steps must be 0 or more (got {m.warm_start_steps}).")
+    _at_least(cfg, need, 0, "model.warm_start_steps")
     if d.name == "arithmetic" and d.max_operand >= 0:
         from rlrun.models.tiny import longest_sequence  # no torch at import
 
@@ -298,17 +298,14 @@ def _validate_fast_llm(cfg: RunConfig, need) -> None:
         "Set trainer.gradient_accumulation_passes=1 and trainer.fast_llm.docs_per_step="
         f"{t.train_batch_size * t.gradient_accumulation_passes} (or trainer.train_batch_size) instead.",
     )
-    if f.docs_per_step is not None:
-        need(f.docs_per_step >= 1, f"trainer.fast_llm.docs_per_step must be at least 1 (got {f.docs_per_step}).")
-    need(f.nproc_per_node >= 1, f"trainer.fast_llm.nproc_per_node must be at least 1 (got {f.nproc_per_node}).")
-    if f.data_parallel is not None:
-        need(f.data_parallel >= 1, f"trainer.fast_llm.data_parallel must be at least 1 (got {f.data_parallel}).")
+    counts = ("docs_per_step", "nproc_per_node", "data_parallel")
+    _at_least(cfg, need, 1, *(f"trainer.fast_llm.{key}" for key in counts))
     need(
         f.micro_batch_size >= cfg.model.max_model_len,
         f"trainer.fast_llm.micro_batch_size ({f.micro_batch_size} tokens) must hold a whole document of "
         f"model.max_model_len ({cfg.model.max_model_len}) tokens: Fast-LLM skips documents that do not fit.",
     )
-    need(f.timeout_s > 0, f"trainer.fast_llm.timeout_s must be positive (got {f.timeout_s}).")
+    _positive(cfg, need, "trainer.fast_llm.timeout_s")
     need(0 <= f.broadcast_port < 65536, f"trainer.fast_llm.broadcast_port must be 0 (auto) or a port (got {f.broadcast_port}).")
     need(
         any("{config}" in arg for arg in f.command),
@@ -322,12 +319,6 @@ def _validate_fast_llm(cfg: RunConfig, need) -> None:
     )
     need(bool(f.experiment_dir_name) and "/" not in f.experiment_dir_name,
          f"trainer.fast_llm.experiment_dir_name must be a plain folder name (got {f.experiment_dir_name!r}).")
-    need(
-        not _sharded_vllm(cfg.inference.extra_args),
-        "trainer=fast_llm needs one vLLM worker per server: each server joins Fast-LLM's weight broadcast "
-        "as one rank. Remove --tensor-parallel-size/--pipeline-parallel-size from inference.extra_args "
-        "and use inference.num_servers for more servers.",
-    )
 
 
 def _sharded_vllm(extra_args) -> bool:

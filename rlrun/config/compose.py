@@ -1,9 +1,8 @@
-"""Hydra composition under typer, and the saved resolved config.
+"""Hydra composition, and the saved resolved config.
 
-`compose(overrides)` is the only place Hydra composes: it returns a validated `RunConfig` plus
-the resolved YAML text that is saved in the run directory. Children load that file back with
-`load_resolved`, so any role can be rerun by hand from its run directory; `rlrun resume` changes
-it with `override_resolved`, in the same override grammar as `rlrun train`.
+`compose(overrides)`: a validated `RunConfig` and the resolved YAML saved in the run directory;
+`load_resolved` reads it back; `rlrun resume` changes it with `override_resolved`, in the same
+override grammar as `rlrun train`.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from rlrun.config.build import from_dict, omegaconf_errors, to_plain, typed, unknown_key_message, validate
-from rlrun.config.relevance import ignored_overrides
+from rlrun.config.build import from_dict, omegaconf_errors, to_plain, type_at, typed, unknown_key_message, validate
+from rlrun.config.relevance import ignored_overrides, rule_for
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
 
@@ -38,26 +37,30 @@ def group_options(group: str, root: Path | None = None) -> list[str]:
 
 def compose(overrides: list[str], root: Path | None = None) -> tuple[RunConfig, str]:
     """Compose conf/ with the user's overrides → (validated config, resolved YAML text)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     root = root or conf_dir()
     _check_group_choices(overrides, root)
     try:
-        with initialize_config_dir(config_dir=str(root), version_base="1.3", job_name="rlrun"):
-            composed = hydra_compose(config_name="config", overrides=list(overrides))
-        data = OmegaConf.to_container(composed, resolve=True)
+        data = composed(overrides, root)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_explain(exc, overrides)) from None
-    cfg = from_dict(RunConfig, data)
-    validate(cfg)
+    cfg = config_from_data(data, source="the composed config")
     ignored = ignored_overrides(cfg, list(overrides))
     if ignored:
         raise ConfigError("invalid configuration: " + " ".join(ignored))
     return cfg, yaml.safe_dump(data, sort_keys=False)
+
+
+def composed(overrides: list[str], root: Path | None = None) -> dict:
+    """Hydra's composition of conf/ and `overrides` as plain data, not checked against the schema."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(root or conf_dir()), version_base="1.3", job_name="rlrun"):
+        return OmegaConf.to_container(hydra_compose(config_name="config", overrides=list(overrides)), resolve=True)
 
 
 def load_resolved(path: Path) -> RunConfig:
@@ -96,32 +99,21 @@ def _check_group_choices(overrides: list[str], root: Path) -> None:
 def _explain(exc: Exception, overrides: list[str]) -> str:
     text = str(exc)
     key = re.search(r"Could not override '([\w.]+)'", text) or re.search(r"Key '(\w+)' is not in struct", text)
+    # A real key that the chosen options leave out of the composed config (trainer.fast_llm.* with
+    # trainer=hf, world.address with world=local): say why it does not apply, not "unknown".
+    rule = rule_for(key.group(1)) if key and type_at(key.group(1)) is not None else None
+    if rule is not None:
+        return f"invalid configuration: {key.group(1)} has no effect here: {rule[2]}."
     if key:
-        return _unknown_key_message(key.group(1))
+        return unknown_key_message(key.group(1))
     if "Could not find" in text or "Available options" in text:
         return "configuration error: " + " ".join(text.split())
     return f"invalid override ({', '.join(overrides) or 'none'}): {' '.join(text.split())}"
 
 
-def _unknown_key_message(dotted: str) -> str:
-    # A real key that the chosen options leave out of the composed config (trainer.fast_llm.* with
-    # trainer=hf, world.address with world=local): say why it does not apply, not "unknown".
-    from rlrun.config.relevance import RULES, schema_has
-
-    if schema_has(dotted):
-        for prefix, _ignored, fix in RULES:
-            if dotted == prefix or dotted.startswith(prefix + "."):
-                return f"invalid configuration: {dotted} has no effect here: {fix}."
-    return unknown_key_message(RunConfig, dotted)
-
-
 def override_resolved(data: dict, overrides: list[str]) -> tuple[dict, list[tuple[str, object, object]]]:
-    """Hydra's `key=value` overrides (train's grammar) applied to a saved resolved config.
-
-    Returns the new plain config (the saved one with the changed keys only: schema defaults it
-    leaves out stay out) and the changes as (key, before, after). Adding (`+key`), deleting
-    (`~key`) and sweeps are refused: the schema already holds every key.
-    """
+    """Hydra's `key=value` overrides (train's grammar) applied to a saved resolved config: the new
+    plain config (only the changed keys change) and the changes as (key, before, after)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
     from hydra.errors import HydraException
@@ -131,7 +123,7 @@ def override_resolved(data: dict, overrides: list[str]) -> tuple[dict, list[tupl
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as exc:
         raise ConfigError(f"invalid override ({', '.join(overrides)}): {' '.join(str(exc).split())}") from None
-    node = typed(RunConfig, data)
+    node = typed(data)
     changes = []
     for override in parsed:
         if override.type is not OverrideType.CHANGE or override.package is not None or override.is_sweep_override():

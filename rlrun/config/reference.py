@@ -2,12 +2,9 @@
 
     python -m rlrun.config.reference > docs/config-reference.md
 
-Walks the dataclasses of `rlrun.config.schema` from `RunConfig` down and renders every field with
-its type, its default and the comment written after it in the source (read with `tokenize` and
-`ast`, so the reference says exactly what the code says). Next to the schema default it shows what
-`rlrun train` without overrides actually uses (conf/ composed with its default groups) where that
-differs, and, per config group option, which keys the option changes. tests/unit/test_docs.py
-fails when the file in docs/ is not what this renders.
+Every field of the schema with its type, its default, what `rlrun train` without overrides uses
+where that differs, and the comment written after it in the source (read with `tokenize` and `ast`);
+then, per config group option, which keys it changes. tests/unit/test_docs.py fails when stale.
 """
 
 from __future__ import annotations
@@ -20,16 +17,12 @@ import json
 import tokenize
 import types
 import typing
-from pathlib import Path
 from typing import Any, Literal, Union
 
 from rlrun.config import schema
-from rlrun.config.compose import GROUPS, conf_dir, group_options
+from rlrun.config.compose import GROUPS, composed, conf_dir, group_options
 
 COMMAND = "python -m rlrun.config.reference > docs/config-reference.md"
-
-
-# --- what the source says --------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +31,9 @@ class SourceNotes:
     docstrings: dict[str, str]  # class name -> docstring
 
 
-def source_notes(module: types.ModuleType = schema) -> SourceNotes:
-    """Each field's trailing comment (on the line where its definition ends) and each class's
-    docstring, from the module's source."""
-    source = inspect.getsource(module)
+def source_notes() -> SourceNotes:
+    """Each schema field's trailing comment (on the line its definition ends on), each class's docstring."""
+    source = inspect.getsource(schema)
     line_comments: dict[int, str] = {}
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type == tokenize.COMMENT:
@@ -57,9 +49,6 @@ def source_notes(module: types.ModuleType = schema) -> SourceNotes:
             if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
                 fields[item.target.id] = line_comments.get(item.end_lineno, "")
     return SourceNotes(comments, docstrings)
-
-
-# --- rendering values and types --------------------------------------------------------------------
 
 
 def type_name(tp: Any) -> str:
@@ -111,35 +100,12 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-# --- composition without validation (a group option alone may not be a valid run) -------------
-
-
-def composed(overrides: list[str]) -> dict:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
-
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="rlrun-reference"):
-        return OmegaConf.to_container(hydra_compose(config_name="config", overrides=overrides), resolve=True)
-
-
-def default_groups(root: Path | None = None) -> dict[str, str]:
+def default_groups() -> dict[str, str]:
     import yaml
 
-    data = yaml.safe_load(((root or conf_dir()) / "config.yaml").read_text())
-    out = {}
-    for entry in data.get("defaults", []):
-        if isinstance(entry, dict):
-            out.update({k: str(v) for k, v in entry.items()})
-    return out
-
-
-def lookup(data: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(data, dict) or part not in data:
-            return dataclasses.MISSING
-        data = data[part]
-    return data
+    data = yaml.safe_load((conf_dir() / "config.yaml").read_text())
+    choices = [entry for entry in data.get("defaults", []) if isinstance(entry, dict)]
+    return {group: str(option) for entry in choices for group, option in entry.items()}
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -151,12 +117,10 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-# --- the document ----------------------------------------------------------------------------------
-
-
 def render() -> str:
     notes = source_notes()
-    shipped = composed([])
+    data = composed([])  # composed, not validated: a group option alone may not be a valid run
+    shipped = flatten(data)
     defaults = default_groups()
     lines = [
         "# Configuration reference",
@@ -179,7 +143,7 @@ def render() -> str:
         lines.append(f"| `{group}` | {', '.join(group_options(group))} | {defaults.get(group, '')} |")
     lines.append("")
     lines += _section(schema.RunConfig, "", notes, shipped, title="Top level")
-    lines += _changes(shipped, defaults)
+    lines += _changes(data, defaults)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -188,17 +152,13 @@ def _section(cls: type, path: str, notes: SourceNotes, shipped: dict, title: str
     fields = dataclasses.fields(cls)
     scalars = [f for f in fields if not dataclasses.is_dataclass(hints[f.name])]
     nested = [f for f in fields if dataclasses.is_dataclass(hints[f.name])]
-    heading = title or f"`{path}`"
-    out = [f"{'#' * min(2 + path.count('.'), 4)} {heading}", ""]
-    doc = notes.docstrings.get(cls.__name__, "")
-    if doc:
-        out += [" ".join(doc.split()), ""]
+    out = _heading(min(2 + path.count("."), 4), title or f"`{path}`", cls, notes)
     if scalars:
         out += ["| key | type | default | `rlrun train` | meaning |", "|---|---|---|---|---|"]
         for f in scalars:
             key = f"{path}.{f.name}" if path else f.name
             default = schema_default(f)
-            used = lookup(shipped, key)
+            used = shipped.get(key, dataclasses.MISSING)
             default_text = "required" if default is dataclasses.MISSING else f"`{value_text(default)}`"
             used_text = "" if used is dataclasses.MISSING or same(used, default) else f"`{value_text(used)}`"
             comment = notes.comments.get(cls.__name__, {}).get(f.name, "")
@@ -213,21 +173,23 @@ def _section(cls: type, path: str, notes: SourceNotes, shipped: dict, title: str
             out += _section(tp, f"{path}.{f.name}" if path else f.name, notes, shipped)
             continue
         # One dataclass used for several keys (supervisor.redis, .vllm, ...): rendered once.
-        names = [f.name for f in group]
-        where = f"{path}.<{'|'.join(names)}>" if path else f"<{'|'.join(names)}>"
         instances = {f.name: schema_default(f) for f in group}  # a key's own default may differ
-        out += _shared_section(tp, path, instances, where, notes, shipped)
+        out += _shared_section(tp, path, instances, notes, shipped, notes.comments.get(cls.__name__, {}))
     return out
 
 
-def _shared_section(cls: type, path: str, instances: dict[str, Any], where: str, notes: SourceNotes, shipped: dict) -> list[str]:
+def _heading(level: int, title: str, cls: type, notes: SourceNotes) -> list[str]:
+    doc = notes.docstrings.get(cls.__name__, "")
+    return [f"{'#' * level} {title}", "", *([" ".join(doc.split()), ""] if doc else [])]
+
+
+def _shared_section(
+    cls: type, path: str, instances: dict, notes: SourceNotes, shipped: dict, parent: dict
+) -> list[str]:
     hints = typing.get_type_hints(cls)
     names = list(instances)
-    parent = notes.comments.get(_owner_name(path), {})
-    out = [f"{'#' * min(3 + path.count('.'), 4)} `{cell(where)}`", ""]
-    doc = notes.docstrings.get(cls.__name__, "")
-    if doc:
-        out += [" ".join(doc.split()), ""]
+    where = f"{path}.<{'|'.join(names)}>" if path else f"<{'|'.join(names)}>"
+    out = _heading(min(3 + path.count("."), 4), f"`{cell(where)}`", cls, notes)
     for name in names:
         if parent.get(name):
             out.append(f"- `{path}.{name}`: {parent[name]}")
@@ -237,7 +199,7 @@ def _shared_section(cls: type, path: str, instances: dict[str, Any], where: str,
         own = {n: getattr(i, f.name) for n, i in instances.items() if dataclasses.is_dataclass(i)}
         exceptions = [f"{n}: `{value_text(v)}`" for n, v in own.items() if not same(v, default)]
         default_text = f"`{value_text(default)}`" + (f" ({', '.join(exceptions)})" if exceptions else "")
-        used = [(n, lookup(shipped, f"{path}.{n}.{f.name}")) for n in names]
+        used = [(n, shipped.get(f"{path}.{n}.{f.name}", dataclasses.MISSING)) for n in names]
         differing = [
             f"{n}: `{value_text(v)}`" for n, v in used
             if v is not dataclasses.MISSING and not same(v, own.get(n, default))
@@ -249,14 +211,6 @@ def _shared_section(cls: type, path: str, instances: dict[str, Any], where: str,
         )
     out.append("")
     return out
-
-
-def _owner_name(path: str) -> str:
-    """The class that holds the fields at `path` (for their comments): walk from RunConfig."""
-    cls: type = schema.RunConfig
-    for part in [p for p in path.split(".") if p]:
-        cls = typing.get_type_hints(cls)[part]
-    return cls.__name__
 
 
 def effective(data: dict) -> dict[str, Any]:
@@ -292,10 +246,5 @@ def _changes(shipped: dict, defaults: dict[str, str]) -> list[str]:
     return out
 
 
-def main() -> int:
-    print(render(), end="")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    print(render(), end="")

@@ -9,8 +9,6 @@ config groups carry every key, with values that do not matter for other options)
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from typing import Callable, Optional
 
 from rlrun.config.schema import RunConfig
@@ -49,39 +47,20 @@ RULES: list[Rule] = [
 ]  # fmt: skip
 
 
-def override_key(item: str) -> Optional[str]:
-    """The dotted key an override sets (`+a.b=1` → `a.b`); None for a deletion or no `=`."""
-    if item.startswith("~") or "=" not in item:
-        return None
-    return item.split("=", 1)[0].lstrip("+")
+def rule_for(key: str) -> Optional[Rule]:
+    """The rule about dotted `key` or a section above it (the rules' keys do not overlap)."""
+    return next((rule for rule in RULES if key == rule[0] or key.startswith(rule[0] + ".")), None)
 
 
 def ignored_overrides(cfg: RunConfig, overrides: list[str]) -> list[str]:
     """One sentence per override that `cfg`'s choices make meaningless, naming what to do instead."""
     problems = []
     for item in overrides:
-        key = override_key(item)
-        if key is None:
+        if item.startswith("~") or "=" not in item:  # a deletion sets nothing
             continue
-        for prefix, ignored, fix in RULES:
-            if (key == prefix or key.startswith(prefix + ".")) and ignored(cfg):
-                problems.append(f"{key} has no effect here: {fix}.")
-                break
+        key = item.split("=", 1)[0].lstrip("+")
+        rule = rule_for(key)
+        if rule is not None and rule[1](cfg):
+            problems.append(f"{key} has no effect here: {rule[2]}.")
     return problems
 
-
-def schema_has(dotted: str) -> bool:
-    """True when `dotted` names a key (or section) of the typed config."""
-    cls: object = RunConfig
-    for part in dotted.split("."):
-        if typing.get_origin(cls) is dict:
-            return True  # inside a free-form mapping (trainer.fast_llm.extra.*): any key
-        if not dataclasses.is_dataclass(cls):
-            return False
-        hints = typing.get_type_hints(cls)
-        if part not in hints:
-            return False
-        tp = hints[part]
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        cls = args[0] if typing.get_origin(tp) is typing.Union and len(args) == 1 else tp
-    return True

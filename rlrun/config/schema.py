@@ -1,8 +1,5 @@
-"""The typed, frozen run configuration.
-
-Hydra composes YAML from `conf/`; right after composition it becomes a `RunConfig` and no
-`DictConfig` leaves the config package. Each section belongs to one role; one line per field
-says what it means. `validate` checks cross-role invariants before anything starts.
+"""The typed, frozen run configuration: one section per role, one line per field saying what it
+means. Hydra's output becomes a `RunConfig` right after composition; `validate` checks the rest.
 """
 
 from __future__ import annotations
@@ -75,11 +72,8 @@ class StreamsConfig:
 
 @dataclass(frozen=True)
 class FastLlmConfig:
-    """The external Fast-LLM trainer (`trainer.fast_llm.*`, used when trainer.backend=fast_llm).
-
-    Stream, group and event names are hard-coded inside Fast-LLM: they are kept here, next to the
-    revision they match. What differs between revisions is in rlrun/backends/fast_llm/revisions.py.
-    """
+    """The external Fast-LLM trainer (trainer.backend=fast_llm). Its stream, group and event names are
+    Fast-LLM's own; what differs between its revisions is in rlrun/backends/fast_llm/revisions.py."""
 
     version: str = "auto"  # Fast-LLM revision (rlrun/backends/fast_llm/revisions.py): gspo (PR #502/#520 RL branches), main, or auto (ask the installed Fast-LLM)
     command: list[str] = field(

@@ -1,16 +1,14 @@
-"""The trainer's side of weight updates: pause generation, reload weights, resume.
+"""The trainer's side of weight updates: pause generation (mode=abort: the actor continues the
+aborted requests from their tokens, as after a crash), reload weights, resume.
 
-Pausing with mode=abort ends in-flight requests at a token boundary; the actor continues them
-from the tokens it already has, tagged with the new policy version. One mechanism serves both
-weight updates and recovery.
-
-A server that does not take connections (being restarted by the supervisor) is left out of an
-update: it starts from the newest weights the trainer pointed `weights/current` at, so the other
-servers need not wait for it. Only when no server answers does the update fail (and is retried).
+A server that takes no connections (being restarted) is left out: it starts from `weights/current`.
+Only when no server answers does the update fail (and the trainer retries it).
 """
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future, wait
 from typing import Callable
 
 import httpx
@@ -18,6 +16,28 @@ import httpx
 DOWN = (httpx.ConnectError, httpx.RemoteProtocolError)  # refused, or the server died mid-request
 
 from rlrun.inference.auth import bearer_header
+
+
+def in_thread(action: Callable[[], object]) -> Future:
+    """`action` in a daemon thread of its own, as a future (a call left blocked by a failed broadcast
+    holds up no later one, as a pool's worker would, and no exit)."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(action())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="rlrun-vllm-call", daemon=True).start()
+    return future
+
+
+def results(futures: list[Future], while_waiting: Callable[[], None]) -> list:
+    """The futures' results, calling `while_waiting` (the heartbeat) about once a second meanwhile."""
+    while wait(futures, timeout=1.0).not_done:
+        while_waiting()
+    return [future.result() for future in futures]
 
 
 class VllmAdmin:
@@ -29,9 +49,7 @@ class VllmAdmin:
         self._client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
 
     def update_weights(self, weights_path: str, publish: Callable[[], None]) -> list[str]:
-        """Pause every server that answers, load `weights_path` into each, `publish()` the new
-        version, resume them; return the servers that were down (left out). Raises
-        httpx.ConnectError when none answers: there is no one to update yet."""
+        """`update` with a reload of `weights_path` on each server."""
 
         def reload_each(live: list[str]) -> list[str]:
             return [url for url in live if not self._answers(lambda: self._reload(url, weights_path))]
@@ -79,9 +97,8 @@ class VllmAdmin:
         return results[0] if isinstance(results[0], dict) else {"reply": results[0]}
 
     def resume_answering(self) -> list[str]:
-        """Resume every server that answers (a trainer that died between /pause and /resume left
-        it paused, and its successor may have no update to make before the actor feeds it);
-        return those that did not answer or refused."""
+        """Resume every server that answers (a trainer that died between /pause and /resume left it
+        paused); return those that did not answer or refused."""
         missed = []
         for url in self.urls:
             try:
@@ -94,25 +111,13 @@ class VllmAdmin:
         for url in self.urls:
             self._post(f"{url}/pause", params={"mode": "abort"})
 
-    def resume(self) -> None:
-        for url in self.urls:
-            self._post(f"{url}/resume")
-
     def reset_prefix_cache(self, urls: list[str] | None = None) -> None:
         for url in self.urls if urls is None else urls:
             self._post(f"{url}/reset_prefix_cache")
 
-    def reload_weights(self, weights_path: str) -> None:
-        """Load `weights_path` (a complete folder) into every server and drop its prefix cache.
-
-        Cached KV blocks were computed with the old weights; reusing them after the update would
-        mix two policies in one sample. The reload is rlrun's (worker_extension.py): vLLM 0.32's
-        own leaves tied weights (embedding and LM head) apart.
-        """
-        for url in self.urls:
-            self._reload(url, weights_path)
-
     def _reload(self, url: str, weights_path: str) -> None:
+        """rlrun's reload (worker_extension.py keeps tied weights tied), then the prefix cache
+        dropped: KV blocks computed with the old weights would mix two policies in one sample."""
         self._post(f"{url}/collective_rpc", json={"method": "rlrun_reload_weights", "kwargs": {"weights_path": weights_path}})
         self._post(f"{url}/reset_prefix_cache")
 

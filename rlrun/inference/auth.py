@@ -1,15 +1,10 @@
 """The run's API key on every vLLM route but `/health`: an ASGI middleware handed to vLLM.
 
-vLLM's own `--api-key` guards `/v1` (and a few other prefixes) only; its RL routes (`/pause`,
-`/resume`, `/reset_prefix_cache`, `/collective_rpc`, ...) answer anyone on the machine. This
-middleware is given to vLLM's own server with `--middleware rlrun.inference.auth.RequireApiKey`
-(vLLM adds a class with `app.add_middleware(cls)`, no arguments) and refuses any request without
-`Authorization: Bearer <key>` with 401. `/health` stays open: it is the supervisor's probe and
-changes nothing.
-
-The key is read from `VLLM_API_KEY`, the variable the server's spec already sets from the run's
-0600 file (vLLM reads the same one): it is never on a command line. Without a key every guarded
-route is refused (fail closed). Pure ASGI and the standard library only: nothing heavy is imported.
+vLLM's own `--api-key` guards `/v1` only; its RL routes (`/pause`, `/collective_rpc`, ...) answer
+anyone on the machine. vLLM adds this class (`--middleware`, no arguments): any request without
+`Authorization: Bearer <key>` gets 401; `/health`, the supervisor's probe, stays open. The key
+comes from `VLLM_API_KEY` (set by the server's spec from the run's 0600 file, never on a command
+line); without one every guarded route is refused. Standard library only.
 """
 
 from __future__ import annotations

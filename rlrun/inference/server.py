@@ -10,8 +10,6 @@ from rlrun.config.schema import InferenceConfig, ModelConfig
 from rlrun.inference.auth import MIDDLEWARE
 
 SERVED_MODEL_NAME = "policy"  # the actor names the model this way whatever its path
-
-
 WORKER_EXTENSION = "rlrun.inference.worker_extension.RlrunWorkerExtension"  # weight reloads (see that module)
 
 
@@ -52,21 +50,9 @@ def base_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def healthy(url: str) -> bool:
-    """Readiness probe: /health answers 200. Never raises. (One-off: it makes a new HTTP client,
-    ~30 ms of CPU; the supervisor's probes use `HealthCheck`.)"""
-    try:
-        return httpx.get(f"{url}/health", timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 class HealthCheck:
-    """The supervisor's readiness/liveness probe of one server: /health answers 200. Never raises.
-
-    Keeps one HTTP client (and its connection): a new client per poll costs ~30 ms of CPU (httpx
-    builds an SSL context for each), which at two polls a second was most of the supervisor's CPU.
-    """
+    """Readiness/liveness of one server: /health answers 200. Never raises. It keeps one client: a
+    new one per poll costs ~30 ms of CPU (an SSL context each), most of the supervisor's CPU."""
 
     def __init__(self, url: str) -> None:
         self._url = f"{url}/health"

@@ -1,35 +1,15 @@
-"""rlrun's vLLM worker extension: weight reloads that keep tied weights tied, and the receiving
-end of Fast-LLM's weight broadcast.
+"""rlrun's vLLM worker extension (`--worker-extension-cls`, every server rlrun starts), called
+through the server's `/collective_rpc`:
 
-vLLM mixes this class into its worker (`--worker-extension-cls`, every server rlrun starts); its
-methods are called through the server's `/collective_rpc`:
-
-- `rlrun_reload_weights(weights_path)`: vLLM's in-place `reload_weights` from a folder, then
-  the layers holding a tied parameter the checkpoint does not name are processed again.
-  Measured on vLLM 0.32 (CPU) with a tied tiny Qwen2: after its own `reload_weights` the served
-  log-probs were 0.22 nats off the checkpoint's. The tie itself holds, but the LM head (tied to
-  the embedding, absent from the checkpoint) is not reprocessed, and on CPU its processing is a
-  packed copy of the weight for the logits GEMM: it kept the old one. Real models such as
-  Qwen2.5-1.5B tie them. The hf trainer calls this one.
-
-Fast-LLM's broadcast (trainer=fast_llm, called by `rlrun/backends/fast_llm/follower.py`; and the
-hf trainer's rank 0 with trainer.weight_transfer=broadcast, `rlrun/trainer/weight_broadcast.py`):
-
-- `rlrun_join_broadcast(...)`: start joining the trainer's broadcast group, in a thread (Fast-LLM
-  opens the group when it starts and waits there for every receiver; the engine keeps serving
-  meanwhile). Called before every (re)start of the trainer; an earlier membership is dropped.
-- `rlrun_broadcast_group()`: the group id given to the last join, or None (never joined: a
-  restarted server; or its group broke). The hf trainer (trainer.weight_transfer=broadcast,
-  `rlrun/trainer/weight_broadcast.py`) asks it before every broadcast and forms its group again
-  when a server is not in it.
-- `rlrun_receive_broadcast(event_id, step)`: receive the broadcast announced by `weights_ready`
-  event `event_id` and load it in place. The engine is busy while it runs, so the caller pauses
-  generation around it. A second call for the event loaded last returns at once (a retried call
-  never waits for a broadcast that will not come). Steps are no key: a restarted trainer goes
-  back to its checkpoint's step and broadcasts it again, and that must be loaded.
-
-The whole broadcast is received before anything is loaded: a broadcast cut short leaves the old
-weights served, never a mix of two policies (it costs one extra copy of the weights in memory).
+- `rlrun_reload_weights(weights_path)`: vLLM's in-place `reload_weights`, then the layers of tied
+  parameters the checkpoint does not name processed again (vLLM 0.32 on CPU kept a stale packed
+  copy of the tied LM head: 0.22 nats off; docs/architecture.md, "Measured trap").
+- `rlrun_join_broadcast(...)`: join the trainer's broadcast group in a thread (the engine keeps
+  serving); an earlier membership is dropped. `rlrun_broadcast_group()`: the last join's group id,
+  or None (never joined, or its group broke).
+- `rlrun_receive_broadcast(event_id, step)`: receive a whole broadcast, then load it in place (a
+  broadcast cut short leaves the old weights, never a mix). A second call for the event loaded
+  last returns at once; steps are no key (a restarted trainer broadcasts its step again).
 """
 
 from __future__ import annotations
@@ -58,9 +38,8 @@ def shared_parameter_groups(model: torch.nn.Module) -> list[list[str]]:
 
 
 def retie(model: torch.nn.Module, groups: list[list[str]], loaded: set[str]) -> list[str]:
-    """After a reload, bring every tied parameter the checkpoint did not name in line with the
-    one it did: same values, and its layer's post-load processing run again (on CPU that
-    processing packs a copy of the weight, which a reload leaves stale). Returns those names."""
+    """Every tied parameter the checkpoint did not name made equal to the one it did, its layer's
+    post-load processing run again (on CPU a packed copy a reload leaves stale); their names."""
     owners = {}
     for module_name, module in model.named_modules():
         for name, param in module.named_parameters(recurse=False):
@@ -119,8 +98,7 @@ class RlrunWorkerExtension:
         return f"joining tcp://{host}:{port} as rank {rank} of {world_size}"
 
     def rlrun_broadcast_group(self) -> dict:
-        """The group this worker is (or is becoming) a member of: `group_id` as given to the
-        join, None when it never joined (a restarted server) or its group broke or never formed."""
+        """The group id given to the last join; None: never joined, or the group broke or never formed."""
         membership: Future | None = getattr(self, "rlrun_membership", None)
         broken = membership is None or (membership.done() and membership.exception() is not None)
         return {"group_id": None if broken else getattr(self, "rlrun_group_id", "")}

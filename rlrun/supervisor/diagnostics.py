@@ -1,11 +1,9 @@
 """Stack dumps of a process before the supervisor kills it: what a hung process was doing.
 
-Before a kill for a stall (or a SIGKILL after the stop grace), a `Diagnoser` writes
-`diagnostics/<process>-<attempt>-<time>.txt`: each process's command line, state, CPU, memory
-and threads (psutil); their Python stacks from `py-spy dump`, or where py-spy is missing or
-refused, from rlrun's own children on SIGUSR1 (`rlrun.stackdump`) into their log; and the log's
-tail. Every external call takes its timeout from one budget (`budget_s`), and nothing raises: a
-dump that cannot be made is a line in the file, never a reason to keep a hung process alive.
+A `Diagnoser` writes `diagnostics/<process>-<attempt>-<time>.txt`: each process's command line,
+state, CPU, memory and threads; their Python stacks from `py-spy dump` (else from rlrun's own
+children on SIGUSR1, into their log); and the log's tail. Every call takes its timeout from one
+budget and nothing raises: a dump that cannot be made never keeps a hung process alive.
 """
 
 from __future__ import annotations
@@ -42,10 +40,7 @@ class Diagnoser:
     clock = staticmethod(time.time)
 
     def capture(self, process: str, attempt: int, pids: list[int], log_path: Optional[Path], reason: str) -> Optional[Path]:
-        """Dump `pids` (the process's group leader first, then its descendants) into a new file.
-
-        Returns the file, or None when not even the file could be written.
-        """
+        """Dump `pids` (group leader first) into a new file; None when not even that could be written."""
         deadline = time.monotonic() + self.budget_s
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
         lines = [f"# rlrun diagnostics: {process} attempt {attempt}", f"reason: {reason}", f"time: {stamp}", ""]

@@ -1,10 +1,8 @@
 """A tiny guard between the supervisor and each child: `python -m rlrun.supervisor.guard PPID -- CMD...`.
 
-Why: the Linux parent-death signal reaches only a direct child, and some children leave
-grandchildren behind when they die (vLLM's engine core outlives a SIGKILLed API server). The guard
-leads the child's process group; when the supervisor disappears — even by SIGKILL — it kills the
-whole group, grandchildren included. Otherwise it is transparent: it runs CMD, and exits with
-CMD's exit status (dying of the same signal when CMD did).
+The parent-death signal reaches only a direct child, and vLLM's engine core outlives a SIGKILLed
+API server. The guard leads the child's process group and kills the whole group when the
+supervisor disappears (even by SIGKILL); otherwise it runs CMD and exits as CMD did.
 """
 
 from __future__ import annotations

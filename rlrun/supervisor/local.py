@@ -30,11 +30,8 @@ class Spawner(Protocol):
 
 
 class ProcessTree:
-    """Who is whose child, read from /proc at most once per `max_age_s` for all handles together.
-
-    psutil's `children(recursive=True)` reads the parent of every process on the machine; done per
-    process and per poll, that was a noticeable part of the supervisor's CPU.
-    """
+    """Who is whose child, read from /proc at most once per `max_age_s` for all handles (psutil's
+    `children(recursive=True)` per process and poll was a noticeable part of the supervisor's CPU)."""
 
     def __init__(self, max_age_s: float = 0.25, clock=time.monotonic) -> None:
         self._max_age_s, self._clock = max_age_s, clock
@@ -42,8 +39,7 @@ class ProcessTree:
         self._read_at: Optional[float] = None
 
     def descendants(self, pid: int, fresh: bool = False) -> list[int]:
-        """`pid`'s descendants; `fresh` re-reads /proc whatever the age (before a stop or a kill,
-        where a process started since the last poll must not escape)."""
+        """`pid`'s descendants; `fresh` re-reads /proc (before a stop or a kill: none may escape)."""
         now = self._clock()
         if fresh or self._read_at is None or now - self._read_at > self._max_age_s:
             import psutil

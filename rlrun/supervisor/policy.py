@@ -1,8 +1,7 @@
 """The rules of restarts: how an exit is classified, and whether and when a process is restarted.
 
-Pure and deterministic: no processes, no clock of its own. The supervisor feeds a
-`RestartTracker` (one per process) the events it sees and the current time, and acts on the
-`Decision` it gets back. Which exits are retried is data here, not ifs in the poll loop.
+Pure: the supervisor feeds a `RestartTracker` per process what it sees and the time, and acts on
+the `Decision` it gets back. Which exits are retried is data here, not ifs in the poll loop.
 """
 
 from __future__ import annotations
@@ -14,10 +13,8 @@ from typing import Literal, Optional
 
 from rlrun.errors import ExitCode
 
-# rlrun's own children (trainer, actor, ...) exit with this code for a usage or configuration
-# error, the same code the `rlrun` CLI uses (`ExitCode.USAGE`). Such an exit is never retried:
-# the next start would fail the same way. Python's argparse also exits with 2 on a bad command
-# line, so a third-party child rejecting its arguments is classified the same way.
+# rlrun's children exit 2 (the CLI's `ExitCode.USAGE`, argparse's too) for a usage or configuration
+# error: never retried, the next start would fail the same way.
 CONFIG_ERROR_CODE = int(ExitCode.USAGE)
 
 
@@ -89,12 +86,8 @@ def _signal_name(number: int) -> str:
 def classify_exit(
     code: Optional[int], *, finishes: bool, stalled: bool = False, stalled_for_s: Optional[float] = None
 ) -> ExitInfo:
-    """Classify a process's end from its status (as `Popen.returncode` gives it).
-
-    `finishes`: the process's work ends (exit 0 is success); False for a service, for which any
-    exit is unexpected. `stalled`: the watchdog killed it; this wins over the status, which is then
-    just the watchdog's own signal. `stalled_for_s`: how long it had made no progress.
-    """
+    """Classify a process's end from `Popen.returncode`. `finishes`: exit 0 is success (False: a
+    service, any exit is a failure); `stalled`: the watchdog killed it (wins over the status)."""
     if stalled:
         quiet = f" for {stalled_for_s:g} s" if stalled_for_s is not None else ""
         return ExitInfo(ExitKind.STALLED, code, f"stalled: no progress{quiet}, killed by the watchdog")
@@ -125,13 +118,9 @@ class Decision:
 
 
 class RestartTracker:
-    """The restart history of one process. Fed events and the current time; owns no clock.
-
-    The budget counts restarts granted (at the time of the failure that caused them) within the
-    last `window_s`; a failure that would make it `max_restarts + 1` gives up. The backoff grows
-    with consecutive failures and starts again from `backoff_initial_s` when the process had been
-    up at least `healthy_after_s` (since `on_started`) before it failed.
-    """
+    """The restart history of one process, fed events and the time. The budget counts restarts
+    granted within the last `window_s`; the backoff grows with consecutive failures and starts
+    again after `healthy_after_s` up."""
 
     def __init__(self, policy: RestartPolicy) -> None:
         self.policy = policy

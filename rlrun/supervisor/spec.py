@@ -35,8 +35,7 @@ class ProcessSpec:
     argv: list[str]  # never through a shell
     log_path: Path  # stdout and stderr go here, never to an unread pipe
     env: dict[str, str] = field(default_factory=dict)  # added to the child's environment
-    # Environment variables read from (0600) files at spawn time: secrets never sit in a spec,
-    # a log line, a dry-run table or a command line.
+    # Read from (0600) files at spawn time: never in a spec, a log line, a dry-run or a command line.
     secret_env: dict[str, Path] = field(default_factory=dict)
     cwd: Optional[Path] = None
     ready: Optional[Probe] = None  # None: ready as soon as it runs
@@ -47,9 +46,7 @@ class ProcessSpec:
     alive: Optional[Probe] = None  # liveness: True while it shows life (heartbeat, health check)
     stall_timeout_s: float = 60.0  # `alive` false this long while ready: stalled, killed, restarted
     before_start: Optional[Callable[[], None]] = None  # run before every (re)start, e.g. tidy a checkpoint dir
-    # Stopped before every other process, which keep running meanwhile: a trainer that finishes
-    # its step on SIGTERM needs its inputs (and the weight receivers) until it has exited.
+    # Stopped before the others, which keep running: a trainer finishing its step needs its inputs.
     stop_first: bool = False
-    # The processes that must be ready (or done) before this one starts. None: every process
-    # before it in the list, so each waits for the one before; () starts it at once.
+    # Those that must be ready (or done) before it starts. None: every one before it; (): none.
     after: Optional[tuple[str, ...]] = None

@@ -1,15 +1,13 @@
 """The supervisor: start processes in dependency order, watch them, restart what fails, stop in order.
 
-It is given process specs and a completion check and knows nothing about RL. Each process
-goes through an explicit state machine
+Given process specs and a completion check, it knows nothing about RL. Each process goes through
 
     pending → starting → ready → exited            (a finishing role's exit 0)
                  │          └──→ failed/stalled → backoff → starting (restart, per its policy)
                  └─ (dies or not ready in time) ─┘
     any → stopping → stopped                        (orderly stop, reverse start order)
 
-and every transition is written as a structured event. The operating system (spawner, clock,
-sleep) is injected, so the logic is tested with fakes.
+each transition an event. The spawner, clock and sleep are injected: the logic is tested with fakes.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -62,22 +60,15 @@ class ProcessStatus:
 
     @property
     def log_path(self) -> Path:
-        return attempt_log(self.spec.log_path, self.attempt)
-
-
-def attempt_log(base: Path, attempt: int) -> Path:
-    """logs/vllm-0.log for the first start, logs/vllm-0.1.log for the first restart, ..."""
-    return base if attempt == 0 else base.with_name(f"{base.stem}.{attempt}{base.suffix}")
+        """logs/vllm-0.log for the first start, logs/vllm-0.1.log for the first restart, ..."""
+        base = self.spec.log_path
+        return base if self.attempt == 0 else base.with_name(f"{base.stem}.{self.attempt}{base.suffix}")
 
 
 @dataclass(frozen=True)
 class RunVerdict:
-    """A completion check's answer: is the run finished, and why (one line for the log)?
-
-    `reject` names a process that exited 0 without having done its work (e.g. a trainer
-    interrupted early that still reports success): its exit is treated as a crash, so it is
-    restarted per its policy.
-    """
+    """A completion check's answer: finished or not, and why (one line). `reject` names a process
+    that exited 0 before its work was done: that exit is a crash, restarted per its policy."""
 
     finished: bool
     reason: str
@@ -124,14 +115,9 @@ class Supervisor:
     def status(self, name: str) -> ProcessStatus:
         return next(p for p in self.processes if p.name == name)
 
-    # --- the three phases ----------------------------------------------------------------------
     def start_all(self) -> None:
-        """Start every process once the ones it comes after (`spec.after`; by default every one
-        before it in the list) are ready, and return when all are ready (or done).
-
-        A process failing at its first start follows its restart policy like any other failure
-        (a configuration error, exit code 2, is never retried).
-        """
+        """Start every process once those it comes after (`spec.after`) are ready; return when all
+        are ready or done. A failing first start follows its restart policy like any failure."""
         pending = list(self.processes)
         while True:
             for proc in [p for p in pending if self._may_start(p)]:
@@ -150,11 +136,8 @@ class Supervisor:
         return all(self.status(name).state in (ProcessState.READY, ProcessState.EXITED) for name in self._after[proc.name])
 
     def watch(self, is_finished: CompletionCheck) -> str:
-        """Watch and restart until the completion check says done.
-
-        Raises ProcessFailed when a process fails and its policy does not restart it, and
-        RestartsExhausted when it keeps failing past its restart budget.
-        """
+        """Watch and restart until the completion check says done. ProcessFailed when a failure is
+        not restarted, RestartsExhausted past a restart budget."""
         while True:
             now = self._clock()
             for proc in self.processes:
@@ -179,7 +162,6 @@ class Supervisor:
         for proc in in_order:
             self._stop(proc)
 
-    # --- the state machine of one process ------------------------------------------------------
     def _advance(self, proc: ProcessStatus, now: float) -> None:
         if proc.state is ProcessState.STARTING:
             self._advance_starting(proc, now)
@@ -198,9 +180,7 @@ class Supervisor:
             self._events.emit("process_ready", process=proc.name, pid=proc.pid, after_s=round(now - proc.started_at, 2))
         elif now - proc.started_at > proc.spec.ready_timeout_s:
             info = ExitInfo(ExitKind.STALLED, None, f"was not ready within {proc.spec.ready_timeout_s:.0f} s")
-            self._dump(proc, info.description)
-            self.kill_attempt(proc)
-            self._fail(proc, info, now, info.description)
+            self._kill_stuck(proc, info, now)
 
     def _advance_ready(self, proc: ProcessStatus, now: float) -> None:
         code = self._reap(proc)
@@ -217,9 +197,13 @@ class Supervisor:
             quiet = now - last
             self._events.emit("process_stalled", process=proc.name, pid=proc.pid, quiet_s=round(quiet, 1))
             info = classify_exit(None, finishes=proc.spec.finishes, stalled=True, stalled_for_s=round(quiet))
-            self._dump(proc, info.description)
-            self.kill_attempt(proc)
-            self._fail(proc, info, now, info.description)
+            self._kill_stuck(proc, info, now)
+
+    def _kill_stuck(self, proc: ProcessStatus, info: ExitInfo, now: float) -> None:
+        """Dump its stacks, SIGKILL it, and treat it as a failure."""
+        self._dump(proc, info.description)
+        self.kill_attempt(proc)
+        self._fail(proc, info, now, info.description)
 
     def _on_exit(self, proc: ProcessStatus, code: int, now: float, when: str = "") -> None:
         """An exit: done (a finishing role's 0), or a failure handled by its restart policy."""
@@ -252,7 +236,7 @@ class Supervisor:
         spec = proc.spec
         if spec.before_start is not None:
             spec.before_start()
-        proc.handle = self._spawner.spawn(spec if proc.attempt == 0 else _with_log(spec, proc.log_path))
+        proc.handle = self._spawner.spawn(spec if proc.attempt == 0 else replace(spec, log_path=proc.log_path))
         proc.pid = proc.handle.pid
         proc.started_at = self._clock()
         proc.exit_code = None
@@ -345,12 +329,6 @@ def supervised(*specs: ProcessSpec, poll_interval_s: float = 0.05) -> Iterator[S
         yield supervisor
     finally:
         supervisor.stop_all()
-
-
-def _with_log(spec: ProcessSpec, path: Path) -> ProcessSpec:
-    from dataclasses import replace
-
-    return replace(spec, log_path=path)
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

@@ -1,18 +1,11 @@
 """The hf trainer's checkpoints: written atomically, an `ok` marker last, read back safely.
 
-Layout: `<run>/checkpoints/step_000050/` with the model (safetensors, a whole Hugging Face
-folder that vLLM and users load), the optimizer, `trainer_state.json`, and `ok`. One rank writes
-`optimizer.pt` (tensors only, loaded with weights_only=True); several ranks write `optimizer/`
-with torch.distributed.checkpoint, each rank its own shard and rank 0 the metadata, and either
-layout is loaded by any number of ranks. A folder is written under a temporary name and renamed
-by rank 0 once every rank has written its part; the `ok` marker is written after the rename, so
-a folder without `ok` is a half-written checkpoint and is never loaded. The marker lists every
-file's size (`optimizer/<file>` included).
-
-A checkpoint damaged after it was written (a truncated file, an unreadable trainer_state.json) is
-found by `problem` without loading any tensor: `resume_point` skips it with a warning and falls
-back to the previous good one, and refuses (CorruptCheckpoint) when only damaged ones are left,
-rather than silently training again from the base model.
+`<run>/checkpoints/step_000050/`: a whole Hugging Face model folder, the optimizer (`optimizer.pt`
+from one rank, or `optimizer/` written by torch.distributed.checkpoint from several; either loads
+with any number of ranks), `trainer_state.json`, and `ok` (every file's size), written after the
+rename: a folder without it is half-written and never loaded. A checkpoint damaged later is found
+by `problem` without loading a tensor; `resume_point` falls back past it to a good one, and refuses
+(CorruptCheckpoint) when only damaged ones are left, rather than train again from the base model.
 """
 
 from __future__ import annotations
@@ -88,9 +81,8 @@ def latest_complete(checkpoints: Path) -> Optional[Path]:
 
 
 def resume_point(checkpoints: Path) -> Optional[Path]:
-    """The checkpoint a (re)started trainer loads: the newest complete, undamaged one; None when
-    there is none and none was ever completed (start from the base model). Raises
-    CorruptCheckpoint when complete checkpoints exist but every one of them is damaged."""
+    """The checkpoint a (re)started trainer loads (None: the base model); CorruptCheckpoint when
+    complete checkpoints exist but every one of them is damaged."""
     found = scan(checkpoints)
     if found.usable is None and found.damaged:
         listed = "; ".join(f"{p.name}: {why}" for p, why in found.damaged)
@@ -103,12 +95,8 @@ def resume_point(checkpoints: Path) -> Optional[Path]:
 
 
 def problem(path: Path) -> Optional[str]:
-    """Why the complete checkpoint at `path` cannot be loaded, or None when it is whole.
-
-    Cheap: reads the marker, the small JSON files and the safetensors headers, never a tensor.
-    Catches truncated or missing files (sizes against the manifest in `ok`, safetensors headers
-    against their file size, optimizer.pt's zip directory) and unreadable trainer state.
-    """
+    """Why the complete checkpoint at `path` cannot be loaded (None: whole): sizes against the `ok`
+    manifest, the JSON files, safetensors headers, optimizer.pt's zip directory; never a tensor."""
     unreadable = (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, zipfile.BadZipFile)  # JSON errors are ValueErrors
 
     def reading(name: str, check) -> Optional[str]:
@@ -126,10 +114,14 @@ def problem(path: Path) -> Optional[str]:
         return None
 
     def state() -> Optional[str]:
+        recorded = read_state(path)
+        for name in ("step", "samples_processed", "policy_version"):
+            value = getattr(recorded, name)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         step = path.name.removeprefix("step_")
-        recorded = _checked_state(path).step
-        if step.isdigit() and int(step) != recorded:
-            return f"{STATE_FILE} says step {recorded} but the folder is {path.name}"
+        if step.isdigit() and int(step) != recorded.step:
+            return f"{STATE_FILE} says step {recorded.step} but the folder is {path.name}"
         return None
 
     def config() -> Optional[str]:
@@ -173,15 +165,6 @@ def _manifest(path: Path) -> dict[str, int]:
     return files
 
 
-def _checked_state(path: Path) -> TrainerState:
-    state = read_state(path)
-    for name in ("step", "samples_processed", "policy_version"):
-        value = getattr(state, name)
-        if type(value) is not int or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    return state
-
-
 def _safetensors_problem(file: Path) -> Optional[str]:
     """Why `file` is not a whole safetensors file: 8-byte header length, JSON header, then data
     exactly as long as the header's largest end offset."""
@@ -206,11 +189,8 @@ def read_state(path: Path) -> TrainerState:
 
 
 def save(model, optimizer, state: TrainerState, final: Path, keep: int, parallel=None) -> None:
-    """Write a checkpoint atomically into `final`, then prune all but the newest `keep`.
-
-    With several ranks (`parallel`, rlrun.trainer.parallel) every rank must call it: each writes
-    its optimizer shard, rank 0 the model, the state, the rename and the `ok` marker, last.
-    """
+    """Write a checkpoint atomically into `final`, then prune all but the newest `keep`. With several
+    ranks every rank calls it: each writes its optimizer shard, rank 0 the rest and `ok` last."""
     import torch
 
     ranks = parallel.ranks if parallel is not None else None

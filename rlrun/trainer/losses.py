@@ -2,15 +2,8 @@
 
 Owns the maths only: per-token log-probs from logits, importance ratios against the behaviour
 (vLLM) log-probs, the PPO-style clipped surrogate and how it is aggregated. Knows nothing about
-batching, optimizers, Redis or the actor. Import it only where torch is wanted.
-
-Aggregation conventions:
-- GRPO: token-level ratio, loss averaged over all completion tokens of the batch (DAPO-style
-  token mean: sum over masked tokens / number of masked tokens), so every token weighs the same
-  whatever the length of its sequence.
-- GSPO: one length-normalised ratio per sequence, loss averaged over the sequences that have at
-  least one completion token.
-An empty selection (no completion tokens at all) gives a loss of 0 that is still part of the graph.
+batching, optimizers, Redis or the actor. An empty selection (no completion token at all) gives
+a loss of 0 that is still part of the graph.
 """
 
 from __future__ import annotations
@@ -19,9 +12,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-
-ALGOS = ("grpo", "gspo")
-
 
 @dataclass(frozen=True)
 class LossOutput:
@@ -33,12 +23,8 @@ class LossOutput:
 def clipped_surrogate(
     ratio: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float
 ) -> tuple[Tensor, Tensor]:
-    """Per-element loss -min(r·A, clip(r, 1-eps_low, 1+eps_high)·A) and where clipping is active.
-
-    `ratio` and `advantages` broadcast together. The clipped mask is True where the clipped term
-    is the one chosen by the min with a constant value, i.e. the gradient is zero because of the
-    clip: r > 1+eps_high with A > 0, or r < 1-eps_low with A < 0.
-    """
+    """Per-element loss -min(r·A, clip(r, 1-eps_low, 1+eps_high)·A), and where the clip zeroes the
+    gradient (r > 1+eps_high with A > 0, or r < 1-eps_low with A < 0)."""
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_eps_low, 1.0 + clip_eps_high) * advantages
     loss = -torch.minimum(unclipped, clipped)
@@ -57,11 +43,9 @@ def grpo_loss(
     clip_eps_low: float,
     clip_eps_high: float,
 ) -> LossOutput:
-    """GRPO: token ratio exp(logp_t - old_t), clipped surrogate, mean over all completion tokens.
-
-    Shapes: logprobs, old_logprobs, mask [B, T]; advantages [B]. Tokens with mask 0 (prompt,
-    padding) contribute neither to the value nor to the gradient, whatever their log-probs.
-    """
+    """GRPO: token ratio exp(logp_t - old_t), clipped surrogate, mean over all completion tokens of
+    the batch (DAPO's token mean: every token weighs the same). logprobs, old_logprobs, mask [B, T];
+    advantages [B]; tokens of mask 0 (prompt, padding) count neither in the value nor the gradient."""
     m, log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
     ratio = torch.exp(log_ratio)
     per_token, is_clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps_low, clip_eps_high)
@@ -76,12 +60,8 @@ def gspo_loss(
     clip_eps_low: float,
     clip_eps_high: float,
 ) -> LossOutput:
-    """GSPO (Zheng et al. 2025): sequence ratio s_i = exp(mean_t (logp_t - old_t)) over the
-    completion tokens of sequence i, clipped surrogate per sequence, mean over sequences.
-
-    Shapes: logprobs, old_logprobs, mask [B, T]; advantages [B]. Sequences without completion
-    tokens are left out of the mean.
-    """
+    """GSPO (Zheng et al. 2025): sequence ratio s_i = exp(mean_t (logp_t - old_t)) over sequence
+    i's completion tokens, clipped surrogate per sequence, mean over the sequences that have any."""
     m, log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
     lengths = m.sum(dim=1)
     seq_ratio = torch.exp(log_ratio.sum(dim=1) / lengths.clamp(min=1.0))
@@ -115,13 +95,10 @@ def policy_loss(
     clip_eps_high: float,
 ) -> LossOutput:
     """The loss of `algo` ("grpo" or "gspo"); ValueError for any other name."""
-    if algo == "grpo":
-        fn = grpo_loss
-    elif algo == "gspo":
-        fn = gspo_loss
-    else:
-        raise ValueError(f"unknown policy loss '{algo}': expected one of {', '.join(ALGOS)}.")
-    return fn(logprobs, old_logprobs, advantages, mask, clip_eps_low, clip_eps_high)
+    losses = {"grpo": grpo_loss, "gspo": gspo_loss}
+    if algo not in losses:
+        raise ValueError(f"unknown policy loss '{algo}': expected one of {', '.join(losses)}.")
+    return losses[algo](logprobs, old_logprobs, advantages, mask, clip_eps_low, clip_eps_high)
 
 
 # Rows of logits whose float32 log-softmax is computed at once: at most this many elements
@@ -131,12 +108,8 @@ LOGPROB_CHUNK_ELEMENTS = 1 << 24
 
 
 def completion_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
-    """Log-prob of each next token: out[b, t] = log p(input_ids[b, t+1] | logits[b, t]).
-
-    logits [B, T, V], input_ids [B, T] → [B, T-1], float32. Works on as many sequences at a time
-    as fit in LOGPROB_CHUNK_ELEMENTS (at least one), so it never materialises the full
-    [B, T, V] float32 log-softmax of a large vocabulary (nor a float32 copy of bf16 logits).
-    """
+    """out[b, t] = log p(input_ids[b, t+1] | logits[b, t]): [B, T, V], [B, T] → [B, T-1] float32,
+    as many sequences at a time as fit in LOGPROB_CHUNK_ELEMENTS (never the whole float32 [B, T, V])."""
     batch, length, vocab = logits.shape
     if batch == 0:
         return logits.new_zeros((0, max(length - 1, 0)), dtype=torch.float32)

@@ -12,14 +12,14 @@ import logging
 import os
 import shutil
 import statistics
-import threading
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, ExitCode
-from rlrun.inference.admin import VllmAdmin
+from rlrun.inference.admin import VllmAdmin, in_thread
 from rlrun.ettr import split_wall_time
 from rlrun.metrics import MetricsWriter, read_metrics, summed_actor_counters
 from rlrun.supervisor.events import read_events
@@ -75,15 +75,12 @@ class Trainer:
             self.state = checkpoint.read_state(resume_from)
             log.info("resumed from %s at step %d", resume_from, self.state.step)
         self.bad_messages = 0
-        # Groups consumed since the last checkpoint stay pending in the consumer group until a
-        # checkpoint covers them: a trainer restarted from that checkpoint reads them again.
+        # Acked only once a checkpoint covers them: a trainer restarted from it reads them again.
         self.unacked: list[tuple[str, str]] = []  # (stream, message id); rank 0's only
-        # One stream per actor (actor.num_actors), read by rank 0 one at a time: on a Redis Cluster
-        # they sit in different slots, and one XREADGROUP cannot name keys of several slots.
+        # One stream per actor, read one at a time: one XREADGROUP cannot span Redis Cluster slots.
         self.streams = names.groups_streams(cfg.actor.num_actors)
         self._turn = 0  # the stream read first next time, so no actor's groups wait behind another's
-        # Reading our own pending entries (id "0") does not advance by itself: this remembers,
-        # per stream, where the replay is; None once it is done and new entries (">") are read.
+        # Per stream, where the replay of our own pending entries is; None once new ones (">") are read.
         self._pending_from: dict[str, str | None] = {stream: "0" for stream in self.streams}
         # Rank 0 alone writes metrics (metrics.jsonl, TensorBoard, W&B): the others keep a writer of nothing.
         tensorboard = run_dir.tensorboard if cfg.metrics.tensorboard and self.main else None
@@ -98,6 +95,7 @@ class Trainer:
 
     # --- the loop ------------------------------------------------------------------------------
     def train(self) -> None:
+        t = self.cfg.trainer
         self._heartbeat()
         if self.main:
             self._ensure_consumer_group()
@@ -108,33 +106,31 @@ class Trainer:
         self.parallel.barrier()  # every rank is up (and has heartbeaten) before the group is ready
         if self.main:
             self._publish_state(ready_pid=os.getpgrp(), training_done=0)
-        while self.state.step < self.cfg.trainer.max_train_steps:
+        while self.state.step < t.max_train_steps:
             started = time.monotonic()
             groups, message_ids = self._next_batch() if self.main else ([], [])
             groups = self._shared(groups)  # rank 0 read them once; every rank takes its share
             waited = time.monotonic() - started
-            metrics = self._optimizer_step(groups)
-            self.state = TrainerState(
-                step=self.state.step + 1,
-                samples_processed=self.state.samples_processed + sum(len(g.samples) for g in groups),
-                policy_version=self.state.policy_version + 1,
-                config_hash=self.state.config_hash,
-            )
+            samples = [(g.prompt_ids, s) for g in groups for s in g.samples]
+            metrics = optimizer_step(self.model, self.optimizer, samples, self.cfg, self.parallel, self.device)
+            self.state = replace(
+                self.state, step=self.state.step + 1, policy_version=self.state.policy_version + 1,
+                samples_processed=self.state.samples_processed + len(samples),
+            )  # fmt: skip
             pushing = time.monotonic()
-            overlap = self.cfg.trainer.overlap_weight_update
-            self._push_weights(overlap=overlap)
+            self._push_weights(overlap=t.overlap_weight_update)
             self.unacked.extend(message_ids)
             metrics["step_time_s"] = round(time.monotonic() - started, 4)
             metrics["wait_s"] = round(waited, 4)
             metrics["weights_s"] = round(time.monotonic() - pushing, 4)
             # The last whole update: overlapped, the one that finished during this step (none yet at the first).
-            update_s, self.last_update_s = (self.last_update_s if overlap else metrics["weights_s"]), None
+            update_s, self.last_update_s = (self.last_update_s if t.overlap_weight_update else metrics["weights_s"]), None
             metrics["weights_update_s"] = round(update_s, 4) if update_s is not None else None
             if self.main:
                 self._record(metrics, groups)
             else:
                 self._heartbeat()
-            if self.state.step % self.cfg.trainer.checkpoint_every == 0 or self._is_last_step():
+            if self.state.step % t.checkpoint_every == 0 or self.state.step >= t.max_train_steps:
                 self._save_checkpoint()
         if self.main:
             self._finish_update()  # the last version is served before the trainer says it is done
@@ -146,9 +142,6 @@ class Trainer:
         if self.wandb is not None:
             self.wandb.close()
             self.wandb = None
-
-    def _is_last_step(self) -> bool:
-        return self.state.step >= self.cfg.trainer.max_train_steps
 
     # --- input ---------------------------------------------------------------------------------
     def _ensure_consumer_group(self) -> None:
@@ -186,13 +179,12 @@ class Trainer:
                         self._pending_from[stream] = message_id  # the next read continues after it
                     try:
                         group = Group.from_dict(decode(fields.get("data", "")), vocab_size=self.vocab_size)
+                        if len(group.samples) != self.cfg.algo.group_size:
+                            raise MalformedGroup(f"group {group.group_id} has {len(group.samples)} samples, "
+                                                 f"expected {self.cfg.algo.group_size}")  # fmt: skip
                     except (MalformedGroup, ValueError) as exc:
                         self.bad_messages += 1
                         log.warning("rejected message %s on %s: %s", message_id, stream, exc)
-                        continue
-                    if len(group.samples) != self.cfg.algo.group_size:
-                        self.bad_messages += 1
-                        log.warning("rejected message %s on %s: group %s has %d samples, expected %d", message_id, stream, group.group_id, len(group.samples), self.cfg.algo.group_size)
                         continue
                     groups.append(group)
         return groups, ids
@@ -204,11 +196,6 @@ class Trainer:
         payload = json.dumps([g.to_dict() for g in groups]).encode() if self.main else None
         data = self.parallel.share(payload, self._heartbeat)
         return groups if self.main else [Group.from_dict(d) for d in json.loads(data)]
-
-    # --- the step ------------------------------------------------------------------------------
-    def _optimizer_step(self, groups: list[Group]) -> dict:
-        samples = [(g.prompt_ids, s) for g in groups for s in g.samples]
-        return optimizer_step(self.model, self.optimizer, samples, self.cfg, self.parallel, self.device)
 
     # --- weights to vLLM -----------------------------------------------------------------------
     def _push_weights(self, overlap: bool = False) -> None:
@@ -224,17 +211,13 @@ class Trainer:
             return self._hand_over(weights, version, step)
         # The next step changes the parameters in place: the thread sends a copy taken now.
         weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}
-        self._update = Future()
-        threading.Thread(target=self._run_update, args=(self._update, weights, version, step), name="weights", daemon=True).start()
 
-    def _run_update(self, done: Future, weights: dict, version: int, step: int) -> None:
-        # A daemon thread, not an executor: a trainer that fails exits without waiting for it.
-        try:
+        def timed() -> float:
             started = time.monotonic()
             self._hand_over(weights, version, step)
-            done.set_result(time.monotonic() - started)
-        except BaseException as exc:  # re-raised in the main thread by _finish_update
-            done.set_exception(exc)
+            return time.monotonic() - started
+
+        self._update = in_thread(timed)  # its failure is re-raised by _finish_update
 
     def _finish_update(self) -> None:
         """Wait for the update in flight, if any; its failure is the trainer's."""
@@ -400,9 +383,6 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.trainer.weight_transfer == "broadcast" and parallel.ranks.is_main:
             from rlrun.trainer.weight_broadcast import BroadcastSync, transport
 
-            if not (role.broadcast_host and role.broadcast_port):
-                raise ConfigError("trainer.weight_transfer=broadcast, but the trainer's role file names no broadcast host "
-                                  "and port: it was not written by `rlrun train`/`resume` of this version.")  # fmt: skip
             broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, transport(cfg.trainer.device))
         trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast)
         try:

@@ -1,13 +1,9 @@
 """The trainer's ranks: torch.distributed setup, the model's wrapping, the loop's few collectives.
 
-Owns: which rank this process is (from its launcher's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
-the torchrun convention, read once by `Ranks.from_env`), the choice between FSDP2
-(`torch.distributed.fsdp.fully_shard`) and DDP, bf16 mixed precision and activation
-checkpointing, handing the step's batch from rank 0 to every rank, summing metrics over ranks and
-gathering a full state dict for rank 0. Refuses: Redis, the loss maths, the checkpoint layout.
-
-One rank (the default) creates no process group at all: the model is not wrapped and every
-collective is the identity, so `nproc_per_node=1` trains exactly as before.
+Owns: which rank this process is (torchrun's RANK/WORLD_SIZE/MASTER_*), FSDP2 or DDP, bf16 and
+activation checkpointing, rank 0's batch to every rank, metric sums, rank 0's full state dict.
+Refuses: Redis, the loss maths, the checkpoint layout. One rank creates no process group: the
+model is not wrapped and every collective is the identity.
 """
 
 from __future__ import annotations
@@ -20,7 +16,6 @@ from typing import Callable, Iterator, Mapping, Optional
 
 log = logging.getLogger(__name__)
 
-SHARDINGS = ("auto", "fsdp2", "ddp")
 POLL_S = 0.005  # a rank waiting for rank 0's batch checks this often whether it has come
 HEARTBEAT_S = 1.0  # and heartbeats this often meanwhile
 
@@ -45,48 +40,33 @@ class Ranks:
         """This process's rank as its launcher (rlrun.trainer.rank_group or torchrun) set it."""
         if "WORLD_SIZE" not in env or int(env["WORLD_SIZE"]) <= 1:
             return cls()
-        return cls(
-            rank=int(env["RANK"]),
-            world_size=int(env["WORLD_SIZE"]),
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=int(env.get("MASTER_PORT", "0")),
-        )
-
-
-def choose_sharding(wanted: str) -> str:
-    """`auto` is FSDP2 when this torch has `fully_shard` (it runs on CPU with gloo since 2.6), DDP otherwise."""
-    if wanted != "auto":
-        return wanted
-    try:
-        from torch.distributed.fsdp import fully_shard  # noqa: F401
-    except ImportError:
-        return "ddp"
-    return "fsdp2"
+        master = env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "0"))
+        return cls(int(env["RANK"]), int(env["WORLD_SIZE"]), *master)
 
 
 class Parallel:
     """The loop's view of its ranks. Built once per trainer process; `close()` at exit."""
 
-    def __init__(self, ranks: Ranks, sharding: str = "auto", device: str = "cpu", timeout_s: float = 1800.0) -> None:
+    def __init__(self, ranks: Ranks, sharding: str = "auto", device: str = "cpu") -> None:
         self.ranks = ranks
-        self.sharding = choose_sharding(sharding) if ranks.distributed else "none"
-        self.device = device
+        self.sharding, self.device = "none", device
         if ranks.distributed:
             import datetime
 
             import torch.distributed as dist
+            import torch.distributed.fsdp as fsdp
+
+            self.sharding = sharding
+            if sharding == "auto":  # FSDP2 where this torch has `fully_shard` (CPU/gloo since 2.6)
+                self.sharding = "fsdp2" if hasattr(fsdp, "fully_shard") else "ddp"
 
             if dist.is_initialized():  # a second view of the same ranks (tests compare shardings)
                 return
 
             backend = "nccl" if device.startswith("cuda") else "gloo"
-            dist.init_process_group(
-                backend,
-                init_method=f"tcp://{ranks.master_addr}:{ranks.master_port}",
-                rank=ranks.rank,
-                world_size=ranks.world_size,
-                timeout=datetime.timedelta(seconds=timeout_s),
-            )
+            address = f"tcp://{ranks.master_addr}:{ranks.master_port}"
+            timeout = datetime.timedelta(seconds=1800)
+            dist.init_process_group(backend, init_method=address, rank=ranks.rank, world_size=ranks.world_size, timeout=timeout)
             log.info("rank %d of %d joined (%s, %s)", ranks.rank, ranks.world_size, backend, self.sharding)
 
     # --- the model -----------------------------------------------------------------------------

@@ -1,12 +1,8 @@
 """One optimizer step of the hf trainer, on one rank or many: collate, forward, loss, backward, step.
 
 The step's samples are cut into `gradient_accumulation_passes` micro-batches of
-`train_batch_size` samples, in stream order, whatever the number of ranks; rank r computes the
-r-th contiguous share of them. Each micro-batch's loss is the policy loss averaged over that
-micro-batch (tokens for GRPO, sequences for GSPO), and the step's gradient is the mean over the
-micro-batches. Ranks average their gradients (DDP's all-reduce, FSDP2's reduce-scatter), so each
-rank scales its passes by world_size / passes: the sum over ranks of its share equals the
-one-rank sum, and 2 ranks take the same step as 1, up to float summation order.
+`train_batch_size`, in stream order; rank r takes the r-th contiguous share. Ranks average their
+gradients, so each scales its passes by world_size / passes: 2 ranks take the 1-rank step.
 """
 
 from __future__ import annotations

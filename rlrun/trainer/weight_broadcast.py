@@ -1,24 +1,11 @@
 """The in-memory weight path (trainer.weight_transfer=broadcast): the hf trainer's rank 0 as rank 0
-of Fast-LLM's weight broadcast group, so the vLLM servers receive with the very receiver they run
-for Fast-LLM (rlrun/backends/fast_llm/broadcast.py, rlrun/inference/worker_extension.py).
+of Fast-LLM's weight broadcast group, so the vLLM servers receive with the receiver they run for
+Fast-LLM (rlrun/backends/fast_llm/broadcast.py has the wire format).
 
-Wire format (the receiver's docstring): the group of `receivers + 1` ranks is made at
-`tcp://host:port` by `torch.distributed.rendezvous` (rank 0 serves the TCP store) under the
-store prefix `range_0_<n>_1/`; per tensor, `broadcast_object((shard, name, shape, dtype))` (the
-pickle's byte count as an int64 tensor, then its bytes) and the tensor; then
-`broadcast_object(None)`. gloo on CPU, NCCL on GPUs.
-
-`BroadcastSync` is one weight update: pause the servers that answer, make sure each is a member
-of the current group (a server that restarted is not: it answers `rlrun_broadcast_group` with
-None), form the group again with the servers that answer when not, have each receive (the RPC
-blocks until the broadcast ends, so in threads) while rank 0 sends, drop their prefix caches,
-publish the version, resume. Any failure drops the group and raises: the trainer retries, and the
-retry forms a new group with whoever answers. The receiver loads nothing until it has the whole
-broadcast, so a failed one leaves a server on its old weights, never on a mix.
-
-The group is formed on one port (the run's, `HfBackend.broadcast_port`), rank 0 serving the TCP
-store on inference.host (127.0.0.1 on one machine); every formation has a new id, and a receiver's join that a newer
-one overtook claims no rank (`broadcast.join`'s `still_wanted`).
+`BroadcastSync` is one weight update: pause the servers that answer, form the group again when
+one is not a member (it restarted), have each receive while rank 0 sends, drop prefix caches,
+publish the version, resume. Any failure drops the group and raises; the receiver loads nothing
+before the whole broadcast arrived. docs/architecture.md ("Weight updates") says more.
 """
 
 from __future__ import annotations
@@ -26,16 +13,15 @@ from __future__ import annotations
 import datetime
 import logging
 import pickle
-import threading
 import uuid
-from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from rlrun.backends.fast_llm.broadcast import SOURCE_RANK, WEIGHTS_SHARD, store_prefix
+from rlrun.backends.fast_llm.broadcast import SOURCE_RANK, WEIGHTS_SHARD, broadcast_tensor, member_of
+from rlrun.inference.admin import in_thread, results
 
 log = logging.getLogger("rlrun.trainer.weights")
 
@@ -46,28 +32,16 @@ class WeightBroadcaster:
     """Rank 0 of a broadcast group to `receivers` vLLM workers (ranks 1..receivers)."""
 
     def __init__(self, host: str, port: int, receivers: int, transport: str = "gloo", timeout_s: float = 600.0) -> None:
-        world_size = receivers + 1
         timeout = datetime.timedelta(seconds=timeout_s)
         # Blocks until every receiver has joined (they join from rlrun_join_broadcast).
-        self.store, _, _ = next(dist.rendezvous(f"tcp://{host}:{port}", SOURCE_RANK, world_size, timeout=timeout))
-        prefixed = dist.PrefixStore(store_prefix(world_size), self.store)
-        if transport == "gloo":
-            self.group, self.device = dist.ProcessGroupGloo(prefixed, SOURCE_RANK, world_size, timeout), torch.device("cpu")
-        elif transport == "nccl":
-            self.device = torch.device("cuda", torch.cuda.current_device())
-            self.group = dist.ProcessGroupNCCL(prefixed, SOURCE_RANK, world_size, timeout)
-        else:
-            raise ValueError(f"unknown broadcast transport {transport!r} (gloo or nccl)")
-
-    def _broadcast(self, tensor: torch.Tensor) -> None:
-        options = dist.BroadcastOptions()
-        options.rootRank, options.rootTensor = SOURCE_RANK, 0
-        self.group.broadcast([tensor], options).wait()
+        self.store, _, _ = next(dist.rendezvous(f"tcp://{host}:{port}", SOURCE_RANK, receivers + 1, timeout=timeout))
+        self.member = member_of(self.store, SOURCE_RANK, receivers + 1, transport, timeout)
+        self.device = self.member.device
 
     def _broadcast_object(self, value) -> None:
         payload = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8).to(self.device)
-        self._broadcast(torch.tensor([payload.numel()], dtype=torch.int64, device=self.device))
-        self._broadcast(payload)
+        broadcast_tensor(self.member, torch.tensor([payload.numel()], dtype=torch.int64, device=self.device))
+        broadcast_tensor(self.member, payload)
 
     def send(self, weights: dict[str, torch.Tensor]) -> int:
         """Broadcast every tensor of `weights` (a full state dict), then the end marker; the bytes sent."""
@@ -75,7 +49,7 @@ class WeightBroadcaster:
         for name, tensor in weights.items():
             tensor = tensor.detach().to(self.device).contiguous()
             self._broadcast_object((WEIGHTS_SHARD, name, tuple(tensor.shape), tensor.dtype))
-            self._broadcast(tensor)
+            broadcast_tensor(self.member, tensor)
             sent += tensor.numel() * tensor.element_size()
         self._broadcast_object(None)
         return sent
@@ -87,10 +61,8 @@ def transport(device: str) -> str:
 
 
 def disk_copy_due(step: int, checkpoint_every: int, last_step: int, down: list[str]) -> bool:
-    """Whether a broadcast update also writes weights/current, for the servers that start cold:
-    one restarting now (`down`: it loads the folder at its start), and at every checkpoint (and the
-    last step) one that restarts between two updates unseen (the next update brings it up to date).
-    (An update that fails — none answers, or the broadcast broke — writes it too: the trainer.)"""
+    """Whether a broadcast update also writes weights/current for servers that start cold: one
+    restarting now (`down`), and at checkpoints one that restarts unseen between two updates."""
     return bool(down) or step % checkpoint_every == 0 or step >= last_step
 
 
@@ -103,9 +75,8 @@ class Membership:
 
 
 def needs_new_group(current: Membership | None, servers: list[str], reported: dict[str, str | None]) -> bool:
-    """True when the servers that answer cannot receive over the current group: there is none,
-    they are not its members (one is down, or one is back), or one reports another group or none
-    (it restarted, or its group broke)."""
+    """True when the servers that answer are not exactly the current group's members, or one
+    reports another group or none (it restarted, or its group broke)."""
     if current is None or tuple(servers) != current.servers:
         return True
     return any(reported.get(url) != current.group_id for url in servers)
@@ -146,20 +117,21 @@ class BroadcastSync:
                 self._form(servers, while_waiting)
             self._broadcast(weights, version, while_waiting)
         except Exception as exc:
-            self._drop()
+            self.close()
             raise RuntimeError(f"weight broadcast of v{version} to {', '.join(servers)} failed: {exc}") from exc
         self.admin.reset_prefix_cache(servers)  # cached KV blocks were computed with the old weights
         return down
 
     def _form(self, servers: list[str], while_waiting) -> None:
-        self._drop()  # the old group's store frees the port
+        self.close()  # the old group's store frees the port
         group_id = uuid.uuid4().hex[:12]
         log.info("forming the weight broadcast group %s at %s:%d with %s", group_id, self.host, self.port, ", ".join(servers))
         for rank, url in enumerate(servers, start=1):
             kwargs = {"host": self.host, "port": self.port, "rank": rank, "world_size": len(servers) + 1,
                       "backend": self.transport, "timeout_s": self.timeout_s, "group_id": group_id}  # fmt: skip
             self.admin.rpc(url, "rlrun_join_broadcast", kwargs)  # answers at once; the worker joins in a thread
-        self.sender = self._waiting(lambda: WeightBroadcaster(self.host, self.port, len(servers), self.transport, self.timeout_s), while_waiting)
+        forming = in_thread(lambda: WeightBroadcaster(self.host, self.port, len(servers), self.transport, self.timeout_s))
+        self.sender = results([forming], while_waiting)[0]
         self.membership = Membership(group_id, tuple(servers))
 
     def _broadcast(self, weights, version: int, while_waiting) -> None:
@@ -169,39 +141,11 @@ class BroadcastSync:
         receiving = [in_thread(lambda url=url: self.admin.rpc(url, "rlrun_receive_broadcast", kwargs, self.timeout_s))
                      for url in self.membership.servers]  # fmt: skip
         sender = self.sender
-        sent = self._waiting(lambda: sender.send(weights), while_waiting)
-        reports = [self._wait(future, while_waiting) for future in receiving]
+        sent = results([in_thread(lambda: sender.send(weights))], while_waiting)[0]
+        reports = results(receiving, while_waiting)
         self.last_reports = reports
         log.info("weights v%d broadcast (%.1f MB) to %d server(s): %s", version, sent / 1e6, len(reports), reports)
 
-    def _waiting(self, action, while_waiting):
-        return self._wait(in_thread(action), while_waiting)
-
-    @staticmethod
-    def _wait(future: Future, while_waiting):
-        """The future's result, calling `while_waiting` (the heartbeat) about once a second meanwhile."""
-        while wait([future], timeout=1.0).not_done:
-            while_waiting()
-        return future.result()
-
-    def _drop(self) -> None:
+    def close(self) -> None:
         """Forget the group (its store, served by rank 0, closes with the last reference)."""
         self.sender, self.membership = None, None
-
-    def close(self) -> None:
-        self._drop()
-
-
-def in_thread(action: Callable[[], object]) -> Future:
-    """Run `action` in a daemon thread of its own (a call left blocked by a failed broadcast ends
-    at its timeout and never holds up the next one, as a pool's worker would); its future."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(action())
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name="rlrun-broadcast", daemon=True).start()
-    return future

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from rlrun.backends.fast_llm.follower import VllmBroadcastAdmin
 from rlrun.config import compose
 from rlrun.inference.auth import bearer_header
-from rlrun.inference.server import SERVED_MODEL_NAME, base_url, healthy, server_argv, server_env
+from rlrun.inference.server import SERVED_MODEL_NAME, HealthCheck, base_url, server_argv, server_env
 from rlrun.models.source import model_path
 from rlrun.streams.server import pick_free_port
 from tests.fast_llm_standin import Broadcaster, weights_at
@@ -67,7 +67,7 @@ class VllmProcess:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 300
-        while not healthy(self.url):
+        while not HealthCheck(self.url)():
             assert self.proc.poll() is None and time.time() < deadline, self.log.read_text()[-3000:]
             time.sleep(1)
 
@@ -160,7 +160,7 @@ def test_vllm_serves_a_checkpoint_folder_reloaded_by_the_trainers_call(server, t
     moved.save_pretrained(tmp_path / "step-30")  # as the trainer saves a step's weights (tied: no lm_head)
 
     admin = VllmAdmin([url], api_key=KEY)
-    admin.reload_weights(str(tmp_path / "step-30"))
+    assert admin.update_weights(str(tmp_path / "step-30"), publish=lambda: None) == []  # the trainer's path
     admin.close()
 
     completion, served = greedy(url, prompt)

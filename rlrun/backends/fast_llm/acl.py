@@ -1,11 +1,8 @@
 """Redis ACL for a run with Fast-LLM: its passwordless clients read documents and write events.
 
-Fast-LLM's clients connect with host and port only, as the `default` user. The run's server
-therefore has `default` passwordless and limited by ACL selectors to exactly what Fast-LLM sends
-(docs/architecture.md lists the commands): consume the documents stream, append to the events
-stream, nothing else (no XADD of training data, no other key, no admin command). What ACLs cannot
-limit (an XADD's own arguments, a reader taking documents meant for Fast-LLM) is handled by what
-reads the events (`events.py`). rlrun's own clients log in as `rlrun` (`rlrun.streams.server`).
+Fast-LLM's clients connect as the `default` user, without a password, so that user may do exactly
+what Fast-LLM sends (docs/architecture.md lists it) on its two streams and nothing else. What ACLs
+cannot limit (an XADD's arguments) is checked by what reads the events (`events.py`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The Fast-LLM trainer backend as rlrun's supervisor sees it: its processes (the weight follower,
-then Fast-LLM itself), its completion check, its checkpoints, its ports and Redis user.
-
-What the pieces mean is in the sibling modules (`config`, `protocol`, `checkpoints`, `acl`,
-`installed`, `rewind`, `follower`); this module only puts them together behind
-`rlrun.backends.TrainerBackend`.
+then Fast-LLM), completion check, checkpoints, ports and Redis user; the sibling modules say what
+each piece means, this one puts them behind `rlrun.backends.TrainerBackend`.
 """
 
 from __future__ import annotations
@@ -12,17 +9,17 @@ import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from rlrun import completion
-from rlrun.backends import HALF, Candidate, run_verdict
+from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
 from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
 from rlrun.backends.fast_llm.config import LAUNCH_ENV, launch_argv, write_config
 from rlrun.backends.fast_llm.follower import request_join
 from rlrun.backends.fast_llm.installed import choose_revision
-from rlrun.backends.fast_llm.rewind import Rewind, rewind_group
+from rlrun.backends.fast_llm.rewind import rewind_group
 from rlrun.config import RunConfig
-from rlrun.role_parts import Endpoints, RedisProbe, child_env, restart_policy, role_command
+from rlrun.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict
@@ -58,20 +55,12 @@ class FastLlmLayout:
         return fl_checkpoints.is_complete(path)
 
     def read_fields(self, path: Path, warnings: list[str]) -> dict:
-        """Step and documents seen, as the backend's one metadata reader reads them."""
-        fields: dict[str, Any] = {"step": int(path.name) if path.name.isdigit() else None}
-        if not (path / fl_checkpoints.METADATA_FILE).is_file():
-            warnings.append(f"no {fl_checkpoints.METADATA_FILE}: step taken from the folder name")
-            return fields
-        try:
+        def read() -> dict:
             meta = fl_checkpoints.read_metadata(path)
-        except fl_checkpoints.CheckpointError as exc:
-            warnings.append(" ".join(str(exc).split()))
-            return fields
-        if fields["step"] is not None and fields["step"] != meta.completed_steps:
-            warnings.append(f"the folder name says step {fields['step']} but {fl_checkpoints.METADATA_FILE} says {meta.completed_steps}")
-        fields.update(step=meta.completed_steps, documents_seen=meta.documents_seen)
-        return fields
+            return {"step": meta.completed_steps, "documents_seen": meta.documents_seen}
+
+        step = int(path.name) if path.name.isdigit() else None
+        return recorded_fields(path, step, fl_checkpoints.METADATA_FILE, read, warnings)
 
 
 class FastLlmBackend:
@@ -133,11 +122,8 @@ BACKEND = FastLlmBackend()
 
 
 def trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> ProcessSpec:
-    """Fast-LLM, launched from the config rlrun generates; tidied before every (re)start.
-
-    Ready when it announces `weights_ready` after its start. No heartbeat: Fast-LLM has none
-    (it may legitimately wait for documents; it times out by itself after `fast_llm.timeout_s`).
-    """
+    """Fast-LLM from the config rlrun generates, tidied before every (re)start; ready at its first
+    `weights_ready`. No heartbeat: it has none (it times out by itself after `fast_llm.timeout_s`)."""
     sup, f = cfg.supervisor, cfg.trainer.fast_llm
     experiment_dir = experiment_dir_of(cfg, run_dir.root)
     config_path = run_dir.root / "fast_llm.yaml"
@@ -153,20 +139,15 @@ def trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pa
         except fl_checkpoints.CheckpointError as exc:
             log.error("documents not rewound: %s", exc)
             return
-        done: list[Rewind | str] = []
 
         def rewind(client) -> None:
             try:
-                done.append(rewind_group(client, f.stream, f.consumer_group, checkpoint))
+                events.emit("documents_rewound", **asdict(rewind_group(client, f.stream, f.consumer_group, checkpoint)))
             except RuntimeError as exc:  # the stream holds fewer documents than the checkpoint covers
-                done.append(str(exc))
+                events.emit("documents_rewound", error=str(exc))
 
-        if not probe.call(rewind) or not done:
+        if not probe.call(rewind):
             log.warning("documents not rewound: Redis unreachable")
-        elif isinstance(done[0], str):
-            events.emit("documents_rewound", error=done[0])
-        else:
-            events.emit("documents_rewound", **asdict(done[0]))
 
     def before_start() -> None:
         moved = fl_checkpoints.move_aside_incomplete(experiment_dir)
@@ -190,16 +171,14 @@ def trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pa
         since = started.setdefault(pid, f"{int(time.time() * 1000)}-0")
         return probe.stream_has_event_after(f.events_stream, since, '"weights_ready"')
 
-    return ProcessSpec(
-        name="trainer",
+    return role_spec(
+        cfg, run_dir, "trainer", "trainer",
         argv=launch_argv(cfg, config_path),
         env={**child_env(cfg.trainer.threads), **LAUNCH_ENV},
-        log_path=run_dir.log("trainer"),
         ready=ready,
         ready_timeout_s=max(sup.ready_timeout_s, 600.0),
         stop_grace_s=max(sup.stop_grace_s, 60.0),  # it finishes its step and saves a checkpoint on SIGTERM
         finishes=True,
-        restart=restart_policy(sup.trainer),
         before_start=before_start,
         # SIGTERMed, Fast-LLM finishes its step (it needs documents, and the vLLM servers for its
         # broadcast), saves a checkpoint and exits: everything else keeps running until then.
@@ -210,32 +189,23 @@ def trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pa
 def follower_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, probe: RedisProbe) -> ProcessSpec:
     """trainer=fast_llm: the process that has the vLLM servers load what Fast-LLM broadcasts
     (rlrun/backends/fast_llm/follower.py). Started before the trainer, which waits for it."""
-    sup = cfg.supervisor
     argv, write_role_file = role_command(
         run_dir, "rlrun.backends.fast_llm.follower", "weights", redis_url=endpoints.redis_url, model_path="",
         vllm_urls=endpoints.vllm_urls, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
     )  # fmt: skip
-    return ProcessSpec(
-        name="weights",
+    return role_spec(
+        cfg, run_dir, "weights", "weights",
         argv=argv,
         before_start=write_role_file,
         env=child_env(1),
-        log_path=run_dir.log("weights"),
         ready=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),
         alive=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),
-        ready_timeout_s=sup.ready_timeout_s,
-        stop_grace_s=sup.stop_grace_s,
-        restart=restart_policy(sup.weights),
-        stall_timeout_s=sup.weights.stall_timeout_s,
-    )
+    )  # fmt: skip
 
 
 def completion_check(cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
-    """Fast-LLM: `training_finished` + exit 0 + the step reached, never a count of documents.
-
-    `training_finished` after an interrupt at an earlier step is not completion: the trainer's
-    exit is rejected, so the supervisor restarts it from its last complete checkpoint.
-    """
+    """`completion.fast_llm_finished` over what the trainer announced; an exit 0 before the last
+    step is rejected, so the supervisor restarts it from its last complete checkpoint."""
     from rlrun.backends.fast_llm.events import EventsReader
 
     experiment_dir = experiment_dir_of(cfg, progress.run_dir.root)

@@ -1,17 +1,11 @@
-"""The receiving end of Fast-LLM's weight broadcast (what a vLLM worker runs).
+"""Fast-LLM's weight broadcast: the receiving end (what a vLLM worker runs) and its wire format.
 
-Fast-LLM's trainer rank 0 (fast_llm/engine/training/streaming.py, `StreamingTrainerCallback`)
-opens a torch.distributed group of `external_world_size + 1` ranks at
-`tcp://{broadcast.host}:{broadcast.port}`: `torch.distributed.rendezvous` gives a TCP store whose
-server is rank 0 (or, under torchrun with torch <= 2.13, nobody: then rlrun serves it, see
-`serve_store`), and the group is made on that store under the prefix its `ProcessGroupPool`
-gives the ranks `range(0, n)`. After every `weights_ready` event it sends, for every exported
-tensor, `broadcast_object((shard_name, layer_name, shape, dtype))` then the tensor itself, and at
-the end `broadcast_object(None)`. Its `broadcast_object` (fast_llm/core/distributed.py) sends the
-pickle's byte count as a one-element int64 tensor, then the bytes as a uint8 tensor.
-
-This module reads exactly that. The pickled headers come from the network, so they are unpickled
-by an allow-list: tuples of strings, `torch.Size` and `torch` dtypes, nothing else.
+Fast-LLM's rank 0 (fast_llm/engine/training/streaming.py) opens a torch.distributed group of
+`external_world_size + 1` ranks at `tcp://host:port` (`torch.distributed.rendezvous`; its TCP store
+is served by rank 0, or by rlrun, `serve_store`) under the store prefix `range_0_<n>_1/`. After
+every `weights_ready` it sends, per tensor, `broadcast_object((shard, name, shape, dtype))` (the
+pickle's byte count as an int64 tensor, then its bytes) and the tensor; at the end
+`broadcast_object(None)`. The headers come from the network: unpickled by an allow-list.
 """
 
 from __future__ import annotations
@@ -27,12 +21,6 @@ import torch.distributed as dist
 
 SOURCE_RANK = 0  # Fast-LLM's trainer rank 0 sends; the vLLM workers are ranks 1..n
 WEIGHTS_SHARD = "weights"  # the shard of `iter_checkpoint` that holds the model's parameters
-
-
-def store_prefix(world_size: int) -> str:
-    """The store prefix of Fast-LLM's group over ranks `range(0, world_size)`
-    (`ProcessGroupPool.get_process_group`: `range_{start}_{stop}_{step}/`)."""
-    return f"range_0_{world_size}_1/"
 
 
 @dataclass(frozen=True)
@@ -56,20 +44,22 @@ def serve_store(host: str, port: int, world_size: int, timeout_s: float) -> dist
 def join(
     host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float, still_wanted=lambda: True
 ) -> BroadcastGroup:
-    """Join the group Fast-LLM's rank 0 opens at `host:port` as `rank` (1..world_size-1).
-
-    Blocks until every member has joined, or raises after `timeout_s` (the trainer is not there).
-    `still_wanted()` is asked once the store answers: a join overtaken by a newer one (the hf
-    trainer forms its group again on the same port) must not claim a rank in the new group.
-    """
+    """Join the group rank 0 opens at `host:port` as `rank` (1..world_size-1); blocks until every
+    member has joined, or raises after `timeout_s`. `still_wanted()`: false for a join overtaken by
+    a newer one (the hf trainer forms its group again on the same port): it claims no rank."""
     if not 0 < rank < world_size:
         raise ValueError(f"a receiver's rank must be in 1..{world_size - 1}, got {rank}")
     timeout = datetime.timedelta(seconds=timeout_s)
-    url = f"tcp://{host}:{port}"
-    store, _, _ = next(dist.rendezvous(url, rank, world_size, timeout=timeout))
+    store, _, _ = next(dist.rendezvous(f"tcp://{host}:{port}", rank, world_size, timeout=timeout))
     if not still_wanted():
         raise RuntimeError(f"the join of tcp://{host}:{port} as rank {rank} was overtaken by a newer one")
-    prefixed = dist.PrefixStore(store_prefix(world_size), store)
+    return member_of(store, rank, world_size, backend, timeout)
+
+
+def member_of(store, rank: int, world_size: int, backend: str, timeout: datetime.timedelta) -> BroadcastGroup:
+    """Rank `rank` of the group made on `store` (the sender's side too: rank 0)."""
+    # Fast-LLM's prefix for ranks range(0, n) (`ProcessGroupPool`: range_{start}_{stop}_{step}/)
+    prefixed = dist.PrefixStore(f"range_0_{world_size}_1/", store)
     if backend == "gloo":
         group, device = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout), torch.device("cpu")
     elif backend == "nccl":
@@ -80,20 +70,19 @@ def join(
     return BroadcastGroup(group, rank, world_size, device)
 
 
-def receive_tensor(member: BroadcastGroup, tensor: torch.Tensor) -> torch.Tensor:
-    """Fill `tensor` with what rank 0 broadcasts (Fast-LLM's `broadcast`: rootRank, rootTensor 0)."""
+def broadcast_tensor(member: BroadcastGroup, tensor: torch.Tensor) -> torch.Tensor:
+    """Rank 0's `tensor` on every member, in place (Fast-LLM's `broadcast`: rootRank, rootTensor 0)."""
     options = dist.BroadcastOptions()
-    options.rootRank = SOURCE_RANK
-    options.rootTensor = 0
+    options.rootRank, options.rootTensor = SOURCE_RANK, 0
     member.group.broadcast([tensor], options).wait()
     return tensor
 
 
 def receive_object(member: BroadcastGroup) -> object:
     """One `broadcast_object` from rank 0: the byte count, then the pickle's bytes."""
-    size = receive_tensor(member, torch.empty([1], dtype=torch.int64, device=member.device))
-    payload = receive_tensor(member, torch.empty(int(size.item()), dtype=torch.uint8, device=member.device))
-    return loads_header(payload.cpu().numpy().tobytes())
+    size = broadcast_tensor(member, torch.empty([1], dtype=torch.int64, device=member.device))
+    payload = broadcast_tensor(member, torch.empty(int(size.item()), dtype=torch.uint8, device=member.device))
+    return _HeaderUnpickler(io.BytesIO(payload.cpu().numpy().tobytes())).load()  # an allow-list: see below
 
 
 def receive_weights(member: BroadcastGroup) -> Iterator[tuple[str, str, torch.Tensor]]:
@@ -105,7 +94,7 @@ def receive_weights(member: BroadcastGroup) -> Iterator[tuple[str, str, torch.Te
             return
         shard_name, layer_name, shape, dtype = _check_header(header)
         tensor = torch.empty(shape, dtype=dtype, device=member.device)
-        yield shard_name, layer_name, receive_tensor(member, tensor)
+        yield shard_name, layer_name, broadcast_tensor(member, tensor)
 
 
 def _check_header(header: object) -> tuple[str, str, torch.Size, torch.dtype]:
@@ -119,12 +108,12 @@ def _check_header(header: object) -> tuple[str, str, torch.Size, torch.dtype]:
     return shard_name, layer_name, torch.Size(shape), dtype
 
 
-# --- headers are pickles from the network: an allow-list unpickler -------------------------------
-
 _DTYPES = {name for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)}
 
 
 class _HeaderUnpickler(pickle.Unpickler):
+    """Headers are pickles from the network: no class but torch.Size and torch dtypes."""
+
     def find_class(self, module: str, name: str):
         if module == "torch" and name == "Size":
             return torch.Size
@@ -132,7 +121,3 @@ class _HeaderUnpickler(pickle.Unpickler):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"a weight header may not name {module}.{name}")
 
-
-def loads_header(data: bytes) -> object:
-    """Unpickle a broadcast header, refusing any class but torch.Size and torch dtypes."""
-    return _HeaderUnpickler(io.BytesIO(data)).load()

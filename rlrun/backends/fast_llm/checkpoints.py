@@ -90,12 +90,8 @@ def read_metadata(path: Path) -> CheckpointMetadata:
 def move_aside_incomplete(
     experiment_dir: Path, *, clock: Callable[[], float] = time.time
 ) -> list[Path]:
-    """Move every step directory without `ok` to `checkpoint_incomplete/<step>.incomplete-<time>`
-    (never deleting anything) and return their new paths, logging a warning for each.
-
-    Entries of the checkpoint folder that are not step directories are left in place with a
-    warning (Fast-LLM fails on them, but they are not ours to move).
-    """
+    """Move every step directory without `ok` to `checkpoint_incomplete/<step>.incomplete-<time>`;
+    their new paths. Other entries are only warned about (Fast-LLM fails on them; not ours to move)."""
     experiment_dir = Path(experiment_dir)
     root = checkpoint_root(experiment_dir)
     if not root.is_dir():

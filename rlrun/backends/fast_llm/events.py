@@ -1,13 +1,11 @@
 """Fast-LLM's events, checked against the run before anyone acts on them.
 
-Any local process may append to the events stream (Fast-LLM's clients have no password), so what
-reads it (the completion rule, the weight follower) acts only on an event that fits the current
-trainer attempt, which starts at the supervisor's join request (`join_after`, `join_step`): its
-first `weights_ready` announces `join_step` (any step up to `train_iters` when unknown), each next
-one the step after (fp16: a later one, as Fast-LLM skips non-finite updates), never past
-`train_iters`; one `training_finished` after that. Anything else is counted and ignored. A forged
-event that fits can only make the follower wait for a broadcast (weights never come from Redis),
-and `training_finished` alone finishes nothing (the rule also needs exit 0 and the step reached).
+Any local process may append to the events stream (Fast-LLM's clients have no password), so the
+completion rule and the weight follower act only on an event that fits the current trainer
+attempt (from the supervisor's join request): its first `weights_ready` announces `join_step`,
+each next one the step after (fp16: a later one), never past `train_iters`; then one
+`training_finished`. Anything else is counted and ignored. A forged event that fits can only make
+the follower wait for a broadcast, and `training_finished` alone finishes nothing.
 """
 
 from __future__ import annotations
@@ -94,18 +92,9 @@ class EventJudge:
         return None, f"unknown event {event!r}"  # parse_event only returns the two kinds above
 
 
-def join_state(redis) -> tuple[Optional[str], Optional[int]]:
-    """The current trainer attempt's (`join_after`, `join_step`) as the supervisor recorded them."""
-    state = redis.hgetall(names.WEIGHTS_STATE) or {}
-    step = state.get("join_step")
-    return state.get("join_after"), (int(step) if step not in (None, "") else None)
-
-
 class EventsReader:
-    """The supervisor's reader: what the current trainer attempt announced, for the completion rule.
-
-    `on_rejected(message_id, reason)` is called for every event that does not fit (also counted
-    in `rejected`)."""
+    """What the current trainer attempt announced, for the completion rule; `on_rejected(id, why)`
+    for every event that does not fit (also counted in `rejected`)."""
 
     def __init__(
         self, redis, stream: str, train_iters: int, skips_possible: bool = False,
@@ -128,9 +117,10 @@ class EventsReader:
 
     def poll(self) -> None:
         """Read every event published since the last poll (never blocks)."""
-        after, start_step = join_state(self.redis)
+        state = self.redis.hgetall(names.WEIGHTS_STATE) or {}  # the attempt the supervisor recorded
+        after, step = state.get("join_after"), state.get("join_step")
         if after != self.judge.attempt.after:
-            self.judge.new_attempt(after, start_step)
+            self.judge.new_attempt(after, int(step) if step else None)
         while True:
             reply = self.redis.xread({self.stream: self.last_id}, count=500)
             if not reply:

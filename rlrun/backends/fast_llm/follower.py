@@ -1,13 +1,10 @@
 """rlrun::weights — makes the vLLM servers serve every policy Fast-LLM broadcasts (trainer=fast_llm).
 
-Before every (re)start of the trainer the supervisor records a join request in `rlrun:weights`;
-the follower has every vLLM server join the group the new trainer opens (rank i+1 for server i).
-On each `weights_ready` that fits the run (`events.py`) it pauses the servers, has them all receive
-the broadcast at once (it is collective), drops their prefix caches, publishes the step as the
-policy version and resumes them. It serves the broadcast's TCP store itself where Fast-LLM's rank
-0 will not (`installed.store_host`), a fresh one per join. A failed receive is logged and counted
-(the servers keep the previous weights); progress is kept in Redis, so a restart neither repeats
-nor skips an event. See docs/architecture.md ("Weight updates").
+Before every (re)start of the trainer the supervisor records a join request; the follower has
+every server join the new trainer's group (rank i+1 for server i), serving its TCP store where
+Fast-LLM's rank 0 will not. On each `weights_ready` that fits the run (`events.py`) it pauses the
+servers, has them all receive the broadcast, drops prefix caches, publishes the step as the policy
+version and resumes. Progress is kept in Redis: a restart neither repeats nor skips an event.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor, wait
 
 import httpx
 
@@ -25,7 +21,7 @@ from rlrun.backends.fast_llm.installed import store_host
 from rlrun.backends.fast_llm.protocol import WeightsReady
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, ExitCode
-from rlrun.inference.admin import VllmAdmin
+from rlrun.inference.admin import VllmAdmin, in_thread, results
 from rlrun.role_file import role_from_argv
 from rlrun.streams import names
 from rlrun.streams.server import connect
@@ -37,10 +33,8 @@ JOIN_CALL_TIMEOUT_S = 30.0  # a join only starts a thread in the worker: it answ
 
 
 def request_join(redis, events_stream: str, start_step: int | None = None) -> str:
-    """What the supervisor does before (re)starting Fast-LLM: ask the follower for a new join.
-    `start_step`: the checkpoint step the new trainer resumes from (its first `weights_ready`),
-    None when unknown. Returns `join_after`: the events stream's last id now (what follows is
-    the new trainer's)."""
+    """Before (re)starting Fast-LLM: ask the follower for a new join (`start_step`: the step the new
+    trainer resumes from, None: unknown). Returns `join_after`: what follows it is the new trainer's."""
     last = redis.xrevrange(events_stream, count=1)
     after = last[0][0] if last else "0-0"
     with redis.pipeline(transaction=True) as tx:
@@ -55,13 +49,11 @@ def request_join(redis, events_stream: str, start_step: int | None = None) -> st
 
 
 class VllmBroadcastAdmin(VllmAdmin):
-    """The hf trainer's admin calls (pause, reset_prefix_cache), plus joining and receiving
-    Fast-LLM's broadcast through rlrun's worker extension, and a resume that never raises."""
+    """VllmAdmin plus joining and receiving Fast-LLM's broadcast, and a resume that never raises."""
 
     def __init__(self, urls: list[str], receive_timeout_s: float, api_key: str = "") -> None:
         super().__init__(urls, httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0), api_key=api_key)
         self.receive_timeout_s = receive_timeout_s
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(urls)), thread_name_prefix="receive")
 
     def join(self, host: str, port: int, backend: str, timeout_s: float, servers: list[str] | None = None) -> list[str]:
         """Ask `servers` (default: all) to join; returns those that could not be asked (down)."""
@@ -73,21 +65,19 @@ class VllmBroadcastAdmin(VllmAdmin):
             kwargs = {"host": host, "port": port, "rank": rank, "world_size": world_size, "backend": backend,
                       "timeout_s": timeout_s}  # fmt: skip
             try:
-                self._rpc(url, "rlrun_join_broadcast", kwargs, timeout_s=JOIN_CALL_TIMEOUT_S)
+                self.rpc(url, "rlrun_join_broadcast", kwargs, timeout_s=JOIN_CALL_TIMEOUT_S)
             except (httpx.HTTPError, RuntimeError) as exc:
                 log.warning("vLLM %s could not be asked to join the broadcast (%s); asking again shortly", url, exc)
                 failed.append(url)
         return failed
 
     def receive(self, event_id: str, step: int, while_waiting=lambda: None) -> list[dict]:
-        """Every server receives the broadcast announced by event `event_id` (of `step`), all at
-        once; their reports. `while_waiting` is called about once a second meanwhile (the heartbeat)."""
+        """Every server receives the broadcast of event `event_id` at once; their reports.
+        `while_waiting` (the heartbeat) is called about once a second meanwhile."""
         kwargs = {"event_id": event_id, "step": step, "timeout_s": self.receive_timeout_s}
-        futures = [self._pool.submit(self._rpc, url, "rlrun_receive_broadcast", kwargs, self.receive_timeout_s + 10)
-                   for url in self.urls]  # fmt: skip
-        while wait(futures, timeout=1.0).not_done:
-            while_waiting()
-        return [future.result() for future in futures]
+        timeout_s = self.receive_timeout_s + 10
+        calls = [lambda url=url: self.rpc(url, "rlrun_receive_broadcast", kwargs, timeout_s) for url in self.urls]
+        return results([in_thread(call) for call in calls], while_waiting)
 
     def resume(self) -> None:
         """Resume every server that answers (never raises: a server left paused would stall the run)."""
@@ -96,15 +86,6 @@ class VllmBroadcastAdmin(VllmAdmin):
                 self._post(f"{url}/resume")
             except (httpx.HTTPError, RuntimeError) as exc:
                 log.warning("vLLM %s could not be resumed (%s)", url, exc)
-
-    def _rpc(self, url: str, method: str, kwargs: dict, timeout_s: float) -> dict:
-        reply = self._post(f"{url}/collective_rpc", json={"method": method, "kwargs": kwargs, "timeout": timeout_s})
-        results = reply.json().get("results") or [None]
-        return results[0] if isinstance(results[0], dict) else {"reply": results[0]}
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=False)
-        super().close()
 
 
 class WeightFollower:

@@ -1,13 +1,8 @@
-"""What the installed Fast-LLM is, asked of it before a run starts (preflight).
-
-- Which revision's config it accepts: rlrun writes the config of each candidate revision
-  (`revisions.py`) and runs Fast-LLM's validate-only mode on it; the first accepted is the run's,
-  and when none is, Fast-LLM's refusal becomes exit 2, never a crash loop.
-- Who hosts the weight broadcast's TCP store: under torchrun that depends on Fast-LLM's torch
-  version (docs/architecture.md), so rlrun runs the rendezvous in Fast-LLM's Python and sees.
-
-Each answer costs one short process (~5 s, mostly importing torch) and is remembered for the life
-of the rlrun process.
+"""What the installed Fast-LLM is, asked of it before a run starts (preflight): which revision's
+config it accepts (its validate-only mode on each candidate's config; none: exit 2, never a crash
+loop), and who hosts the weight broadcast's TCP store (the rendezvous run in Fast-LLM's Python:
+it depends on its torch, docs/architecture.md). Each answer costs one short process (~5 s) and
+is remembered for the life of the rlrun process.
 """
 
 from __future__ import annotations

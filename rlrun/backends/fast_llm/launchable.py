@@ -1,13 +1,10 @@
 """Can `trainer.fast_llm.command` start here? The program it finally runs, found through its wrappers.
 
-A launch command is often wrapped: `env VAR=1 torchrun --no_python fast-llm ...`,
-`nice -n 5 python -m fast_llm.cli ...`, `bash -c "fast-llm train gpt --config ..."`. Checking only
-`argv[0]` (env, bash) would pass a command whose real program is missing, and the run would start,
-fail at the trainer's first start, every restart, and end in exit 6. So the wrappers are peeled off
-and what each one runs is checked: a program on PATH (or an executable path), a Python script
-that exists, a Python module that the interpreter that will run it can import.
-
-Pure except for the look-ups (PATH, files, and `python -c` for an interpreter other than this one).
+A launch command is often wrapped (`env VAR=1 torchrun --no_python fast-llm ...`, `nice -n 5
+python -m fast_llm.cli ...`, `bash -c "..."`); checking only `argv[0]` would pass a command whose
+real program is missing, and the run would end in exit 6 after every restart failed. So the
+wrappers are peeled off and what each runs is checked: a program on PATH, a script that exists, a
+module that the interpreter that will run it can import.
 """
 
 from __future__ import annotations
@@ -143,12 +140,7 @@ def _torchrun(rest: list[str], python: str) -> list[str]:
     command, no_python, module = torchrun_target(rest)
     if not command:
         return ["the program torchrun should run (none given)"]
-    target = command[0]
-    if no_python:
-        return missing(command, python)
-    if module:
-        return [] if _importable(target, python) else [f"Python module {target} (not importable by {python})"]
-    return [] if Path(target).is_file() else [f"the script {target} (no such file)"]
+    return missing(command, python) if no_python else _runnable(command[0], module, python)
 
 
 def _python(rest: list[str], python: str) -> list[str]:
@@ -157,12 +149,16 @@ def _python(rest: list[str], python: str) -> list[str]:
         i += 2 if rest[i] in ("-W", "-X") else 1
     if i >= len(rest) or rest[i] in ("-c", "-"):
         return []
-    if rest[i] == "-m":
-        if i + 1 >= len(rest):
-            return ["the module python -m should run (none given)"]
-        module = rest[i + 1]
-        return [] if _importable(module, python) else [f"Python module {module} (not importable by {python})"]
-    return [] if Path(rest[i]).is_file() else [f"the script {rest[i]} (no such file)"]
+    if rest[i] == "-m" and i + 1 >= len(rest):
+        return ["the module python -m should run (none given)"]
+    return _runnable(rest[i + 1] if rest[i] == "-m" else rest[i], rest[i] == "-m", python)
+
+
+def _runnable(target: str, module: bool, python: str) -> list[str]:
+    """A Python module that `python` can import, or a script that exists."""
+    if module:
+        return [] if _importable(target, python) else [f"Python module {target} (not importable by {python})"]
+    return [] if Path(target).is_file() else [f"the script {target} (no such file)"]
 
 
 def _importable(module: str, python: str) -> bool:

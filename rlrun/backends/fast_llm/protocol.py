@@ -41,9 +41,6 @@ class TrainingFinished:
 Event = Union[WeightsReady, TrainingFinished]
 
 
-# --- documents ---------------------------------------------------------------------------------
-
-
 def prompt_span(prompt_length: int, span_end: SpanEnd = "exclusive") -> list[int]:
     """The loss-masking span covering the first `prompt_length` tokens, in `span_end` convention."""
     if prompt_length < 1:
@@ -72,9 +69,6 @@ def encode_document(prompt_ids: list[int], sample: Sample, span_end: SpanEnd = "
 def encode_group(group: Group, span_end: SpanEnd = "exclusive") -> list[dict[str, str]]:
     """One document message per sample of `group`, in sample order."""
     return [encode_document(group.prompt_ids, sample, span_end) for sample in group.samples]
-
-
-# --- events ------------------------------------------------------------------------------------
 
 
 def parse_event(fields: Mapping) -> Event:

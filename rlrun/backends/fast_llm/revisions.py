@@ -1,12 +1,9 @@
 """What differs between the Fast-LLM revisions rlrun drives: one small table, one entry each.
 
-Fast-LLM is not on PyPI (users run a branch) and reads its config strictly, so the generated config
-must match the revision. Each entry names the commits it was checked against (its config accepted
-by that commit's own validation, and a CPU run of `rlrun train trainer=fast_llm` to the end).
-`trainer.fast_llm.version=auto` lets preflight ask the installed Fast-LLM which entry's config it
-accepts, most specific first (`installed.py`). What does not differ (stream names, the loss keys,
-the broadcast, the checkpoint layout) is not in the table; whether `documents_seen` is sent is
-read from what the trainer writes.
+Fast-LLM is not on PyPI and reads its config strictly, so the generated config must match the
+revision. Each entry names the commits it was checked against (config accepted by its validation,
+a CPU run of `rlrun train trainer=fast_llm` to the end); `trainer.fast_llm.version=auto` has
+preflight ask the installed Fast-LLM which entry's config it accepts (`installed.py`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Exactly-once documents under Fast-LLM: before every (re)start, the consumer group is set back to
 the first document the trainer's checkpoint does not cover.
 
-Fast-LLM reads with `XREADGROUP ... NOACK`, so a trainer that dies after checkpoint k has read
-documents its successor would never see. Checkpoint k records `documents_seen`; the first that
-many entries of the stream are what steps 1..k trained, so the group is moved to just after them
-(`XGROUP SETID ... ENTRIESREAD n`) and the rest are delivered again, none twice. A revision that
-does not record `documents_seen` cannot be rewound: what it read after the checkpoint is reported
-as lost. Details and limits: docs/operations.md ("Exactly-once documents").
+Fast-LLM reads with `XREADGROUP ... NOACK`; checkpoint k records `documents_seen`, the first that
+many entries of the stream, so the group is moved just after them (`XGROUP SETID ... ENTRIESREAD
+n`) and the rest are delivered again, none twice. Without `documents_seen` what was read after the
+checkpoint is reported as lost. Limits: docs/operations.md ("Exactly-once documents").
 """
 
 from __future__ import annotations
@@ -31,32 +29,17 @@ class Rewind:
     position: str  # the group's last-delivered id after the rewind
 
 
-def covered(checkpoint: Optional[CheckpointMetadata]) -> Optional[int]:
-    """Documents the restarting trainer has already trained: 0 from the base model, the
-    checkpoint's `documents_seen`, or None when the checkpoint does not record it."""
-    return 0 if checkpoint is None else checkpoint.documents_seen
-
-
-def accounting(covered_count: Optional[int], delivered_before: Optional[int]) -> tuple[int, Optional[int]]:
-    """(redelivered, lost) for a rewind to `covered_count` after `delivered_before` deliveries."""
-    if delivered_before is None:
-        return 0, None
-    if covered_count is None:  # not rewound: whatever was read after the checkpoint is gone
-        return 0, None
-    return max(0, delivered_before - covered_count), 0
-
-
 def rewind_group(client, stream: str, group: str, checkpoint: Optional[CheckpointMetadata]) -> Rewind:
     """Set `group` on `stream` back to the first document `checkpoint` does not cover (creating
     both at the start when they do not exist yet) and say what that did."""
     step = None if checkpoint is None else checkpoint.completed_steps
-    target = covered(checkpoint)
+    target = 0 if checkpoint is None else checkpoint.documents_seen  # already trained; None: not recorded
     info = _group_info(client, stream, group)
     delivered = None if info is None else info.get("entries-read")
     if info is None:
         client.xgroup_create(stream, group, id="0", mkstream=True)
         delivered = 0
-    if target is None:
+    if target is None:  # not rewound: whatever was read after the checkpoint is lost
         position = info.get("last-delivered-id", "0-0") if info else "0-0"
         return Rewind(step, None, delivered, 0, None, str(position))
     position = _id_of_entry(client, stream, target)
@@ -66,8 +49,9 @@ def rewind_group(client, stream: str, group: str, checkpoint: Optional[Checkpoin
             "trimmed or belongs to another run"
         )
     client.xgroup_setid(stream, group, position, entries_read=target)
-    redelivered, lost = accounting(target, delivered)
-    return Rewind(step, target, delivered, redelivered, lost, position)
+    if delivered is None:  # (redelivered, lost) cannot be told
+        return Rewind(step, target, None, 0, None, position)
+    return Rewind(step, target, delivered, max(0, delivered - target), 0, position)
 
 
 def _group_info(client, stream: str, group: str) -> Optional[dict]:

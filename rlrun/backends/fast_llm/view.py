@@ -13,13 +13,8 @@ from rlrun.streams import names
 
 
 class FastLlmView:
-    """Fast-LLM: documents to its stream, the version vLLM serves, back-pressure by lag.
-
-    Fast-LLM takes more documents per step than `docs_per_step` (whole micro-batches), so the
-    actor cannot count steps × documents: it keeps the documents Fast-LLM has not read yet (the
-    consumer group's lag) plus those in flight under `(1 + max_steps_ahead) × docs_per_step`.
-    It never decides that training is over: the supervisor's completion rule does, and stops it.
-    """
+    """Fast-LLM takes more than `docs_per_step` documents per step, so back-pressure keeps the unread
+    ones (the group's lag) plus those in flight under (1 + max_steps_ahead) × docs_per_step."""
 
     def __init__(self, cfg: RunConfig, redis) -> None:
         self.cfg, self.redis = cfg, redis
@@ -31,8 +26,7 @@ class FastLlmView:
         return self.f.stream, [fields["data"] for fields in encode_group(group, self.f.loss_masking_span_end)]
 
     def policy_version(self) -> int:
-        """The step whose weights vLLM serves (set by the weight follower once they are loaded;
-        `weights_ready` alone only says the broadcast is about to start)."""
+        """The step whose weights vLLM serves (set by the weight follower once they are loaded)."""
         return int(self.redis.get(names.POLICY_VERSION) or 0)
 
     def room_for_group(self, opened: int, in_flight: int) -> bool:
