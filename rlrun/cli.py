@@ -167,12 +167,13 @@ def status(
     from rlrun.live import status_table
     from rlrun.rundir import RunDir
 
+    run = RunDir(run_dir.resolve())
     with _errors(debug):
         if as_json:
-            typer.echo(json.dumps(run_status.report(RunDir(run_dir.resolve())), indent=2))
+            typer.echo(json.dumps(run_status.report(run), indent=2))
             return
-        state, rows, last = run_status.load(RunDir(run_dir.resolve()))
-        split = run_status.time_split(RunDir(run_dir.resolve()))
+        state, rows, last = run_status.load(run)
+        split = run_status.time_split(run)
     console.print(f"run {run_dir}: [bold]{state.get('status', 'unknown')}[/]")
     console.print(status_table(rows))
     if last:
@@ -286,15 +287,15 @@ def plot(
 def _report_end(cfg, run_dir, reason: str) -> None:
     """What a finished train/resume prints: why it finished, the last step, the time split, and
     where the metrics and their plot are (Fast-LLM keeps its training metrics in its own log)."""
+    from rlrun import plot as plotting
+    from rlrun import status as run_status
+    from rlrun.backends import backend_for
     from rlrun.metrics import read_metrics
 
     console.print(f"[bold green]finished:[/] {reason}")
     last = (read_metrics(run_dir.metrics) or [None])[-1]
     if last:
         console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
-    from rlrun import status as run_status
-    from rlrun.backends import backend_for
-
     console.print(run_status.describe_split(run_status.time_split(run_dir)), highlight=False, markup=False, soft_wrap=True)
 
     elsewhere = backend_for(cfg).metrics_hint(run_dir)
@@ -302,13 +303,6 @@ def _report_end(cfg, run_dir, reason: str) -> None:
         console.print(f"training metrics: {elsewhere}\nevents:  {run_dir.events}")
         return
     console.print(f"metrics: {run_dir.metrics}\nevents:  {run_dir.events}")
-    _plot_at_end(run_dir)
-
-
-def _plot_at_end(run_dir) -> None:
-    """After train/resume: write RUN/plot.png and say where it is; failing to plot only warns."""
-    from rlrun import plot as plotting
-
     try:
         console.print(f"plot:    {plotting.plot_run(run_dir).path}", soft_wrap=True)
     except Exception as exc:  # noqa: BLE001 - the run is done; a missing picture is not a failure

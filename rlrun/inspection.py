@@ -1,18 +1,10 @@
 """What `rlrun inspect-checkpoint` reads: one checkpoint, its run's config, and the token journal.
 
-`inspect_path(path)` accepts an hf checkpoint (`<run>/checkpoints/step_NNNNNN/`), a Fast-LLM
-checkpoint (`<experiment_dir>/checkpoint/<step>/` with `metadata.yaml`) or a run directory (then
-its latest complete checkpoint) and returns a `CheckpointReport`: plain data, nothing printed.
-A half-written checkpoint (no `ok` marker) is reported with `complete=False`, not refused: the
-CLI shows it and exits with the run-directory code. A path that is no checkpoint raises
-RunDirError naming what was expected.
-
-The journal lives in the run's Redis, so it can only be read while a server holds it:
-`journal_summary(client)` sums up the open groups of an already-connected client, and
-`read_journal(report, redis_url)` decides whether there is one to connect to.
-
-This module never prints and never loads model weights (only file names, sizes and metadata);
-`rlrun.cli_render` turns its report into what the CLI shows.
+`inspect_path(path)` takes a checkpoint of any backend's layout or a run directory (then the
+checkpoint a resume would load) and returns a `CheckpointReport` of plain data; a half-written
+checkpoint is reported with `complete=False`, not refused. The journal lives in the run's Redis:
+`read_journal` reads it only where a server holds it. This module never prints and never loads
+weights (only names, sizes and metadata); `rlrun.cli_render` renders its report.
 """
 
 from __future__ import annotations
@@ -93,14 +85,8 @@ class CheckpointReport:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["total_bytes"] = self.total_bytes
-        data["written_at_iso"] = _iso(self.written_at)
+        data["written_at_iso"] = None if self.written_at is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.written_at))
         return data
-
-
-def _iso(stamp: Optional[float]) -> Optional[str]:
-    if stamp is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))
 
 
 # --- reading a path ----------------------------------------------------------------------------
@@ -178,7 +164,13 @@ def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str],
         warnings.append(HALF_WRITTEN)
     fields = layout.read_fields(path, warnings)
     run = find_run(path)
-    config, config_hash = (None, None) if run is None else _run_config(run, warnings)
+    config_hash = run.config_hash() if run is not None and run.config.is_file() else None
+    if run is not None and config_hash is None:
+        warnings.append(f"the run directory {run.root} has no {run.config.name}")
+    cfg = _config(run, warnings)
+    config = None if cfg is None else ConfigSummary(
+        cfg.recipe, cfg.algo.name, cfg.model.name, cfg.trainer.backend, cfg.trainer.max_train_steps, cfg.trainer.samples_per_step
+    )
     recorded = fields.get("checkpoint_config_hash")
     if recorded and config_hash and recorded != config_hash:
         warnings.append(
@@ -241,29 +233,6 @@ def find_run(checkpoint: Path) -> Optional[RunDir]:
     return None
 
 
-def _run_config(run: RunDir, warnings: list[str]) -> tuple[Optional[ConfigSummary], Optional[str]]:
-    from rlrun.config.compose import load_resolved
-
-    if not run.config.is_file():
-        warnings.append(f"the run directory {run.root} has no {run.config.name}")
-        return None, None
-    digest = run.config_hash()
-    try:
-        cfg = load_resolved(run.config)
-    except ConfigError as exc:
-        warnings.append(f"cannot summarise the run's config: {exc}")
-        return None, digest
-    summary = ConfigSummary(
-        recipe=cfg.recipe,
-        algo=cfg.algo.name,
-        model=cfg.model.name,
-        trainer_backend=cfg.trainer.backend,
-        max_train_steps=cfg.trainer.max_train_steps,
-        samples_per_step=cfg.trainer.samples_per_step,
-    )
-    return summary, digest
-
-
 # --- the token journal -------------------------------------------------------------------------
 
 
@@ -280,7 +249,7 @@ def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_stalenes
     replay took out because their header was unreadable (their keys are kept).
     """
     from rlrun.journal import Journal, plan_replay
-    from rlrun.journal.store import KEY_PREFIX, delivered_key
+    from rlrun.journal.store import KEY_PREFIX
     from rlrun.streams import names
 
     prefix = KEY_PREFIX if prefix is None else prefix
@@ -306,7 +275,7 @@ def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_stalenes
         "policy_version": version,
         "groups_awaiting_delivery": len(loaded.groups),
         "groups_ready": sum(all(s.finished for s in g.samples) for g in loaded.groups),
-        "groups_delivered_markers": int(client.zcard(delivered_key(prefix))),
+        "groups_delivered_markers": int(client.zcard(journal.key("delivered"))),
         "samples_in_flight": states["pending"] + states["generating"],
         "samples_pending": states["pending"],
         "samples_generating": states["generating"],
@@ -327,15 +296,17 @@ class RedisEndpoint:
     password: Optional[str]
 
 
-def _config(run: Optional[RunDir]):
-    """The run's resolved config, or None when it has none that can be read."""
+def _config(run: Optional[RunDir], warnings: Optional[list[str]] = None):
+    """The run's resolved config, or None when it has none that can be read (said in `warnings`)."""
     from rlrun.config.compose import load_resolved
 
     if run is None or not run.config.is_file():
         return None
     try:
         return load_resolved(run.config)
-    except ConfigError:
+    except ConfigError as exc:
+        if warnings is not None:
+            warnings.append(f"cannot summarise the run's config: {exc}")
         return None
 
 

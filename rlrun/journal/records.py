@@ -1,17 +1,9 @@
 """The token journal's records: typed, versioned JSON (never pickle), with clear refusals.
 
-Three kinds of record live here:
-
-- `SampleRecord` and `GroupRecord`: what the journal knows about one sample and one group, the
-  input of the replay plan (`rlrun.journal.plan`) and what `Journal.load_open_groups` returns.
-- `GroupHeader`: the immutable part of a group (prompt, size, budget), written once when the
-  group is opened.
-- `LogEntry`: one entry of a group's append-only token log in Redis: an `append` of a batch of
-  one sample's tokens (ids, sampled-token logprobs, the policy version that produced them) at a
-  stated offset, or a `reset` that drops a sample's tokens before it is generated again.
-
-Every record carries `"schema_version"`; a reader refuses a version it does not know. Parsing
-raises `CorruptRecord` (a ValueError) saying what is wrong.
+`SampleRecord`/`GroupRecord` are what the journal holds of a sample and a group (the replay
+plan's input); `GroupHeader` is a group's fixed part, written once; `LogEntry` is one entry of a
+group's token log (an `append` at a stated offset, or a `reset`). Every record carries
+`"schema_version"`; parsing raises `CorruptRecord` (a ValueError) saying what is wrong.
 """
 
 from __future__ import annotations
@@ -42,11 +34,6 @@ def dumps(record: dict) -> str:
         return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except ValueError as exc:
         raise CorruptRecord(f"cannot encode the record as JSON: {exc}") from exc
-
-
-def loads(raw: str | bytes, kind: str) -> dict:
-    """The JSON object in `raw`, checked to be a `kind` record of this schema version."""
-    return json_object(raw, CorruptRecord, f"{kind} record")
 
 
 def _check_header(data: dict, kind: str) -> None:
@@ -94,14 +81,6 @@ def _float_list(value: Any, what: str) -> list[float]:
     return [float(v) for v in value]
 
 
-def _check_aligned(token_ids: list, logprobs: list, versions: list, what: str) -> None:
-    if not (len(token_ids) == len(logprobs) == len(versions)):
-        raise CorruptRecord(
-            f"{what}: token_ids, logprobs and versions differ in length "
-            f"({len(token_ids)}, {len(logprobs)}, {len(versions)})"
-        )
-
-
 # --- samples and groups ------------------------------------------------------------------------
 
 
@@ -123,7 +102,8 @@ class SampleRecord:
         _int(self.index, f"{what}: index")
         if self.state not in SAMPLE_STATES:
             raise CorruptRecord(f"{what}: unknown state {self.state!r} (one of {SAMPLE_STATES})")
-        _check_aligned(self.token_ids, self.logprobs, self.versions, what)
+        if not (len(self.token_ids) == len(self.logprobs) == len(self.versions)):
+            raise CorruptRecord(f"{what}: token_ids, logprobs and versions differ in length")
         if self.state == "pending" and self.token_ids:
             raise CorruptRecord(f"{what}: pending but holds {len(self.token_ids)} tokens")
         if self.state == "finished" and self.finish_reason not in FINAL_REASONS:
@@ -164,15 +144,14 @@ class GroupHeader:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "GroupHeader":
-        data = loads(raw, "group_header")
+        data = json_object(raw, CorruptRecord, "group_header record")
         _check_header(data, "group_header")
         return cls(**{name: _field(data, name, "group_header") for name in HEADER_FIELDS})  # __post_init__ checks types
 
 
 @dataclass(frozen=True)
 class GroupRecord:
-    """An open group of samples for one prompt, as the journal holds it (a delivered group is gone
-    from the journal but for its marker)."""
+    """An open group of samples for one prompt, as the journal holds it."""
 
     group_id: str
     cursor: int
@@ -217,10 +196,8 @@ def header_fields(header: GroupHeader | GroupRecord) -> dict:
 
 @dataclass(frozen=True)
 class LogEntry:
-    """One entry of a group's token log: `append` tokens to a sample at `offset`, or `reset` it.
-
-    An append's tokens were all produced by one policy version (`version`).
-    """
+    """One entry of a group's token log: `append` tokens (all of policy `version`) to a sample
+    at `offset`, or `reset` it."""
 
     kind: str  # "append" | "reset"
     index: int
@@ -236,7 +213,7 @@ class LogEntry:
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "LogEntry":
-        data = loads(raw, "log entry")
+        data = json_object(raw, CorruptRecord, "log entry record")
         kind = data.get("kind")
         if kind not in ("append", "reset"):
             raise CorruptRecord(f"log entry has unknown kind {kind!r} (append or reset)")

