@@ -1,13 +1,7 @@
-"""Per-step training metrics: `<run>/metrics.jsonl` always, TensorBoard when asked for.
+"""Per-step training metrics: `<run>/metrics.jsonl` always, TensorBoard scalars when asked for.
 
-The trainer builds one record per optimizer step and hands it to a `MetricsWriter`, which
-appends it as one JSON line and, with `metrics.tensorboard=true`, writes the same numeric fields
-as TensorBoard scalars into `<run>/tensorboard/` (through `torch.utils.tensorboard`). `FIELDS`
-names and explains every field of a record; docs/operations.md and the tests follow it.
-
-`rlrun plot` reads records back with `read_metrics` and `final_records`. This module knows
-nothing of Redis or the supervisor: the trainer passes in the actor's counters it read, and
-restarts are read from events.jsonl by whoever needs them.
+`FIELDS` names and explains every field of a record (docs/operations.md and the tests follow it).
+Knows nothing of Redis or the supervisor: the trainer passes in the actor's counters it read.
 """
 
 from __future__ import annotations
@@ -88,11 +82,8 @@ def require_tensorboard() -> None:
 
 
 class MetricsWriter:
-    """Appends step records to a JSONL file; mirrors their scalars to TensorBoard if given a folder.
-
-    Each record is on disk (and the TensorBoard file flushed) when `write` returns, so a process
-    killed right after a step loses nothing of it.
-    """
+    """Appends step records to a JSONL file, and their scalars to TensorBoard if given a folder;
+    each is on disk when `write` returns (a process killed right after a step loses nothing)."""
 
     def __init__(self, path: Path, tensorboard_dir: Path | None = None) -> None:
         self.path = Path(path)

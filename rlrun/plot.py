@@ -1,12 +1,9 @@
 """`rlrun plot RUN_DIR`: one PNG of a run — reward over steps and over wall-clock seconds,
 throughput over steps, restarts marked.
 
-Reads the run's metrics.jsonl (`rlrun.metrics`) and the supervisor's events.jsonl, and draws with
-matplotlib's Agg canvas (no display, no pyplot state). The pure parts — throughput from the
-records' times, supervisor events placed on the step axis, the smoothed reward, the ±std band
-held inside the reward's range, seconds since the run started — are functions over plain data. A run
-with no metrics is refused (RunDirError) and nothing is written; the PNG is written to a
-temporary file and renamed, so a failure never leaves half a picture.
+Draws metrics.jsonl and events.jsonl with matplotlib's Agg canvas (no display, no pyplot state);
+the pure parts are functions over plain data. A run with no metrics is refused (RunDirError);
+the PNG is written through a temporary file, so a failure never leaves half a picture.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ from pathlib import Path
 
 from rlrun.errors import EnvironmentProblem, RunDirError
 from rlrun.metrics import final_records, read_metrics
-from rlrun.rundir import RunDir
-from rlrun.supervisor.events import read_events
+from rlrun.rundir import RunDir, read_jsonl
 
 SIZE_PX = (1000, 950)  # width, height of the PNG
 DPI = 100
@@ -54,9 +50,8 @@ class PlotResult:
 
 
 def throughput(records: list[dict]) -> list[tuple[int, float, float]]:
-    """(step, tokens/s, samples/s) per record of `final_records`: this step's tokens and samples
-    over the wall time since the previous record (the first one: over its own step_time_s).
-    A gap (a restart, a resume) shows as a dip: the time was spent."""
+    """(step, tokens/s, samples/s) per record of `final_records`, over the wall time since the
+    previous record (the first: its own step_time_s); a restart shows as a dip: the time was spent."""
     out = []
     previous: dict | None = None
     for record in records:
@@ -73,9 +68,8 @@ def throughput(records: list[dict]) -> list[tuple[int, float, float]]:
 
 
 def step_at(time: float, records: list[dict]) -> float:
-    """Where wall time `time` falls on the step axis of `records` (sorted by step, times
-    increasing): interpolated between records; before the first record, one step before it;
-    after the last, the last step."""
+    """Where wall time `time` falls on the step axis of `records` (sorted by step), interpolated;
+    before the first record, one step before it; after the last, the last step."""
     points = [(records[0]["step"] - 1, records[0]["time"] - float(records[0].get("step_time_s") or 0.0))]
     points += [(r["step"], r["time"]) for r in records]
     if time <= points[0][1]:
@@ -107,8 +101,7 @@ def markers(events: list[dict], records: list[dict]) -> list[Marker]:
 
 
 def smoothed(values: list[float], window: int) -> list[float]:
-    """Trailing mean over the last `window` values (fewer at the start): what the reward was
-    "lately" at each point, using nothing from later steps."""
+    """Trailing mean over the last `window` values (fewer at the start): nothing from later steps."""
     if window < 1:
         raise ValueError(f"window must be 1 or more, got {window}")
     out, total = [], 0.0
@@ -133,15 +126,10 @@ def band(mean: list[float], std: list[float], low: float, high: float) -> tuple[
 
 
 def run_start(records: list[dict], events: list[dict]) -> float:
-    """When the run began: its first supervisor event (the start of Redis, before vLLM loads),
-    else the start of its first recorded step (its time minus its step_time_s)."""
+    """When the run began: its first supervisor event, else the start of its first recorded step."""
     first_step = records[0]["time"] - float(records[0].get("step_time_s") or 0.0)
     times = [e["time"] for e in events if isinstance(e.get("time"), (int, float))]
     return min([first_step, *times])
-
-
-def rolling_median(values: list[float], window: int) -> list[float]:
-    return [statistics.median(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
 # --- the run directory -----------------------------------------------------------------------------
@@ -156,7 +144,7 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
             f"{run_dir.root} has no metrics yet: {run_dir.metrics.name} is missing or empty (the trainer "
             f"writes one record per optimizer step). Nothing was written."
         )
-    events = read_events(run_dir.events)
+    events = read_jsonl(run_dir.events)
     marks = markers(events, records)
     target = Path(out) if out is not None else run_dir.plot
     restarts = sum(1 for m in marks if m.kind == "restart")
@@ -184,9 +172,8 @@ def render(records: list[dict], marks: list[Marker], out: Path, title: str, star
 
 
 def figure(records: list[dict], marks: list[Marker], title: str, start: float | None = None):
-    """Three panels: reward over steps (step mean, smoothed, ±std held in REWARD_RANGE), reward
-    over seconds since `start` (default: the first step's start), tokens/s over steps; the
-    markers on all three. Returns the matplotlib Figure (Agg canvas)."""
+    """Three panels, the markers on each: reward over steps (mean, smoothed, ±std), reward over
+    seconds since `start` (default: the first step's start), tokens/s over steps."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -232,7 +219,8 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float | 
         rate_ax.plot(x, tokens, color="tab:green", linewidth=0.6, alpha=0.5, label="tokens/s")
         if len(tokens) >= 5:
             window = max(3, len(tokens) // 20)
-            rate_ax.plot(x, rolling_median(tokens, window), color="tab:green", linewidth=1.5, label=f"median of {window}")
+            median = [statistics.median(tokens[max(0, i - window + 1) : i + 1]) for i in range(len(tokens))]
+            rate_ax.plot(x, median, color="tab:green", linewidth=1.5, label=f"median of {window}")
     rate_ax.set_ylabel("trained tokens / s")
     rate_ax.set_xlabel("optimizer step")
     rate_ax.grid(alpha=0.3)

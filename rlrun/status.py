@@ -1,16 +1,12 @@
 """What `rlrun status`, `rlrun runs` and `rlrun logs` read back from run directories (running or
-finished).
-
-The supervisor's events are the record: replaying them gives each process's last pid, state,
-restarts and log file, without asking the (possibly dead) supervisor anything. `report` is the
-whole picture of one run as plain data (what `rlrun status --json` prints); `list_runs` is one
-line per run under a folder.
+finished): replaying the supervisor's events gives each process's last pid, state, restarts and
+log, without asking the (possibly dead) supervisor anything.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -42,7 +38,6 @@ class ProcessRow:
     log: str = ""
     since: Optional[float] = None  # time of the last state change
     last_dump: str = ""  # the diagnostics file of the last stack dump taken before a kill
-    history: list[str] = field(default_factory=list)
 
 
 def replay_events(events: list[dict]) -> list[ProcessRow]:
@@ -58,7 +53,6 @@ def replay_events(events: list[dict]) -> list[ProcessRow]:
         row = rows.setdefault(name, ProcessRow(name))
         row.state = EVENT_STATES[kind]
         row.since = event.get("time")
-        row.history.append(kind)
         if kind in ("process_started", "process_restarted"):
             row.pid = event.get("pid")
             row.log = event.get("log", row.log)
@@ -87,22 +81,25 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
 
 
 def report(run_dir: RunDir, now: Optional[float] = None) -> dict:
-    """One run as plain data: state, processes, restarts, last failure, progress and ETTR."""
+    """One run as plain data (what `rlrun status --json` prints): state, processes, restarts,
+    last failure, progress and ETTR."""
     state, rows, last = load(run_dir)
+    last = last or {}
     events = read_jsonl(run_dir.events)
-    live = run_dir.running_supervisor() is not None
-    split = time_split(run_dir, now)
     failures = [e for e in events if e.get("event") == "process_failed"]
     return {
         "run_dir": str(run_dir.root),
         "status": state.get("status", "unknown"),
-        "live": live,
-        "processes": [{k: v for k, v in asdict(row).items() if k != "history"} for row in rows],
+        "live": run_dir.running_supervisor() is not None,
+        "processes": [asdict(row) for row in rows],
         "restarts": sum(row.restarts for row in rows),
-        "last_failure": _failure(failures[-1]) if failures else None,
-        "progress": _progress(last, _max_train_steps(run_dir)),
-        "ettr": split.to_dict(),
-        "last_event": _event_line(events[-1]) if events else None,
+        "last_failure": {k: failures[-1].get(k) for k in ("time", "process", "reason", "action")} if failures else None,
+        "progress": {
+            "step": last.get("step", 0), "max_train_steps": _max_train_steps(run_dir), "samples": last.get("samples", 0),
+            "reward_mean": last.get("reward_mean"), "policy_version": last.get("policy_version"), "time": last.get("time"),
+        },  # fmt: skip
+        "ettr": time_split(run_dir, now).to_dict(),
+        "last_event": {k: v for k, v in events[-1].items() if k in ("time", "event", "process", "reason", "status", "file")} if events else None,
     }
 
 
@@ -157,14 +154,6 @@ def describe_split(split: TimeSplit) -> str:
     return text
 
 
-def _progress(last: Optional[dict], max_train_steps: Optional[int]) -> dict:
-    last = last or {}
-    return {
-        "step": last.get("step", 0), "max_train_steps": max_train_steps, "samples": last.get("samples", 0),
-        "reward_mean": last.get("reward_mean"), "policy_version": last.get("policy_version"), "time": last.get("time"),
-    }  # fmt: skip
-
-
 def _max_train_steps(run_dir: RunDir) -> Optional[int]:
     import yaml
 
@@ -173,14 +162,6 @@ def _max_train_steps(run_dir: RunDir) -> Optional[int]:
     except (OSError, yaml.YAMLError, AttributeError):
         return None
     return value if isinstance(value, int) else None
-
-
-def _failure(event: dict) -> dict:
-    return {k: event.get(k) for k in ("time", "process", "reason", "action")}
-
-
-def _event_line(event: dict) -> dict:
-    return {k: v for k, v in event.items() if k in ("time", "event", "process", "reason", "status", "file")}
 
 
 def _updated(run_dir: RunDir) -> Optional[float]:

@@ -1,17 +1,7 @@
 """Weights & Biases for `metrics.wandb=true`: the trainer's step scalars and the supervisor's
-restart/failure events, in one W&B run per rlrun run.
-
-- The run's config is the resolved config (`config.yaml`), as it was launched.
-- The W&B run id is stored in the run directory (`wandb-run-id`): a restarted trainer and
-  `rlrun resume` continue the same W&B run instead of starting a new one.
-- Events (`process_failed`, `process_restarted`, `process_stalled`, `stack_dump`) newer than the
-  last step already sent are logged with the next step: `supervisor/failures` and
-  `supervisor/restarts` as running counts, and `supervisor/event` as one line of text each.
-- `metrics.wandb_mode=offline` writes everything under `<run>/wandb/` and sends nothing
-  (`wandb sync` uploads it later).
-
-The `wandb` package is imported here only, when the sink is made (it is an extra:
-`pip install 'rlrun[wandb]'`).
+restart/failure events, in one W&B run per rlrun run (docs/operations.md). Its id is kept in
+`<run>/wandb-run-id`, so a restarted trainer and `rlrun resume` continue it. Events newer than the
+last step sent go with the next step. `wandb` (an extra) is imported here only, when the sink is made.
 """
 
 from __future__ import annotations
