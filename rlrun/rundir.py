@@ -1,7 +1,5 @@
-"""The run directory: the one place that names every path a run writes.
-
-Everything a run produces lives under one directory, so a run can be inspected, resumed or
-deleted as a unit. Nothing else in rlrun builds paths into a run directory by hand.
+"""The run directory: the one place that names every path a run writes (the README's table says
+what each holds), so a run is inspected, resumed or deleted as a unit.
 """
 
 from __future__ import annotations
@@ -16,8 +14,6 @@ from typing import Optional
 from rlrun.errors import RunDirError
 
 MARKER = "rlrun-run.json"  # present in every run directory; its absence means "not a run"
-
-
 LAUNCH_PREFIX = "launch-"  # logs/launch-<n>/: the n-th `rlrun train`/`rlrun resume` of the run
 
 
@@ -60,7 +56,6 @@ class RunDir:
 
     @property
     def config(self) -> Path:
-        """The resolved config every process of the run reads (YAML)."""
         return self.root / "config.yaml"
 
     def config_hash(self) -> str:
@@ -69,7 +64,6 @@ class RunDir:
 
     @property
     def overrides(self) -> Path:
-        """The user's command-line overrides that produced `config`."""
         return self.root / "overrides.yaml"
 
     @property
@@ -121,7 +115,6 @@ class RunDir:
     # --- services ----------------------------------------------------------------------------
     @property
     def redis_dir(self) -> Path:
-        """Redis data (AOF) and its config file (which holds the password: mode 0600)."""
         return self.root / "redis"
 
     @property
@@ -198,32 +191,26 @@ class RunDir:
 
     @property
     def metrics(self) -> Path:
-        """One JSON record per optimizer step (fields: `rlrun.metrics.FIELDS`)."""
         return self.root / "metrics.jsonl"
 
     @property
     def tensorboard(self) -> Path:
-        """TensorBoard event files of the same scalars (metrics.tensorboard=true)."""
         return self.root / "tensorboard"
 
     @property
     def plot(self) -> Path:
-        """The default output of `rlrun plot` (written at the end of train/resume too)."""
         return self.root / "plot.png"
 
     @property
     def events(self) -> Path:
-        """Structured supervisor events (one JSON object a line)."""
         return self.root / "events.jsonl"
 
     @property
     def diagnostics(self) -> Path:
-        """Stack dumps taken before a stalled process was killed, one file per dump."""
         return self.root / "diagnostics"
 
     @property
     def state(self) -> Path:
-        """Small run-state file read by `rlrun resume` and `rlrun inspect-checkpoint`."""
         return self.root / "state.json"
 
     # --- lifecycle ---------------------------------------------------------------------------

@@ -1,14 +1,12 @@
-"""Where the actor records its groups: the token journal in Redis, or memory (benchmarks only).
-
-The actor talks to a `Ledger`; `JournalLedger` is the real thing (every token survives any
-restart, delivery is exactly-once). `MemoryLedger` keeps nothing across a restart and exists
-so the journal's overhead can be measured against it (`actor.journal=false`).
+"""Where the actor records its groups: `JournalLedger`, the token journal in Redis (every token
+survives any restart, delivery is exactly-once), or `MemoryLedger`, which keeps nothing across a
+restart and exists so the journal's overhead can be measured against it (`actor.journal=false`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Optional, Protocol
+from typing import Optional
 
 from rlrun.actor.sampling import SampleState
 from rlrun.journal.records import GroupHeader, GroupRecord
@@ -17,18 +15,6 @@ from rlrun.streams import names
 
 TRIM_EVERY = 256  # deliveries between trims of old delivered markers
 KEEP_DELIVERED = 10_000  # delivered markers kept (a replay older than that cannot happen)
-
-
-class Ledger(Protocol):
-    def opened(self, in_flight: int) -> int: ...
-    def open_group(self, index_for: Callable[[int], int], ids_for: Callable[[int], list[int]], size: int, budget: int, run: str) -> GroupHeader: ...
-    def load_open_groups(self) -> tuple[list[GroupRecord], list[tuple[str, str]]]: ...
-    def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]: ...
-    def finish(self, group_id: str, index: int, reason: str, length: int) -> None: ...
-    def reset(self, group_id: str, index: int) -> None: ...
-    def quarantine(self, group_id: str) -> None: ...
-    def read_group(self, group_id: str) -> tuple[Optional[GroupRecord], list[str]]: ...
-    def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]: ...
 
 
 class JournalLedger:
@@ -49,7 +35,7 @@ class JournalLedger:
         self._cursor = r.cursor + 1
         return r.header
 
-    def load_open_groups(self):
+    def load_open_groups(self) -> tuple[list[GroupRecord], list[tuple[str, str]]]:
         loaded = self.journal.load_open_groups()
         return loaded.groups, loaded.corrupt
 

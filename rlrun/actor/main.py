@@ -1,12 +1,10 @@
 """The actor process: `python -m rlrun.actor.main RUN/roles/actor.yaml` (`actor-<k>.yaml`: actor k of actor.num_actors).
 
-It hands out prompts in a seeded order, samples a group of completions per prompt from vLLM
-(streamed, token ids in and out), scores them, computes group-normalised advantages and
-publishes each finished group to the trainer's stream. Every token is appended to the token
-journal in Redis as it arrives, so whatever stops a generation — a weight update (vLLM paused
-with abort), a vLLM server lost, the actor itself restarted — it is continued from the tokens
-already produced, never generated again. It stays at most `actor.max_steps_ahead` optimizer
-steps ahead of the trainer and exits once the trainer announces `training_done`.
+It samples a group of completions per prompt from vLLM (streamed, token ids in and out), scores
+them and publishes each finished group to the trainer's stream. Every token goes to the token
+journal as it arrives, so whatever stops a generation (a weight update, a lost server, a restart)
+it is continued from the tokens already produced. It stays at most `actor.max_steps_ahead` steps
+ahead of the trainer and exits once the trainer announces `training_done`.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from rlrun.actor.ledger import JournalLedger, Ledger, MemoryLedger
+from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.partition import actor_name, group_namespace, prompt_position
 from rlrun.actor.sampling import SampleState, close_if_spent, remaining_budget
 from rlrun.actor.tokenizer import load_tokenizer
@@ -46,8 +44,6 @@ RETRY_DELAY_S = 1.0
 
 @dataclass
 class LiveGroup:
-    """A group being generated: its identity, prompt and samples (mirroring the journal)."""
-
     group_id: str
     cursor: int
     prompt_index: int
@@ -57,7 +53,7 @@ class LiveGroup:
 
 class Actor:
     def __init__(
-        self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str], ledger: Ledger,
+        self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str], ledger: JournalLedger | MemoryLedger,
         run_name: str, api_key: str = "", trainer: TrainerView | None = None, actor_index: int = 0,
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
@@ -116,8 +112,7 @@ class Actor:
         log.info("trainer announced training_done; actor stops (%s)", self.counters)
 
     def _continue_counters(self) -> None:
-        """Count for the whole run: a restarted actor goes on from what the last one published
-        (what it counted after its last heartbeat, at most a second's worth, is lost)."""
+        """Count for the whole run: go on from what the last actor published at its last heartbeat."""
         published = self.redis.hgetall(self.state_key) or {}
         for key in self.counters:
             value = published.get(key)
@@ -136,8 +131,6 @@ class Actor:
             self._last_heartbeat = now
 
     def _problem_index(self, cursor: int) -> int:
-        """A fresh seeded permutation of the problems for every pass over the data; this actor
-        takes every K-th position of it (rlrun/actor/partition.py)."""
         position = prompt_position(cursor, self.index, self.num_actors)
         return problem_index(position, len(self.task.problems), self.cfg.run.seed)
 
