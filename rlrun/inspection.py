@@ -248,7 +248,8 @@ def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_stalenes
     without a bound or without a published policy version). `groups_quarantined`: groups a
     replay took out because their header was unreadable (their keys are kept).
     """
-    from rlrun.journal import Journal, plan_replay
+    from rlrun.journal.plan import plan_replay
+    from rlrun.journal.store import Journal
     from rlrun.journal.store import KEY_PREFIX
     from rlrun.streams import names
 

@@ -8,12 +8,11 @@ group's token log (an `append` at a stated offset, or a `reset`). Every record c
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
-from rlrun.streams.codec import json_object
+from rlrun.streams.codec import dumps, json_object
 
 SCHEMA_VERSION = 1
 
@@ -26,14 +25,6 @@ class CorruptRecord(ValueError):
 
 
 # --- helpers -----------------------------------------------------------------------------------
-
-
-def dumps(record: dict) -> str:
-    """Compact JSON; NaN and infinities are refused (they are not JSON)."""
-    try:
-        return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except ValueError as exc:
-        raise CorruptRecord(f"cannot encode the record as JSON: {exc}") from exc
 
 
 def _check_header(data: dict, kind: str) -> None:
@@ -140,7 +131,7 @@ class GroupHeader:
         _int(self.max_new_tokens, f"{what}: max_new_tokens", minimum=1)
 
     def to_json(self) -> str:
-        return dumps({"schema_version": SCHEMA_VERSION, "kind": "group_header", **header_fields(self)})
+        return dumps({"schema_version": SCHEMA_VERSION, "kind": "group_header", **header_fields(self)}, CorruptRecord)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "GroupHeader":
@@ -208,8 +199,8 @@ class LogEntry:
 
     def to_json(self) -> str:
         if self.kind == "reset":
-            return dumps({"schema_version": SCHEMA_VERSION, "kind": "reset", "index": self.index})
-        return dumps({"schema_version": SCHEMA_VERSION, **asdict(self)})
+            return dumps({"schema_version": SCHEMA_VERSION, "kind": "reset", "index": self.index}, CorruptRecord)
+        return dumps({"schema_version": SCHEMA_VERSION, **asdict(self)}, CorruptRecord)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "LogEntry":

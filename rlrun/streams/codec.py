@@ -17,26 +17,26 @@ class MalformedMessage(ValueError):
     """A message that is not a JSON object of a known schema version."""
 
 
-def encode(message: dict) -> str:
-    """Compact JSON for `message`, with `"schema_version": 1` added when absent.
+def dumps(record: dict, error: type[ValueError]) -> str:
+    """Compact JSON; NaN and infinities are refused with `error` (they are not JSON)."""
+    try:
+        return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        raise error(f"cannot encode the record as JSON: {exc}") from exc
 
-    The caller's dict is not modified. NaN and infinities are refused (they are not JSON).
-    """
+
+def encode(message: dict) -> str:
+    """Compact JSON for `message` (not modified), with `"schema_version": 1` added when absent."""
     if not isinstance(message, dict):
         raise TypeError(f"a message is a dict, got {type(message).__name__}")
     if "schema_version" in message:
         _check_version(message["schema_version"], message)
-    record = {"schema_version": SCHEMA_VERSION, **message}
-    try:
-        return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except ValueError as exc:
-        raise MalformedMessage(f"cannot encode the message as JSON: {exc}") from exc
+    return dumps({"schema_version": SCHEMA_VERSION, **message}, MalformedMessage)
 
 
 def json_object(raw: str | bytes, error: type[ValueError], what: str) -> dict:
-    """The JSON object in `raw` (UTF-8 text, no NaN/Infinity), or `error` saying why not.
-
-    Shared by every reader of JSON from Redis: stream messages here, journal records."""
+    """The JSON object in `raw` (UTF-8 text, no NaN/Infinity), or `error` saying why not (every
+    reader of JSON from Redis: stream messages, journal records)."""
     if isinstance(raw, (bytes, bytearray)):
         try:
             raw = bytes(raw).decode("utf-8")

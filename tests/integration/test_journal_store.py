@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from rlrun.journal import Append, Journal, NotFinished, UnknownGroup, plan_replay
+from rlrun.journal.plan import plan_replay
 from rlrun.journal.records import GroupRecord, SampleRecord
-from rlrun.journal.store import WriteResult
+from rlrun.journal.store import Append, Journal, NotFinished, UnknownGroup, WriteResult
 
 pytestmark = pytest.mark.timeout(120)
 
