@@ -297,11 +297,15 @@ class Journal:
         keys: list[str] = []
         args: list[object] = []
         for item in appends:
-            entry = _append_entry(item)
-            keys += [self.key(f"group:{item.group_id}"), self.key(f"log:{item.group_id}")]
+            what = f"append to {item.group_id}#{item.index}"
+            if len(item.token_ids) != len(item.logprobs):
+                raise ValueError(f"{what}: {len(item.token_ids)} token ids but {len(item.logprobs)} logprobs")
             if item.finish_reason is not None and item.finish_reason not in FINAL_REASONS:
                 raise ValueError(f"finish_reason {item.finish_reason!r} does not end a sample (one of {FINAL_REASONS})")
-            args += [item.index, item.expected_offset, len(entry.token_ids), entry.to_json(), item.finish_reason or ""]
+            tokens, logprobs = [int(t) for t in item.token_ids], [float(p) for p in item.logprobs]
+            entry = LogEntry("append", item.index, item.expected_offset, tokens, logprobs, int(item.version))
+            keys += [self.key(f"group:{item.group_id}"), self.key(f"log:{item.group_id}")]
+            args += [item.index, item.expected_offset, len(tokens), entry.to_json(), item.finish_reason or ""]
         reply = self._append(keys=keys, args=args)
         return [
             WriteResult(accepted=reply[k] == "ok", length=int(reply[k + 1]), reason=reply[k])
@@ -336,8 +340,6 @@ class Journal:
                 f"stream {stream!r} is not in the slot of journal {self.prefix!r}: on a Redis Cluster the "
                 f"delivery script could not publish and mark in one step (use journal_prefix({stream!r}))"
             )
-        if not messages:
-            raise ValueError(f"nothing to deliver for {group_id}")
         status, detail = self._deliver(
             keys=[
                 self.key(f"group:{group_id}"),
@@ -375,8 +377,6 @@ class Journal:
     def trim_delivered(self, keep_last: int) -> int:
         """Delete the delivered markers of groups older than the last `keep_last` cursors;
         returns how many were deleted."""
-        if keep_last < 0:
-            raise ValueError(f"keep_last must be >= 0, got {keep_last}")
         below = self.cursor() - keep_last
         deleted = 0
         while True:
@@ -425,24 +425,6 @@ class Journal:
                 pipe.lrange(self.key(f"log:{group_id}"), 0, -1)
             replies = pipe.execute()
         return list(zip(replies[::2], replies[1::2]))
-
-
-def _append_entry(item: Append) -> LogEntry:
-    if len(item.token_ids) != len(item.logprobs):
-        raise ValueError(
-            f"append to {item.group_id}#{item.index}: {len(item.token_ids)} token ids but "
-            f"{len(item.logprobs)} logprobs"
-        )
-    if item.expected_offset < 0 or item.index < 0 or item.version < 0:
-        raise ValueError(f"append to {item.group_id}#{item.index}: negative index, offset or version")
-    return LogEntry(
-        kind="append",
-        index=item.index,
-        offset=item.expected_offset,
-        token_ids=[int(t) for t in item.token_ids],
-        logprobs=[float(p) for p in item.logprobs],
-        version=int(item.version),
-    )
 
 
 # --- folding a group's hash and log into a record (pure) ---------------------------------------
