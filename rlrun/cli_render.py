@@ -1,8 +1,5 @@
-"""How the CLI shows what library calls return: rich renderables and JSON documents.
-
-The library reads and decides (`rlrun.inspection` finds a checkpoint and sums up the journal);
-this module only turns its plain data into what `rlrun inspect-checkpoint` prints. Rich is
-imported when something is rendered.
+"""How the CLI shows what `rlrun.inspection` returns: rich renderables (rich imported when
+something is rendered) and JSON documents. It reads and decides nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ def human_size(size: int) -> str:
         if value < 1024 or unit == "GiB":
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{size} B"  # pragma: no cover
 
 
 def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], journal_note: Optional[str]) -> list:

@@ -150,25 +150,20 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
     restarts = sum(1 for m in marks if m.kind == "restart")
     failures = sum(1 for m in marks if m.kind == "failure")
     title = f"{run_dir.root.name}: {records[-1]['step']} steps, {records[-1].get('samples', 0)} samples, {restarts} restart{'' if restarts == 1 else 's'}"
-    render(records, marks, target, title, start=run_start(records, events))
+    fig = figure(records, marks, title, start=run_start(records, events))
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, format="png", dpi=DPI)
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise RunDirError(f"cannot write the plot to {target}: {exc.strerror or exc}. Choose another path with --out.") from None
     return PlotResult(path=target, steps=len(records), restarts=restarts, failures=failures)
 
 
 # --- drawing ---------------------------------------------------------------------------------------
-
-
-def render(records: list[dict], marks: list[Marker], out: Path, title: str, start: float | None = None) -> None:
-    """Draw the run (see `figure`) into PNG `out`, through a temporary file."""
-    fig = figure(records, marks, title, start)
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(tmp, format="png", dpi=DPI)
-        os.replace(tmp, out)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise RunDirError(f"cannot write the plot to {out}: {exc.strerror or exc}. Choose another path with --out.") from None
 
 
 def figure(records: list[dict], marks: list[Marker], title: str, start: float | None = None):

@@ -42,13 +42,9 @@ class HfView:
         return self.redis.hgetall(names.TRAINER_STATE) or {}
 
     def room_for_group(self, opened: int, in_flight: int) -> bool:
-        """Groups for at most `max_steps_ahead` steps beyond the trainer's next, counted in groups
-        opened (delivered + in flight: the journal replays in-flight groups, never loses them).
-        With K actors each counts its own groups against its share of a step.
-
-        The trainer's step counts once vLLM serves its weights: a trainer that hands them over
-        while it trains on (trainer.overlap_weight_update) must not let the actor sample further
-        ahead of the served policy than `max_steps_ahead` allows."""
+        """Groups (opened: delivered + in flight) for at most `max_steps_ahead` steps beyond the
+        trainer's next, each of K actors against its share of a step. A step counts once vLLM
+        serves its weights (trainer.overlap_weight_update must not let the actor run further ahead)."""
         step = min(int(self._state().get("step", 0)), self.policy_version())
         return opened < (step + 1 + self.cfg.actor.max_steps_ahead) * self.groups_per_step
 

@@ -72,11 +72,7 @@ def is_stale(sample, current_version: int, max_staleness: int) -> bool:
 def plan_replay(
     groups: list[GroupRecord], *, current_version: int, max_prefix_staleness: int
 ) -> ReplayPlan:
-    """The replay plan for `groups` when vLLM serves policy `current_version`.
-
-    A prefix is stale when its oldest token's version is below
-    `current_version - max_prefix_staleness` (`is_stale`).
-    """
+    """The replay plan for `groups` when vLLM serves policy `current_version`."""
     if max_prefix_staleness < 0:
         raise ValueError(f"max_prefix_staleness must be >= 0, got {max_prefix_staleness}")
     counters = ReplayCounters()

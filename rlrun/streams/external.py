@@ -1,13 +1,9 @@
-"""An external Redis (`streams.url`) instead of the run's own server.
+"""An external Redis (`streams.url`, e.g. `redis://alice@10.0.0.5:6379/3`) instead of the run's own.
 
-The URL names the server, the database and, if the server wants one, the user
-(`redis://alice@10.0.0.5:6379/3`); the password is read from `streams.password_file`, never from
-the URL (the URL is written to the run's config and passed on command lines). At start the
-password is copied into the run's 0600 secrets, where every process of the run reads it.
-
-rlrun's keys and streams have fixed names, so one database holds one run: the run claims it
-(`rlrun:run` = its directory) and a database claimed by another run is refused before anything
-starts.
+The password comes from `streams.password_file`, never the URL (which is written to the config
+and to command lines), and is copied into the run's 0600 secrets. rlrun's keys have fixed names,
+so one database holds one run: the run claims it (`rlrun:run` = its directory) and a database
+claimed by another run is refused before anything starts.
 """
 
 from __future__ import annotations
