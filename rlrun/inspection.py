@@ -237,16 +237,10 @@ def find_run(checkpoint: Path) -> Optional[RunDir]:
 
 
 def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_staleness: Optional[int] = None) -> dict:
-    """What the journal on `client` (connected, decode_responses=True) holds right now.
-
-    `samples_in_flight`: samples of open groups not finished yet (pending or generating);
-    `tokens_saved`: tokens held by open groups' samples (what a restart reuses, at most);
-    `groups_awaiting_delivery`: open groups (not yet published to the trainer), of which
-    `groups_ready` have every sample finished. `max_prefix_lag`: the largest
-    `policy_version - oldest token's version` over unfinished samples with a prefix. With a
-    staleness bound, `stale_prefixes`/`stale_tokens` are what a replay now would drop (None
-    without a bound or without a published policy version). `groups_quarantined`: groups a
-    replay took out because their header was unreadable (their keys are kept).
+    """What the journal on `client` holds right now. `tokens_saved`: what a restart reuses, at
+    most; `max_prefix_lag`: the largest `policy_version - oldest token's version` of an unfinished
+    prefix; `stale_prefixes`/`stale_tokens`: what a replay now would drop (None without a bound
+    or a published policy version); `groups_quarantined`: taken out of replay (unreadable header).
     """
     from rlrun.journal.plan import plan_replay
     from rlrun.journal.store import Journal
@@ -372,12 +366,8 @@ def combined_summary(per_actor: dict[str, dict]) -> dict:
 
 
 def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> tuple[Optional[dict], Optional[str]]:
-    """(journal summary, None), or (None, why there is none).
-
-    With `redis_url` the journal is read from there (the run's password is used when the URL
-    has none), and failing to read it raises EnvironmentProblem. Without it, the run's own
-    Redis is read only while its supervisor runs and the server answers.
-    """
+    """(journal summary, None), or (None, why there is none): from `redis_url` (EnvironmentProblem
+    when it cannot be read), else from the run's own Redis while its supervisor runs."""
     from rlrun.streams.server import connect, ping
 
     run = RunDir(Path(report.run_dir)) if report.run_dir else None

@@ -1,10 +1,8 @@
 """`rlrun resume RUN_DIR`: continue a stopped or crashed run from what its directory holds.
 
-The saved resolved config is reloaded (never recomposed from conf/, so later edits to recipes
-cannot change a resumed run); only the allow-listed overrides may change it. Then the same code
-path as `rlrun train` runs: Redis restarts from its AOF, the trainer from its last complete
-checkpoint (groups consumed after it are still pending and are fed again), vLLM from the current
-weights, and the actor replays the token journal.
+The saved resolved config is reloaded (never recomposed from conf/: later edits to recipes cannot
+change a resumed run), changed only by the allow-listed overrides; then `rlrun train`'s path runs
+(docs/recovery.md: what each role restarts from).
 """
 
 from __future__ import annotations

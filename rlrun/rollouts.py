@@ -1,8 +1,5 @@
-"""The finished-group message the actor publishes and the trainer consumes (JSON, versioned).
-
-One message per group on the trainer's input stream. Its samples carry, per completion token,
-the behaviour log-prob vLLM reported and the policy version that produced the token, so the
-trainer can use them as old log-probs and measure policy lag.
+"""The finished-group message the actor publishes and the trainer consumes (JSON, versioned): per
+completion token, the behaviour log-prob vLLM reported and the policy version that produced it.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """How K actors split a run between them (pure): prompts, vLLM servers, and their share of a step.
 
-Actor k of K owns the prompt positions k, k + K, k + 2K, ... of the run's seeded prompt order
-(its c-th group takes position c·K + k), so the actors' prompts are disjoint, together they cover
-the order with no gap, and each actor's own prompt cursor (its journal's) is all it needs to
-resume: a crashed actor's replacement neither skips nor repeats a prompt, whatever the others
-did meanwhile. Its vLLM servers are k, k + K, ... (with M ≥ K every server belongs to one actor;
-with fewer, actors share them), and it may run ahead of the trainer by its share of the
-groups of a step.
+Actor k of K owns the prompt positions k, k + K, ... of the run's seeded order (its c-th group
+takes c·K + k): disjoint, no gap, and its own journal's cursor is all a replacement needs to
+neither skip nor repeat a prompt. Its vLLM servers are k, k + K, ... (fewer servers than actors:
+shared), and it may run ahead of the trainer by its share of a step's groups.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""What the actor needs to know about the trainer, per trainer backend (`TrainerView`): where a
-finished group goes, the policy version vLLM serves (tokens are tagged with it), whether there is
-room for another group (back-pressure) and whether training is over. The actor asks its backend
-for the view (`backend_for(cfg).trainer_view(cfg, redis, actor)`); Fast-LLM's is
-`rlrun/backends/fast_llm/view.py`.
+"""What the actor needs to know about the trainer, per backend (`backend_for(cfg).trainer_view`):
+where a group goes, the policy version vLLM serves, whether there is room for another group
+(back-pressure) and whether training is over. Fast-LLM's is `rlrun/backends/fast_llm/view.py`.
 """
 
 from __future__ import annotations

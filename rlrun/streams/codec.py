@@ -1,8 +1,7 @@
 """The message codec for rlrun's streams: compact JSON objects with a schema version, never pickle.
 
-Every message carries `"schema_version"`; a reader refuses a version it does not know instead of
-guessing. Fast-LLM's protocol messages are not rlrun messages (they carry no schema version) and
-are encoded by that backend.
+A reader refuses a version it does not know instead of guessing. Fast-LLM's protocol messages
+carry no schema version and are encoded by that backend.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The run's Redis without the rest of the run, for tests and benchmarks.
-
-It is started the way `rlrun train` starts it — the same config file, binary and command line,
-spawned, probed and stopped by a one-process `Supervisor` — so there is one process manager.
+"""The run's Redis without the rest of the run, for tests and benchmarks: started as `rlrun train`
+starts it (same config file and command line, under a one-process `Supervisor`).
 """
 
 from __future__ import annotations
