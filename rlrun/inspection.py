@@ -9,7 +9,6 @@ weights (only names, sizes and metadata); `rlrun.cli_render` renders its report.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,8 +18,6 @@ from urllib.parse import urlsplit
 from rlrun.backends import HALF, CheckpointLayout, checkpoint_layouts
 from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
 from rlrun.rundir import MARKER, RunDir
-
-log = logging.getLogger(__name__)
 
 OK_MARKER = "ok"  # every backend writes it last: its mtime is when the checkpoint was finished
 

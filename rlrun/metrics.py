@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
 from rlrun.errors import EnvironmentProblem
 from rlrun.rundir import read_jsonl
-
-log = logging.getLogger(__name__)
 
 # Every field of a metrics.jsonl record, in the order the trainer writes them.
 FIELDS: dict[str, str] = {

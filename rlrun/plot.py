@@ -84,17 +84,10 @@ def markers(events: list[dict], records: list[dict]) -> list[Marker]:
     """Restarts, failures that were not restarted, and resumes, on the step axis of `records`."""
     out = []
     for event in events:
-        kind = event.get("event")
-        if kind == "process_restarted":
-            label = "restart"
-        elif kind == "process_failed" and event.get("action") != "restart":
-            label = "failure"
-        elif kind == "run_resumed":
-            label = "resume"
-        else:
-            continue
-        when = event.get("time")
-        if not isinstance(when, (int, float)):
+        kind, when = event.get("event"), event.get("time")
+        failed = kind == "process_failed" and event.get("action") != "restart"
+        label = "failure" if failed else {"process_restarted": "restart", "run_resumed": "resume"}.get(kind)
+        if label is None or not isinstance(when, (int, float)):
             continue
         out.append(Marker(step_at(when, records), label, str(event.get("process", "")), float(when)))
     return out

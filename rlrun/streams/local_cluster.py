@@ -119,6 +119,5 @@ def local_cluster(directory: Path, password: str, nodes: int = 3, ready_timeout:
 
 
 def _state_ok(client: redis.Redis, nodes: int) -> bool:
-    info = client.execute_command("CLUSTER", "INFO")
-    text = info if isinstance(info, str) else info.decode() if isinstance(info, bytes) else str(info)
+    text = str(client.execute_command("CLUSTER", "INFO"))  # decode_responses: a str
     return "cluster_state:ok" in text and f"cluster_known_nodes:{nodes}" in text
