@@ -33,9 +33,6 @@ _EXPECTED = (
 )
 
 
-# --- the report --------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class FileEntry:
     name: str  # relative to the checkpoint directory
@@ -84,9 +81,6 @@ class CheckpointReport:
         data["total_bytes"] = self.total_bytes
         data["written_at_iso"] = None if self.written_at is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.written_at))
         return data
-
-
-# --- reading a path ----------------------------------------------------------------------------
 
 
 def inspect_path(path: Path) -> CheckpointReport:
@@ -219,18 +213,12 @@ def list_files(path: Path) -> list[FileEntry]:
     return files
 
 
-# --- the run around a checkpoint ---------------------------------------------------------------
-
-
 def find_run(checkpoint: Path) -> Optional[RunDir]:
     """The run directory a checkpoint sits in: the nearest parent holding rlrun-run.json."""
     for parent in list(checkpoint.parents)[:_RUN_SEARCH_DEPTH]:
         if RunDir(parent).is_run():
             return RunDir(parent)
     return None
-
-
-# --- the token journal -------------------------------------------------------------------------
 
 
 def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_staleness: Optional[int] = None) -> dict:

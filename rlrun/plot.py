@@ -46,9 +46,6 @@ class PlotResult:
     failures: int
 
 
-# --- pure parts ------------------------------------------------------------------------------------
-
-
 def throughput(records: list[dict]) -> list[tuple[int, float, float]]:
     """(step, tokens/s, samples/s) per record of `final_records`, over the wall time since the
     previous record (the first: its own step_time_s); a restart shows as a dip: the time was spent."""
@@ -125,9 +122,6 @@ def run_start(records: list[dict], events: list[dict]) -> float:
     return min([first_step, *times])
 
 
-# --- the run directory -----------------------------------------------------------------------------
-
-
 def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
     """Write the run's plot to `out` (default `<run>/plot.png`)."""
     run_dir.require_run()
@@ -154,9 +148,6 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
             tmp.unlink(missing_ok=True)
         raise RunDirError(f"cannot write the plot to {target}: {exc.strerror or exc}. Choose another path with --out.") from None
     return PlotResult(path=target, steps=len(records), restarts=restarts, failures=failures)
-
-
-# --- drawing ---------------------------------------------------------------------------------------
 
 
 def figure(records: list[dict], marks: list[Marker], title: str, start: float | None = None):

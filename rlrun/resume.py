@@ -40,7 +40,6 @@ def plan_resume(root, overrides: list[str]) -> ResumePlan:
     run_dir.require_run()
     if not run_dir.config.is_file():
         raise RunDirError(f"{run_dir.root} has no saved config ({run_dir.config.name}); it cannot be resumed.")
-    state = run_dir.read_state()
     pid = run_dir.running_supervisor()
     if pid is not None:
         raise RunDirError(f"{run_dir.root} is being run right now by rlrun (pid {pid}). Stop it first (Ctrl-C or kill {pid}).")
@@ -52,12 +51,12 @@ def plan_resume(root, overrides: list[str]) -> ResumePlan:
                 f"mean. Allowed: {', '.join(ALLOWED_OVERRIDES)}. Start a new run with `rlrun train` instead."
             )
     cfg = config_from_data(new, source=str(run_dir.config))
-    if cfg.streams.url is None and not _has_redis_data(run_dir):
+    if cfg.streams.url is None and not any(run_dir.redis_dir.rglob("*.aof")) and not any(run_dir.redis_dir.rglob("*.rdb")):
         raise RunDirError(
             f"{run_dir.root} has no Redis data ({run_dir.redis_dir} holds no AOF): the token journal and the "
             f"trainer's pending groups are gone, so the run cannot be resumed exactly. Start a new run."
         )
-    finished = state.get("status") == "finished" and not any(k == "trainer.max_train_steps" for k, _, _ in changes)
+    finished = run_dir.read_state().get("status") == "finished" and not any(k == "trainer.max_train_steps" for k, _, _ in changes)
     return ResumePlan(run_dir, cfg, yaml.safe_dump(new, sort_keys=False), changes, finished)
 
 
@@ -68,7 +67,3 @@ def apply(plan: ResumePlan) -> None:
         history = yaml.safe_load(plan.run_dir.overrides.read_text()) if plan.run_dir.overrides.is_file() else []
         history = history + [f"resume: {k}={v}" for k, _, v in plan.changes]
         plan.run_dir.overrides.write_text(yaml.safe_dump(history))
-
-
-def _has_redis_data(run_dir: RunDir) -> bool:
-    return any(run_dir.redis_dir.rglob("*.aof")) or any(run_dir.redis_dir.rglob("*.rdb"))

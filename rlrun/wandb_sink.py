@@ -54,15 +54,13 @@ class WandbSink:
             name=run_dir.root.name, config=config,
         )  # fmt: skip
         self._since = last_step_time or 0.0  # events up to the last step sent were sent with it
-        self.failures = self.restarts = 0
 
     def log(self, record: Mapping[str, Any], events: list[Mapping[str, Any]] = ()) -> None:
         """The record's scalars at its step, with the events since the last step sent."""
         data: dict[str, Any] = dict(scalars(record))
         new = [e for e in events if e.get("event") in EVENTS_SENT and float(e.get("time", 0)) > self._since]
-        self.failures = sum(1 for e in events if e.get("event") == "process_failed")
-        self.restarts = sum(1 for e in events if e.get("event") == "process_restarted")
-        data["supervisor/failures"], data["supervisor/restarts"] = self.failures, self.restarts
+        data["supervisor/failures"] = sum(1 for e in events if e.get("event") == "process_failed")
+        data["supervisor/restarts"] = sum(1 for e in events if e.get("event") == "process_restarted")
         if new:
             data["supervisor/event"] = "\n".join(event_line(e) for e in new)
         self._run.log(data, step=record.get("step"))

@@ -24,9 +24,6 @@ class CorruptRecord(ValueError):
     """A journal record that is not valid JSON of a known schema version and shape."""
 
 
-# --- helpers -----------------------------------------------------------------------------------
-
-
 def _check_header(data: dict, kind: str) -> None:
     version = data.get("schema_version")
     if type(version) is not int or version != SCHEMA_VERSION:

@@ -56,9 +56,6 @@ OPEN_GROUP_ATTEMPTS = 8  # cursor compare-and-set retries before giving up (anot
 _TRIM_BATCH = 500
 
 
-# --- errors and results ------------------------------------------------------------------------
-
-
 class JournalError(Exception):
     """An operation the journal refuses."""
 

