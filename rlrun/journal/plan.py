@@ -35,9 +35,9 @@ class Action(StrEnum):
 class SamplePlan:
     index: int
     action: Action
-    prefix_token_ids: list[int]  # tokens kept (all of them for keep/finish_length; none for restart)
-    prefix_logprobs: list[float]
-    prefix_versions: list[int]
+    prefix_token_ids: list[int] = field(default_factory=list)  # tokens kept (all but for restart: none)
+    prefix_logprobs: list[float] = field(default_factory=list)
+    prefix_versions: list[int] = field(default_factory=list)
     finish_reason: Optional[str] = None  # keep: the recorded reason; finish_length: "length"
     dropped_tokens: int = 0  # restart: tokens of a stale prefix that were dropped
 
@@ -108,11 +108,4 @@ def _plan_sample(sample: SampleRecord, budget: int, version: int, staleness: int
         return kept(Action.FINISH_LENGTH, "length")
     elif held:
         return kept(Action.CONTINUE, None)
-    return SamplePlan(
-        index=sample.index,
-        action=Action.RESTART,
-        prefix_token_ids=[],
-        prefix_logprobs=[],
-        prefix_versions=[],
-        dropped_tokens=dropped,
-    )
+    return SamplePlan(sample.index, Action.RESTART, dropped_tokens=dropped)

@@ -206,11 +206,8 @@ return {'ok', id}
 
 
 class Journal:
-    """The run's token journal, on a client made by `rlrun.streams.server.connect`.
-
-    One actor writes a journal at a time (the supervisor guarantees it); a second writer is
-    detected by the cursor's compare-and-set and by rejected appends, never silently merged.
-    """
+    """One actor's token journal, on a client made by `rlrun.streams.server.connect`. A second
+    writer is detected (the cursor's compare-and-set, rejected appends), never silently merged."""
 
     def __init__(self, client: redis.Redis, prefix: str = KEY_PREFIX) -> None:
         if not client.get_encoder().decode_responses:
@@ -246,13 +243,9 @@ class Journal:
         run: str,
         cursor_hint: int | None = None,
     ) -> GroupRecord:
-        """Hand out the next prompt: a new group `"<run>/<cursor>"` with every sample pending.
-
-        One script moves the cursor and writes the group only if the cursor has not moved since it
-        was read (compare-and-set): a crash leaves both or neither, so a restart neither skips nor
-        repeats a prompt. `cursor_hint` (the cursor after the caller's last open) saves reading
-        it; a wrong hint costs one refused try, never a wrong group.
-        """
+        """Hand out the next prompt: a new group `"<run>/<cursor>"` with every sample pending, written
+        only if the cursor has not moved since it was read (compare-and-set: a crash leaves both or
+        neither). `cursor_hint` saves reading the cursor; a wrong one costs a try, never a wrong group."""
         cursor = self.cursor() if cursor_hint is None else cursor_hint
         for _ in range(OPEN_GROUP_ATTEMPTS):
             prompt_index = prompt_index_for(cursor)
@@ -310,9 +303,8 @@ class Journal:
         ]
 
     def finish(self, group_id: str, index: int, finish_reason: str, expected_length: int) -> WriteResult:
-        """Mark a sample finished ("stop" or "length") if it holds `expected_length` tokens: an
-        append of no tokens at that offset. Repeating the same finish is accepted (a retry);
-        another reason is rejected. An aborted sample is not finished: it is continued."""
+        """Mark a sample finished ("stop" or "length") if it holds `expected_length` tokens (an append
+        of no tokens); the same finish again is accepted (a retry), another reason is not."""
         (result,) = self.append_many([Append(group_id, index, expected_length, [], [], 0, finish_reason)])
         return result
 
@@ -356,9 +348,8 @@ class Journal:
         raise UnknownGroup(f"cannot deliver {group_id}: it is not in the journal")
 
     def quarantine(self, group_id: str) -> bool:
-        """Take an open group whose header is unreadable out of `open` (so no replay meets it
-        again), into the quarantine set; its hash and log stay as they are, for a person to read.
-        Its prompt is skipped. Returns False if it was not open."""
+        """Move an open group whose header is unreadable from `open` to the quarantine set (its
+        prompt is skipped; its keys stay for a person to read). False if it was not open."""
         with self.client.pipeline(transaction=True) as pipe:
             pipe.zscore(self.key("open"), group_id)
             pipe.zrem(self.key("open"), group_id)

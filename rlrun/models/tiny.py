@@ -143,13 +143,9 @@ def _build(build: TinyBuild, folder: Path) -> None:
 
 
 def build_tokenizer(max_model_len: int):
-    """The character tokenizer: one id per character, nothing added on encode, exact decode.
-
-    A Qwen2 byte-level BPE with 64 single-character tokens and no merges: transformers 5 rebuilds
-    a Qwen2 pipeline from the vocabulary (ignoring tokenizer.json's), and built this way it is
-    the same one, so transformers, vLLM and the actor tokenize alike. Characters outside the
-    vocabulary are dropped (the BPE has no unknown token).
-    """
+    """The character tokenizer: one id per character, nothing added on encode, exact decode. A
+    Qwen2 byte-level BPE without merges: transformers 5 rebuilds a Qwen2 pipeline from the
+    vocabulary, and built this way it is the same one, so transformers, vLLM and the actor agree."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import bytes_to_unicode

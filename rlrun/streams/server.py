@@ -98,12 +98,9 @@ DEFAULT_USER_OFF = "user default reset off"  # nobody gets in without a name and
 def write_server_config(
     run_dir: RunDir, port: int, host: str, appendfsync: str, default_user: str = DEFAULT_USER_OFF
 ) -> None:
-    """Write the server's config file (mode 0600: it holds the password hash) into the run directory.
-
-    rlrun's processes log in as `rlrun` with the run's password (kept, so a restarted server
-    accepts the previous clients); the passwordless `default` user is off unless `default_user`
-    gives it a restricted role (Fast-LLM's clients: backends/fast_llm/acl.py).
-    """
+    """Write the server's config file (0600: it holds the password hash): rlrun's processes log in
+    as `rlrun` with the run's kept password; the passwordless `default` user is off unless
+    `default_user` gives it a restricted role (Fast-LLM's clients: backends/fast_llm/acl.py)."""
     if appendfsync not in APPENDFSYNC_CHOICES:
         raise ConfigError(
             f"streams.appendfsync={appendfsync!r} is not a Redis appendfsync policy: use one of "
@@ -183,14 +180,10 @@ def connect(
     client_name: str | None = None,
     reconnect_s: float = 60.0,
 ) -> redis.Redis | redis.RedisCluster:
-    """A client for the run's Redis, answering str: redis-py's `RedisCluster` when the server says
-    (`INFO cluster`) it is a cluster node (keys one script touches share a hash tag:
-    `names.journal_prefix`), else a plain `Redis`.
-
-    `socket_timeout` bounds every reply (a blocking read must block for less). A command that
-    meets a lost connection is retried with backoff for about `reconnect_s`, so a Redis the
-    supervisor restarted (from its AOF) is picked up again without the caller noticing.
-    """
+    """A client for the run's Redis, answering str: a `RedisCluster` when the server is a cluster
+    node (`INFO cluster`), else a `Redis`. `socket_timeout` bounds every reply (a blocking read
+    must block for less); a lost connection is retried for about `reconnect_s`, so a Redis the
+    supervisor restarted is picked up again without the caller noticing."""
     from urllib.parse import urlsplit, urlunsplit
 
     from redis.backoff import ExponentialBackoff
