@@ -27,11 +27,6 @@ err_console = Console(stderr=True, soft_wrap=True)  # messages stay whole lines 
 OVERRIDES_HELP = "Hydra overrides, e.g. recipe=math_grpo trainer.max_train_steps=50 run.dir=runs/mine"
 
 
-@app.callback()
-def _root() -> None:
-    """rlrun: launch and supervise asynchronous GRPO/GSPO training runs."""
-
-
 def _fail(exc: BaseException, debug: bool) -> None:
     if debug:
         err_console.print_exception()

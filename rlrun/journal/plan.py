@@ -1,18 +1,13 @@
 """The replay plan: what to do with every sample of the journal's open groups after a restart.
 
-A pure function over records (no Redis, no clock). For each open group, per sample:
+A pure function over records (no Redis, no clock). For each open group's samples:
 
-- `keep`: the sample is finished; its tokens are used as they are.
-- `continue`: the sample holds a prefix; generate again with `prompt + prefix` as the prompt, for
-  what is left of its budget (`rlrun.actor.sampling.remaining_budget`, the one budget rule). The
-  prefix's token ids, logprobs and policy versions are kept exactly.
-- `finish_length`: the sample holds a prefix that spends its whole budget; it is finished locally
-  with reason "length", without a request.
-- `restart`: the sample holds no tokens, or its prefix is stale (its OLDEST token was produced by
-  a policy older than `current_version - max_prefix_staleness`): the prefix is dropped (and
-  counted, never trained on silently) and the sample is generated from the prompt alone.
-
-Delivered groups are not in it: the trainer already has them.
+- `keep`: finished; its tokens are used as they are.
+- `continue`: it holds a prefix, kept exactly; generated again from `prompt + prefix`, for what is
+  left of its budget (`rlrun.actor.sampling.remaining_budget`).
+- `finish_length`: its prefix spends its whole budget: finished locally as "length".
+- `restart`: no tokens, or a stale prefix (its OLDEST token from a policy older than
+  `current_version - max_prefix_staleness`), dropped and counted: generated from the prompt alone.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The run's Redis server: which binary, how it is configured, how to reach it and probe it.
 
-The server listens on one address (loopback by default) with protected mode on, requires a password
-generated once per run and kept in the run directory with mode 0600, writes an append-only file
-(AOF) so streams and journals survive a crash and a restart, takes no RDB snapshots, and has the
-commands a run never needs disabled (`DISABLED_COMMANDS`). The password is only ever in files
-readable by the owner: the server is started as `<binary> <conf path>`, never with it in argv.
-
-The supervisor builds its process spec from `find_server_binary`, `write_server_config`,
-`server_argv` and `ping` (so does `streams/standalone.py`, the server alone for tests and benchmarks).
+One address (loopback by default), protected mode, a per-run password kept 0600 and never in argv,
+an AOF (streams and journals survive a crash), no RDB snapshots, `DISABLED_COMMANDS` off. The
+supervisor's spec (and `standalone.py`'s) is built from `find_server_binary`, `write_server_config`,
+`server_argv` and `ping`.
 """
 
 from __future__ import annotations
