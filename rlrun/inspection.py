@@ -206,11 +206,8 @@ def _mtime(path: Path) -> tuple[Optional[float], str]:
 
 def list_files(path: Path) -> list[FileEntry]:
     """Every file below the checkpoint, by relative name (links are not followed)."""
-    files = []
-    for item in sorted(path.rglob("*")):
-        if item.is_file() and not item.is_symlink():
-            files.append(FileEntry(str(item.relative_to(path)), item.stat().st_size))
-    return files
+    items = sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    return [FileEntry(str(item.relative_to(path)), item.stat().st_size) for item in items]
 
 
 def find_run(checkpoint: Path) -> Optional[RunDir]:

@@ -165,12 +165,7 @@ def _max_train_steps(run_dir: RunDir) -> Optional[int]:
 
 
 def _updated(run_dir: RunDir) -> Optional[float]:
-    times = []
-    for path in (run_dir.events, run_dir.metrics, run_dir.state):
-        try:
-            times.append(path.stat().st_mtime)
-        except OSError:
-            pass
+    times = [path.stat().st_mtime for path in (run_dir.events, run_dir.metrics, run_dir.state) if path.is_file()]
     return max(times) if times else None
 
 

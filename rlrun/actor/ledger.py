@@ -6,6 +6,7 @@ restart and exists so the journal's overhead can be measured against it (`actor.
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import groupby
 from typing import Optional
 
 from rlrun.actor.sampling import SampleState
@@ -44,19 +45,14 @@ class JournalLedger:
         and, for finished samples, their finish (carried by their last append)."""
         appends, owners = [], []
         for sample in samples:
-            offset = sample.journaled
+            offset, runs = sample.journaled, []
             finish = sample.finish_reason if sample.finished and not sample.finish_recorded else None
-            runs = []
-            while offset < len(sample.completion_ids):
-                version = sample.versions[offset]
-                end = offset
-                while end < len(sample.completion_ids) and sample.versions[end] == version:
-                    end += 1
+            for version, same in groupby(sample.versions[offset:]):
+                end = offset + len(list(same))
                 runs.append(Append(group_id, sample.index, offset, sample.completion_ids[offset:end], sample.logprobs[offset:end], version))
                 offset = end
             if finish is not None and not runs:  # nothing new: the finish alone
-                version = sample.versions[-1] if sample.versions else 0
-                runs.append(Append(group_id, sample.index, offset, [], [], version))
+                runs.append(Append(group_id, sample.index, offset, [], [], sample.versions[-1] if sample.versions else 0))
             if finish is not None:
                 runs[-1] = replace(runs[-1], finish_reason=finish)
             appends.extend(runs)
