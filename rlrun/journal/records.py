@@ -69,9 +69,6 @@ def _float_list(value: Any, what: str) -> list[float]:
     return [float(v) for v in value]
 
 
-# --- samples and groups ------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class SampleRecord:
     """One sample of a group: the tokens it holds so far and where it stands."""
@@ -177,9 +174,6 @@ HEADER_FIELDS = tuple(f.name for f in fields(GroupHeader))  # the one list of a 
 def header_fields(header: GroupHeader | GroupRecord) -> dict:
     """The fields a group's header and its record share."""
     return {name: getattr(header, name) for name in HEADER_FIELDS}
-
-
-# --- the token log -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

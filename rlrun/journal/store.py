@@ -101,8 +101,6 @@ class LoadResult(NamedTuple):
     corrupt: list[tuple[str, str]]  # (key, reason) for every corrupt record met
 
 
-# --- scripts -----------------------------------------------------------------------------------
-
 # CAS on the cursor: the group for cursor n is written in the same step that moves the cursor to
 # n + 1, so a crash leaves either both or neither.
 # KEYS: cursor, group hash, open zset. ARGV: n, group_id, header JSON, group size.
@@ -200,9 +198,6 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZADD', KEYS[4], st[3], ARGV[1])
 return {'ok', id}
 """
-
-
-# --- the journal -------------------------------------------------------------------------------
 
 
 class Journal:

@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 4  # bump when the architecture, tokenizer or warm start changes: new folder names
 MARKER = "rlrun-model.json"  # written last; a folder without it is not a finished build
 
-# --- the model's shape ---------------------------------------------------------------------------
 HIDDEN = 128
 HEADS = 2  # head_dim = HIDDEN / HEADS = 64: vLLM's CPU attention rejects head dims below 64
 KV_HEADS = 1
@@ -37,7 +36,6 @@ INTERMEDIATE = 256
 LAYERS = 2
 VOCAB_SIZE = 64
 
-# --- the character vocabulary --------------------------------------------------------------------
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 SPECIAL_TOKENS = (PAD, EOS, BOS, UNK)
 # Specials, digits, operators, space, lower-case letters, then punctuation up to 64 entries.
@@ -47,7 +45,6 @@ CHARACTERS = (
     tuple(string.digits) + tuple("+-*=") + (" ",) + tuple(string.ascii_lowercase) + tuple(".,:;!?()/%$#&'\"_[]^")
 )
 
-# --- the warm start ------------------------------------------------------------------------------
 WARM_START_LR = 1.5e-3  # AdamW learning rate; with 40 steps: ~15-27 % sampled accuracy (12 seeds)
 WARM_START_BATCH = 128  # problems per warm-start step, drawn with replacement
 EVAL_MAX_PROBLEMS = 1000  # accuracy recorded in the marker is measured on at most this many
