@@ -4,9 +4,11 @@ and documented exit codes here, and only here; tracebacks only with --debug.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +20,11 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
+from rlrun import plot as plotting
+from rlrun import status as run_status
 from rlrun.errors import ExitCode, Interrupted, ProcessFailed, RlrunError, RunDirError
+from rlrun.metrics import read_metrics
+from rlrun.rundir import RunDir
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Launch and supervise asynchronous GRPO/GSPO training runs.")
 console = Console()
@@ -94,7 +100,6 @@ def train(
 def _print_dry_run(cfg, resolved: str, launch) -> None:
     from rlrun import preflight
     from rlrun.actor.partition import ownership
-    from rlrun.rundir import RunDir
 
     run_dir = RunDir(launch.run_root(cfg))
     preflight.check(cfg, run_dir.root, fresh=True, cheap=True)  # what `train` would refuse, refused now
@@ -156,11 +161,7 @@ def status(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Show the processes, progress and effective training time of a running or finished run."""
-    import json
-
-    from rlrun import status as run_status
     from rlrun.live import status_table
-    from rlrun.rundir import RunDir
 
     run = RunDir(run_dir.resolve())
     with _errors(debug):
@@ -186,9 +187,6 @@ def runs(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """List the runs under ROOT, newest first: state, step, reward, ETTR, restarts and last event."""
-    import json
-
-    from rlrun import status as run_status
 
     with _errors(debug):
         found = run_status.list_runs(root)
@@ -217,10 +215,6 @@ def logs(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Print a process's log (its latest start attempt, in the newest launch unless --launch)."""
-    import time
-
-    from rlrun import status as run_status
-    from rlrun.rundir import RunDir
 
     with _errors(debug):
         path = run_status.latest_log(RunDir(run_dir.resolve()), process, launch)
@@ -271,8 +265,6 @@ def plot(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Write a PNG of the run: reward (mean ± std) and throughput over steps, restarts marked."""
-    from rlrun import plot as plotting
-    from rlrun.rundir import RunDir
 
     with _errors(debug):
         result = plotting.plot_run(RunDir(run_dir.resolve()), out)
@@ -282,10 +274,7 @@ def plot(
 def _report_end(cfg, run_dir, reason: str) -> None:
     """What a finished train/resume prints: why it finished, the last step, the time split, and
     where the metrics and their plot are (Fast-LLM keeps its training metrics in its own log)."""
-    from rlrun import plot as plotting
-    from rlrun import status as run_status
     from rlrun.backends import backend_for
-    from rlrun.metrics import read_metrics
 
     console.print(f"[bold green]finished:[/] {reason}")
     last = (read_metrics(run_dir.metrics) or [None])[-1]
