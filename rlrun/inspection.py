@@ -15,9 +15,18 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
 
-from rlrun.backends import HALF, CheckpointLayout, checkpoint_layouts
+import redis
+
+from rlrun.actor.partition import actor_name
+from rlrun.backends import HALF, CheckpointLayout, backend_for, checkpoint_layouts
+from rlrun.config.compose import load_resolved
 from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
+from rlrun.journal.plan import plan_replay
+from rlrun.journal.store import KEY_PREFIX, Journal
 from rlrun.rundir import MARKER, RunDir
+from rlrun.streams import names
+from rlrun.streams.external import process_url
+from rlrun.streams.server import connect, ping, redis_url
 
 OK_MARKER = "ok"  # every backend writes it last: its mtime is when the checkpoint was finished
 
@@ -224,11 +233,6 @@ def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_stalenes
     prefix; `stale_prefixes`/`stale_tokens`: what a replay now would drop (None without a bound
     or a published policy version); `groups_quarantined`: taken out of replay (unreadable header).
     """
-    from rlrun.journal.plan import plan_replay
-    from rlrun.journal.store import Journal
-    from rlrun.journal.store import KEY_PREFIX
-    from rlrun.streams import names
-
     prefix = KEY_PREFIX if prefix is None else prefix
     journal = Journal(client, prefix)
     loaded = journal.load_open_groups()
@@ -275,8 +279,6 @@ class RedisEndpoint:
 
 def _config(run: Optional[RunDir], warnings: Optional[list[str]] = None):
     """The run's resolved config, or None when it has none that can be read (said in `warnings`)."""
-    from rlrun.config.compose import load_resolved
-
     if run is None or not run.config.is_file():
         return None
     try:
@@ -290,13 +292,9 @@ def _config(run: Optional[RunDir], warnings: Optional[list[str]] = None):
 def run_redis_endpoint(run: RunDir) -> Optional[RedisEndpoint]:
     """The run's Redis: the external one its config names (streams.url), else its own, from its
     redis.conf (`bind`, `port`); with the run's password file."""
-    from rlrun.streams.server import redis_url
-
     cfg = _config(run)
     password = run.read_redis_password()
     if cfg is not None and cfg.streams.url is not None:
-        from rlrun.streams.external import process_url
-
         return RedisEndpoint(process_url(cfg.streams.url, password is not None), password)
     try:
         lines = run.redis_conf.read_text().splitlines()
@@ -317,14 +315,10 @@ def journal_prefixes_of(cfg) -> list[tuple[str, Optional[str]]]:
     stream its actor delivers into); one actor, the default, without a config."""
     if cfg is None:
         return [("actor", None)]
-    from rlrun.actor.partition import actor_name
-    from rlrun.backends import backend_for
-    from rlrun.streams.names import journal_prefix
-
     k_all = cfg.actor.num_actors
     backend = backend_for(cfg)
     return [
-        (actor_name(k, k_all), journal_prefix(backend.trainer_view(cfg, None, k).stream))  # a view touches Redis only when asked
+        (actor_name(k, k_all), names.journal_prefix(backend.trainer_view(cfg, None, k).stream))  # a view touches Redis only when asked
         for k in range(k_all)
     ]  # fmt: skip
 
@@ -350,8 +344,6 @@ def combined_summary(per_actor: dict[str, dict]) -> dict:
 def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> tuple[Optional[dict], Optional[str]]:
     """(journal summary, None), or (None, why there is none): from `redis_url` (EnvironmentProblem
     when it cannot be read), else from the run's own Redis while its supervisor runs."""
-    from rlrun.streams.server import connect, ping
-
     run = RunDir(Path(report.run_dir)) if report.run_dir else None
     if redis_url:
         try:
@@ -367,8 +359,6 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
         if endpoint is None or not ping(endpoint.url, endpoint.password):
             return None, REDIS_NOT_RUNNING
         explicit = False
-    import redis
-
     client = None
     try:
         client = connect(endpoint.url, endpoint.password, socket_timeout=5.0, reconnect_s=0, client_name="rlrun-inspect")

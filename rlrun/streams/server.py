@@ -14,9 +14,12 @@ import os
 import shutil
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from rlrun.errors import ConfigError, EnvironmentProblem
@@ -180,12 +183,6 @@ def connect(
     node (`INFO cluster`), else a `Redis`. `socket_timeout` bounds every reply (a blocking read
     must block for less); a lost connection is retried for about `reconnect_s`, so a Redis the
     supervisor restarted is picked up again without the caller noticing."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    from redis.backoff import ExponentialBackoff
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
     retries = max(0, int(reconnect_s / 2.0))  # the backoff reaches its 2 s cap after a few tries
     retry = _RetryUnlessRefused(ExponentialBackoff(cap=2.0, base=0.1), retries, supported_errors=(RedisConnectionError, RedisTimeoutError))
     parts = urlsplit(url)
