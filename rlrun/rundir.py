@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -103,8 +104,6 @@ class RunDir:
     def ensure_secret(self, path: Path) -> str:
         """The secret stored at `path` (the Redis password, the vLLM key), generated on first use
         and read back afterwards, so restarted servers accept the clients of the previous ones."""
-        import secrets
-
         stored = path.read_text().strip() if path.is_file() else ""
         if not stored:
             stored = secrets.token_urlsafe(32)

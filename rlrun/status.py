@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+import yaml
+
 from rlrun.errors import RunDirError
 from rlrun.ettr import TimeSplit, split_wall_time
 from rlrun.metrics import read_metrics
@@ -155,8 +157,6 @@ def describe_split(split: TimeSplit) -> str:
 
 
 def _max_train_steps(run_dir: RunDir) -> Optional[int]:
-    import yaml
-
     try:
         value = (yaml.safe_load(run_dir.config.read_text()) or {}).get("trainer", {}).get("max_train_steps")
     except (OSError, yaml.YAMLError, AttributeError):

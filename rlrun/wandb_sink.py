@@ -11,6 +11,8 @@ import secrets
 from collections.abc import Mapping
 from typing import Any, Optional
 
+import yaml
+
 from rlrun.errors import EnvironmentProblem
 from rlrun.metrics import scalars
 from rlrun.rundir import RunDir
@@ -46,7 +48,6 @@ class WandbSink:
     def __init__(self, run_dir: RunDir, project: str, mode: str, last_step_time: Optional[float] = None) -> None:
         require_wandb()
         import wandb
-        import yaml
 
         config = yaml.safe_load(run_dir.config.read_text()) if run_dir.config.is_file() else {}
         self._run = wandb.init(
