@@ -30,8 +30,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Launch and s
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (grep, logs)
 
-OVERRIDES_HELP = "Hydra overrides, e.g. recipe=math_grpo trainer.max_train_steps=50 run.dir=runs/mine"
-
 
 def _fail(exc: BaseException, debug: bool) -> None:
     if debug:
@@ -66,10 +64,7 @@ def _supervise(cfg, run_dir, resumed: bool = False) -> None:
     from rlrun import launch
     from rlrun.live import LiveView
 
-    def interrupt(signum, frame) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt: an orderly stop
     with LiveView(console, live=cfg.supervisor.live_view) as view:
         reason = launch.train(cfg, run_dir, on_tick=view.update, resumed=resumed)
     _report_end(cfg, run_dir, reason)
@@ -77,7 +72,7 @@ def _supervise(cfg, run_dir, resumed: bool = False) -> None:
 
 @app.command(context_settings={"allow_extra_args": False})
 def train(
-    overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
+    overrides: Optional[list[str]] = typer.Argument(None, help="Hydra overrides, e.g. recipe=math_grpo trainer.max_train_steps=50 run.dir=runs/mine"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and the processes; start nothing."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:

@@ -37,8 +37,7 @@ class JournalLedger:
         return r.header
 
     def load_open_groups(self) -> tuple[list[GroupRecord], list[tuple[str, str]]]:
-        loaded = self.journal.load_open_groups()
-        return loaded.groups, loaded.corrupt
+        return self.journal.load_open_groups()
 
     def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
         """One round trip for the samples' new tokens (split into runs of one policy version)
