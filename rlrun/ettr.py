@@ -71,7 +71,8 @@ def split_wall_time(events: list[dict], records: list[dict], now: Optional[float
     if not launches or not records:  # no step records (none yet, or trainer=fast_llm): nothing to split
         return TimeSplit(0.0, {name: 0.0 for name in BUCKETS})
     intervals: list[tuple[float, float, str]] = []
-    retaken = _retaken(records)  # indexes of records written again later
+    last_index = {r["step"]: i for i, r in enumerate(records)}
+    retaken = {i for i, r in enumerate(records) if last_index[r["step"]] != i}  # records whose step was taken again later
     for launch in launches:
         intervals.append((launch.start, launch.end, "other"))
         steps = [(i, r) for i, r in enumerate(records) if launch.start <= r["time"] <= launch.end]
@@ -143,12 +144,6 @@ def _step_parts(record: dict, lost: bool) -> list[tuple[float, float, str]]:
     wait = min(_num(record.get("wait_s")) or 0.0, end - begin)
     weights = min(_num(record.get("weights_s")) or 0.0, end - begin - wait)
     return [(begin, begin + wait, "waiting"), (begin + wait, end - weights, "training"), (end - weights, end, "weights")]
-
-
-def _retaken(records: list[dict]) -> set[int]:
-    """Indexes of records whose step is recorded again later (its first take was lost)."""
-    last_index = {r["step"]: i for i, r in enumerate(records)}
-    return {i for i, r in enumerate(records) if last_index[r["step"]] != i}
 
 
 def _failures(events: list[dict], records: list[dict], launches: list[_Launch]) -> list[FailureCost]:

@@ -128,13 +128,13 @@ def list_runs(root: Path) -> list[dict]:
         except (RunDirError, OSError, ValueError) as exc:  # one unreadable run does not hide the others
             runs.append({"run_dir": str(path), "status": f"unreadable: {exc}", "step": None, "reward_mean": None, "ettr": None, "restarts": 0, "last_event": None, "updated": None})
             continue
-        progress = full["progress"]
+        progress, files = full["progress"], (run_dir.events, run_dir.metrics, run_dir.state)
         runs.append(
             {
                 "run_dir": full["run_dir"], "status": full["status"], "step": progress["step"],
                 "max_train_steps": progress["max_train_steps"], "reward_mean": progress["reward_mean"],
                 "ettr": full["ettr"]["ettr"], "restarts": full["restarts"], "last_event": full["last_event"],
-                "updated": _updated(run_dir),
+                "updated": max((p.stat().st_mtime for p in files if p.is_file()), default=None),
             }  # fmt: skip
         )
     return sorted(runs, key=lambda r: r["updated"] or 0, reverse=True)
@@ -162,11 +162,6 @@ def _max_train_steps(run_dir: RunDir) -> Optional[int]:
     except (OSError, yaml.YAMLError, AttributeError):
         return None
     return value if isinstance(value, int) else None
-
-
-def _updated(run_dir: RunDir) -> Optional[float]:
-    times = [path.stat().st_mtime for path in (run_dir.events, run_dir.metrics, run_dir.state) if path.is_file()]
-    return max(times) if times else None
 
 
 def latest_log(run_dir: RunDir, process: str, launch: Optional[int] = None) -> Path:

@@ -12,21 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Protocol
 
 # transformers classes whose encode(add_special_tokens=False) / decode(skip_special_tokens=True)
 # are those of tokenizer.json's pipeline (tests/unit/test_actor_tokenizer.py checks it on the tiny model).
 PLAIN_CLASSES = frozenset(
     {"Qwen2Tokenizer", "Qwen2TokenizerFast", "GPT2Tokenizer", "GPT2TokenizerFast", "PreTrainedTokenizerFast", "TokenizersBackend"}
 )
-
-
-class TextCodec(Protocol):
-    """What the actor needs of a tokenizer (a transformers tokenizer satisfies it too)."""
-
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
 class JsonTokenizer:
@@ -57,7 +48,7 @@ def plain_pipeline(folder: Path) -> bool:
     return config.get("tokenizer_class") in PLAIN_CLASSES
 
 
-def load_tokenizer(model_path: str | Path) -> TextCodec:
+def load_tokenizer(model_path: str | Path):
     """The fastest loader that tokenizes exactly as transformers' AutoTokenizer does."""
     folder = Path(model_path)
     if plain_pipeline(folder):

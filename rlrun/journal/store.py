@@ -1,15 +1,12 @@
 """The token journal in Redis: groups, their samples' tokens, the prompt cursor, delivery marks.
 
-Every operation that changes the journal is one small Lua script, so it is atomic on the server
-and in the AOF (a script's writes are logged as one MULTI/EXEC block, which a truncated AOF
-drops whole). Appends name the offset they expect, so a retried or out-of-order append is
-rejected and never stored twice; delivery publishes a group to the trainer's stream and marks it
-delivered in the same script, so no replay publishes it twice and no crash loses it.
+Every change is one Lua script: atomic on the server and in the AOF (one MULTI/EXEC block, which
+a truncated AOF drops whole). Appends name the offset they expect, so a retried append is never
+stored twice; delivery publishes to the trainer's stream and marks delivered in one script.
 
-Key layout (all under `prefix`; one journal per actor). The prefix carries a Redis Cluster hash
-tag, that of the stream the journal delivers into (`names.journal_prefix`:
-"rlrun:journal:{rlrun:groups}:" by default), so on a cluster every key a script touches, the
-stream included, lives in one slot and the scripts stay atomic:
+Key layout, under `prefix` (one journal per actor), which carries the hash tag of the stream the
+journal delivers into (`names.journal_prefix`), so on a Redis Cluster every key a script touches
+lives in one slot:
 
     <prefix>cursor            string  groups opened so far = the next prompt cursor
     <prefix>open              zset    group_id -> cursor, groups not yet delivered

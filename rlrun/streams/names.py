@@ -37,10 +37,8 @@ def hash_tag(key: str) -> str:
 
 
 def journal_prefix(stream: str) -> str:
-    """The key prefix of the journal that delivers into `stream`: tagged with the stream's own hash
-    tag, so every journal key and the stream sit in one slot of a Redis Cluster and the delivery
-    script (publish + mark delivered) stays atomic there. `rlrun:groups` gives
-    `rlrun:journal:{rlrun:groups}:`; `rlrun:groups:{a1}` gives `rlrun:journal:{a1}:`."""
+    """The key prefix of the journal that delivers into `stream`, with the stream's hash tag (one
+    slot on a Redis Cluster): `rlrun:groups` gives `rlrun:journal:{rlrun:groups}:`."""
     return f"{JOURNAL_BASE}{{{hash_tag(stream)}}}:"
 
 
@@ -48,9 +46,8 @@ def journal_prefix(stream: str) -> str:
 
 
 def actor_stream(actor: int, num_actors: int) -> str:
-    """Where actor `actor` delivers its groups: `rlrun:groups` for a lone actor (the layout of a
-    run with one actor is unchanged), else `rlrun:groups:{a<k>}`, a hash tag of its own, so that
-    on a Redis Cluster the actors' journals spread over the nodes."""
+    """Where actor `actor` delivers its groups: `rlrun:groups` for a lone actor, else
+    `rlrun:groups:{a<k>}` (a hash tag of its own: the actors' journals spread over a cluster)."""
     return GROUPS_STREAM if num_actors == 1 else f"{GROUPS_STREAM}:{{a{actor}}}"
 
 
