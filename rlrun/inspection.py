@@ -351,14 +351,13 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
         except ValueError as exc:
             raise EnvironmentProblem(f"--redis-url {redis_url!r} is not a URL ({exc}); use e.g. redis://127.0.0.1:6379/0") from None
         password = None if has_password or run is None else run.read_redis_password()
-        endpoint, explicit = RedisEndpoint(redis_url, password), True
+        endpoint = RedisEndpoint(redis_url, password)
     else:
         if run is None:
             return None, NO_RUN_FOR_JOURNAL
         endpoint = run_redis_endpoint(run) if run.running_supervisor() is not None else None
         if endpoint is None or not ping(endpoint.url, endpoint.password):
             return None, REDIS_NOT_RUNNING
-        explicit = False
     client = None
     try:
         client = connect(endpoint.url, endpoint.password, socket_timeout=5.0, reconnect_s=0, client_name="rlrun-inspect")
@@ -369,7 +368,7 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
         }
         return combined_summary(per_actor), None
     except (redis.RedisError, OSError, ValueError) as exc:
-        if explicit:
+        if redis_url:
             raise EnvironmentProblem(f"cannot read the token journal from {endpoint.url}: {exc}") from None
         return None, f"Redis did not answer ({exc}); {REDIS_NOT_RUNNING}"
     finally:

@@ -41,9 +41,8 @@ async def stream_completion(
         "stream": True,
         "logprobs": 0,
         "return_token_ids": True,
+        "min_tokens": min_tokens,
     }
-    if min_tokens:
-        body["min_tokens"] = min_tokens
     async with client.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")
