@@ -33,9 +33,7 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
         for damaged in report.skipped_damaged:
             out.append(f"[yellow]skipped damaged checkpoint {escape(damaged)}[/]")
 
-    main = Table(title="checkpoint", show_header=False, title_justify="left")
-    main.add_column("field", style="bold")
-    main.add_column("value", overflow="fold")
+    main = _fields("checkpoint", [])
     main.add_row("path", escape(report.path))
     main.add_row("layout", report.layout)
     main.add_row("step", _text(report.step))
@@ -52,12 +50,7 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
     out.append(main)
 
     if report.config is not None:
-        cfg = Table(title="config", show_header=False, title_justify="left")
-        cfg.add_column("field", style="bold")
-        cfg.add_column("value")
-        for name, value in asdict(report.config).items():
-            cfg.add_row(name.replace("_", " "), escape(str(value)))
-        out.append(cfg)
+        out.append(_fields("config", [(name, escape(str(value))) for name, value in asdict(report.config).items()]))
 
     files = Table(title=f"files ({len(report.files)}, {human_size(report.total_bytes)})", title_justify="left")
     files.add_column("file", overflow="fold")
@@ -67,13 +60,7 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
     out.append(files)
 
     if journal is not None:
-        table = Table(title="journal", show_header=False, title_justify="left")
-        table.add_column("field", style="bold")
-        table.add_column("value", justify="right")
-        for name, value in journal.items():
-            if name != "actors":
-                table.add_row(name.replace("_", " "), _text(value))
-        out.append(table)
+        out.append(_fields("journal", [(name, _text(value)) for name, value in journal.items() if name != "actors"], "right"))
         if journal.get("actors"):  # actor.num_actors > 1: the same, per actor
             per = Table(title="journal per actor", title_justify="left")
             per.add_column("field", style="bold")
@@ -92,6 +79,18 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
 
 def _text(value: Any) -> str:
     return "-" if value is None else str(value)
+
+
+def _fields(title: str, rows: list[tuple[str, str]], justify: str = "left"):
+    """A two-column table of named values (`some_name` shown as "some name")."""
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold", justify=justify)
+    for name, value in rows:
+        table.add_row(name.replace("_", " "), value)
+    return table
 
 
 def checkpoint_json(report: CheckpointReport, journal: Optional[dict], journal_note: Optional[str]) -> str:
