@@ -107,11 +107,10 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
         table.add_row(spec.name, " ".join(spec.argv), " ".join(env), str(spec.log_path))
     console.print(table)
     owners = Table(title="which actor sends to which vLLM servers" + (" (and runs on the node of the first)" if cfg.world.kind == "ray" else ""))
-    owners.add_column("actor")
-    owners.add_column("vLLM servers")
-    owners.add_column("prompts (positions in the run's prompt order)")
-    for k, (actor, servers) in enumerate(ownership(cfg.actor.num_actors, cfg.inference.num_servers).items()):
-        k_all = cfg.actor.num_actors
+    for column in ("actor", "vLLM servers", "prompts (positions in the run's prompt order)"):
+        owners.add_column(column)
+    k_all = cfg.actor.num_actors
+    for k, (actor, servers) in enumerate(ownership(k_all, cfg.inference.num_servers).items()):
         owners.add_row(actor, ", ".join(servers), f"{k}, {k + k_all}, {k + 2 * k_all}, ..." if k_all > 1 else "all")
     console.print(owners)
     if cfg.world.kind == "ray":

@@ -78,7 +78,6 @@ class Actor:
             "request_errors": 0,
         }
 
-    # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
         self._continue_counters()
         resumed = self._replay_plan()
@@ -137,7 +136,6 @@ class Actor:
     def _prompt_ids(self, problem_index: int) -> list[int]:
         return self.tokenizer.encode(self.task.problems[problem_index].prompt, add_special_tokens=False)
 
-    # --- groups: new ones, and those a restart left open ---------------------------------------
     def _open_group(self) -> LiveGroup:
         h = self.ledger.open_group(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
         samples = [SampleState(index=i) for i in range(self.cfg.algo.group_size)]
@@ -249,7 +247,6 @@ class Actor:
         finally:
             self._flush(group, samples)
 
-    # --- the journal ---------------------------------------------------------------------------
     def _flush(self, group: LiveGroup, samples: list[SampleState]) -> None:
         """Append the samples' unjournaled tokens and record their finishes, in one round trip."""
         batches = [s for s in samples if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded)]

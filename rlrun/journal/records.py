@@ -61,14 +61,6 @@ def _int_list(value: Any, what: str) -> list[int]:
     return value
 
 
-def _float_list(value: Any, what: str) -> list[float]:
-    if not isinstance(value, list) or any(
-        type(v) not in (int, float) or not math.isfinite(v) for v in value
-    ):
-        raise CorruptRecord(f"{what} must be a list of finite numbers")
-    return [float(v) for v in value]
-
-
 @dataclass(frozen=True)
 class SampleRecord:
     """One sample of a group: the tokens it holds so far and where it stands."""
@@ -205,7 +197,9 @@ class LogEntry:
             return cls(kind="reset", index=index)
         what = f"append to sample {index}"
         token_ids = _int_list(_field(data, "token_ids", kind), f"{what}: token_ids")
-        logprobs = _float_list(_field(data, "logprobs", kind), f"{what}: logprobs")
+        logprobs = _field(data, "logprobs", kind)
+        if not isinstance(logprobs, list) or any(type(v) not in (int, float) or not math.isfinite(v) for v in logprobs):
+            raise CorruptRecord(f"{what}: logprobs must be a list of finite numbers")
         if len(token_ids) != len(logprobs):
             raise CorruptRecord(
                 f"{what}: token_ids and logprobs differ in length ({len(token_ids)}, {len(logprobs)})"
@@ -215,6 +209,6 @@ class LogEntry:
             index=index,
             offset=_int(_field(data, "offset", kind), f"{what}: offset"),
             token_ids=token_ids,
-            logprobs=logprobs,
+            logprobs=[float(v) for v in logprobs],
             version=_int(_field(data, "version", kind), f"{what}: version"),
         )

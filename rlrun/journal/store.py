@@ -220,7 +220,6 @@ class Journal:
         """One of the journal's keys: `cursor`, `open`, `group:<group_id>`, ... (the layout above)."""
         return self.prefix + name
 
-    # --- the prompt cursor -----------------------------------------------------------------------
     def cursor(self) -> int:
         """Groups opened so far: the cursor the next `open_group` hands out."""
         return int(self.client.get(self.key("cursor")) or 0)
@@ -270,7 +269,6 @@ class Journal:
             f"another actor is writing this journal ({self.prefix}). Stop it."
         )
 
-    # --- tokens ----------------------------------------------------------------------------------
     def append_many(self, appends: Sequence[Append]) -> list[WriteResult]:
         """Several appends in one round trip and one atomic step, each accepted or rejected on
         its own (in order: two appends to one sample chain)."""
@@ -310,7 +308,6 @@ class Journal:
         if status == "delivered":
             raise JournalError(f"cannot reset sample {index} of {group_id}: the group is delivered")
 
-    # --- delivery --------------------------------------------------------------------------------
     def deliver(self, group_id: str, stream: str, message: str | Sequence[str]) -> str | None:
         """Publish `message` (field `data`; several in order) to `stream` and mark the group
         delivered, atomically (its log is deleted, a marker stays). Returns the (last) stream id,
@@ -369,7 +366,6 @@ class Journal:
                 pipe.execute()
             deleted += len(old)
 
-    # --- reading back ----------------------------------------------------------------------------
     def load_open_groups(self) -> LoadResult:
         """Every open group, in one consistent snapshot, in cursor order. A group whose header is
         corrupt is reported and left out; a corrupt sample is reported and read as pending."""

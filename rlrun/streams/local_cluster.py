@@ -40,7 +40,6 @@ class LocalCluster:
     host: str
     password: str
     ports: list[int] = field(default_factory=list)
-    bus_ports: list[int] = field(default_factory=list)
     supervisor: Optional[Supervisor] = None  # runs the servers, as a run's supervisor runs its Redis
 
     @property
@@ -85,7 +84,7 @@ def local_cluster(directory: Path, password: str, nodes: int = 3, ready_timeout:
     exit (also when forming it failed)."""
     server, host = find_server_binary("auto"), "127.0.0.1"
     cluster = LocalCluster(host, password)
-    specs = []
+    specs, bus_ports = [], []
     for k in range(nodes):
         node_dir = (directory / f"node-{k}").resolve()
         node_dir.mkdir(parents=True, exist_ok=True)
@@ -99,12 +98,12 @@ def local_cluster(directory: Path, password: str, nodes: int = 3, ready_timeout:
             ready=lambda pid, url=url: ping(url, password), ready_timeout_s=ready_timeout,
         ))  # fmt: skip
         cluster.ports.append(port)
-        cluster.bus_ports.append(bus_port)
+        bus_ports.append(bus_port)
     with supervised(*specs) as cluster.supervisor:
         clients = [cluster.node(k) for k in range(nodes)]
         for client, (first, last) in zip(clients, slot_ranges(nodes)):
             client.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
-        for port, bus_port in zip(cluster.ports[1:], cluster.bus_ports[1:]):
+        for port, bus_port in zip(cluster.ports[1:], bus_ports[1:]):
             clients[0].execute_command("CLUSTER", "MEET", host, port, bus_port)  # the bus is not port + 10000
         deadline = time.monotonic() + ready_timeout
         while not all(_state_ok(c, nodes) for c in clients):
