@@ -120,8 +120,7 @@ def inspect_path(path: Path) -> CheckpointReport:
 
 
 def layout_of(path: Path) -> Optional[CheckpointLayout]:
-    """The backend layout `path` belongs to, or None when it looks like none (a half-written one
-    is recognised too)."""
+    """The backend layout `path` belongs to (half-written too), or None when it looks like none."""
     return next((layout for layout in checkpoint_layouts() if layout.looks_like(path)), None)
 
 
@@ -311,8 +310,7 @@ def run_redis_endpoint(run: RunDir) -> Optional[RedisEndpoint]:
 
 
 def journal_prefixes_of(cfg) -> list[tuple[str, Optional[str]]]:
-    """(actor name, key prefix of its journal) for each actor of the run (a journal follows the
-    stream its actor delivers into); one actor, the default, without a config."""
+    """(actor name, its journal's key prefix) per actor; the one default actor without a config."""
     if cfg is None:
         return [("actor", None)]
     k_all = cfg.actor.num_actors

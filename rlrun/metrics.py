@@ -49,8 +49,7 @@ NOT_SCALARS = ("step", "time")  # the x axis and the wall time of a scalar, not 
 
 
 def summed_actor_counters(states: list[Mapping[str, Any]]) -> dict[str, int]:
-    """The recovery counters of the whole run: every actor's published state (actor.num_actors)
-    added up, 0 for a counter not published yet (or unreadable)."""
+    """Every actor's published recovery counters added up (0 for one not published or unreadable)."""
     out = dict.fromkeys(ACTOR_COUNTERS, 0)
     for state in states:
         for key in ACTOR_COUNTERS:

@@ -45,8 +45,7 @@ class ProgressReader:
         self._last: dict[str, dict] = {}  # the last value read of each hash
 
     def poll_trainer_events(self) -> bool:
-        """Read the trainer's new events; True once its `training_done` event has been seen.
-        A malformed event is counted, logged with its id and recorded in events.jsonl."""
+        """Read the trainer's new events (malformed ones counted); True once `training_done` was seen."""
         try:
             polled = self._trainer_events.poll(self.redis())
         except Exception:  # Redis not up yet, or restarting: read on from the same id next time

@@ -19,8 +19,7 @@ LAUNCH_PREFIX = "launch-"  # logs/launch-<n>/: the n-th `rlrun train`/`rlrun res
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write `text` to `path` through a temporary sibling renamed over it: a reader never sees
-    half a file, and a crash leaves the old one."""
+    """Write `text` to `path` through a temporary sibling renamed over it: never half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w") as handle:
@@ -30,8 +29,7 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def read_jsonl(path: Optional[Path]) -> list[dict]:
-    """The objects of a JSON-lines file (events, metrics), in file order; a line cut short by a
-    crash is skipped, and a missing file holds none."""
+    """The objects of a JSON-lines file, in order; a line cut short by a crash is skipped."""
     if path is None or not Path(path).is_file():
         return []
     records = []
@@ -137,8 +135,7 @@ class RunDir:
         return sorted(int(n) for n in found if n.isdigit())
 
     def for_new_launch(self) -> "RunDir":
-        """This run directory for its next launch (1, 2, ...): a log folder of its own, created now,
-        so a resumed run never writes into an earlier launch's files."""
+        """This run directory for its next launch, with its own log folder (created now)."""
         n = max(self.launches(), default=0) + 1
         launched = RunDir(self.root, n)
         launched.launch_logs().mkdir(parents=True, exist_ok=False)

@@ -83,8 +83,7 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
 
 
 def report(run_dir: RunDir, now: Optional[float] = None) -> dict:
-    """One run as plain data (what `rlrun status --json` prints): state, processes, restarts,
-    last failure, progress and ETTR."""
+    """One run as plain data (what `rlrun status --json` prints)."""
     state, rows, last = load(run_dir)
     last = last or {}
     events = read_jsonl(run_dir.events)
@@ -112,8 +111,7 @@ def time_split(run_dir: RunDir, now: Optional[float] = None) -> TimeSplit:
 
 
 def list_runs(root: Path) -> list[dict]:
-    """One summary per run directory directly under `root` (or `root` itself if it is a run),
-    newest first: state, step, reward, ETTR and last event."""
+    """One summary per run directly under `root` (or `root` itself), newest first."""
     root = Path(root)
     if not root.is_dir():
         raise RunDirError(f"{root} is not a directory. Give the folder your runs are in (run.runs_root, default runs/).")

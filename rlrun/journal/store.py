@@ -270,8 +270,7 @@ class Journal:
         )
 
     def append_many(self, appends: Sequence[Append]) -> list[WriteResult]:
-        """Several appends in one round trip and one atomic step, each accepted or rejected on
-        its own (in order: two appends to one sample chain)."""
+        """Several appends in one round trip and one atomic step, each judged on its own, in order."""
         if not appends:
             return []
         keys: list[str] = []
@@ -352,8 +351,7 @@ class Journal:
         return self.client.zrange(self.key("quarantine"), 0, -1)
 
     def trim_delivered(self, keep_last: int) -> int:
-        """Delete the delivered markers of groups older than the last `keep_last` cursors;
-        returns how many were deleted."""
+        """Delete the delivered markers older than the last `keep_last` cursors; returns how many."""
         below = self.cursor() - keep_last
         deleted = 0
         while True:

@@ -143,8 +143,7 @@ def _quote(value: str) -> str:
 
 
 def pick_free_port(host: str) -> int:
-    """A port free on `host` right now. Another process may take it before the server binds it:
-    starters retry on "Address already in use"."""
+    """A port free on `host` now (another process may take it first: starters retry then)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
