@@ -177,20 +177,16 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float | 
 
     lower, upper = band(mean, std, *REWARD_RANGE)
     reward_ax.fill_between(steps, lower, upper, color="tab:blue", alpha=0.12, linewidth=0, label="± std (samples)")
-    reward_ax.plot(steps, mean, color="tab:blue", linewidth=0.6, alpha=0.5, label="step mean")
-    reward_ax.plot(steps, smooth, color="tab:blue", linewidth=1.8, label=f"mean of the last {window} steps")
-    reward_ax.set_ylabel("reward")
-    reward_ax.set_xlabel("optimizer step")
-    reward_ax.set_ylim(REWARD_RANGE[0] - 0.02, REWARD_RANGE[1] + 0.02)
-    reward_ax.grid(alpha=0.3)
-
-    clock_ax.plot(seconds, mean, color="tab:purple", linewidth=0.6, alpha=0.4, label="step mean")
-    clock_ax.plot(seconds, smooth, color="tab:purple", linewidth=1.8, label=f"mean of the last {window} steps")
+    panels = ((reward_ax, steps, "tab:blue", "optimizer step"),
+              (clock_ax, seconds, "tab:purple", "wall-clock seconds since the run started (startup included)"))  # fmt: skip
+    for ax, x, colour, xlabel in panels:
+        ax.plot(x, mean, color=colour, linewidth=0.6, alpha=0.5, label="step mean")
+        ax.plot(x, smooth, color=colour, linewidth=1.8, label=f"mean of the last {window} steps")
+        ax.set_ylabel("reward")
+        ax.set_xlabel(xlabel)
+        ax.set_ylim(REWARD_RANGE[0] - 0.02, REWARD_RANGE[1] + 0.02)
+        ax.grid(alpha=0.3)
     clock_ax.set_xlim(0.0, max(seconds[-1], 1.0))
-    clock_ax.set_ylim(REWARD_RANGE[0] - 0.02, REWARD_RANGE[1] + 0.02)
-    clock_ax.set_ylabel("reward")
-    clock_ax.set_xlabel("wall-clock seconds since the run started (startup included)")
-    clock_ax.grid(alpha=0.3)
 
     if rates:
         x = [s for s, _, _ in rates]
@@ -216,8 +212,6 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float | 
         if len(marks) <= MAX_LABELS and mark.process:
             reward_ax.annotate(mark.process, (mark.step, 1.0), xycoords=("data", "axes fraction"), rotation=90,
                                fontsize=7, color=color, ha="right", va="top")  # fmt: skip
-    reward_ax.legend(loc="lower right", fontsize=8)
-    clock_ax.legend(loc="lower right", fontsize=8)
-    if rates:
-        rate_ax.legend(loc="lower right", fontsize=8)
+    for ax in (reward_ax, clock_ax, rate_ax) if rates else (reward_ax, clock_ax):
+        ax.legend(loc="lower right", fontsize=8)
     return fig
