@@ -84,7 +84,8 @@ class JournalLedger:
 
 
 class MemoryLedger:
-    """No journal: groups in flight are lost with the actor. For measuring overhead only."""
+    """No journal: groups in flight are lost with the actor. For measuring overhead only. Nothing
+    is replayed from it, so nothing of a replay (finish, quarantine) is ever asked of it."""
 
     def __init__(self, redis) -> None:
         self.redis = redis
@@ -107,13 +108,7 @@ class MemoryLedger:
     def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
         return [WriteResult(True, len(s.completion_ids), "ok") for s in samples if len(s.completion_ids) > s.journaled or s.finished]
 
-    def finish(self, group_id: str, index: int, reason: str, length: int) -> None:
-        pass
-
     def reset(self, group_id: str, index: int) -> None:
-        pass
-
-    def quarantine(self, group_id: str) -> None:
         pass
 
     def read_group(self, group_id: str) -> tuple[Optional[GroupRecord], list[str]]:

@@ -144,8 +144,6 @@ class GroupRecord:
         if len(self.samples) != self.group_size:
             raise CorruptRecord(f"{what}: {len(self.samples)} samples, expected {self.group_size}")
         for position, sample in enumerate(self.samples):
-            if not isinstance(sample, SampleRecord):
-                raise CorruptRecord(f"{what}: sample {position} is not a SampleRecord")
             if sample.index != position or sample.group_id != self.group_id:
                 raise CorruptRecord(
                     f"{what}: sample at position {position} is {sample.group_id!r}#{sample.index}"
