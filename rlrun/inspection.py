@@ -356,19 +356,15 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
         endpoint = run_redis_endpoint(run) if run.running_supervisor() is not None else None
         if endpoint is None or not ping(endpoint.url, endpoint.password):
             return None, REDIS_NOT_RUNNING
-    client = None
+    cfg = _config(run)
+    bound = None if cfg is None else cfg.actor.max_prefix_staleness
     try:
-        client = connect(endpoint.url, endpoint.password, socket_timeout=5.0, reconnect_s=0, client_name="rlrun-inspect")
-        cfg = _config(run)
-        bound = None if cfg is None else cfg.actor.max_prefix_staleness
-        per_actor = {
-            name: journal_summary(client, prefix=prefix, max_prefix_staleness=bound) for name, prefix in journal_prefixes_of(cfg)
-        }
+        with connect(endpoint.url, endpoint.password, socket_timeout=5.0, reconnect_s=0, client_name="rlrun-inspect") as client:
+            per_actor = {
+                name: journal_summary(client, prefix=prefix, max_prefix_staleness=bound) for name, prefix in journal_prefixes_of(cfg)
+            }
         return combined_summary(per_actor), None
     except (redis.RedisError, OSError, ValueError) as exc:
         if redis_url:
             raise EnvironmentProblem(f"cannot read the token journal from {endpoint.url}: {exc}") from None
         return None, f"Redis did not answer ({exc}); {REDIS_NOT_RUNNING}"
-    finally:
-        if client is not None:
-            client.close()

@@ -10,7 +10,7 @@ import importlib.util
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from rlrun.errors import EnvironmentProblem
 from rlrun.rundir import read_jsonl
@@ -103,12 +103,6 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def read_metrics(path: Path) -> list[dict]:

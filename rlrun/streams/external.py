@@ -68,14 +68,13 @@ def check_and_claim(url: str, password: str | None, owner: str, *, claim: bool) 
 
     from rlrun.streams.server import connect
 
-    client = None
     try:  # connecting asks the server whether it is a cluster: credentials are checked here already
-        client = connect(process_url(url, password is not None), password, socket_timeout=5.0, reconnect_s=0)
-        client.ping()
-        current = client.get(OWNER_KEY)
-        if current is None and claim:
-            client.set(OWNER_KEY, owner, nx=True)
+        with connect(process_url(url, password is not None), password, socket_timeout=5.0, reconnect_s=0) as client:
+            client.ping()
             current = client.get(OWNER_KEY)
+            if current is None and claim:
+                client.set(OWNER_KEY, owner, nx=True)
+                current = client.get(OWNER_KEY)
     except redis.AuthenticationError as exc:
         raise EnvironmentProblem(
             f"the Redis at streams.url={url} refused the credentials ({exc}). Check the user in the URL and "
@@ -86,9 +85,6 @@ def check_and_claim(url: str, password: str | None, owner: str, *, claim: bool) 
             f"cannot use the Redis at streams.url={url} ({type(exc).__name__}: {exc}). Start it, or unset "
             "streams.url to let rlrun start its own."
         ) from None
-    finally:
-        if client is not None:
-            client.close()
     if current is not None and current != owner:
         raise EnvironmentProblem(
             f"the Redis database at streams.url={url} holds another run's keys (that of {current}). Give this run "
