@@ -215,19 +215,14 @@ def ping(url: str, password: str | None, timeout: float = 1.0) -> bool:
     """Readiness probe: True when the server answers PING with this password. Never raises on
     connection, authentication or protocol errors, and returns within about `timeout` seconds."""
     try:
-        client = redis.Redis.from_url(
+        with redis.Redis.from_url(
             url,
             username=RLRUN_USER if password else None,
             password=password,
             socket_connect_timeout=timeout,
             socket_timeout=timeout,
             retry=Retry(NoBackoff(), 0),
-        )
-    except ValueError:  # a malformed URL
+        ) as client:
+            return bool(client.ping())
+    except (ValueError, redis.RedisError, OSError):  # a malformed URL; LOADING while the AOF is read back
         return False
-    try:
-        return bool(client.ping())
-    except (redis.RedisError, OSError):  # includes LOADING while the AOF is read back
-        return False
-    finally:
-        client.close()
