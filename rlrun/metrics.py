@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +68,16 @@ def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def require_tensorboard() -> None:
-    """Raise EnvironmentProblem (exit 3) when the tensorboard package is not installed."""
-    if importlib.util.find_spec("tensorboard") is None:
+def require(package: str) -> None:
+    """EnvironmentProblem (exit 3) when `metrics.<package>=true` but the package is not installed."""
+    if importlib.util.find_spec(package) is None:
         raise EnvironmentProblem(
-            "metrics.tensorboard=true needs the tensorboard package, which is not installed. "
-            "Install it with pip install 'rlrun[tensorboard]', or set metrics.tensorboard=false "
-            "(metrics.jsonl is written either way)."
+            f"metrics.{package}=true needs the {package} package, which is not installed. Install it with "
+            f"pip install 'rlrun[{package}]', or set metrics.{package}=false (metrics.jsonl is written either way)."
         )
+
+
+require_tensorboard = partial(require, "tensorboard")
 
 
 class MetricsWriter:

@@ -6,27 +6,18 @@ last step sent go with the next step. `wandb` (an extra) is imported here only, 
 
 from __future__ import annotations
 
-import importlib.util
 import secrets
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, Optional
 
 import yaml
 
-from rlrun.errors import EnvironmentProblem
-from rlrun.metrics import scalars
+from rlrun.metrics import require, scalars
 from rlrun.rundir import RunDir
 
 EVENTS_SENT = ("process_failed", "process_restarted", "process_stalled", "stack_dump")
-
-
-def require_wandb() -> None:
-    """Raise EnvironmentProblem (exit 3) when the wandb package is not installed."""
-    if importlib.util.find_spec("wandb") is None:
-        raise EnvironmentProblem(
-            "metrics.wandb=true needs the wandb package, which is not installed. Install it with "
-            "pip install 'rlrun[wandb]', or set metrics.wandb=false (metrics.jsonl is written either way)."
-        )
+require_wandb = partial(require, "wandb")
 
 
 def run_id(run_dir: RunDir) -> str:
