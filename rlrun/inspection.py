@@ -220,10 +220,7 @@ def list_files(path: Path) -> list[FileEntry]:
 
 def find_run(checkpoint: Path) -> Optional[RunDir]:
     """The run directory a checkpoint sits in: the nearest parent holding rlrun-run.json."""
-    for parent in list(checkpoint.parents)[:_RUN_SEARCH_DEPTH]:
-        if RunDir(parent).is_run():
-            return RunDir(parent)
-    return None
+    return next((RunDir(p) for p in list(checkpoint.parents)[:_RUN_SEARCH_DEPTH] if RunDir(p).is_run()), None)
 
 
 def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_staleness: Optional[int] = None) -> dict:

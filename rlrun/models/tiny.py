@@ -184,11 +184,7 @@ def _portable_tokenizer_config(path: Path) -> None:
 def _new_model(build: TinyBuild, tokenizer):
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    ids = {
-        "pad_token_id": tokenizer.convert_tokens_to_ids(PAD),
-        "eos_token_id": tokenizer.convert_tokens_to_ids(EOS),
-        "bos_token_id": tokenizer.convert_tokens_to_ids(BOS),
-    }
+    ids = {f"{name}_token_id": tokenizer.convert_tokens_to_ids(token) for name, token in (("pad", PAD), ("eos", EOS), ("bos", BOS))}
     config = Qwen2Config(
         vocab_size=VOCAB_SIZE,
         hidden_size=HIDDEN,
