@@ -191,8 +191,7 @@ def _onset(events: list[dict], failed: dict) -> float:
 
 
 def _sweep(intervals: list[tuple[float, float, str]]) -> dict[str, float]:
-    """Seconds per label over the union of the intervals, each instant counted once, for the
-    label of highest precedence covering it ("other" lowest)."""
+    """Seconds per label over the union of the intervals, each instant given to its highest label."""
     points: list[tuple[float, int, str]] = []
     for start, end, label in intervals:
         if end > start:

@@ -286,8 +286,7 @@ def _config(run: Optional[RunDir], warnings: Optional[list[str]] = None):
 
 
 def run_redis_endpoint(run: RunDir) -> Optional[RedisEndpoint]:
-    """The run's Redis: the external one its config names (streams.url), else its own, from its
-    redis.conf (`bind`, `port`); with the run's password file."""
+    """The run's Redis: its config's streams.url, else its own (redis.conf's bind and port)."""
     cfg = _config(run)
     password = run.read_redis_password()
     if cfg is not None and cfg.streams.url is not None:
@@ -319,8 +318,7 @@ def journal_prefixes_of(cfg) -> list[tuple[str, Optional[str]]]:
 
 
 def combined_summary(per_actor: dict[str, dict]) -> dict:
-    """One actor: its summary. Several: their counts added up (the largest prefix lag, the one
-    policy version and bound), and each actor's own summary under `actors`."""
+    """One actor: its summary. Several: their counts added up, each one's own under `actors`."""
     if len(per_actor) == 1:
         return next(iter(per_actor.values()))
     summaries = list(per_actor.values())

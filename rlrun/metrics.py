@@ -81,8 +81,7 @@ require_tensorboard = partial(require, "tensorboard")
 
 
 class MetricsWriter:
-    """Appends step records to a JSONL file, and their scalars to TensorBoard if given a folder;
-    each is on disk when `write` returns (a process killed right after a step loses nothing)."""
+    """Appends step records to a JSONL file (and TensorBoard), each on disk when `write` returns."""
 
     def __init__(self, path: Path, tensorboard_dir: Path | None = None) -> None:
         self.path = Path(path)

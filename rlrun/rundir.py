@@ -161,8 +161,7 @@ class RunDir:
 
     @property
     def current_weights(self) -> Path:
-        """A symlink to the newest complete weights folder (the base model before the first
-        step): vLLM servers are started and restarted from it, so a restart serves the policy."""
+        """A symlink to the newest complete weights (the base model at first): vLLM (re)starts from it."""
         return self.weights / "current"
 
     def point_current_weights(self, target: Path) -> None:
@@ -260,8 +259,7 @@ class RunDir:
         return json.loads(self.state.read_text())
 
     def running_supervisor(self) -> Optional[int]:
-        """The pid of the rlrun process running this run right now, or None (finished, stopped,
-        or its rlrun was killed: state.json still says "running" but nobody is)."""
+        """The pid of the rlrun process running this run now, or None (finished, stopped, killed)."""
         try:
             state = self.read_state()
         except (OSError, ValueError):

@@ -39,8 +39,7 @@ def url_problems(url: str) -> list[str]:
 
 
 def process_url(url: str, has_password: bool) -> str:
-    """The URL the run's processes connect with: with a password and no user in the URL, Redis's
-    `default` user (rlrun's clients otherwise name rlrun's own ACL user)."""
+    """The URL the run's processes use: with a password and no user in it, Redis's `default` user."""
     parts = urlsplit(url)
     if not has_password or parts.username or parts.scheme == "unix":
         return url

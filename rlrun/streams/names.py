@@ -26,8 +26,7 @@ JOURNAL_BASE = "rlrun:journal:"
 
 
 def hash_tag(key: str) -> str:
-    """The part of `key` Redis Cluster hashes to pick its slot: the text between the first `{`
-    and the next `}` when it is not empty, else the whole key (the cluster specification's rule)."""
+    """What Redis Cluster hashes of `key`: between the first `{` and the next `}` if not empty, else all."""
     start = key.find("{")
     if start != -1:
         end = key.find("}", start + 1)

@@ -57,8 +57,7 @@ def managed_server(
     *,
     default_user: str = DEFAULT_USER_OFF,
 ) -> Iterator[StandaloneServer]:
-    """Start the run's Redis on a free port, yield it ready, stop it on exit. Its output goes to
-    the run's redis log. `default_user`: the passwordless user's ACL line (off by default)."""
+    """Start the run's Redis on a free port, yield it ready, stop it on exit (log: the run's redis log)."""
     port = pick_free_port(host)
     write_server_config(run_dir, port, host, appendfsync, default_user=default_user)
     url, password = redis_url(host, port), run_dir.ensure_secret(run_dir.redis_password)

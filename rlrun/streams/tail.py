@@ -26,8 +26,7 @@ class StreamTail:
         self.last_id = start_id  # messages with a larger id are new; XREAD is exclusive
 
     def poll(self, client, count: int = BATCH) -> Polled:
-        """The messages after `last_id` (at most `count`); raises only what the client raises
-        (then nothing was consumed)."""
+        """The messages after `last_id` (at most `count`); raises only what the client raises."""
         reply = client.xread({self.stream: self.last_id}, count=count)
         out = Polled()
         for _stream, messages in reply or []:
