@@ -266,8 +266,7 @@ def plot(
 
 
 def _report_end(cfg, run_dir, reason: str) -> None:
-    """What a finished train/resume prints: why it finished, the last step, the time split, and
-    where the metrics and their plot are (Fast-LLM keeps its training metrics in its own log)."""
+    """What a finished train/resume prints: why, the last step, the time split, where metrics and plot are."""
     from rlrun.backends import backend_for
 
     console.print(f"[bold green]finished:[/] {reason}")

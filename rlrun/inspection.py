@@ -1,10 +1,8 @@
 """What `rlrun inspect-checkpoint` reads: one checkpoint, its run's config, and the token journal.
 
-`inspect_path(path)` takes a checkpoint of any backend's layout or a run directory (then the
-checkpoint a resume would load) and returns a `CheckpointReport` of plain data; a half-written
-checkpoint is reported with `complete=False`, not refused. The journal lives in the run's Redis:
-`read_journal` reads it only where a server holds it. This module never prints and never loads
-weights (only names, sizes and metadata); `rlrun.cli_render` renders its report.
+`inspect_path` takes a checkpoint of any backend's layout or a run directory (then the checkpoint
+a resume would load) and returns plain data: a half-written checkpoint is reported, not refused.
+It never prints and never loads weights (only names, sizes, metadata); `rlrun.cli_render` renders.
 """
 
 from __future__ import annotations
@@ -335,8 +333,7 @@ def combined_summary(per_actor: dict[str, dict]) -> dict:
 
 
 def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> tuple[Optional[dict], Optional[str]]:
-    """(journal summary, None), or (None, why there is none): from `redis_url` (EnvironmentProblem
-    when it cannot be read), else from the run's own Redis while its supervisor runs."""
+    """(journal summary, None) or (None, why not): from `redis_url`, else the run's Redis while it runs."""
     run = RunDir(Path(report.run_dir)) if report.run_dir else None
     if redis_url:
         try:

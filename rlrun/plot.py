@@ -47,8 +47,7 @@ class PlotResult:
 
 
 def throughput(records: list[dict]) -> list[tuple[int, float, float]]:
-    """(step, tokens/s, samples/s) per record of `final_records`, over the wall time since the
-    previous record (the first: its own step_time_s); a restart shows as a dip: the time was spent."""
+    """(step, tokens/s, samples/s) per record, over the time since the previous one (a restart: a dip)."""
     out = []
     previous: dict | None = None
     for record in records:
@@ -151,8 +150,7 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
 
 
 def figure(records: list[dict], marks: list[Marker], title: str, start: float | None = None):
-    """Three panels, the markers on each: reward over steps (mean, smoothed, ±std), reward over
-    seconds since `start` (default: the first step's start), tokens/s over steps."""
+    """Three panels, markers on each: reward over steps (±std) and over seconds since `start`, tokens/s."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

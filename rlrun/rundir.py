@@ -48,7 +48,6 @@ class RunDir:
     root: Path
     launch: Optional[int] = None  # set by the launcher: this launch's logs go to logs/launch-<n>/
 
-    # --- what the launcher writes once -------------------------------------------------------
     @property
     def marker(self) -> Path:
         return self.root / MARKER
@@ -100,8 +99,7 @@ class RunDir:
             return ""
 
     def ensure_secret(self, path: Path) -> str:
-        """The secret stored at `path` (the Redis password, the vLLM key), generated on first use
-        and read back afterwards, so restarted servers accept the clients of the previous ones."""
+        """The secret at `path`, generated on first use and kept, so restarted servers accept old clients."""
         stored = path.read_text().strip() if path.is_file() else ""
         if not stored:
             stored = secrets.token_urlsafe(32)
@@ -109,7 +107,6 @@ class RunDir:
             self.write_secret(path, stored)
         return stored
 
-    # --- services ----------------------------------------------------------------------------
     @property
     def redis_dir(self) -> Path:
         return self.root / "redis"
@@ -146,7 +143,6 @@ class RunDir:
         suffix = "" if attempt == 0 else f".{attempt}"
         return self.launch_logs() / f"{process}{suffix}.log"
 
-    # --- trainer outputs ---------------------------------------------------------------------
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
@@ -208,7 +204,6 @@ class RunDir:
     def state(self) -> Path:
         return self.root / "state.json"
 
-    # --- lifecycle ---------------------------------------------------------------------------
     def is_run(self) -> bool:
         return self.marker.is_file()
 

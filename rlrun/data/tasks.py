@@ -28,8 +28,7 @@ def load_task(dataset: DatasetConfig, seed: int) -> Task:
 
 
 def problem_index(cursor: int, num_problems: int, seed: int) -> int:
-    """Which problem the `cursor`-th group is about: a fresh seeded permutation of the problems
-    for every pass over them (the actor's order; bench/vs_trl.py feeds TRL the same one)."""
+    """The `cursor`-th problem: a fresh seeded permutation per pass (bench/vs_trl.py feeds TRL the same)."""
     epoch, position = divmod(cursor, num_problems)
     order = list(range(num_problems))
     random.Random(seed * 1_000_003 + epoch).shuffle(order)

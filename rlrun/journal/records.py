@@ -1,9 +1,5 @@
-"""The token journal's records: typed, versioned JSON (never pickle), with clear refusals.
-
-`SampleRecord`/`GroupRecord` are what the journal holds of a sample and a group (the replay
-plan's input); `GroupHeader` is a group's fixed part, written once; `LogEntry` is one entry of a
-group's token log (an `append` at a stated offset, or a `reset`). Every record carries
-`"schema_version"`; parsing raises `CorruptRecord` (a ValueError) saying what is wrong.
+"""The token journal's records (the replay plan's input, the token log's entries): typed, versioned
+JSON (never pickle). Parsing raises `CorruptRecord` (a ValueError) saying what is wrong.
 """
 
 from __future__ import annotations
@@ -168,8 +164,7 @@ def header_fields(header: GroupHeader | GroupRecord) -> dict:
 
 @dataclass(frozen=True)
 class LogEntry:
-    """One entry of a group's token log: `append` tokens (all of policy `version`) to a sample
-    at `offset`, or `reset` it."""
+    """One entry of a group's token log: `append` tokens of policy `version` at `offset`, or `reset`."""
 
     kind: str  # "append" | "reset"
     index: int

@@ -198,8 +198,7 @@ return {'ok', id}
 
 
 class Journal:
-    """One actor's token journal, on a client made by `rlrun.streams.server.connect`. A second
-    writer is detected (the cursor's compare-and-set, rejected appends), never silently merged."""
+    """One actor's token journal; a second writer is detected (cursor compare-and-set), never merged."""
 
     def __init__(self, client: redis.Redis, prefix: str = KEY_PREFIX) -> None:
         if not client.get_encoder().decode_responses:
@@ -298,8 +297,7 @@ class Journal:
         return result
 
     def reset(self, group_id: str, index: int) -> None:
-        """Drop a sample's tokens (its prefix was stale, or corrupt) before it is generated again:
-        it is pending with length 0. Raises UnknownGroup, or JournalError once delivered."""
+        """Drop a sample's tokens (stale or corrupt) before it is generated again: pending, length 0."""
         entry = LogEntry(kind="reset", index=index)
         status = self._reset(keys=[self.key(f"group:{group_id}"), self.key(f"log:{group_id}")], args=[index, entry.to_json()])
         if status == "unknown":

@@ -34,8 +34,7 @@ def encode(message: dict) -> str:
 
 
 def json_object(raw: str | bytes, error: type[ValueError], what: str) -> dict:
-    """The JSON object in `raw` (UTF-8 text, no NaN/Infinity), or `error` saying why not (every
-    reader of JSON from Redis: stream messages, journal records)."""
+    """The JSON object in `raw` (UTF-8, no NaN/Infinity), or `error` saying why not."""
     if isinstance(raw, (bytes, bytearray)):
         try:
             raw = bytes(raw).decode("utf-8")

