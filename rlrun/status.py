@@ -168,8 +168,7 @@ def latest_log(run_dir: RunDir, process: str, launch: Optional[int] = None) -> P
         return _attempt_log(run_dir, process, launch)
     rows = {row.name: row for row in replay_events(read_jsonl(run_dir.events))}
     if process not in rows:
-        known = ", ".join(rows) or "none yet"
-        raise RunDirError(f"no process named '{process}' in {run_dir.root}. Processes: {known}.")
+        raise RunDirError(f"no process named '{process}' in {run_dir.root}. Processes: {', '.join(rows) or 'none yet'}.")
     if rows[process].log:
         return Path(rows[process].log)
     launches = run_dir.launches()

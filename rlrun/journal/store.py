@@ -11,15 +11,11 @@ lives in one slot:
     <prefix>cursor            string  groups opened so far = the next prompt cursor
     <prefix>open              zset    group_id -> cursor, groups not yet delivered
     <prefix>delivered         zset    group_id -> cursor, delivered markers (see trim_delivered)
-    <prefix>quarantine        zset    group_id -> cursor, groups whose header is unreadable: taken
-                                      out of `open` once reported, their keys kept for a person
-    <prefix>group:<group_id>  hash    header (GroupHeader JSON), state (open|delivered), size,
-                                      cursor, and per sample i: "<i>:state"
-                                      (pending|generating|finished), "<i>:len", "<i>:finish";
-                                      once delivered only state, cursor and stream_id remain
-    <prefix>log:<group_id>    list    the group's append-only token log (LogEntry JSON: appends
-                                      and resets); deleted on delivery, the stream message holds
-                                      everything the trainer needs
+    <prefix>quarantine        zset    group_id -> cursor, taken out of `open`: unreadable header
+    <prefix>group:<group_id>  hash    header (GroupHeader JSON), state (open|delivered), size, cursor,
+                                      per sample i "<i>:state" (pending|generating|finished),
+                                      "<i>:len", "<i>:finish"; delivered: state, cursor, stream_id
+    <prefix>log:<group_id>    list    the append-only token log (LogEntry JSON); deleted on delivery
 
 The hash holds what the scripts check (lengths, states); the log holds the tokens. A sample
 whose log is unreadable or disagrees with the hash is reported and read as holding no tokens

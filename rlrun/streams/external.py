@@ -49,9 +49,8 @@ def process_url(url: str, has_password: bool) -> str:
 def read_password(password_file: str | None) -> str | None:
     if password_file is None:
         return None
-    path = Path(password_file).expanduser()
     try:
-        password = path.read_text().strip()
+        password = Path(password_file).expanduser().read_text().strip()
     except OSError as exc:
         raise EnvironmentProblem(f"streams.password_file={password_file} cannot be read ({exc.strerror}).") from None
     if not password:
