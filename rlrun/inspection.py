@@ -123,9 +123,8 @@ def layout_of(path: Path) -> Optional[CheckpointLayout]:
 
 
 def latest_in_run(run: RunDir) -> tuple[Optional[Path], list[str], list[str]]:
-    """(the checkpoint a resume loads, newer half-written ones skipped, newer damaged ones skipped
-    with why), as run-relative names. Each backend's layout lists its own candidates by its own
-    rule, so a damaged checkpoint is skipped here exactly as resume skips it."""
+    """(the checkpoint a resume loads, newer half-written ones, newer damaged ones with why), by each
+    backend's own rule, so a damaged checkpoint is skipped here exactly as resume skips it."""
     candidates = [c for layout in checkpoint_layouts() for c in layout.candidates(run)]
     half: list[str] = []
     damaged: list[str] = []
@@ -222,11 +221,9 @@ def find_run(checkpoint: Path) -> Optional[RunDir]:
 
 
 def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_staleness: Optional[int] = None) -> dict:
-    """What the journal on `client` holds right now. `tokens_saved`: what a restart reuses, at
-    most; `max_prefix_lag`: the largest `policy_version - oldest token's version` of an unfinished
-    prefix; `stale_prefixes`/`stale_tokens`: what a replay now would drop (None without a bound
-    or a published policy version); `groups_quarantined`: taken out of replay (unreadable header).
-    """
+    """What the journal on `client` holds now. `tokens_saved`: what a restart reuses at most; `stale_*`:
+    what a replay now would drop (None without a bound or a policy version); `max_prefix_lag`: the
+    largest policy_version - oldest token's version of an unfinished prefix."""
     prefix = KEY_PREFIX if prefix is None else prefix
     journal = Journal(client, prefix)
     loaded = journal.load_open_groups()

@@ -37,9 +37,8 @@ class Group:
 
     @classmethod
     def from_dict(cls, data: dict, vocab_size: int | None = None) -> "Group":
-        """The group in a message `codec.decode` read (its schema version checked there);
-        MalformedGroup says why when it is not a valid one. Every field is type-checked (a message
-        that passed here cannot crash the trainer's step), and with `vocab_size` every token id."""
+        """The group in a message `codec.decode` read, every field type-checked (and with `vocab_size`
+        every token id), so that one that passed cannot crash the trainer's step; else MalformedGroup."""
         try:
             samples = [Sample(**s) for s in data["samples"]]
             group = cls(

@@ -265,9 +265,8 @@ class Actor:
                 self._resync(group, sample)
 
     def _resync(self, group: LiveGroup, sample: SampleState) -> None:
-        """Take the journal's view of `sample`. Read tolerantly: damage elsewhere in the group
-        is logged, not fatal; a sample that reads as empty is reset in the journal too, so its
-        recorded length agrees with the empty log we continue from."""
+        """Take the journal's view of `sample` (damage elsewhere in the group is logged, not fatal); one that
+        reads as empty is reset in the journal too, so its recorded length agrees with the empty log."""
         record, problems = self.ledger.read_group(group.group_id)
         for problem in problems:
             log.warning("re-reading %s: %s", group.group_id, problem)

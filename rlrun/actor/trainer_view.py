@@ -40,9 +40,8 @@ class HfView:
         return self.redis.hgetall(names.TRAINER_STATE) or {}
 
     def room_for_group(self, opened: int, in_flight: int) -> bool:
-        """Groups (opened: delivered + in flight) for at most `max_steps_ahead` steps beyond the
-        trainer's next, each of K actors against its share of a step. A step counts once vLLM
-        serves its weights (trainer.overlap_weight_update must not let the actor run further ahead)."""
+        """Groups opened for at most `max_steps_ahead` steps beyond the trainer's next (its share of a step
+        per actor), a step counted once vLLM serves its weights (overlapped updates must not run further)."""
         step = min(int(self._state().get("step", 0)), self.policy_version())
         return opened < (step + 1 + self.cfg.actor.max_steps_ahead) * self.groups_per_step
 

@@ -77,8 +77,7 @@ class WriteResult:
 
 @dataclass(frozen=True)
 class Append:
-    """One batch of one sample's tokens, all produced by policy `version`; with `finish_reason`
-    the sample is also marked finished once they are stored (no tokens: just the finish)."""
+    """One sample's tokens, all of policy `version`; with `finish_reason` the sample is finished too."""
 
     group_id: str
     index: int
@@ -287,8 +286,7 @@ class Journal:
         ]
 
     def finish(self, group_id: str, index: int, finish_reason: str, expected_length: int) -> WriteResult:
-        """Mark a sample finished ("stop" or "length") if it holds `expected_length` tokens (an append
-        of no tokens); the same finish again is accepted (a retry), another reason is not."""
+        """Mark a sample finished if it holds `expected_length` tokens; the same finish again is a retry."""
         (result,) = self.append_many([Append(group_id, index, expected_length, [], [], 0, finish_reason)])
         return result
 
@@ -302,9 +300,8 @@ class Journal:
             raise JournalError(f"cannot reset sample {index} of {group_id}: the group is delivered")
 
     def deliver(self, group_id: str, stream: str, message: str | Sequence[str]) -> str | None:
-        """Publish `message` (field `data`; several in order) to `stream` and mark the group
-        delivered, atomically (its log is deleted, a marker stays). Returns the (last) stream id,
-        or None when it was delivered already; raises NotFinished or UnknownGroup."""
+        """Publish `message` (field `data`; several in order) to `stream` and mark the group delivered,
+        atomically. The (last) stream id; None when delivered already; raises NotFinished or UnknownGroup."""
         messages = [message] if isinstance(message, str) else list(message)
         if hash_tag(stream) != hash_tag(self.prefix):
             raise ValueError(

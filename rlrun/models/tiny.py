@@ -66,9 +66,8 @@ class TinyBuild:
 
 
 def ensure_tiny_model(cache_dir: Path, seed: int, warm_start_steps: int, max_operand: int, max_model_len: int) -> Path:
-    """The folder of the tiny model for these parameters, built first if needed: once per parameter
-    set (a lock file), into a temporary sibling renamed into place with its marker already inside,
-    so a crash never leaves a folder that looks finished."""
+    """The folder of the tiny model for these parameters, built first if needed (once, under a lock,
+    into a temporary sibling renamed into place marker and all: a crash never looks finished)."""
     build = TinyBuild(seed=seed, warm_start_steps=warm_start_steps, max_operand=max_operand, max_model_len=max_model_len)
     cache_dir = Path(cache_dir).expanduser()
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -59,9 +59,8 @@ def read_password(password_file: str | None) -> str | None:
 
 
 def check_and_claim(url: str, password: str | None, owner: str, *, claim: bool) -> None:
-    """Reach the server, authenticate, and check that its database is free or already this
-    run's (`owner`: the run directory); with `claim`, mark it this run's. EnvironmentProblem
-    saying what to do otherwise."""
+    """Reach and authenticate to the server; check its database is free or already `owner`'s (the run
+    directory) and with `claim` mark it so; otherwise an EnvironmentProblem saying what to do."""
     import redis
 
     from rlrun.streams.server import connect

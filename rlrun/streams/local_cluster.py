@@ -79,9 +79,8 @@ def _config(directory: Path, host: str, port: int, bus_port: int, password: str)
 
 @contextmanager
 def local_cluster(directory: Path, password: str, nodes: int = 3, ready_timeout: float = 30.0) -> Iterator[LocalCluster]:
-    """Start `nodes` servers under `directory` (through `supervised`, as a run starts its Redis),
-    form the cluster, yield it once every node says `cluster_state:ok`, and stop every server on
-    exit (also when forming it failed)."""
+    """Start `nodes` servers (through `supervised`, as a run starts its Redis), yield the cluster once
+    every node says `cluster_state:ok`, and stop every server on exit (also when forming it failed)."""
     server, host = find_server_binary("auto"), "127.0.0.1"
     cluster = LocalCluster(host, password)
     specs, bus_ports = [], []

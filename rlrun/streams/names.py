@@ -44,8 +44,7 @@ def journal_prefix(stream: str) -> str:
 
 
 def actor_stream(actor: int, num_actors: int) -> str:
-    """Where actor `actor` delivers its groups: `rlrun:groups` for a lone actor, else
-    `rlrun:groups:{a<k>}` (a hash tag of its own: the actors' journals spread over a cluster)."""
+    """Where actor `actor` delivers: `rlrun:groups` alone, else `rlrun:groups:{a<k>}` (its own hash tag)."""
     return GROUPS_STREAM if num_actors == 1 else f"{GROUPS_STREAM}:{{a{actor}}}"
 
 

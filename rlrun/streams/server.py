@@ -177,10 +177,9 @@ def connect(
     client_name: str | None = None,
     reconnect_s: float = 60.0,
 ) -> redis.Redis | redis.RedisCluster:
-    """A client for the run's Redis, answering str: a `RedisCluster` when the server is a cluster
-    node (`INFO cluster`), else a `Redis`. `socket_timeout` bounds every reply (a blocking read
-    must block for less); a lost connection is retried for about `reconnect_s`, so a Redis the
-    supervisor restarted is picked up again without the caller noticing."""
+    """A client for the run's Redis, answering str: a `RedisCluster` on a cluster node (`INFO cluster`),
+    else a `Redis`. `socket_timeout` bounds every reply; a lost connection is retried for about
+    `reconnect_s`, so a Redis the supervisor restarted is picked up again unnoticed."""
     retries = max(0, int(reconnect_s / 2.0))  # the backoff reaches its 2 s cap after a few tries
     retry = _RetryUnlessRefused(ExponentialBackoff(cap=2.0, base=0.1), retries, supported_errors=(RedisConnectionError, RedisTimeoutError))
     parts = urlsplit(url)
