@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     if split.ettr is None:
         print("ETTR: not measured (no step records)")
         return 1
-    wall, totals = split.wall_s, split.to_dict()
+    wall = split.wall_s
+    totals = split.to_dict()
     print("wall time split: " + ", ".join(f"{name} {value:.0f} s ({100 * value / wall:.1f} %)" for name, value in split.seconds.items()))
     print(
         f"ETTR {split.ettr:.3f} (training / wall, {wall:.0f} s); lost to the {len(split.failures)} failure(s): "

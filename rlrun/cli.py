@@ -30,6 +30,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Launch and s
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (grep, logs)
 
+OVERRIDES_HELP = "Hydra overrides, e.g. recipe=math_grpo trainer.max_train_steps=50 run.dir=runs/mine"
+
 
 def _fail(exc: BaseException, debug: bool) -> None:
     if debug:
@@ -72,7 +74,7 @@ def _supervise(cfg, run_dir, resumed: bool = False) -> None:
 
 @app.command(context_settings={"allow_extra_args": False})
 def train(
-    overrides: Optional[list[str]] = typer.Argument(None, help="Hydra overrides, e.g. recipe=math_grpo trainer.max_train_steps=50 run.dir=runs/mine"),
+    overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and the processes; start nothing."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:

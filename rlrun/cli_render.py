@@ -50,7 +50,8 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
     out.append(main)
 
     if report.config is not None:
-        out.append(_fields("config", [(name, escape(str(value))) for name, value in asdict(report.config).items()]))
+        config = [(name, escape(str(value))) for name, value in asdict(report.config).items()]
+        out.append(_fields("config", config))
 
     files = Table(title=f"files ({len(report.files)}, {human_size(report.total_bytes)})", title_justify="left")
     files.add_column("file", overflow="fold")
@@ -60,7 +61,8 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
     out.append(files)
 
     if journal is not None:
-        out.append(_fields("journal", [(name, _text(value)) for name, value in journal.items() if name != "actors"], "right"))
+        rows = [(name, _text(value)) for name, value in journal.items() if name != "actors"]
+        out.append(_fields("journal", rows, "right"))
         if journal.get("actors"):  # actor.num_actors > 1: the same, per actor
             per = Table(title="journal per actor", title_justify="left")
             per.add_column("field", style="bold")

@@ -72,7 +72,7 @@ def split_wall_time(events: list[dict], records: list[dict], now: Optional[float
         return TimeSplit(0.0, {name: 0.0 for name in BUCKETS})
     intervals: list[tuple[float, float, str]] = []
     last_index = {r["step"]: i for i, r in enumerate(records)}
-    retaken = {i for i, r in enumerate(records) if last_index[r["step"]] != i}  # records whose step was taken again later
+    retaken = {i for i, r in enumerate(records) if last_index[r["step"]] != i}  # taken again later
     for launch in launches:
         intervals.append((launch.start, launch.end, "other"))
         steps = [(i, r) for i, r in enumerate(records) if launch.start <= r["time"] <= launch.end]

@@ -86,7 +86,8 @@ class CheckpointReport:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["total_bytes"] = self.total_bytes
-        data["written_at_iso"] = None if self.written_at is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.written_at))
+        when = None if self.written_at is None else time.gmtime(self.written_at)
+        data["written_at_iso"] = None if when is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", when)
         return data
 
 
@@ -165,7 +166,8 @@ def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str],
         warnings.append(f"the run directory {run.root} has no {run.config.name}")
     cfg = _config(run, warnings)
     config = None if cfg is None else ConfigSummary(
-        cfg.recipe, cfg.algo.name, cfg.model.name, cfg.trainer.backend, cfg.trainer.max_train_steps, cfg.trainer.samples_per_step
+        cfg.recipe, cfg.algo.name, cfg.model.name, cfg.trainer.backend,
+        cfg.trainer.max_train_steps, cfg.trainer.samples_per_step,
     )
     recorded = fields.get("checkpoint_config_hash")
     if recorded and config_hash and recorded != config_hash:
@@ -306,8 +308,8 @@ def journal_prefixes_of(cfg) -> list[tuple[str, Optional[str]]]:
         return [("actor", None)]
     k_all = cfg.actor.num_actors
     backend = backend_for(cfg)
-    return [
-        (actor_name(k, k_all), names.journal_prefix(backend.trainer_view(cfg, None, k).stream))  # a view touches Redis only when asked
+    return [  # a view touches Redis only when asked
+        (actor_name(k, k_all), names.journal_prefix(backend.trainer_view(cfg, None, k).stream))
         for k in range(k_all)
     ]  # fmt: skip
 
@@ -348,9 +350,12 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
     cfg = _config(run)
     bound = None if cfg is None else cfg.actor.max_prefix_staleness
     try:
-        with connect(endpoint.url, endpoint.password, socket_timeout=5.0, reconnect_s=0, client_name="rlrun-inspect") as client:
+        with connect(
+            endpoint.url, endpoint.password, socket_timeout=5.0, reconnect_s=0, client_name="rlrun-inspect"
+        ) as client:
             per_actor = {
-                name: journal_summary(client, prefix=prefix, max_prefix_staleness=bound) for name, prefix in journal_prefixes_of(cfg)
+                name: journal_summary(client, prefix=prefix, max_prefix_staleness=bound)
+                for name, prefix in journal_prefixes_of(cfg)
             }
         return combined_summary(per_actor), None
     except (redis.RedisError, OSError, ValueError) as exc:

@@ -81,7 +81,8 @@ class LiveView:
             return
         for p in processes:
             if self._last_states.get(p.name) != p.state.value:
-                self.console.print(f"[process] {p.name} {p.state.value} pid={p.pid or '-'}", highlight=False, markup=False)
+                line = f"[process] {p.name} {p.state.value} pid={p.pid or '-'}"
+                self.console.print(line, highlight=False, markup=False)
         self._last_states = {p.name: p.state.value for p in processes}
         line = progress_line(progress)
         if line != self._last_line and progress.step > 0:

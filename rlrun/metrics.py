@@ -73,7 +73,8 @@ def require(package: str) -> None:
     if importlib.util.find_spec(package) is None:
         raise EnvironmentProblem(
             f"metrics.{package}=true needs the {package} package, which is not installed. Install it with "
-            f"pip install 'rlrun[{package}]', or set metrics.{package}=false (metrics.jsonl is written either way)."
+            f"pip install 'rlrun[{package}]', or set metrics.{package}=false "
+            "(metrics.jsonl is written either way)."
         )
 
 

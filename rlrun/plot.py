@@ -80,7 +80,8 @@ def markers(events: list[dict], records: list[dict]) -> list[Marker]:
     """Restarts, failures that were not restarted, and resumes, on the step axis of `records`."""
     out = []
     for event in events:
-        kind, when = event.get("event"), event.get("time")
+        kind = event.get("event")
+        when = event.get("time")
         failed = kind == "process_failed" and event.get("action") != "restart"
         label = "failure" if failed else {"process_restarted": "restart", "run_resumed": "resume"}.get(kind)
         if label is None or not isinstance(when, (int, float)):
@@ -145,7 +146,9 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        raise RunDirError(f"cannot write the plot to {target}: {exc.strerror or exc}. Choose another path with --out.") from None
+        raise RunDirError(
+            f"cannot write the plot to {target}: {exc.strerror or exc}. Choose another path with --out."
+        ) from None
     return PlotResult(path=target, steps=len(records), restarts=restarts, failures=failures)
 
 
@@ -175,8 +178,8 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float | 
 
     lower, upper = band(mean, std, *REWARD_RANGE)
     reward_ax.fill_between(steps, lower, upper, color="tab:blue", alpha=0.12, linewidth=0, label="± std (samples)")
-    panels = ((reward_ax, steps, "tab:blue", "optimizer step"),
-              (clock_ax, seconds, "tab:purple", "wall-clock seconds since the run started (startup included)"))  # fmt: skip
+    wall_clock = "wall-clock seconds since the run started (startup included)"
+    panels = ((reward_ax, steps, "tab:blue", "optimizer step"), (clock_ax, seconds, "tab:purple", wall_clock))
     for ax, x, colour, xlabel in panels:
         ax.plot(x, mean, color=colour, linewidth=0.6, alpha=0.5, label="step mean")
         ax.plot(x, smooth, color=colour, linewidth=1.8, label=f"mean of the last {window} steps")

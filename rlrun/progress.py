@@ -34,7 +34,8 @@ class Progress:
 
 class ProgressReader:
     def __init__(self, url: str, run_dir: RunDir, events: Optional[EventLog] = None) -> None:
-        self._url, self.run_dir = url, run_dir
+        self._url = url
+        self.run_dir = run_dir
         self._client = None
         self._events = events
         # This launch's events only: a resumed run's stream still holds the previous launch's.
@@ -67,7 +68,8 @@ class ProgressReader:
     def redis(self):
         """A client for the run's Redis (made on first use, again after a failure)."""
         if self._client is None:
-            self._client = redis_server.connect(self._url, self.run_dir.read_redis_password(), socket_timeout=2.0, reconnect_s=0)
+            password = self.run_dir.read_redis_password()
+            self._client = redis_server.connect(self._url, password, socket_timeout=2.0, reconnect_s=0)
         return self._client
 
     def trainer_state(self) -> dict:

@@ -51,12 +51,14 @@ def plan_resume(root, overrides: list[str]) -> ResumePlan:
                 f"mean. Allowed: {', '.join(ALLOWED_OVERRIDES)}. Start a new run with `rlrun train` instead."
             )
     cfg = config_from_data(new, source=str(run_dir.config))
-    if cfg.streams.url is None and not any(run_dir.redis_dir.rglob("*.aof")) and not any(run_dir.redis_dir.rglob("*.rdb")):
+    has_data = any(run_dir.redis_dir.rglob("*.aof")) or any(run_dir.redis_dir.rglob("*.rdb"))
+    if cfg.streams.url is None and not has_data:
         raise RunDirError(
             f"{run_dir.root} has no Redis data ({run_dir.redis_dir} holds no AOF): the token journal and the "
             f"trainer's pending groups are gone, so the run cannot be resumed exactly. Start a new run."
         )
-    finished = run_dir.read_state().get("status") == "finished" and not any(k == "trainer.max_train_steps" for k, _, _ in changes)
+    more_steps = any(k == "trainer.max_train_steps" for k, _, _ in changes)
+    finished = run_dir.read_state().get("status") == "finished" and not more_steps
     return ResumePlan(run_dir, cfg, yaml.safe_dump(new, sort_keys=False), changes, finished)
 
 

@@ -87,20 +87,23 @@ def report(run_dir: RunDir, now: Optional[float] = None) -> dict:
     state, rows, last = load(run_dir)
     last = last or {}
     events = read_jsonl(run_dir.events)
-    failures = [e for e in events if e.get("event") == "process_failed"]
+    failure = next((e for e in reversed(events) if e.get("event") == "process_failed"), None)
+    shown = ("time", "event", "process", "reason", "status", "file")
+    progress = {
+        "step": last.get("step", 0), "max_train_steps": _max_train_steps(run_dir),
+        "samples": last.get("samples", 0), "reward_mean": last.get("reward_mean"),
+        "policy_version": last.get("policy_version"), "time": last.get("time"),
+    }  # fmt: skip
     return {
         "run_dir": str(run_dir.root),
         "status": state.get("status", "unknown"),
         "live": run_dir.running_supervisor() is not None,
         "processes": [asdict(row) for row in rows],
         "restarts": sum(row.restarts for row in rows),
-        "last_failure": {k: failures[-1].get(k) for k in ("time", "process", "reason", "action")} if failures else None,
-        "progress": {
-            "step": last.get("step", 0), "max_train_steps": _max_train_steps(run_dir), "samples": last.get("samples", 0),
-            "reward_mean": last.get("reward_mean"), "policy_version": last.get("policy_version"), "time": last.get("time"),
-        },  # fmt: skip
+        "last_failure": failure and {k: failure.get(k) for k in ("time", "process", "reason", "action")},
+        "progress": progress,
         "ettr": time_split(run_dir, now).to_dict(),
-        "last_event": {k: v for k, v in events[-1].items() if k in ("time", "event", "process", "reason", "status", "file")} if events else None,
+        "last_event": {k: v for k, v in events[-1].items() if k in shown} if events else None,
     }
 
 
@@ -126,7 +129,8 @@ def list_runs(root: Path) -> list[dict]:
         except (RunDirError, OSError, ValueError) as exc:  # one unreadable run does not hide the others
             runs.append({"run_dir": str(path), "status": f"unreadable: {exc}", "step": None, "reward_mean": None, "ettr": None, "restarts": 0, "last_event": None, "updated": None})
             continue
-        progress, files = full["progress"], (run_dir.events, run_dir.metrics, run_dir.state)
+        progress = full["progress"]
+        files = (run_dir.events, run_dir.metrics, run_dir.state)
         runs.append(
             {
                 "run_dir": full["run_dir"], "status": full["status"], "step": progress["step"],
@@ -168,7 +172,8 @@ def latest_log(run_dir: RunDir, process: str, launch: Optional[int] = None) -> P
         return _attempt_log(run_dir, process, launch)
     rows = {row.name: row for row in replay_events(read_jsonl(run_dir.events))}
     if process not in rows:
-        raise RunDirError(f"no process named '{process}' in {run_dir.root}. Processes: {', '.join(rows) or 'none yet'}.")
+        known = ", ".join(rows) or "none yet"
+        raise RunDirError(f"no process named '{process}' in {run_dir.root}. Processes: {known}.")
     if rows[process].log:
         return Path(rows[process].log)
     launches = run_dir.launches()

@@ -44,14 +44,16 @@ class JournalLedger:
         and, for finished samples, their finish (carried by their last append)."""
         appends, owners = [], []
         for sample in samples:
-            offset, runs = sample.journaled, []
+            offset = sample.journaled
+            runs = []
             finish = sample.finish_reason if sample.finished and not sample.finish_recorded else None
             for version, same in groupby(sample.versions[offset:]):
                 end = offset + len(list(same))
                 runs.append(Append(group_id, sample.index, offset, sample.completion_ids[offset:end], sample.logprobs[offset:end], version))
                 offset = end
             if finish is not None and not runs:  # nothing new: the finish alone
-                runs.append(Append(group_id, sample.index, offset, [], [], sample.versions[-1] if sample.versions else 0))
+                version = sample.versions[-1] if sample.versions else 0
+                runs.append(Append(group_id, sample.index, offset, [], [], version))
             if finish is not None:
                 runs[-1] = replace(runs[-1], finish_reason=finish)
             appends.extend(runs)

@@ -53,8 +53,9 @@ class LiveGroup:
 
 class Actor:
     def __init__(
-        self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str], ledger: JournalLedger | MemoryLedger,
-        run_name: str, api_key: str = "", trainer: TrainerView | None = None, actor_index: int = 0,
+        self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str],
+        ledger: JournalLedger | MemoryLedger, run_name: str, api_key: str = "",
+        trainer: TrainerView | None = None, actor_index: int = 0,
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
         self.trainer = trainer or backend_for(cfg).trainer_view(cfg, redis, actor_index)

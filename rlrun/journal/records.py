@@ -113,7 +113,8 @@ class GroupHeader:
         _int(self.max_new_tokens, f"{what}: max_new_tokens", minimum=1)
 
     def to_json(self) -> str:
-        return dumps({"schema_version": SCHEMA_VERSION, "kind": "group_header", **header_fields(self)}, CorruptRecord)
+        record = {"schema_version": SCHEMA_VERSION, "kind": "group_header", **header_fields(self)}
+        return dumps(record, CorruptRecord)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "GroupHeader":
@@ -174,9 +175,8 @@ class LogEntry:
     version: int = 0
 
     def to_json(self) -> str:
-        if self.kind == "reset":
-            return dumps({"schema_version": SCHEMA_VERSION, "kind": "reset", "index": self.index}, CorruptRecord)
-        return dumps({"schema_version": SCHEMA_VERSION, **asdict(self)}, CorruptRecord)
+        record = {"kind": "reset", "index": self.index} if self.kind == "reset" else asdict(self)
+        return dumps({"schema_version": SCHEMA_VERSION, **record}, CorruptRecord)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "LogEntry":
@@ -191,7 +191,8 @@ class LogEntry:
         what = f"append to sample {index}"
         token_ids = _int_list(_field(data, "token_ids", kind), f"{what}: token_ids")
         logprobs = _field(data, "logprobs", kind)
-        if not isinstance(logprobs, list) or any(type(v) not in (int, float) or not math.isfinite(v) for v in logprobs):
+        numbers = isinstance(logprobs, list) and all(type(v) in (int, float) for v in logprobs)
+        if not numbers or not all(math.isfinite(v) for v in logprobs):
             raise CorruptRecord(f"{what}: logprobs must be a list of finite numbers")
         if len(token_ids) != len(logprobs):
             raise CorruptRecord(

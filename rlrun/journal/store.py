@@ -275,7 +275,8 @@ class Journal:
                 raise ValueError(f"{what}: {len(item.token_ids)} token ids but {len(item.logprobs)} logprobs")
             if item.finish_reason is not None and item.finish_reason not in FINAL_REASONS:
                 raise ValueError(f"finish_reason {item.finish_reason!r} does not end a sample (one of {FINAL_REASONS})")
-            tokens, logprobs = [int(t) for t in item.token_ids], [float(p) for p in item.logprobs]
+            tokens = [int(t) for t in item.token_ids]
+            logprobs = [float(p) for p in item.logprobs]
             entry = LogEntry("append", item.index, item.expected_offset, tokens, logprobs, int(item.version))
             keys += [self.key(f"group:{item.group_id}"), self.key(f"log:{item.group_id}")]
             args += [item.index, item.expected_offset, len(tokens), entry.to_json(), item.finish_reason or ""]
@@ -292,8 +293,8 @@ class Journal:
 
     def reset(self, group_id: str, index: int) -> None:
         """Drop a sample's tokens (stale or corrupt) before it is generated again: pending, length 0."""
-        entry = LogEntry(kind="reset", index=index)
-        status = self._reset(keys=[self.key(f"group:{group_id}"), self.key(f"log:{group_id}")], args=[index, entry.to_json()])
+        keys = [self.key(f"group:{group_id}"), self.key(f"log:{group_id}")]
+        status = self._reset(keys=keys, args=[index, LogEntry(kind="reset", index=index).to_json()])
         if status == "unknown":
             raise UnknownGroup(f"cannot reset sample {index} of {group_id}: no such open group or sample")
         if status == "delivered":
@@ -344,14 +345,15 @@ class Journal:
     def trim_delivered(self, keep_last: int) -> int:
         """Delete the delivered markers older than the last `keep_last` cursors; returns how many."""
         below = self.cursor() - keep_last
+        delivered = self.key("delivered")
         deleted = 0
         while True:
-            old = self.client.zrangebyscore(self.key("delivered"), "-inf", f"({below}", start=0, num=_TRIM_BATCH)
+            old = self.client.zrangebyscore(delivered, "-inf", f"({below}", start=0, num=_TRIM_BATCH)
             if not old:
                 return deleted
             with self.client.pipeline(transaction=True) as pipe:
                 pipe.delete(*(self.key(f"group:{g}") for g in old))
-                pipe.zrem(self.key("delivered"), *old)
+                pipe.zrem(delivered, *old)
                 pipe.execute()
             deleted += len(old)
 

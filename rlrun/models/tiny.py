@@ -147,7 +147,7 @@ def build_tokenizer(max_model_len: int):
     from transformers.convert_slow_tokenizer import bytes_to_unicode
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX  # Qwen2's split: both pipelines agree
 
-    to_byte_level = {chr(b): c for b, c in bytes_to_unicode().items() if b < 128}  # GPT-2's table: space is "Ġ"
+    to_byte_level = {chr(b): c for b, c in bytes_to_unicode().items() if b < 128}  # GPT-2's: " " is "Ġ"
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + tuple(to_byte_level[c] for c in CHARACTERS))}
     if len(vocab) != VOCAB_SIZE:  # a bug in the constants above, not user input
         raise RuntimeError(f"tiny vocabulary has {len(vocab)} entries, expected {VOCAB_SIZE}")
@@ -183,7 +183,8 @@ def _portable_tokenizer_config(path: Path) -> None:
 def _new_model(build: TinyBuild, tokenizer):
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    ids = {f"{name}_token_id": tokenizer.convert_tokens_to_ids(token) for name, token in (("pad", PAD), ("eos", EOS), ("bos", BOS))}
+    specials = (("pad", PAD), ("eos", EOS), ("bos", BOS))
+    ids = {f"{name}_token_id": tokenizer.convert_tokens_to_ids(token) for name, token in specials}
     config = Qwen2Config(
         vocab_size=VOCAB_SIZE,
         hidden_size=HIDDEN,

@@ -66,7 +66,8 @@ def check_and_claim(url: str, password: str | None, owner: str, *, claim: bool) 
     from rlrun.streams.server import connect
 
     try:  # connecting asks the server whether it is a cluster: credentials are checked here already
-        with connect(process_url(url, password is not None), password, socket_timeout=5.0, reconnect_s=0) as client:
+        client = connect(process_url(url, password is not None), password, socket_timeout=5.0, reconnect_s=0)
+        with client:
             client.ping()
             current = client.get(OWNER_KEY)
             if current is None and claim:

@@ -78,12 +78,16 @@ def _config(directory: Path, host: str, port: int, bus_port: int, password: str)
 
 
 @contextmanager
-def local_cluster(directory: Path, password: str, nodes: int = 3, ready_timeout: float = 30.0) -> Iterator[LocalCluster]:
+def local_cluster(
+    directory: Path, password: str, nodes: int = 3, ready_timeout: float = 30.0
+) -> Iterator[LocalCluster]:
     """Start `nodes` servers (through `supervised`, as a run starts its Redis), yield the cluster once
     every node says `cluster_state:ok`, and stop every server on exit (also when forming it failed)."""
-    server, host = find_server_binary("auto"), "127.0.0.1"
+    server = find_server_binary("auto")
+    host = "127.0.0.1"
     cluster = LocalCluster(host, password)
-    specs, bus_ports = [], []
+    specs: list[ProcessSpec] = []
+    bus_ports: list[int] = []
     for k in range(nodes):
         node_dir = (directory / f"node-{k}").resolve()
         node_dir.mkdir(parents=True, exist_ok=True)

@@ -184,7 +184,7 @@ def connect(
     retry = _RetryUnlessRefused(ExponentialBackoff(cap=2.0, base=0.1), retries, supported_errors=(RedisConnectionError, RedisTimeoutError))
     parts = urlsplit(url)
     common = dict(
-        username=parts.username or (RLRUN_USER if password else None),  # an external Redis's user, else rlrun's ACL user
+        username=parts.username or (RLRUN_USER if password else None),  # the URL's, else rlrun's ACL user
         password=password,
         decode_responses=True,
         socket_connect_timeout=5.0,

@@ -26,6 +26,14 @@ from rlrun.supervisor import EventLog, RunVerdict
 pytestmark = pytest.mark.timeout(120)
 
 
+def group_key(group_id: str) -> str:
+    return f"{KEY_PREFIX}group:{group_id}"
+
+
+def log_key(group_id: str) -> str:
+    return f"{KEY_PREFIX}log:{group_id}"
+
+
 # --- the trainer's input stream -----------------------------------------------------------------
 
 
@@ -162,7 +170,7 @@ def test_supervisor_reads_the_events_stream_and_counts_malformed_events(server, 
 
 
 def _damage_log(entry: str):
-    return lambda c, gid: c.rpush(f"{KEY_PREFIX}log:{gid}", entry)
+    return lambda c, gid: c.rpush(log_key(gid), entry)
 
 
 JOURNAL_DAMAGE = [
@@ -176,9 +184,9 @@ JOURNAL_DAMAGE = [
      "that sample is generated again", [1]),
     ("log-names-no-sample", _damage_log(json.dumps({"schema_version": 1, "kind": "reset", "index": 5})), "log:",
      "the entry is ignored", [0, 1]),
-    ("length-disagrees", lambda c, gid: c.hset(f"{KEY_PREFIX}group:{gid}", "0:len", "99"), "log:", "that sample is generated again", [1]),
-    ("header-not-json", lambda c, gid: c.hset(f"{KEY_PREFIX}group:{gid}", "header", "nope"), "group:", "that group is quarantined", None),
-    ("header-unknown-schema", lambda c, gid: c.hset(f"{KEY_PREFIX}group:{gid}", "header", json.dumps({"schema_version": 2})), "group:",
+    ("length-disagrees", lambda c, gid: c.hset(group_key(gid), "0:len", "99"), "log:", "that sample is generated again", [1]),
+    ("header-not-json", lambda c, gid: c.hset(group_key(gid), "header", "nope"), "group:", "that group is quarantined", None),
+    ("header-unknown-schema", lambda c, gid: c.hset(group_key(gid), "header", json.dumps({"schema_version": 2})), "group:",
      "that group is quarantined", None),
 ]  # fmt: skip
 
@@ -203,7 +211,7 @@ def test_a_restarted_actor_counts_and_logs_each_corrupt_journal_record(client, c
         assert replayed == [] and journal.quarantined() == [group.group_id]
         again = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], JournalLedger(client), run_name="run")
         assert again._replay_plan() == [] and again.counters["journal_corrupt_records"] == 0  # reported once
-        assert client.exists(f"{KEY_PREFIX}group:{group.group_id}")  # kept for a person to read
+        assert client.exists(group_key(group.group_id))  # kept for a person to read
         return
     (live,) = replayed
     held = {s.index: s.completion_ids for s in live.samples if s.completion_ids}
@@ -227,12 +235,12 @@ def _restarted_actor(client, damage=None):
 
 def test_a_replayed_finished_sample_is_not_recorded_again(client, caplog):
     actor, (live,), group_id = _restarted_actor(client, _damage_log("{not json"))
-    entries = client.llen(f"{KEY_PREFIX}log:{group_id}")
+    entries = client.llen(log_key(group_id))
 
     actor._flush(live, live.samples)  # what every request's end does
 
     assert not [r for r in caplog.records if "refused" in r.getMessage()]
-    assert client.llen(f"{KEY_PREFIX}log:{group_id}") == entries  # nothing was sent: the journal knew
+    assert client.llen(log_key(group_id)) == entries  # nothing was sent: the journal knew
     assert live.samples[1].finished and live.samples[1].completion_ids == [8, 9]
 
 
@@ -251,7 +259,7 @@ def test_a_refused_append_rereads_a_damaged_group_without_failing(client, caplog
 
 def test_a_sample_that_reads_as_empty_on_a_reread_is_reset_in_the_journal(client):
     actor, (live,), group_id = _restarted_actor(client)
-    client.hset(f"{KEY_PREFIX}group:{group_id}", "0:len", "99")  # damaged after the replay
+    client.hset(group_key(group_id), "0:len", "99")  # damaged after the replay
     sample = live.samples[0]
     sample.append([10], [-0.6], 0)
 
