@@ -192,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         print("ETTR: not measured (no step records)")
         return 1
     wall = split.wall_s
+    totals = split.to_dict()
     print("wall time split: " + ", ".join(f"{name} {value:.0f} s ({100 * value / wall:.1f} %)" for name, value in split.seconds.items()))
     print(
         f"ETTR {split.ettr:.3f} (training / wall, {wall:.0f} s); lost to the {len(split.failures)} failure(s): "
         f"{split.seconds['recovery']:.0f} s ({100 * split.seconds['recovery'] / wall:.1f} % of the wall time), "
-        f"{split.steps_retaken} steps retaken, {split.tokens_regenerated} tokens regenerated"
+        f"{totals['steps_retaken']} steps retaken, {totals['tokens_regenerated']} tokens regenerated"
     )
     # ETTR counts waiting for rollouts and weight updates as not training, failures or not: the
     # share of the wall time the failures did not take is the fault-tolerance figure on its own.

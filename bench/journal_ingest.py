@@ -116,7 +116,7 @@ def project(
 def _actor(k: int, url: str, password: str, sequences: int, rate: float, flush: int, batch: int, seconds: float, out) -> None:
     """Append at `rate` tokens/s over `sequences` samples for `seconds`; put (tokens, latencies,
     calls, deliveries) on `out`."""
-    from rlrun.journal import Append, Journal
+    from rlrun.journal.store import Append, Journal
     from rlrun.streams import names
     from rlrun.streams.server import connect
 

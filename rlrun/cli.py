@@ -4,9 +4,11 @@ and documented exit codes here, and only here; tracebacks only with --debug.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,18 +20,17 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
+from rlrun import plot as plotting
+from rlrun import status as run_status
 from rlrun.errors import ExitCode, Interrupted, ProcessFailed, RlrunError, RunDirError
+from rlrun.metrics import read_metrics
+from rlrun.rundir import RunDir
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Launch and supervise asynchronous GRPO/GSPO training runs.")
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (grep, logs)
 
 OVERRIDES_HELP = "Hydra overrides, e.g. recipe=math_grpo trainer.max_train_steps=50 run.dir=runs/mine"
-
-
-@app.callback()
-def _root() -> None:
-    """rlrun: launch and supervise asynchronous GRPO/GSPO training runs."""
 
 
 def _fail(exc: BaseException, debug: bool) -> None:
@@ -65,10 +66,7 @@ def _supervise(cfg, run_dir, resumed: bool = False) -> None:
     from rlrun import launch
     from rlrun.live import LiveView
 
-    def interrupt(signum, frame) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt: an orderly stop
     with LiveView(console, live=cfg.supervisor.live_view) as view:
         reason = launch.train(cfg, run_dir, on_tick=view.update, resumed=resumed)
     _report_end(cfg, run_dir, reason)
@@ -99,7 +97,6 @@ def train(
 def _print_dry_run(cfg, resolved: str, launch) -> None:
     from rlrun import preflight
     from rlrun.actor.partition import ownership
-    from rlrun.rundir import RunDir
 
     run_dir = RunDir(launch.run_root(cfg))
     preflight.check(cfg, run_dir.root, fresh=True, cheap=True)  # what `train` would refuse, refused now
@@ -112,11 +109,10 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
         table.add_row(spec.name, " ".join(spec.argv), " ".join(env), str(spec.log_path))
     console.print(table)
     owners = Table(title="which actor sends to which vLLM servers" + (" (and runs on the node of the first)" if cfg.world.kind == "ray" else ""))
-    owners.add_column("actor")
-    owners.add_column("vLLM servers")
-    owners.add_column("prompts (positions in the run's prompt order)")
-    for k, (actor, servers) in enumerate(ownership(cfg.actor.num_actors, cfg.inference.num_servers).items()):
-        k_all = cfg.actor.num_actors
+    for column in ("actor", "vLLM servers", "prompts (positions in the run's prompt order)"):
+        owners.add_column(column)
+    k_all = cfg.actor.num_actors
+    for k, (actor, servers) in enumerate(ownership(k_all, cfg.inference.num_servers).items()):
         owners.add_row(actor, ", ".join(servers), f"{k}, {k + k_all}, {k + 2 * k_all}, ..." if k_all > 1 else "all")
     console.print(owners)
     if cfg.world.kind == "ray":
@@ -161,18 +157,15 @@ def status(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Show the processes, progress and effective training time of a running or finished run."""
-    import json
-
-    from rlrun import status as run_status
     from rlrun.live import status_table
-    from rlrun.rundir import RunDir
 
+    run = RunDir(run_dir.resolve())
     with _errors(debug):
         if as_json:
-            typer.echo(json.dumps(run_status.report(RunDir(run_dir.resolve())), indent=2))
+            typer.echo(json.dumps(run_status.report(run), indent=2))
             return
-        state, rows, last = run_status.load(RunDir(run_dir.resolve()))
-        split = run_status.time_split(RunDir(run_dir.resolve()))
+        state, rows, last = run_status.load(run)
+        split = run_status.time_split(run)
     console.print(f"run {run_dir}: [bold]{state.get('status', 'unknown')}[/]")
     console.print(status_table(rows))
     if last:
@@ -190,9 +183,6 @@ def runs(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """List the runs under ROOT, newest first: state, step, reward, ETTR, restarts and last event."""
-    import json
-
-    from rlrun import status as run_status
 
     with _errors(debug):
         found = run_status.list_runs(root)
@@ -221,10 +211,6 @@ def logs(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Print a process's log (its latest start attempt, in the newest launch unless --launch)."""
-    import time
-
-    from rlrun import status as run_status
-    from rlrun.rundir import RunDir
 
     with _errors(debug):
         path = run_status.latest_log(RunDir(run_dir.resolve()), process, launch)
@@ -275,8 +261,6 @@ def plot(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Write a PNG of the run: reward (mean ± std) and throughput over steps, restarts marked."""
-    from rlrun import plot as plotting
-    from rlrun.rundir import RunDir
 
     with _errors(debug):
         result = plotting.plot_run(RunDir(run_dir.resolve()), out)
@@ -284,17 +268,13 @@ def plot(
 
 
 def _report_end(cfg, run_dir, reason: str) -> None:
-    """What a finished train/resume prints: why it finished, the last step, the time split, and
-    where the metrics and their plot are (Fast-LLM keeps its training metrics in its own log)."""
-    from rlrun.metrics import read_metrics
+    """What a finished train/resume prints: why, the last step, the time split, where metrics and plot are."""
+    from rlrun.backends import backend_for
 
     console.print(f"[bold green]finished:[/] {reason}")
     last = (read_metrics(run_dir.metrics) or [None])[-1]
     if last:
         console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
-    from rlrun import status as run_status
-    from rlrun.backends import backend_for
-
     console.print(run_status.describe_split(run_status.time_split(run_dir)), highlight=False, markup=False, soft_wrap=True)
 
     elsewhere = backend_for(cfg).metrics_hint(run_dir)
@@ -302,13 +282,6 @@ def _report_end(cfg, run_dir, reason: str) -> None:
         console.print(f"training metrics: {elsewhere}\nevents:  {run_dir.events}")
         return
     console.print(f"metrics: {run_dir.metrics}\nevents:  {run_dir.events}")
-    _plot_at_end(run_dir)
-
-
-def _plot_at_end(run_dir) -> None:
-    """After train/resume: write RUN/plot.png and say where it is; failing to plot only warns."""
-    from rlrun import plot as plotting
-
     try:
         console.print(f"plot:    {plotting.plot_run(run_dir).path}", soft_wrap=True)
     except Exception as exc:  # noqa: BLE001 - the run is done; a missing picture is not a failure

@@ -1,8 +1,5 @@
-"""How the CLI shows what library calls return: rich renderables and JSON documents.
-
-The library reads and decides (`rlrun.inspection` finds a checkpoint and sums up the journal);
-this module only turns its plain data into what `rlrun inspect-checkpoint` prints. Rich is
-imported when something is rendered.
+"""How the CLI shows what `rlrun.inspection` returns: rich renderables (rich imported when
+something is rendered) and JSON documents. It reads and decides nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ def human_size(size: int) -> str:
         if value < 1024 or unit == "GiB":
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{size} B"  # pragma: no cover
 
 
 def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], journal_note: Optional[str]) -> list:
@@ -37,9 +33,7 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
         for damaged in report.skipped_damaged:
             out.append(f"[yellow]skipped damaged checkpoint {escape(damaged)}[/]")
 
-    main = Table(title="checkpoint", show_header=False, title_justify="left")
-    main.add_column("field", style="bold")
-    main.add_column("value", overflow="fold")
+    main = _fields("checkpoint", [])
     main.add_row("path", escape(report.path))
     main.add_row("layout", report.layout)
     main.add_row("step", _text(report.step))
@@ -56,12 +50,8 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
     out.append(main)
 
     if report.config is not None:
-        cfg = Table(title="config", show_header=False, title_justify="left")
-        cfg.add_column("field", style="bold")
-        cfg.add_column("value")
-        for name, value in asdict(report.config).items():
-            cfg.add_row(name.replace("_", " "), escape(str(value)))
-        out.append(cfg)
+        config = [(name, escape(str(value))) for name, value in asdict(report.config).items()]
+        out.append(_fields("config", config))
 
     files = Table(title=f"files ({len(report.files)}, {human_size(report.total_bytes)})", title_justify="left")
     files.add_column("file", overflow="fold")
@@ -71,13 +61,8 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
     out.append(files)
 
     if journal is not None:
-        table = Table(title="journal", show_header=False, title_justify="left")
-        table.add_column("field", style="bold")
-        table.add_column("value", justify="right")
-        for name, value in journal.items():
-            if name != "actors":
-                table.add_row(name.replace("_", " "), _text(value))
-        out.append(table)
+        rows = [(name, _text(value)) for name, value in journal.items() if name != "actors"]
+        out.append(_fields("journal", rows, "right"))
         if journal.get("actors"):  # actor.num_actors > 1: the same, per actor
             per = Table(title="journal per actor", title_justify="left")
             per.add_column("field", style="bold")
@@ -96,6 +81,18 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
 
 def _text(value: Any) -> str:
     return "-" if value is None else str(value)
+
+
+def _fields(title: str, rows: list[tuple[str, str]], justify: str = "left"):
+    """A two-column table of named values (`some_name` shown as "some name")."""
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold", justify=justify)
+    for name, value in rows:
+        table.add_row(name.replace("_", " "), value)
+    return table
 
 
 def checkpoint_json(report: CheckpointReport, journal: Optional[dict], journal_note: Optional[str]) -> str:

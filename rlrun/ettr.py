@@ -1,23 +1,14 @@
 """Effective training time: where a run's wall time went, and what each failure cost.
 
-A pure function of the run's records: the supervisor's events (`events.jsonl`) and the trainer's
-step records (`metrics.jsonl`), read back as dicts. No files, no clock: a live run passes `now`.
+A pure function of `events.jsonl` and `metrics.jsonl` read back as dicts (no files, no clock: a
+live run passes `now`). The buckets are docs/operations.md's; the rules behind them:
 
-The wall time of every launch (`rlrun train`, then each `rlrun resume`) is split into
+- training / waiting / weights: a step's `step_time_s`, less / as its `wait_s` / its `weights_s`;
+- recovery: from a failure (for a stall, from when the process went quiet) to the end of the
+  first step after it; a step recorded again later (its work was lost); a resumed launch's start;
+- start_stop: a fresh launch's start to its first step, its last step to its stop; other: the rest.
 
-- training: a step's optimizer work (its record's `step_time_s` less `wait_s` and `weights_s`);
-- waiting: the trainer waiting for the actor's groups (`wait_s`);
-- weights: saving the new weights and loading them into vLLM (`weights_s`);
-- recovery: from a failure (`process_failed`; for a stall, from when the process went quiet) to
-  the end of the first step recorded after it; a
-  step whose record is later written again (taken again after a trainer restart) — its work was
-  lost; and the start of a resumed launch, up to its first step;
-- start_stop: from a fresh launch's start to its first step, from its last step to its stop;
-- other: the rest (between steps: checkpoints, bookkeeping).
-
-Where these overlap (a step taken during a recovery), the earlier in this order of precedence
-wins: recovery, start_stop, then the step's own parts. ETTR = training / wall (RobustRL's
-effective training time ratio: training time over wall time).
+Where they overlap, recovery wins, then start_stop, then a step's own parts. ETTR = training / wall.
 """
 
 from __future__ import annotations
@@ -53,22 +44,14 @@ class TimeSplit:
     def ettr(self) -> Optional[float]:
         return self.seconds["training"] / self.wall_s if self.wall_s > 0 else None
 
-    @property
-    def steps_retaken(self) -> int:
-        return sum(f.steps_retaken for f in self.failures)
-
-    @property
-    def tokens_regenerated(self) -> int:
-        return sum(f.tokens_regenerated for f in self.failures)
-
     def to_dict(self) -> dict:
         return {
             "wall_s": round(self.wall_s, 2),
             "ettr": round(self.ettr, 4) if self.ettr is not None else None,
             "seconds": {name: round(value, 2) for name, value in self.seconds.items()},
             "failures": [asdict(f) for f in self.failures],
-            "steps_retaken": self.steps_retaken,
-            "tokens_regenerated": self.tokens_regenerated,
+            "steps_retaken": sum(f.steps_retaken for f in self.failures),
+            "tokens_regenerated": sum(f.tokens_regenerated for f in self.failures),
         }
 
 
@@ -88,7 +71,8 @@ def split_wall_time(events: list[dict], records: list[dict], now: Optional[float
     if not launches or not records:  # no step records (none yet, or trainer=fast_llm): nothing to split
         return TimeSplit(0.0, {name: 0.0 for name in BUCKETS})
     intervals: list[tuple[float, float, str]] = []
-    retaken = _retaken(records)  # indexes of records written again later
+    last_index = {r["step"]: i for i, r in enumerate(records)}
+    retaken = {i for i, r in enumerate(records) if last_index[r["step"]] != i}  # taken again later
     for launch in launches:
         intervals.append((launch.start, launch.end, "other"))
         steps = [(i, r) for i, r in enumerate(records) if launch.start <= r["time"] <= launch.end]
@@ -162,12 +146,6 @@ def _step_parts(record: dict, lost: bool) -> list[tuple[float, float, str]]:
     return [(begin, begin + wait, "waiting"), (begin + wait, end - weights, "training"), (end - weights, end, "weights")]
 
 
-def _retaken(records: list[dict]) -> set[int]:
-    """Indexes of records whose step is recorded again later (its first take was lost)."""
-    last_index = {r["step"]: i for i, r in enumerate(records)}
-    return {i for i, r in enumerate(records) if last_index[r["step"]] != i}
-
-
 def _failures(events: list[dict], records: list[dict], launches: list[_Launch]) -> list[FailureCost]:
     failed = sorted((e for e in events if e.get("event") == "process_failed"), key=lambda e: e["time"])
     times = [e["time"] for e in failed]
@@ -213,8 +191,7 @@ def _onset(events: list[dict], failed: dict) -> float:
 
 
 def _sweep(intervals: list[tuple[float, float, str]]) -> dict[str, float]:
-    """Seconds per label over the union of the intervals, each instant counted once, for the
-    label of highest precedence covering it ("other" lowest)."""
+    """Seconds per label over the union of the intervals, each instant given to its highest label."""
     points: list[tuple[float, int, str]] = []
     for start, end, label in intervals:
         if end > start:

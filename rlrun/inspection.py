@@ -1,34 +1,30 @@
 """What `rlrun inspect-checkpoint` reads: one checkpoint, its run's config, and the token journal.
 
-`inspect_path(path)` accepts an hf checkpoint (`<run>/checkpoints/step_NNNNNN/`), a Fast-LLM
-checkpoint (`<experiment_dir>/checkpoint/<step>/` with `metadata.yaml`) or a run directory (then
-its latest complete checkpoint) and returns a `CheckpointReport`: plain data, nothing printed.
-A half-written checkpoint (no `ok` marker) is reported with `complete=False`, not refused: the
-CLI shows it and exits with the run-directory code. A path that is no checkpoint raises
-RunDirError naming what was expected.
-
-The journal lives in the run's Redis, so it can only be read while a server holds it:
-`journal_summary(client)` sums up the open groups of an already-connected client, and
-`read_journal(report, redis_url)` decides whether there is one to connect to.
-
-This module never prints and never loads model weights (only file names, sizes and metadata);
-`rlrun.cli_render` turns its report into what the CLI shows.
+`inspect_path` takes a checkpoint of any backend's layout or a run directory (then the checkpoint
+a resume would load) and returns plain data: a half-written checkpoint is reported, not refused.
+It never prints and never loads weights (only names, sizes, metadata); `rlrun.cli_render` renders.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
 
-from rlrun.backends import HALF, CheckpointLayout, checkpoint_layouts
-from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
-from rlrun.rundir import MARKER, RunDir
+import redis
 
-log = logging.getLogger(__name__)
+from rlrun.actor.partition import actor_name
+from rlrun.backends import HALF, CheckpointLayout, backend_for, checkpoint_layouts
+from rlrun.config.compose import load_resolved
+from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
+from rlrun.journal.plan import plan_replay
+from rlrun.journal.store import KEY_PREFIX, Journal
+from rlrun.rundir import MARKER, RunDir
+from rlrun.streams import names
+from rlrun.streams.external import process_url
+from rlrun.streams.server import connect, ping, redis_url
 
 OK_MARKER = "ok"  # every backend writes it last: its mtime is when the checkpoint was finished
 
@@ -42,9 +38,6 @@ _EXPECTED = (
     "Fast-LLM checkpoint directory (checkpoint/<step>/ with metadata.yaml), or a run directory "
     f"(with {MARKER})"
 )
-
-
-# --- the report --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -93,17 +86,9 @@ class CheckpointReport:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["total_bytes"] = self.total_bytes
-        data["written_at_iso"] = _iso(self.written_at)
+        when = None if self.written_at is None else time.gmtime(self.written_at)
+        data["written_at_iso"] = None if when is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", when)
         return data
-
-
-def _iso(stamp: Optional[float]) -> Optional[str]:
-    if stamp is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))
-
-
-# --- reading a path ----------------------------------------------------------------------------
 
 
 def inspect_path(path: Path) -> CheckpointReport:
@@ -134,15 +119,13 @@ def inspect_path(path: Path) -> CheckpointReport:
 
 
 def layout_of(path: Path) -> Optional[CheckpointLayout]:
-    """The backend layout `path` belongs to, or None when it looks like none (a half-written one
-    is recognised too)."""
+    """The backend layout `path` belongs to (half-written too), or None when it looks like none."""
     return next((layout for layout in checkpoint_layouts() if layout.looks_like(path)), None)
 
 
 def latest_in_run(run: RunDir) -> tuple[Optional[Path], list[str], list[str]]:
-    """(the checkpoint a resume loads, newer half-written ones skipped, newer damaged ones skipped
-    with why), as run-relative names. Each backend's layout lists its own candidates by its own
-    rule, so a damaged checkpoint is skipped here exactly as resume skips it."""
+    """(the checkpoint a resume loads, newer half-written ones, newer damaged ones with why), by each
+    backend's own rule, so a damaged checkpoint is skipped here exactly as resume skips it."""
     candidates = [c for layout in checkpoint_layouts() for c in layout.candidates(run)]
     half: list[str] = []
     damaged: list[str] = []
@@ -178,7 +161,14 @@ def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str],
         warnings.append(HALF_WRITTEN)
     fields = layout.read_fields(path, warnings)
     run = find_run(path)
-    config, config_hash = (None, None) if run is None else _run_config(run, warnings)
+    config_hash = run.config_hash() if run is not None and run.config.is_file() else None
+    if run is not None and config_hash is None:
+        warnings.append(f"the run directory {run.root} has no {run.config.name}")
+    cfg = _config(run, warnings)
+    config = None if cfg is None else ConfigSummary(
+        cfg.recipe, cfg.algo.name, cfg.model.name, cfg.trainer.backend,
+        cfg.trainer.max_train_steps, cfg.trainer.samples_per_step,
+    )
     recorded = fields.get("checkpoint_config_hash")
     if recorded and config_hash and recorded != config_hash:
         warnings.append(
@@ -223,66 +213,19 @@ def _mtime(path: Path) -> tuple[Optional[float], str]:
 
 def list_files(path: Path) -> list[FileEntry]:
     """Every file below the checkpoint, by relative name (links are not followed)."""
-    files = []
-    for item in sorted(path.rglob("*")):
-        if item.is_file() and not item.is_symlink():
-            files.append(FileEntry(str(item.relative_to(path)), item.stat().st_size))
-    return files
-
-
-# --- the run around a checkpoint ---------------------------------------------------------------
+    items = sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    return [FileEntry(str(item.relative_to(path)), item.stat().st_size) for item in items]
 
 
 def find_run(checkpoint: Path) -> Optional[RunDir]:
     """The run directory a checkpoint sits in: the nearest parent holding rlrun-run.json."""
-    for parent in list(checkpoint.parents)[:_RUN_SEARCH_DEPTH]:
-        if RunDir(parent).is_run():
-            return RunDir(parent)
-    return None
-
-
-def _run_config(run: RunDir, warnings: list[str]) -> tuple[Optional[ConfigSummary], Optional[str]]:
-    from rlrun.config.compose import load_resolved
-
-    if not run.config.is_file():
-        warnings.append(f"the run directory {run.root} has no {run.config.name}")
-        return None, None
-    digest = run.config_hash()
-    try:
-        cfg = load_resolved(run.config)
-    except ConfigError as exc:
-        warnings.append(f"cannot summarise the run's config: {exc}")
-        return None, digest
-    summary = ConfigSummary(
-        recipe=cfg.recipe,
-        algo=cfg.algo.name,
-        model=cfg.model.name,
-        trainer_backend=cfg.trainer.backend,
-        max_train_steps=cfg.trainer.max_train_steps,
-        samples_per_step=cfg.trainer.samples_per_step,
-    )
-    return summary, digest
-
-
-# --- the token journal -------------------------------------------------------------------------
+    return next((RunDir(p) for p in list(checkpoint.parents)[:_RUN_SEARCH_DEPTH] if RunDir(p).is_run()), None)
 
 
 def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_staleness: Optional[int] = None) -> dict:
-    """What the journal on `client` (connected, decode_responses=True) holds right now.
-
-    `samples_in_flight`: samples of open groups not finished yet (pending or generating);
-    `tokens_saved`: tokens held by open groups' samples (what a restart reuses, at most);
-    `groups_awaiting_delivery`: open groups (not yet published to the trainer), of which
-    `groups_ready` have every sample finished. `max_prefix_lag`: the largest
-    `policy_version - oldest token's version` over unfinished samples with a prefix. With a
-    staleness bound, `stale_prefixes`/`stale_tokens` are what a replay now would drop (None
-    without a bound or without a published policy version). `groups_quarantined`: groups a
-    replay took out because their header was unreadable (their keys are kept).
-    """
-    from rlrun.journal import Journal, plan_replay
-    from rlrun.journal.store import KEY_PREFIX, delivered_key
-    from rlrun.streams import names
-
+    """What the journal on `client` holds now. `tokens_saved`: what a restart reuses at most; `stale_*`:
+    what a replay now would drop (None without a bound or a policy version); `max_prefix_lag`: the
+    largest policy_version - oldest token's version of an unfinished prefix."""
     prefix = KEY_PREFIX if prefix is None else prefix
     journal = Journal(client, prefix)
     loaded = journal.load_open_groups()
@@ -306,7 +249,7 @@ def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_stalenes
         "policy_version": version,
         "groups_awaiting_delivery": len(loaded.groups),
         "groups_ready": sum(all(s.finished for s in g.samples) for g in loaded.groups),
-        "groups_delivered_markers": int(client.zcard(delivered_key(prefix))),
+        "groups_delivered_markers": int(client.zcard(journal.key("delivered"))),
         "samples_in_flight": states["pending"] + states["generating"],
         "samples_pending": states["pending"],
         "samples_generating": states["generating"],
@@ -327,28 +270,23 @@ class RedisEndpoint:
     password: Optional[str]
 
 
-def _config(run: Optional[RunDir]):
-    """The run's resolved config, or None when it has none that can be read."""
-    from rlrun.config.compose import load_resolved
-
+def _config(run: Optional[RunDir], warnings: Optional[list[str]] = None):
+    """The run's resolved config, or None when it has none that can be read (said in `warnings`)."""
     if run is None or not run.config.is_file():
         return None
     try:
         return load_resolved(run.config)
-    except ConfigError:
+    except ConfigError as exc:
+        if warnings is not None:
+            warnings.append(f"cannot summarise the run's config: {exc}")
         return None
 
 
 def run_redis_endpoint(run: RunDir) -> Optional[RedisEndpoint]:
-    """The run's Redis: the external one its config names (streams.url), else its own, from its
-    redis.conf (`bind`, `port`); with the run's password file."""
-    from rlrun.streams.server import redis_url
-
+    """The run's Redis: its config's streams.url, else its own (redis.conf's bind and port)."""
     cfg = _config(run)
     password = run.read_redis_password()
     if cfg is not None and cfg.streams.url is not None:
-        from rlrun.streams.external import process_url
-
         return RedisEndpoint(process_url(cfg.streams.url, password is not None), password)
     try:
         lines = run.redis_conf.read_text().splitlines()
@@ -365,25 +303,19 @@ def run_redis_endpoint(run: RunDir) -> Optional[RedisEndpoint]:
 
 
 def journal_prefixes_of(cfg) -> list[tuple[str, Optional[str]]]:
-    """(actor name, key prefix of its journal) for each actor of the run (a journal follows the
-    stream its actor delivers into); one actor, the default, without a config."""
+    """(actor name, its journal's key prefix) per actor; the one default actor without a config."""
     if cfg is None:
         return [("actor", None)]
-    from rlrun.actor.partition import actor_name
-    from rlrun.backends import backend_for
-    from rlrun.streams.names import journal_prefix
-
     k_all = cfg.actor.num_actors
     backend = backend_for(cfg)
-    return [
-        (actor_name(k, k_all), journal_prefix(backend.trainer_view(cfg, None, k).stream))  # a view touches Redis only when asked
+    return [  # a view touches Redis only when asked
+        (actor_name(k, k_all), names.journal_prefix(backend.trainer_view(cfg, None, k).stream))
         for k in range(k_all)
     ]  # fmt: skip
 
 
 def combined_summary(per_actor: dict[str, dict]) -> dict:
-    """One actor: its summary. Several: their counts added up (the largest prefix lag, the one
-    policy version and bound), and each actor's own summary under `actors`."""
+    """One actor: its summary. Several: their counts added up, each one's own under `actors`."""
     if len(per_actor) == 1:
         return next(iter(per_actor.values()))
     summaries = list(per_actor.values())
@@ -400,14 +332,7 @@ def combined_summary(per_actor: dict[str, dict]) -> dict:
 
 
 def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> tuple[Optional[dict], Optional[str]]:
-    """(journal summary, None), or (None, why there is none).
-
-    With `redis_url` the journal is read from there (the run's password is used when the URL
-    has none), and failing to read it raises EnvironmentProblem. Without it, the run's own
-    Redis is read only while its supervisor runs and the server answers.
-    """
-    from rlrun.streams.server import connect, ping
-
+    """(journal summary, None) or (None, why not): from `redis_url`, else the run's Redis while it runs."""
     run = RunDir(Path(report.run_dir)) if report.run_dir else None
     if redis_url:
         try:
@@ -415,29 +340,25 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
         except ValueError as exc:
             raise EnvironmentProblem(f"--redis-url {redis_url!r} is not a URL ({exc}); use e.g. redis://127.0.0.1:6379/0") from None
         password = None if has_password or run is None else run.read_redis_password()
-        endpoint, explicit = RedisEndpoint(redis_url, password), True
+        endpoint = RedisEndpoint(redis_url, password)
     else:
         if run is None:
             return None, NO_RUN_FOR_JOURNAL
         endpoint = run_redis_endpoint(run) if run.running_supervisor() is not None else None
         if endpoint is None or not ping(endpoint.url, endpoint.password):
             return None, REDIS_NOT_RUNNING
-        explicit = False
-    import redis
-
-    client = None
+    cfg = _config(run)
+    bound = None if cfg is None else cfg.actor.max_prefix_staleness
     try:
-        client = connect(endpoint.url, endpoint.password, socket_timeout=5.0, reconnect_s=0, client_name="rlrun-inspect")
-        cfg = _config(run)
-        bound = None if cfg is None else cfg.actor.max_prefix_staleness
-        per_actor = {
-            name: journal_summary(client, prefix=prefix, max_prefix_staleness=bound) for name, prefix in journal_prefixes_of(cfg)
-        }
+        with connect(
+            endpoint.url, endpoint.password, socket_timeout=5.0, reconnect_s=0, client_name="rlrun-inspect"
+        ) as client:
+            per_actor = {
+                name: journal_summary(client, prefix=prefix, max_prefix_staleness=bound)
+                for name, prefix in journal_prefixes_of(cfg)
+            }
         return combined_summary(per_actor), None
     except (redis.RedisError, OSError, ValueError) as exc:
-        if explicit:
+        if redis_url:
             raise EnvironmentProblem(f"cannot read the token journal from {endpoint.url}: {exc}") from None
         return None, f"Redis did not answer ({exc}); {REDIS_NOT_RUNNING}"
-    finally:
-        if client is not None:
-            client.close()

@@ -55,8 +55,7 @@ def progress_line(progress: Progress) -> str:
 
 
 class LiveView:
-    """A rich Live display on a terminal (unless `live` is off: supervisor.live_view=false); one
-    line per change otherwise (logs, CI)."""
+    """A rich Live display on a terminal (supervisor.live_view); a line per change otherwise."""
 
     def __init__(self, console: Console, live: bool = True) -> None:
         self.console = console
@@ -80,12 +79,11 @@ class LiveView:
             bar = ProgressBar(total=max(progress.max_train_steps, 1), completed=progress.step, width=50)
             self._live.update(Group(process_table(processes), bar, progress_line(progress)))
             return
-        states = {p.name: p.state.value for p in processes}
-        for name, state in states.items():
-            if self._last_states.get(name) != state:
-                pid = next(p.pid for p in processes if p.name == name)
-                self.console.print(f"[process] {name} {state} pid={pid or '-'}", highlight=False, markup=False)
-        self._last_states = states
+        for p in processes:
+            if self._last_states.get(p.name) != p.state.value:
+                line = f"[process] {p.name} {p.state.value} pid={p.pid or '-'}"
+                self.console.print(line, highlight=False, markup=False)
+        self._last_states = {p.name: p.state.value for p in processes}
         line = progress_line(progress)
         if line != self._last_line and progress.step > 0:
             self.console.print(f"[train] {line}", highlight=False, markup=False)

@@ -1,28 +1,20 @@
-"""Per-step training metrics: `<run>/metrics.jsonl` always, TensorBoard when asked for.
+"""Per-step training metrics: `<run>/metrics.jsonl` always, TensorBoard scalars when asked for.
 
-The trainer builds one record per optimizer step and hands it to a `MetricsWriter`, which
-appends it as one JSON line and, with `metrics.tensorboard=true`, writes the same numeric fields
-as TensorBoard scalars into `<run>/tensorboard/` (through `torch.utils.tensorboard`). `FIELDS`
-names and explains every field of a record; docs/operations.md and the tests follow it.
-
-`rlrun plot` reads records back with `read_metrics` and `final_records`. This module knows
-nothing of Redis or the supervisor: the trainer passes in the actor's counters it read, and
-restarts are read from events.jsonl by whoever needs them.
+`FIELDS` names and explains every field of a record (docs/operations.md and the tests follow it).
+Knows nothing of Redis or the supervisor: the trainer passes in the actor's counters it read.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 from rlrun.errors import EnvironmentProblem
 from rlrun.rundir import read_jsonl
-
-log = logging.getLogger(__name__)
 
 # Every field of a metrics.jsonl record, in the order the trainer writes them.
 FIELDS: dict[str, str] = {
@@ -58,8 +50,7 @@ NOT_SCALARS = ("step", "time")  # the x axis and the wall time of a scalar, not 
 
 
 def summed_actor_counters(states: list[Mapping[str, Any]]) -> dict[str, int]:
-    """The recovery counters of the whole run: every actor's published state (actor.num_actors)
-    added up, 0 for a counter not published yet (or unreadable)."""
+    """Every actor's published recovery counters added up (0 for one not published or unreadable)."""
     out = dict.fromkeys(ACTOR_COUNTERS, 0)
     for state in states:
         for key in ACTOR_COUNTERS:
@@ -77,22 +68,21 @@ def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def require_tensorboard() -> None:
-    """Raise EnvironmentProblem (exit 3) when the tensorboard package is not installed."""
-    if importlib.util.find_spec("tensorboard") is None:
+def require(package: str) -> None:
+    """EnvironmentProblem (exit 3) when `metrics.<package>=true` but the package is not installed."""
+    if importlib.util.find_spec(package) is None:
         raise EnvironmentProblem(
-            "metrics.tensorboard=true needs the tensorboard package, which is not installed. "
-            "Install it with pip install 'rlrun[tensorboard]', or set metrics.tensorboard=false "
+            f"metrics.{package}=true needs the {package} package, which is not installed. Install it with "
+            f"pip install 'rlrun[{package}]', or set metrics.{package}=false "
             "(metrics.jsonl is written either way)."
         )
 
 
-class MetricsWriter:
-    """Appends step records to a JSONL file; mirrors their scalars to TensorBoard if given a folder.
+require_tensorboard = partial(require, "tensorboard")
 
-    Each record is on disk (and the TensorBoard file flushed) when `write` returns, so a process
-    killed right after a step loses nothing of it.
-    """
+
+class MetricsWriter:
+    """Appends step records to a JSONL file (and TensorBoard), each on disk when `write` returns."""
 
     def __init__(self, path: Path, tensorboard_dir: Path | None = None) -> None:
         self.path = Path(path)
@@ -116,12 +106,6 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def read_metrics(path: Path) -> list[dict]:

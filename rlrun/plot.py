@@ -1,12 +1,9 @@
 """`rlrun plot RUN_DIR`: one PNG of a run — reward over steps and over wall-clock seconds,
 throughput over steps, restarts marked.
 
-Reads the run's metrics.jsonl (`rlrun.metrics`) and the supervisor's events.jsonl, and draws with
-matplotlib's Agg canvas (no display, no pyplot state). The pure parts — throughput from the
-records' times, supervisor events placed on the step axis, the smoothed reward, the ±std band
-held inside the reward's range, seconds since the run started — are functions over plain data. A run
-with no metrics is refused (RunDirError) and nothing is written; the PNG is written to a
-temporary file and renamed, so a failure never leaves half a picture.
+Draws metrics.jsonl and events.jsonl with matplotlib's Agg canvas (no display, no pyplot state);
+the pure parts are functions over plain data. A run with no metrics is refused (RunDirError);
+the PNG is written through a temporary file, so a failure never leaves half a picture.
 """
 
 from __future__ import annotations
@@ -20,8 +17,7 @@ from pathlib import Path
 
 from rlrun.errors import EnvironmentProblem, RunDirError
 from rlrun.metrics import final_records, read_metrics
-from rlrun.rundir import RunDir
-from rlrun.supervisor.events import read_events
+from rlrun.rundir import RunDir, read_jsonl
 
 SIZE_PX = (1000, 950)  # width, height of the PNG
 DPI = 100
@@ -50,13 +46,8 @@ class PlotResult:
     failures: int
 
 
-# --- pure parts ------------------------------------------------------------------------------------
-
-
 def throughput(records: list[dict]) -> list[tuple[int, float, float]]:
-    """(step, tokens/s, samples/s) per record of `final_records`: this step's tokens and samples
-    over the wall time since the previous record (the first one: over its own step_time_s).
-    A gap (a restart, a resume) shows as a dip: the time was spent."""
+    """(step, tokens/s, samples/s) per record, over the time since the previous one (a restart: a dip)."""
     out = []
     previous: dict | None = None
     for record in records:
@@ -73,9 +64,8 @@ def throughput(records: list[dict]) -> list[tuple[int, float, float]]:
 
 
 def step_at(time: float, records: list[dict]) -> float:
-    """Where wall time `time` falls on the step axis of `records` (sorted by step, times
-    increasing): interpolated between records; before the first record, one step before it;
-    after the last, the last step."""
+    """Where wall time `time` falls on the step axis of `records` (sorted by step), interpolated;
+    before the first record, one step before it; after the last, the last step."""
     points = [(records[0]["step"] - 1, records[0]["time"] - float(records[0].get("step_time_s") or 0.0))]
     points += [(r["step"], r["time"]) for r in records]
     if time <= points[0][1]:
@@ -91,24 +81,17 @@ def markers(events: list[dict], records: list[dict]) -> list[Marker]:
     out = []
     for event in events:
         kind = event.get("event")
-        if kind == "process_restarted":
-            label = "restart"
-        elif kind == "process_failed" and event.get("action") != "restart":
-            label = "failure"
-        elif kind == "run_resumed":
-            label = "resume"
-        else:
-            continue
         when = event.get("time")
-        if not isinstance(when, (int, float)):
+        failed = kind == "process_failed" and event.get("action") != "restart"
+        label = "failure" if failed else {"process_restarted": "restart", "run_resumed": "resume"}.get(kind)
+        if label is None or not isinstance(when, (int, float)):
             continue
         out.append(Marker(step_at(when, records), label, str(event.get("process", "")), float(when)))
     return out
 
 
 def smoothed(values: list[float], window: int) -> list[float]:
-    """Trailing mean over the last `window` values (fewer at the start): what the reward was
-    "lately" at each point, using nothing from later steps."""
+    """Trailing mean over the last `window` values (fewer at the start): nothing from later steps."""
     if window < 1:
         raise ValueError(f"window must be 1 or more, got {window}")
     out, total = [], 0.0
@@ -133,18 +116,10 @@ def band(mean: list[float], std: list[float], low: float, high: float) -> tuple[
 
 
 def run_start(records: list[dict], events: list[dict]) -> float:
-    """When the run began: its first supervisor event (the start of Redis, before vLLM loads),
-    else the start of its first recorded step (its time minus its step_time_s)."""
+    """When the run began: its first supervisor event, else the start of its first recorded step."""
     first_step = records[0]["time"] - float(records[0].get("step_time_s") or 0.0)
     times = [e["time"] for e in events if isinstance(e.get("time"), (int, float))]
     return min([first_step, *times])
-
-
-def rolling_median(values: list[float], window: int) -> list[float]:
-    return [statistics.median(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
-
-
-# --- the run directory -----------------------------------------------------------------------------
 
 
 def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
@@ -156,37 +131,29 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
             f"{run_dir.root} has no metrics yet: {run_dir.metrics.name} is missing or empty (the trainer "
             f"writes one record per optimizer step). Nothing was written."
         )
-    events = read_events(run_dir.events)
+    events = read_jsonl(run_dir.events)
     marks = markers(events, records)
     target = Path(out) if out is not None else run_dir.plot
     restarts = sum(1 for m in marks if m.kind == "restart")
     failures = sum(1 for m in marks if m.kind == "failure")
     title = f"{run_dir.root.name}: {records[-1]['step']} steps, {records[-1].get('samples', 0)} samples, {restarts} restart{'' if restarts == 1 else 's'}"
-    render(records, marks, target, title, start=run_start(records, events))
-    return PlotResult(path=target, steps=len(records), restarts=restarts, failures=failures)
-
-
-# --- drawing ---------------------------------------------------------------------------------------
-
-
-def render(records: list[dict], marks: list[Marker], out: Path, title: str, start: float | None = None) -> None:
-    """Draw the run (see `figure`) into PNG `out`, through a temporary file."""
-    fig = figure(records, marks, title, start)
-    tmp = out.with_name(f".{out.name}.tmp")
+    fig = figure(records, marks, title, start=run_start(records, events))
+    tmp = target.with_name(f".{target.name}.tmp")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(tmp, format="png", dpi=DPI)
-        os.replace(tmp, out)
+        os.replace(tmp, target)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        raise RunDirError(f"cannot write the plot to {out}: {exc.strerror or exc}. Choose another path with --out.") from None
+        raise RunDirError(
+            f"cannot write the plot to {target}: {exc.strerror or exc}. Choose another path with --out."
+        ) from None
+    return PlotResult(path=target, steps=len(records), restarts=restarts, failures=failures)
 
 
 def figure(records: list[dict], marks: list[Marker], title: str, start: float | None = None):
-    """Three panels: reward over steps (step mean, smoothed, ±std held in REWARD_RANGE), reward
-    over seconds since `start` (default: the first step's start), tokens/s over steps; the
-    markers on all three. Returns the matplotlib Figure (Agg canvas)."""
+    """Three panels, markers on each: reward over steps (±std) and over seconds since `start`, tokens/s."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -211,20 +178,16 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float | 
 
     lower, upper = band(mean, std, *REWARD_RANGE)
     reward_ax.fill_between(steps, lower, upper, color="tab:blue", alpha=0.12, linewidth=0, label="± std (samples)")
-    reward_ax.plot(steps, mean, color="tab:blue", linewidth=0.6, alpha=0.5, label="step mean")
-    reward_ax.plot(steps, smooth, color="tab:blue", linewidth=1.8, label=f"mean of the last {window} steps")
-    reward_ax.set_ylabel("reward")
-    reward_ax.set_xlabel("optimizer step")
-    reward_ax.set_ylim(REWARD_RANGE[0] - 0.02, REWARD_RANGE[1] + 0.02)
-    reward_ax.grid(alpha=0.3)
-
-    clock_ax.plot(seconds, mean, color="tab:purple", linewidth=0.6, alpha=0.4, label="step mean")
-    clock_ax.plot(seconds, smooth, color="tab:purple", linewidth=1.8, label=f"mean of the last {window} steps")
+    wall_clock = "wall-clock seconds since the run started (startup included)"
+    panels = ((reward_ax, steps, "tab:blue", "optimizer step"), (clock_ax, seconds, "tab:purple", wall_clock))
+    for ax, x, colour, xlabel in panels:
+        ax.plot(x, mean, color=colour, linewidth=0.6, alpha=0.5, label="step mean")
+        ax.plot(x, smooth, color=colour, linewidth=1.8, label=f"mean of the last {window} steps")
+        ax.set_ylabel("reward")
+        ax.set_xlabel(xlabel)
+        ax.set_ylim(REWARD_RANGE[0] - 0.02, REWARD_RANGE[1] + 0.02)
+        ax.grid(alpha=0.3)
     clock_ax.set_xlim(0.0, max(seconds[-1], 1.0))
-    clock_ax.set_ylim(REWARD_RANGE[0] - 0.02, REWARD_RANGE[1] + 0.02)
-    clock_ax.set_ylabel("reward")
-    clock_ax.set_xlabel("wall-clock seconds since the run started (startup included)")
-    clock_ax.grid(alpha=0.3)
 
     if rates:
         x = [s for s, _, _ in rates]
@@ -232,7 +195,8 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float | 
         rate_ax.plot(x, tokens, color="tab:green", linewidth=0.6, alpha=0.5, label="tokens/s")
         if len(tokens) >= 5:
             window = max(3, len(tokens) // 20)
-            rate_ax.plot(x, rolling_median(tokens, window), color="tab:green", linewidth=1.5, label=f"median of {window}")
+            median = [statistics.median(tokens[max(0, i - window + 1) : i + 1]) for i in range(len(tokens))]
+            rate_ax.plot(x, median, color="tab:green", linewidth=1.5, label=f"median of {window}")
     rate_ax.set_ylabel("trained tokens / s")
     rate_ax.set_xlabel("optimizer step")
     rate_ax.grid(alpha=0.3)
@@ -249,8 +213,6 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float | 
         if len(marks) <= MAX_LABELS and mark.process:
             reward_ax.annotate(mark.process, (mark.step, 1.0), xycoords=("data", "axes fraction"), rotation=90,
                                fontsize=7, color=color, ha="right", va="top")  # fmt: skip
-    reward_ax.legend(loc="lower right", fontsize=8)
-    clock_ax.legend(loc="lower right", fontsize=8)
-    if rates:
-        rate_ax.legend(loc="lower right", fontsize=8)
+    for ax in (reward_ax, clock_ax, rate_ax) if rates else (reward_ax, clock_ax):
+        ax.legend(loc="lower right", fontsize=8)
     return fig

@@ -1,7 +1,6 @@
-"""A run's progress as the supervisor sees it: read from what the trainer and the actor publish in
-Redis, and from the trainer's events stream. Feeds the live view and the completion check.
-
-Tolerant of Redis being down or restarting: the last values read are kept.
+"""A run's progress as the supervisor sees it: what the trainer and the actors publish in Redis,
+and the trainer's events stream. Feeds the live view and the completion check; tolerant of Redis
+being down or restarting (the last values read are kept).
 """
 
 from __future__ import annotations
@@ -34,11 +33,9 @@ class Progress:
 
 
 class ProgressReader:
-    """Reads the trainer's and actor's published state, and the trainer's events stream from
-    where it stopped last time; tolerant of Redis being down or restarting."""
-
     def __init__(self, url: str, run_dir: RunDir, events: Optional[EventLog] = None) -> None:
-        self._url, self._run_dir = url, run_dir
+        self._url = url
+        self.run_dir = run_dir
         self._client = None
         self._events = events
         # This launch's events only: a resumed run's stream still holds the previous launch's.
@@ -49,8 +46,7 @@ class ProgressReader:
         self._last: dict[str, dict] = {}  # the last value read of each hash
 
     def poll_trainer_events(self) -> bool:
-        """Read the trainer's new events; True once its `training_done` event has been seen.
-        A malformed event is counted, logged with its id and recorded in events.jsonl."""
+        """Read the trainer's new events (malformed ones counted); True once `training_done` was seen."""
         try:
             polled = self._trainer_events.poll(self.redis())
         except Exception:  # Redis not up yet, or restarting: read on from the same id next time
@@ -69,14 +65,11 @@ class ProgressReader:
         if self._events is not None:
             self._events.emit("malformed_message", stream=stream, id=message_id, reason=why, count=self.malformed_events)
 
-    @property
-    def run_dir(self) -> RunDir:
-        return self._run_dir
-
     def redis(self):
         """A client for the run's Redis (made on first use, again after a failure)."""
         if self._client is None:
-            self._client = redis_server.connect(self._url, self._run_dir.read_redis_password(), socket_timeout=2.0, reconnect_s=0)
+            password = self.run_dir.read_redis_password()
+            self._client = redis_server.connect(self._url, password, socket_timeout=2.0, reconnect_s=0)
         return self._client
 
     def trainer_state(self) -> dict:

@@ -1,10 +1,8 @@
 """`rlrun resume RUN_DIR`: continue a stopped or crashed run from what its directory holds.
 
-The saved resolved config is reloaded (never recomposed from conf/, so later edits to recipes
-cannot change a resumed run); only the allow-listed overrides may change it. Then the same code
-path as `rlrun train` runs: Redis restarts from its AOF, the trainer from its last complete
-checkpoint (groups consumed after it are still pending and are fed again), vLLM from the current
-weights, and the actor replays the token journal.
+The saved resolved config is reloaded (never recomposed from conf/: later edits to recipes cannot
+change a resumed run), changed only by the allow-listed overrides; then `rlrun train`'s path runs
+(docs/recovery.md: what each role restarts from).
 """
 
 from __future__ import annotations
@@ -42,7 +40,6 @@ def plan_resume(root, overrides: list[str]) -> ResumePlan:
     run_dir.require_run()
     if not run_dir.config.is_file():
         raise RunDirError(f"{run_dir.root} has no saved config ({run_dir.config.name}); it cannot be resumed.")
-    state = run_dir.read_state()
     pid = run_dir.running_supervisor()
     if pid is not None:
         raise RunDirError(f"{run_dir.root} is being run right now by rlrun (pid {pid}). Stop it first (Ctrl-C or kill {pid}).")
@@ -54,12 +51,14 @@ def plan_resume(root, overrides: list[str]) -> ResumePlan:
                 f"mean. Allowed: {', '.join(ALLOWED_OVERRIDES)}. Start a new run with `rlrun train` instead."
             )
     cfg = config_from_data(new, source=str(run_dir.config))
-    if cfg.streams.url is None and not _has_redis_data(run_dir):
+    has_data = any(run_dir.redis_dir.rglob("*.aof")) or any(run_dir.redis_dir.rglob("*.rdb"))
+    if cfg.streams.url is None and not has_data:
         raise RunDirError(
             f"{run_dir.root} has no Redis data ({run_dir.redis_dir} holds no AOF): the token journal and the "
             f"trainer's pending groups are gone, so the run cannot be resumed exactly. Start a new run."
         )
-    finished = state.get("status") == "finished" and not any(k == "trainer.max_train_steps" for k, _, _ in changes)
+    more_steps = any(k == "trainer.max_train_steps" for k, _, _ in changes)
+    finished = run_dir.read_state().get("status") == "finished" and not more_steps
     return ResumePlan(run_dir, cfg, yaml.safe_dump(new, sort_keys=False), changes, finished)
 
 
@@ -70,7 +69,3 @@ def apply(plan: ResumePlan) -> None:
         history = yaml.safe_load(plan.run_dir.overrides.read_text()) if plan.run_dir.overrides.is_file() else []
         history = history + [f"resume: {k}={v}" for k, _, v in plan.changes]
         plan.run_dir.overrides.write_text(yaml.safe_dump(history))
-
-
-def _has_redis_data(run_dir: RunDir) -> bool:
-    return any(run_dir.redis_dir.rglob("*.aof")) or any(run_dir.redis_dir.rglob("*.rdb"))

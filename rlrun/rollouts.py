@@ -1,8 +1,5 @@
-"""The finished-group message the actor publishes and the trainer consumes (JSON, versioned).
-
-One message per group on the trainer's input stream. Its samples carry, per completion token,
-the behaviour log-prob vLLM reported and the policy version that produced the token, so the
-trainer can use them as old log-probs and measure policy lag.
+"""The finished-group message the actor publishes and the trainer consumes (JSON, versioned): per
+completion token, the behaviour log-prob vLLM reported and the policy version that produced it.
 """
 
 from __future__ import annotations
@@ -10,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-SCHEMA_VERSION = 1
+from rlrun.streams.codec import SCHEMA_VERSION
 
 
 class MalformedGroup(ValueError):
@@ -40,15 +37,8 @@ class Group:
 
     @classmethod
     def from_dict(cls, data: dict, vocab_size: int | None = None) -> "Group":
-        """The group in a decoded message; MalformedGroup says why when it is not a valid one.
-
-        Every field is type-checked (a message that passed here cannot crash the trainer's
-        step), and with `vocab_size` every token id must be below it.
-        """
-        if not isinstance(data, dict):
-            raise MalformedGroup("a group message must be a JSON object")
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise MalformedGroup(f"unknown schema_version {data.get('schema_version')!r} (expected {SCHEMA_VERSION})")
+        """The group in a message `codec.decode` read, every field type-checked (and with `vocab_size`
+        every token id), so that one that passed cannot crash the trainer's step; else MalformedGroup."""
         try:
             samples = [Sample(**s) for s in data["samples"]]
             group = cls(

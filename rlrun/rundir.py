@@ -1,7 +1,5 @@
-"""The run directory: the one place that names every path a run writes.
-
-Everything a run produces lives under one directory, so a run can be inspected, resumed or
-deleted as a unit. Nothing else in rlrun builds paths into a run directory by hand.
+"""The run directory: the one place that names every path a run writes (the README's table says
+what each holds), so a run is inspected, resumed or deleted as a unit.
 """
 
 from __future__ import annotations
@@ -9,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -16,14 +15,11 @@ from typing import Optional
 from rlrun.errors import RunDirError
 
 MARKER = "rlrun-run.json"  # present in every run directory; its absence means "not a run"
-
-
 LAUNCH_PREFIX = "launch-"  # logs/launch-<n>/: the n-th `rlrun train`/`rlrun resume` of the run
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write `text` to `path` through a temporary sibling renamed over it: a reader never sees
-    half a file, and a crash leaves the old one."""
+    """Write `text` to `path` through a temporary sibling renamed over it: never half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "w") as handle:
@@ -33,8 +29,7 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
 
 
 def read_jsonl(path: Optional[Path]) -> list[dict]:
-    """The objects of a JSON-lines file (events, metrics), in file order; a line cut short by a
-    crash is skipped, and a missing file holds none."""
+    """The objects of a JSON-lines file, in order; a line cut short by a crash is skipped."""
     if path is None or not Path(path).is_file():
         return []
     records = []
@@ -53,14 +48,12 @@ class RunDir:
     root: Path
     launch: Optional[int] = None  # set by the launcher: this launch's logs go to logs/launch-<n>/
 
-    # --- what the launcher writes once -------------------------------------------------------
     @property
     def marker(self) -> Path:
         return self.root / MARKER
 
     @property
     def config(self) -> Path:
-        """The resolved config every process of the run reads (YAML)."""
         return self.root / "config.yaml"
 
     def config_hash(self) -> str:
@@ -69,7 +62,6 @@ class RunDir:
 
     @property
     def overrides(self) -> Path:
-        """The user's command-line overrides that produced `config`."""
         return self.root / "overrides.yaml"
 
     @property
@@ -107,10 +99,7 @@ class RunDir:
             return ""
 
     def ensure_secret(self, path: Path) -> str:
-        """The secret stored at `path` (the Redis password, the vLLM key), generated on first use
-        and read back afterwards, so restarted servers accept the clients of the previous ones."""
-        import secrets
-
+        """The secret at `path`, generated on first use and kept, so restarted servers accept old clients."""
         stored = path.read_text().strip() if path.is_file() else ""
         if not stored:
             stored = secrets.token_urlsafe(32)
@@ -118,10 +107,8 @@ class RunDir:
             self.write_secret(path, stored)
         return stored
 
-    # --- services ----------------------------------------------------------------------------
     @property
     def redis_dir(self) -> Path:
-        """Redis data (AOF) and its config file (which holds the password: mode 0600)."""
         return self.root / "redis"
 
     @property
@@ -145,8 +132,7 @@ class RunDir:
         return sorted(int(n) for n in found if n.isdigit())
 
     def for_new_launch(self) -> "RunDir":
-        """This run directory for its next launch (1, 2, ...): a log folder of its own, created now,
-        so a resumed run never writes into an earlier launch's files."""
+        """This run directory for its next launch, with its own log folder (created now)."""
         n = max(self.launches(), default=0) + 1
         launched = RunDir(self.root, n)
         launched.launch_logs().mkdir(parents=True, exist_ok=False)
@@ -157,7 +143,6 @@ class RunDir:
         suffix = "" if attempt == 0 else f".{attempt}"
         return self.launch_logs() / f"{process}{suffix}.log"
 
-    # --- trainer outputs ---------------------------------------------------------------------
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
@@ -172,8 +157,7 @@ class RunDir:
 
     @property
     def current_weights(self) -> Path:
-        """A symlink to the newest complete weights folder (the base model before the first
-        step): vLLM servers are started and restarted from it, so a restart serves the policy."""
+        """A symlink to the newest complete weights (the base model at first): vLLM (re)starts from it."""
         return self.weights / "current"
 
     def point_current_weights(self, target: Path) -> None:
@@ -198,35 +182,28 @@ class RunDir:
 
     @property
     def metrics(self) -> Path:
-        """One JSON record per optimizer step (fields: `rlrun.metrics.FIELDS`)."""
         return self.root / "metrics.jsonl"
 
     @property
     def tensorboard(self) -> Path:
-        """TensorBoard event files of the same scalars (metrics.tensorboard=true)."""
         return self.root / "tensorboard"
 
     @property
     def plot(self) -> Path:
-        """The default output of `rlrun plot` (written at the end of train/resume too)."""
         return self.root / "plot.png"
 
     @property
     def events(self) -> Path:
-        """Structured supervisor events (one JSON object a line)."""
         return self.root / "events.jsonl"
 
     @property
     def diagnostics(self) -> Path:
-        """Stack dumps taken before a stalled process was killed, one file per dump."""
         return self.root / "diagnostics"
 
     @property
     def state(self) -> Path:
-        """Small run-state file read by `rlrun resume` and `rlrun inspect-checkpoint`."""
         return self.root / "state.json"
 
-    # --- lifecycle ---------------------------------------------------------------------------
     def is_run(self) -> bool:
         return self.marker.is_file()
 
@@ -277,8 +254,7 @@ class RunDir:
         return json.loads(self.state.read_text())
 
     def running_supervisor(self) -> Optional[int]:
-        """The pid of the rlrun process running this run right now, or None (finished, stopped,
-        or its rlrun was killed: state.json still says "running" but nobody is)."""
+        """The pid of the rlrun process running this run now, or None (finished, stopped, killed)."""
         try:
             state = self.read_state()
         except (OSError, ValueError):

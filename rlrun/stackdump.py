@@ -1,9 +1,6 @@
-"""A role's own stack dump on demand: `kill -USR1 PID` writes every thread's Python stack to the
-process's stderr (its log file), through the standard library's `faulthandler`.
-
-The supervisor's diagnostics use py-spy first; this is for machines where ptrace is not allowed.
-Called once from a role's `main()` (an entry point, like the CLI: library code installs no
-handlers).
+"""A role's own stack dump on demand: `kill -USR1 PID` writes every thread's Python stack to its
+log (`faulthandler`), for machines where the supervisor's py-spy cannot ptrace. Called from a
+role's `main()` only: library code installs no handlers.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """What `rlrun status`, `rlrun runs` and `rlrun logs` read back from run directories (running or
-finished).
-
-The supervisor's events are the record: replaying them gives each process's last pid, state,
-restarts and log file, without asking the (possibly dead) supervisor anything. `report` is the
-whole picture of one run as plain data (what `rlrun status --json` prints); `list_runs` is one
-line per run under a folder.
+finished): replaying the supervisor's events gives each process's last pid, state, restarts and
+log, without asking the (possibly dead) supervisor anything.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
+
+import yaml
 
 from rlrun.errors import RunDirError
 from rlrun.ettr import TimeSplit, split_wall_time
@@ -42,7 +40,6 @@ class ProcessRow:
     log: str = ""
     since: Optional[float] = None  # time of the last state change
     last_dump: str = ""  # the diagnostics file of the last stack dump taken before a kill
-    history: list[str] = field(default_factory=list)
 
 
 def replay_events(events: list[dict]) -> list[ProcessRow]:
@@ -58,7 +55,6 @@ def replay_events(events: list[dict]) -> list[ProcessRow]:
         row = rows.setdefault(name, ProcessRow(name))
         row.state = EVENT_STATES[kind]
         row.since = event.get("time")
-        row.history.append(kind)
         if kind in ("process_started", "process_restarted"):
             row.pid = event.get("pid")
             row.log = event.get("log", row.log)
@@ -87,22 +83,27 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
 
 
 def report(run_dir: RunDir, now: Optional[float] = None) -> dict:
-    """One run as plain data: state, processes, restarts, last failure, progress and ETTR."""
+    """One run as plain data (what `rlrun status --json` prints)."""
     state, rows, last = load(run_dir)
+    last = last or {}
     events = read_jsonl(run_dir.events)
-    live = run_dir.running_supervisor() is not None
-    split = time_split(run_dir, now)
-    failures = [e for e in events if e.get("event") == "process_failed"]
+    failure = next((e for e in reversed(events) if e.get("event") == "process_failed"), None)
+    shown = ("time", "event", "process", "reason", "status", "file")
+    progress = {
+        "step": last.get("step", 0), "max_train_steps": _max_train_steps(run_dir),
+        "samples": last.get("samples", 0), "reward_mean": last.get("reward_mean"),
+        "policy_version": last.get("policy_version"), "time": last.get("time"),
+    }  # fmt: skip
     return {
         "run_dir": str(run_dir.root),
         "status": state.get("status", "unknown"),
-        "live": live,
-        "processes": [{k: v for k, v in asdict(row).items() if k != "history"} for row in rows],
+        "live": run_dir.running_supervisor() is not None,
+        "processes": [asdict(row) for row in rows],
         "restarts": sum(row.restarts for row in rows),
-        "last_failure": _failure(failures[-1]) if failures else None,
-        "progress": _progress(last, _max_train_steps(run_dir)),
-        "ettr": split.to_dict(),
-        "last_event": _event_line(events[-1]) if events else None,
+        "last_failure": failure and {k: failure.get(k) for k in ("time", "process", "reason", "action")},
+        "progress": progress,
+        "ettr": time_split(run_dir, now).to_dict(),
+        "last_event": {k: v for k, v in events[-1].items() if k in shown} if events else None,
     }
 
 
@@ -113,8 +114,7 @@ def time_split(run_dir: RunDir, now: Optional[float] = None) -> TimeSplit:
 
 
 def list_runs(root: Path) -> list[dict]:
-    """One summary per run directory directly under `root` (or `root` itself if it is a run),
-    newest first: state, step, reward, ETTR and last event."""
+    """One summary per run directly under `root` (or `root` itself), newest first."""
     root = Path(root)
     if not root.is_dir():
         raise RunDirError(f"{root} is not a directory. Give the folder your runs are in (run.runs_root, default runs/).")
@@ -130,12 +130,13 @@ def list_runs(root: Path) -> list[dict]:
             runs.append({"run_dir": str(path), "status": f"unreadable: {exc}", "step": None, "reward_mean": None, "ettr": None, "restarts": 0, "last_event": None, "updated": None})
             continue
         progress = full["progress"]
+        files = (run_dir.events, run_dir.metrics, run_dir.state)
         runs.append(
             {
                 "run_dir": full["run_dir"], "status": full["status"], "step": progress["step"],
                 "max_train_steps": progress["max_train_steps"], "reward_mean": progress["reward_mean"],
                 "ettr": full["ettr"]["ettr"], "restarts": full["restarts"], "last_event": full["last_event"],
-                "updated": _updated(run_dir),
+                "updated": max((p.stat().st_mtime for p in files if p.is_file()), default=None),
             }  # fmt: skip
         )
     return sorted(runs, key=lambda r: r["updated"] or 0, reverse=True)
@@ -157,40 +158,12 @@ def describe_split(split: TimeSplit) -> str:
     return text
 
 
-def _progress(last: Optional[dict], max_train_steps: Optional[int]) -> dict:
-    last = last or {}
-    return {
-        "step": last.get("step", 0), "max_train_steps": max_train_steps, "samples": last.get("samples", 0),
-        "reward_mean": last.get("reward_mean"), "policy_version": last.get("policy_version"), "time": last.get("time"),
-    }  # fmt: skip
-
-
 def _max_train_steps(run_dir: RunDir) -> Optional[int]:
-    import yaml
-
     try:
         value = (yaml.safe_load(run_dir.config.read_text()) or {}).get("trainer", {}).get("max_train_steps")
     except (OSError, yaml.YAMLError, AttributeError):
         return None
     return value if isinstance(value, int) else None
-
-
-def _failure(event: dict) -> dict:
-    return {k: event.get(k) for k in ("time", "process", "reason", "action")}
-
-
-def _event_line(event: dict) -> dict:
-    return {k: v for k, v in event.items() if k in ("time", "event", "process", "reason", "status", "file")}
-
-
-def _updated(run_dir: RunDir) -> Optional[float]:
-    times = []
-    for path in (run_dir.events, run_dir.metrics, run_dir.state):
-        try:
-            times.append(path.stat().st_mtime)
-        except OSError:
-            pass
-    return max(times) if times else None
 
 
 def latest_log(run_dir: RunDir, process: str, launch: Optional[int] = None) -> Path:

@@ -1,40 +1,23 @@
 """Weights & Biases for `metrics.wandb=true`: the trainer's step scalars and the supervisor's
-restart/failure events, in one W&B run per rlrun run.
-
-- The run's config is the resolved config (`config.yaml`), as it was launched.
-- The W&B run id is stored in the run directory (`wandb-run-id`): a restarted trainer and
-  `rlrun resume` continue the same W&B run instead of starting a new one.
-- Events (`process_failed`, `process_restarted`, `process_stalled`, `stack_dump`) newer than the
-  last step already sent are logged with the next step: `supervisor/failures` and
-  `supervisor/restarts` as running counts, and `supervisor/event` as one line of text each.
-- `metrics.wandb_mode=offline` writes everything under `<run>/wandb/` and sends nothing
-  (`wandb sync` uploads it later).
-
-The `wandb` package is imported here only, when the sink is made (it is an extra:
-`pip install 'rlrun[wandb]'`).
+restart/failure events, in one W&B run per rlrun run (docs/operations.md). Its id is kept in
+`<run>/wandb-run-id`, so a restarted trainer and `rlrun resume` continue it. Events newer than the
+last step sent go with the next step. `wandb` (an extra) is imported here only, when the sink is made.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import secrets
 from collections.abc import Mapping
+from functools import partial
 from typing import Any, Optional
 
-from rlrun.errors import EnvironmentProblem
-from rlrun.metrics import scalars
+import yaml
+
+from rlrun.metrics import require, scalars
 from rlrun.rundir import RunDir
 
 EVENTS_SENT = ("process_failed", "process_restarted", "process_stalled", "stack_dump")
-
-
-def require_wandb() -> None:
-    """Raise EnvironmentProblem (exit 3) when the wandb package is not installed."""
-    if importlib.util.find_spec("wandb") is None:
-        raise EnvironmentProblem(
-            "metrics.wandb=true needs the wandb package, which is not installed. Install it with "
-            "pip install 'rlrun[wandb]', or set metrics.wandb=false (metrics.jsonl is written either way)."
-        )
+require_wandb = partial(require, "wandb")
 
 
 def run_id(run_dir: RunDir) -> str:
@@ -56,7 +39,6 @@ class WandbSink:
     def __init__(self, run_dir: RunDir, project: str, mode: str, last_step_time: Optional[float] = None) -> None:
         require_wandb()
         import wandb
-        import yaml
 
         config = yaml.safe_load(run_dir.config.read_text()) if run_dir.config.is_file() else {}
         self._run = wandb.init(
@@ -64,15 +46,13 @@ class WandbSink:
             name=run_dir.root.name, config=config,
         )  # fmt: skip
         self._since = last_step_time or 0.0  # events up to the last step sent were sent with it
-        self.failures = self.restarts = 0
 
     def log(self, record: Mapping[str, Any], events: list[Mapping[str, Any]] = ()) -> None:
         """The record's scalars at its step, with the events since the last step sent."""
         data: dict[str, Any] = dict(scalars(record))
         new = [e for e in events if e.get("event") in EVENTS_SENT and float(e.get("time", 0)) > self._since]
-        self.failures = sum(1 for e in events if e.get("event") == "process_failed")
-        self.restarts = sum(1 for e in events if e.get("event") == "process_restarted")
-        data["supervisor/failures"], data["supervisor/restarts"] = self.failures, self.restarts
+        data["supervisor/failures"] = sum(1 for e in events if e.get("event") == "process_failed")
+        data["supervisor/restarts"] = sum(1 for e in events if e.get("event") == "process_restarted")
         if new:
             data["supervisor/event"] = "\n".join(event_line(e) for e in new)
         self._run.log(data, step=record.get("step"))

@@ -1,14 +1,13 @@
-"""Where the actor records its groups: the token journal in Redis, or memory (benchmarks only).
-
-The actor talks to a `Ledger`; `JournalLedger` is the real thing (every token survives any
-restart, delivery is exactly-once). `MemoryLedger` keeps nothing across a restart and exists
-so the journal's overhead can be measured against it (`actor.journal=false`).
+"""Where the actor records its groups: `JournalLedger`, the token journal in Redis (every token
+survives any restart, delivery is exactly-once), or `MemoryLedger`, which keeps nothing across a
+restart and exists so the journal's overhead can be measured against it (`actor.journal=false`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Optional, Protocol
+from itertools import groupby
+from typing import Optional
 
 from rlrun.actor.sampling import SampleState
 from rlrun.journal.records import GroupHeader, GroupRecord
@@ -17,18 +16,6 @@ from rlrun.streams import names
 
 TRIM_EVERY = 256  # deliveries between trims of old delivered markers
 KEEP_DELIVERED = 10_000  # delivered markers kept (a replay older than that cannot happen)
-
-
-class Ledger(Protocol):
-    def opened(self, in_flight: int) -> int: ...
-    def open_group(self, index_for: Callable[[int], int], ids_for: Callable[[int], list[int]], size: int, budget: int, run: str) -> GroupHeader: ...
-    def load_open_groups(self) -> tuple[list[GroupRecord], list[tuple[str, str]]]: ...
-    def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]: ...
-    def finish(self, group_id: str, index: int, reason: str, length: int) -> None: ...
-    def reset(self, group_id: str, index: int) -> None: ...
-    def quarantine(self, group_id: str) -> None: ...
-    def read_group(self, group_id: str) -> tuple[Optional[GroupRecord], list[str]]: ...
-    def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]: ...
 
 
 class JournalLedger:
@@ -49,9 +36,8 @@ class JournalLedger:
         self._cursor = r.cursor + 1
         return r.header
 
-    def load_open_groups(self):
-        loaded = self.journal.load_open_groups()
-        return loaded.groups, loaded.corrupt
+    def load_open_groups(self) -> tuple[list[GroupRecord], list[tuple[str, str]]]:
+        return self.journal.load_open_groups()
 
     def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
         """One round trip for the samples' new tokens (split into runs of one policy version)
@@ -59,13 +45,10 @@ class JournalLedger:
         appends, owners = [], []
         for sample in samples:
             offset = sample.journaled
-            finish = sample.finish_reason if sample.finished and not sample.finish_recorded else None
             runs = []
-            while offset < len(sample.completion_ids):
-                version = sample.versions[offset]
-                end = offset
-                while end < len(sample.completion_ids) and sample.versions[end] == version:
-                    end += 1
+            finish = sample.finish_reason if sample.finished and not sample.finish_recorded else None
+            for version, same in groupby(sample.versions[offset:]):
+                end = offset + len(list(same))
                 runs.append(Append(group_id, sample.index, offset, sample.completion_ids[offset:end], sample.logprobs[offset:end], version))
                 offset = end
             if finish is not None and not runs:  # nothing new: the finish alone
@@ -103,7 +86,8 @@ class JournalLedger:
 
 
 class MemoryLedger:
-    """No journal: groups in flight are lost with the actor. For measuring overhead only."""
+    """No journal: groups in flight are lost with the actor. For measuring overhead only. Nothing
+    is replayed from it, so nothing of a replay (finish, quarantine) is ever asked of it."""
 
     def __init__(self, redis) -> None:
         self.redis = redis
@@ -126,13 +110,7 @@ class MemoryLedger:
     def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
         return [WriteResult(True, len(s.completion_ids), "ok") for s in samples if len(s.completion_ids) > s.journaled or s.finished]
 
-    def finish(self, group_id: str, index: int, reason: str, length: int) -> None:
-        pass
-
     def reset(self, group_id: str, index: int) -> None:
-        pass
-
-    def quarantine(self, group_id: str) -> None:
         pass
 
     def read_group(self, group_id: str) -> tuple[Optional[GroupRecord], list[str]]:

@@ -1,12 +1,10 @@
 """The actor process: `python -m rlrun.actor.main RUN/roles/actor.yaml` (`actor-<k>.yaml`: actor k of actor.num_actors).
 
-It hands out prompts in a seeded order, samples a group of completions per prompt from vLLM
-(streamed, token ids in and out), scores them, computes group-normalised advantages and
-publishes each finished group to the trainer's stream. Every token is appended to the token
-journal in Redis as it arrives, so whatever stops a generation — a weight update (vLLM paused
-with abort), a vLLM server lost, the actor itself restarted — it is continued from the tokens
-already produced, never generated again. It stays at most `actor.max_steps_ahead` optimizer
-steps ahead of the trainer and exits once the trainer announces `training_done`.
+It samples a group of completions per prompt from vLLM (streamed, token ids in and out), scores
+them and publishes each finished group to the trainer's stream. Every token goes to the token
+journal as it arrives, so whatever stops a generation (a weight update, a lost server, a restart)
+it is continued from the tokens already produced. It stays at most `actor.max_steps_ahead` steps
+ahead of the trainer and exits once the trainer announces `training_done`.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from rlrun.actor.ledger import JournalLedger, Ledger, MemoryLedger
+from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.partition import actor_name, group_namespace, prompt_position
 from rlrun.actor.sampling import SampleState, close_if_spent, remaining_budget
 from rlrun.actor.tokenizer import load_tokenizer
@@ -46,8 +44,6 @@ RETRY_DELAY_S = 1.0
 
 @dataclass
 class LiveGroup:
-    """A group being generated: its identity, prompt and samples (mirroring the journal)."""
-
     group_id: str
     cursor: int
     prompt_index: int
@@ -57,8 +53,9 @@ class LiveGroup:
 
 class Actor:
     def __init__(
-        self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str], ledger: Ledger,
-        run_name: str, api_key: str = "", trainer: TrainerView | None = None, actor_index: int = 0,
+        self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str],
+        ledger: JournalLedger | MemoryLedger, run_name: str, api_key: str = "",
+        trainer: TrainerView | None = None, actor_index: int = 0,
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
         self.trainer = trainer or backend_for(cfg).trainer_view(cfg, redis, actor_index)
@@ -82,7 +79,6 @@ class Actor:
             "request_errors": 0,
         }
 
-    # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
         self._continue_counters()
         resumed = self._replay_plan()
@@ -116,8 +112,7 @@ class Actor:
         log.info("trainer announced training_done; actor stops (%s)", self.counters)
 
     def _continue_counters(self) -> None:
-        """Count for the whole run: a restarted actor goes on from what the last one published
-        (what it counted after its last heartbeat, at most a second's worth, is lost)."""
+        """Count for the whole run: go on from what the last actor published at its last heartbeat."""
         published = self.redis.hgetall(self.state_key) or {}
         for key in self.counters:
             value = published.get(key)
@@ -136,15 +131,12 @@ class Actor:
             self._last_heartbeat = now
 
     def _problem_index(self, cursor: int) -> int:
-        """A fresh seeded permutation of the problems for every pass over the data; this actor
-        takes every K-th position of it (rlrun/actor/partition.py)."""
         position = prompt_position(cursor, self.index, self.num_actors)
         return problem_index(position, len(self.task.problems), self.cfg.run.seed)
 
     def _prompt_ids(self, problem_index: int) -> list[int]:
         return self.tokenizer.encode(self.task.problems[problem_index].prompt, add_special_tokens=False)
 
-    # --- groups: new ones, and those a restart left open ---------------------------------------
     def _open_group(self) -> LiveGroup:
         h = self.ledger.open_group(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
         samples = [SampleState(index=i) for i in range(self.cfg.algo.group_size)]
@@ -256,7 +248,6 @@ class Actor:
         finally:
             self._flush(group, samples)
 
-    # --- the journal ---------------------------------------------------------------------------
     def _flush(self, group: LiveGroup, samples: list[SampleState]) -> None:
         """Append the samples' unjournaled tokens and record their finishes, in one round trip."""
         batches = [s for s in samples if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded)]
@@ -275,9 +266,8 @@ class Actor:
                 self._resync(group, sample)
 
     def _resync(self, group: LiveGroup, sample: SampleState) -> None:
-        """Take the journal's view of `sample`. Read tolerantly: damage elsewhere in the group
-        is logged, not fatal; a sample that reads as empty is reset in the journal too, so its
-        recorded length agrees with the empty log we continue from."""
+        """Take the journal's view of `sample` (damage elsewhere in the group is logged, not fatal); one that
+        reads as empty is reset in the journal too, so its recorded length agrees with the empty log."""
         record, problems = self.ledger.read_group(group.group_id)
         for problem in problems:
             log.warning("re-reading %s: %s", group.group_id, problem)

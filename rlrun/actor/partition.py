@@ -1,12 +1,9 @@
 """How K actors split a run between them (pure): prompts, vLLM servers, and their share of a step.
 
-Actor k of K owns the prompt positions k, k + K, k + 2K, ... of the run's seeded prompt order
-(its c-th group takes position c·K + k), so the actors' prompts are disjoint, together they cover
-the order with no gap, and each actor's own prompt cursor (its journal's) is all it needs to
-resume: a crashed actor's replacement neither skips nor repeats a prompt, whatever the others
-did meanwhile. Its vLLM servers are k, k + K, ... (with M ≥ K every server belongs to one actor;
-with fewer, actors share them), and it may run ahead of the trainer by its share of the
-groups of a step.
+Actor k of K owns the prompt positions k, k + K, ... of the run's seeded order (its c-th group
+takes c·K + k): disjoint, no gap, and its own journal's cursor is all a replacement needs to
+neither skip nor repeat a prompt. Its vLLM servers are k, k + K, ... (fewer servers than actors:
+shared), and it may run ahead of the trainer by its share of a step's groups.
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ def prompt_position(cursor: int, actor: int, num_actors: int) -> int:
 
 
 def servers_of(actor: int, num_actors: int, num_servers: int) -> list[int]:
-    """The indices of the vLLM servers actor `actor` sends its groups to: a round-robin split, each
-    server owned by one actor; with fewer servers than actors, actor k shares server k mod M."""
+    """The vLLM servers actor `actor` sends to: round-robin; with fewer servers than actors, k mod M."""
     _check(actor, num_actors)
     if num_servers < 1:
         raise ValueError(f"need at least one vLLM server (got {num_servers})")
@@ -43,8 +39,7 @@ def share(total: int, actor: int, num_actors: int) -> int:
 
 
 def group_namespace(run: str, actor: int, num_actors: int) -> str:
-    """The first part of its group ids (`<run>/<cursor>` for a lone actor, `<run>/a<k>/<cursor>`):
-    cursors are per actor, so ids must say whose they are."""
+    """The first part of its group ids: `<run>`, or `<run>/a<k>` with several actors (cursors are theirs)."""
     _check(actor, num_actors)
     return run if num_actors == 1 else f"{run}/a{actor}"
 
@@ -56,8 +51,7 @@ def actor_name(actor: int, num_actors: int) -> str:
 
 
 def ownership(num_actors: int, num_servers: int) -> dict[str, list[str]]:
-    """Process names: each actor → the vLLM servers it sends to (what --dry-run shows; with
-    world=ray each actor is placed on the node of its first server)."""
+    """Process names: each actor → the vLLM servers it sends to (what --dry-run shows)."""
     return {
         actor_name(k, num_actors): [f"vllm-{i}" for i in servers_of(k, num_actors, num_servers)] for k in range(num_actors)
     }

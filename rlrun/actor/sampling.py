@@ -1,8 +1,7 @@
 """Pure rules of group sampling: a sample's state and its remaining budget (staleness: `rlrun.journal.plan.is_stale`).
 
-A sample is generated in one or more requests: the first asks for the whole group at once; a
-sample cut short (vLLM paused with abort for a weight update, a server lost, the actor
-restarted) is continued with prompt + the tokens it already has, for what is left of its budget.
+A sample cut short (an abort for a weight update, a server lost, a restart) is continued with
+prompt + the tokens it already has, for what is left of its budget.
 """
 
 from __future__ import annotations

@@ -1,37 +1,23 @@
 """The actor's tokenizer: `tokenizer.json` read by the `tokenizers` package, without transformers.
 
-The actor only encodes prompts (no special tokens added) and decodes completions (special tokens
-skipped). Importing transformers for `AutoTokenizer` takes ~5 s of CPU on a 2-core machine, which
-was most of a restarted actor's time from a kill to its first token again; `tokenizers` (the Rust
-library transformers' fast tokenizers wrap) loads the same `tokenizer.json` in ~0.1 s.
-
-The fast path is taken only where it tokenizes exactly as transformers does: a `tokenizer.json`
-and a tokenizer class whose transformers wrapper adds nothing to that file's pipeline for these
-two calls (GPT-2 / Qwen2 byte-level BPEs and the generic fast tokenizer), with no
-`clean_up_tokenization_spaces` (a text post-processing done by transformers, not the file).
-Anything else (sentencepiece-only models, Llama's legacy prefix-space handling, ...) loads
-`AutoTokenizer` as before: slower to start, never different.
+Importing transformers for `AutoTokenizer` takes ~5 s of CPU on a 2-core machine, most of a
+restarted actor's time to its first token; `tokenizers` loads the same file in ~0.1 s. That fast
+path is taken only where it tokenizes exactly as transformers does for the actor's two calls
+(encode without special tokens, decode skipping them): a tokenizer class whose wrapper adds
+nothing to the file's pipeline, and no `clean_up_tokenization_spaces`. Anything else loads
+`AutoTokenizer`: slower to start, never different.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Protocol
 
 # transformers classes whose encode(add_special_tokens=False) / decode(skip_special_tokens=True)
 # are those of tokenizer.json's pipeline (tests/unit/test_actor_tokenizer.py checks it on the tiny model).
 PLAIN_CLASSES = frozenset(
     {"Qwen2Tokenizer", "Qwen2TokenizerFast", "GPT2Tokenizer", "GPT2TokenizerFast", "PreTrainedTokenizerFast", "TokenizersBackend"}
 )
-
-
-class TextCodec(Protocol):
-    """What the actor needs of a tokenizer (a transformers tokenizer satisfies it too)."""
-
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
 
 
 class JsonTokenizer:
@@ -62,7 +48,7 @@ def plain_pipeline(folder: Path) -> bool:
     return config.get("tokenizer_class") in PLAIN_CLASSES
 
 
-def load_tokenizer(model_path: str | Path) -> TextCodec:
+def load_tokenizer(model_path: str | Path):
     """The fastest loader that tokenizes exactly as transformers' AutoTokenizer does."""
     folder = Path(model_path)
     if plain_pipeline(folder):

@@ -1,8 +1,6 @@
-"""What the actor needs to know about the trainer, per trainer backend (`TrainerView`): where a
-finished group goes, the policy version vLLM serves (tokens are tagged with it), whether there is
-room for another group (back-pressure) and whether training is over. The actor asks its backend
-for the view (`backend_for(cfg).trainer_view(cfg, redis, actor)`); Fast-LLM's is
-`rlrun/backends/fast_llm/view.py`.
+"""What the actor needs to know about the trainer, per backend (`backend_for(cfg).trainer_view`):
+where a group goes, the policy version vLLM serves, whether there is room for another group
+(back-pressure) and whether training is over. Fast-LLM's is `rlrun/backends/fast_llm/view.py`.
 """
 
 from __future__ import annotations
@@ -42,13 +40,8 @@ class HfView:
         return self.redis.hgetall(names.TRAINER_STATE) or {}
 
     def room_for_group(self, opened: int, in_flight: int) -> bool:
-        """Groups for at most `max_steps_ahead` steps beyond the trainer's next, counted in groups
-        opened (delivered + in flight: the journal replays in-flight groups, never loses them).
-        With K actors each counts its own groups against its share of a step.
-
-        The trainer's step counts once vLLM serves its weights: a trainer that hands them over
-        while it trains on (trainer.overlap_weight_update) must not let the actor sample further
-        ahead of the served policy than `max_steps_ahead` allows."""
+        """Groups opened for at most `max_steps_ahead` steps beyond the trainer's next (its share of a step
+        per actor), a step counted once vLLM serves its weights (overlapped updates must not run further)."""
         step = min(int(self._state().get("step", 0)), self.policy_version())
         return opened < (step + 1 + self.cfg.actor.max_steps_ahead) * self.groups_per_step
 

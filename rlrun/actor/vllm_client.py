@@ -1,7 +1,5 @@
-"""Streaming token-in/token-out completions from a vLLM OpenAI-compatible server.
-
-The prompt is a list of token ids; every streamed delta carries the new token ids and the
-log-prob of each sampled token (`logprobs: 0`, `return_token_ids: true`).
+"""Streaming token-in/token-out completions from a vLLM OpenAI-compatible server: each delta
+carries the new token ids and each sampled token's log-prob (`logprobs: 0`, `return_token_ids`).
 """
 
 from __future__ import annotations
@@ -43,9 +41,8 @@ async def stream_completion(
         "stream": True,
         "logprobs": 0,
         "return_token_ids": True,
+        "min_tokens": min_tokens,
     }
-    if min_tokens:
-        body["min_tokens"] = min_tokens
     async with client.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")

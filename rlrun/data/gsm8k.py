@@ -1,7 +1,5 @@
-"""GSM8K through the `datasets` library, scored with math-verify (real-model runs).
-
-Problems become a plain prompt asking for the final answer in \\boxed{}; the reference answer is
-the number after '####' in GSM8K's solution text.
+"""GSM8K through the `datasets` library, scored with math-verify (real-model runs): the answer is
+asked for in \\boxed{}; the reference is the number after '####' in GSM8K's solution.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from typing import Callable
 
 from rlrun.config.schema import DatasetConfig
 from rlrun.data.arithmetic import Problem, arithmetic_problems, exact_answer_reward
+from rlrun.data.gsm8k import gsm8k_problems, math_verify_reward
 
 Reward = Callable[[str, str], float]  # (completion text, reference answer) -> reward
 
@@ -22,15 +23,12 @@ def load_task(dataset: DatasetConfig, seed: int) -> Task:
     if dataset.name == "arithmetic":
         return Task(arithmetic_problems(dataset.max_operand, dataset.num_problems, seed), exact_answer_reward)
     if dataset.name == "gsm8k":
-        from rlrun.data.gsm8k import gsm8k_problems, math_verify_reward
-
         return Task(gsm8k_problems(dataset.hf_path, dataset.hf_config, dataset.split), math_verify_reward)
     raise ValueError(f"unknown dataset {dataset.name!r}")
 
 
 def problem_index(cursor: int, num_problems: int, seed: int) -> int:
-    """Which problem the `cursor`-th group is about: a fresh seeded permutation of the problems
-    for every pass over them (the actor's order; bench/vs_trl.py feeds TRL the same one)."""
+    """The `cursor`-th problem: a fresh seeded permutation per pass (bench/vs_trl.py feeds TRL the same)."""
     epoch, position = divmod(cursor, num_problems)
     order = list(range(num_problems))
     random.Random(seed * 1_000_003 + epoch).shuffle(order)

@@ -1,18 +1,13 @@
 """The replay plan: what to do with every sample of the journal's open groups after a restart.
 
-A pure function over records (no Redis, no clock). For each open group, per sample:
+A pure function over records (no Redis, no clock). For each open group's samples:
 
-- `keep`: the sample is finished; its tokens are used as they are.
-- `continue`: the sample holds a prefix; generate again with `prompt + prefix` as the prompt, for
-  what is left of its budget (`rlrun.actor.sampling.remaining_budget`, the one budget rule). The
-  prefix's token ids, logprobs and policy versions are kept exactly.
-- `finish_length`: the sample holds a prefix that spends its whole budget; it is finished locally
-  with reason "length", without a request.
-- `restart`: the sample holds no tokens, or its prefix is stale (its OLDEST token was produced by
-  a policy older than `current_version - max_prefix_staleness`): the prefix is dropped (and
-  counted, never trained on silently) and the sample is generated from the prompt alone.
-
-Delivered groups are not in it: the trainer already has them.
+- `keep`: finished; its tokens are used as they are.
+- `continue`: it holds a prefix, kept exactly; generated again from `prompt + prefix`, for what is
+  left of its budget (`rlrun.actor.sampling.remaining_budget`).
+- `finish_length`: its prefix spends its whole budget: finished locally as "length".
+- `restart`: no tokens, or a stale prefix (its OLDEST token from a policy older than
+  `current_version - max_prefix_staleness`), dropped and counted: generated from the prompt alone.
 """
 
 from __future__ import annotations
@@ -35,9 +30,9 @@ class Action(StrEnum):
 class SamplePlan:
     index: int
     action: Action
-    prefix_token_ids: list[int]  # tokens kept (all of them for keep/finish_length; none for restart)
-    prefix_logprobs: list[float]
-    prefix_versions: list[int]
+    prefix_token_ids: list[int] = field(default_factory=list)  # tokens kept (all but for restart: none)
+    prefix_logprobs: list[float] = field(default_factory=list)
+    prefix_versions: list[int] = field(default_factory=list)
     finish_reason: Optional[str] = None  # keep: the recorded reason; finish_length: "length"
     dropped_tokens: int = 0  # restart: tokens of a stale prefix that were dropped
 
@@ -72,11 +67,7 @@ def is_stale(sample, current_version: int, max_staleness: int) -> bool:
 def plan_replay(
     groups: list[GroupRecord], *, current_version: int, max_prefix_staleness: int
 ) -> ReplayPlan:
-    """The replay plan for `groups` when vLLM serves policy `current_version`.
-
-    A prefix is stale when its oldest token's version is below
-    `current_version - max_prefix_staleness` (`is_stale`).
-    """
+    """The replay plan for `groups` when vLLM serves policy `current_version`."""
     if max_prefix_staleness < 0:
         raise ValueError(f"max_prefix_staleness must be >= 0, got {max_prefix_staleness}")
     counters = ReplayCounters()
@@ -112,11 +103,4 @@ def _plan_sample(sample: SampleRecord, budget: int, version: int, staleness: int
         return kept(Action.FINISH_LENGTH, "length")
     elif held:
         return kept(Action.CONTINUE, None)
-    return SamplePlan(
-        index=sample.index,
-        action=Action.RESTART,
-        prefix_token_ids=[],
-        prefix_logprobs=[],
-        prefix_versions=[],
-        dropped_tokens=dropped,
-    )
+    return SamplePlan(sample.index, Action.RESTART, dropped_tokens=dropped)

@@ -1,27 +1,14 @@
-"""The token journal's records: typed, versioned JSON (never pickle), with clear refusals.
-
-Three kinds of record live here:
-
-- `SampleRecord` and `GroupRecord`: what the journal knows about one sample and one group, the
-  input of the replay plan (`rlrun.journal.plan`) and what `Journal.load_open_groups` returns.
-- `GroupHeader`: the immutable part of a group (prompt, size, budget), written once when the
-  group is opened.
-- `LogEntry`: one entry of a group's append-only token log in Redis: an `append` of a batch of
-  one sample's tokens (ids, sampled-token logprobs, the policy version that produced them) at a
-  stated offset, or a `reset` that drops a sample's tokens before it is generated again.
-
-Every record carries `"schema_version"`; a reader refuses a version it does not know. Parsing
-raises `CorruptRecord` (a ValueError) saying what is wrong.
+"""The token journal's records (the replay plan's input, the token log's entries): typed, versioned
+JSON (never pickle). Parsing raises `CorruptRecord` (a ValueError) saying what is wrong.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
-from rlrun.streams.codec import json_object
+from rlrun.streams.codec import dumps, json_object
 
 SCHEMA_VERSION = 1
 
@@ -31,22 +18,6 @@ FINAL_REASONS = ("stop", "length")  # finish reasons that end a sample; "abort" 
 
 class CorruptRecord(ValueError):
     """A journal record that is not valid JSON of a known schema version and shape."""
-
-
-# --- helpers -----------------------------------------------------------------------------------
-
-
-def dumps(record: dict) -> str:
-    """Compact JSON; NaN and infinities are refused (they are not JSON)."""
-    try:
-        return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except ValueError as exc:
-        raise CorruptRecord(f"cannot encode the record as JSON: {exc}") from exc
-
-
-def loads(raw: str | bytes, kind: str) -> dict:
-    """The JSON object in `raw`, checked to be a `kind` record of this schema version."""
-    return json_object(raw, CorruptRecord, f"{kind} record")
 
 
 def _check_header(data: dict, kind: str) -> None:
@@ -86,25 +57,6 @@ def _int_list(value: Any, what: str) -> list[int]:
     return value
 
 
-def _float_list(value: Any, what: str) -> list[float]:
-    if not isinstance(value, list) or any(
-        type(v) not in (int, float) or not math.isfinite(v) for v in value
-    ):
-        raise CorruptRecord(f"{what} must be a list of finite numbers")
-    return [float(v) for v in value]
-
-
-def _check_aligned(token_ids: list, logprobs: list, versions: list, what: str) -> None:
-    if not (len(token_ids) == len(logprobs) == len(versions)):
-        raise CorruptRecord(
-            f"{what}: token_ids, logprobs and versions differ in length "
-            f"({len(token_ids)}, {len(logprobs)}, {len(versions)})"
-        )
-
-
-# --- samples and groups ------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class SampleRecord:
     """One sample of a group: the tokens it holds so far and where it stands."""
@@ -123,7 +75,8 @@ class SampleRecord:
         _int(self.index, f"{what}: index")
         if self.state not in SAMPLE_STATES:
             raise CorruptRecord(f"{what}: unknown state {self.state!r} (one of {SAMPLE_STATES})")
-        _check_aligned(self.token_ids, self.logprobs, self.versions, what)
+        if not (len(self.token_ids) == len(self.logprobs) == len(self.versions)):
+            raise CorruptRecord(f"{what}: token_ids, logprobs and versions differ in length")
         if self.state == "pending" and self.token_ids:
             raise CorruptRecord(f"{what}: pending but holds {len(self.token_ids)} tokens")
         if self.state == "finished" and self.finish_reason not in FINAL_REASONS:
@@ -160,19 +113,19 @@ class GroupHeader:
         _int(self.max_new_tokens, f"{what}: max_new_tokens", minimum=1)
 
     def to_json(self) -> str:
-        return dumps({"schema_version": SCHEMA_VERSION, "kind": "group_header", **header_fields(self)})
+        record = {"schema_version": SCHEMA_VERSION, "kind": "group_header", **header_fields(self)}
+        return dumps(record, CorruptRecord)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "GroupHeader":
-        data = loads(raw, "group_header")
+        data = json_object(raw, CorruptRecord, "group_header record")
         _check_header(data, "group_header")
         return cls(**{name: _field(data, name, "group_header") for name in HEADER_FIELDS})  # __post_init__ checks types
 
 
 @dataclass(frozen=True)
 class GroupRecord:
-    """An open group of samples for one prompt, as the journal holds it (a delivered group is gone
-    from the journal but for its marker)."""
+    """An open group of samples for one prompt, as the journal holds it."""
 
     group_id: str
     cursor: int
@@ -188,8 +141,6 @@ class GroupRecord:
         if len(self.samples) != self.group_size:
             raise CorruptRecord(f"{what}: {len(self.samples)} samples, expected {self.group_size}")
         for position, sample in enumerate(self.samples):
-            if not isinstance(sample, SampleRecord):
-                raise CorruptRecord(f"{what}: sample {position} is not a SampleRecord")
             if sample.index != position or sample.group_id != self.group_id:
                 raise CorruptRecord(
                     f"{what}: sample at position {position} is {sample.group_id!r}#{sample.index}"
@@ -212,15 +163,9 @@ def header_fields(header: GroupHeader | GroupRecord) -> dict:
     return {name: getattr(header, name) for name in HEADER_FIELDS}
 
 
-# --- the token log -----------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class LogEntry:
-    """One entry of a group's token log: `append` tokens to a sample at `offset`, or `reset` it.
-
-    An append's tokens were all produced by one policy version (`version`).
-    """
+    """One entry of a group's token log: `append` tokens of policy `version` at `offset`, or `reset`."""
 
     kind: str  # "append" | "reset"
     index: int
@@ -230,13 +175,12 @@ class LogEntry:
     version: int = 0
 
     def to_json(self) -> str:
-        if self.kind == "reset":
-            return dumps({"schema_version": SCHEMA_VERSION, "kind": "reset", "index": self.index})
-        return dumps({"schema_version": SCHEMA_VERSION, **asdict(self)})
+        record = {"kind": "reset", "index": self.index} if self.kind == "reset" else asdict(self)
+        return dumps({"schema_version": SCHEMA_VERSION, **record}, CorruptRecord)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> "LogEntry":
-        data = loads(raw, "log entry")
+        data = json_object(raw, CorruptRecord, "log entry record")
         kind = data.get("kind")
         if kind not in ("append", "reset"):
             raise CorruptRecord(f"log entry has unknown kind {kind!r} (append or reset)")
@@ -246,7 +190,10 @@ class LogEntry:
             return cls(kind="reset", index=index)
         what = f"append to sample {index}"
         token_ids = _int_list(_field(data, "token_ids", kind), f"{what}: token_ids")
-        logprobs = _float_list(_field(data, "logprobs", kind), f"{what}: logprobs")
+        logprobs = _field(data, "logprobs", kind)
+        numbers = isinstance(logprobs, list) and all(type(v) in (int, float) for v in logprobs)
+        if not numbers or not all(math.isfinite(v) for v in logprobs):
+            raise CorruptRecord(f"{what}: logprobs must be a list of finite numbers")
         if len(token_ids) != len(logprobs):
             raise CorruptRecord(
                 f"{what}: token_ids and logprobs differ in length ({len(token_ids)}, {len(logprobs)})"
@@ -256,6 +203,6 @@ class LogEntry:
             index=index,
             offset=_int(_field(data, "offset", kind), f"{what}: offset"),
             token_ids=token_ids,
-            logprobs=logprobs,
+            logprobs=[float(v) for v in logprobs],
             version=_int(_field(data, "version", kind), f"{what}: version"),
         )

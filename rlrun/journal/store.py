@@ -1,35 +1,25 @@
 """The token journal in Redis: groups, their samples' tokens, the prompt cursor, delivery marks.
 
-Every operation that changes the journal is one small Lua script, so it is atomic on the server
-and in the AOF (a script's writes are logged as one MULTI/EXEC block, which a truncated AOF
-drops whole). Appends name the offset they expect, so a retried or out-of-order append is
-rejected and never stored twice; delivery publishes a group to the trainer's stream and marks it
-delivered in the same script, so no replay publishes it twice and no crash loses it.
+Every change is one Lua script: atomic on the server and in the AOF (one MULTI/EXEC block, which
+a truncated AOF drops whole). Appends name the offset they expect, so a retried append is never
+stored twice; delivery publishes to the trainer's stream and marks delivered in one script.
 
-Key layout (all under `prefix`; one journal per actor). The prefix carries a Redis Cluster hash
-tag, that of the stream the journal delivers into (`names.journal_prefix`:
-"rlrun:journal:{rlrun:groups}:" by default), so on a cluster every key a script touches, the
-stream included, lives in one slot and the scripts stay atomic:
+Key layout, under `prefix` (one journal per actor), which carries the hash tag of the stream the
+journal delivers into (`names.journal_prefix`), so on a Redis Cluster every key a script touches
+lives in one slot:
 
     <prefix>cursor            string  groups opened so far = the next prompt cursor
     <prefix>open              zset    group_id -> cursor, groups not yet delivered
     <prefix>delivered         zset    group_id -> cursor, delivered markers (see trim_delivered)
-    <prefix>quarantine        zset    group_id -> cursor, groups whose header is unreadable: taken
-                                      out of `open` once reported, their keys kept for a person
-    <prefix>group:<group_id>  hash    header (GroupHeader JSON), state (open|delivered), size,
-                                      cursor, and per sample i: "<i>:state"
-                                      (pending|generating|finished), "<i>:len", "<i>:finish";
-                                      once delivered only state, cursor and stream_id remain
-    <prefix>log:<group_id>    list    the group's append-only token log (LogEntry JSON: appends
-                                      and resets); deleted on delivery, the stream message holds
-                                      everything the trainer needs
+    <prefix>quarantine        zset    group_id -> cursor, taken out of `open`: unreadable header
+    <prefix>group:<group_id>  hash    header (GroupHeader JSON), state (open|delivered), size, cursor,
+                                      per sample i "<i>:state" (pending|generating|finished),
+                                      "<i>:len", "<i>:finish"; delivered: state, cursor, stream_id
+    <prefix>log:<group_id>    list    the append-only token log (LogEntry JSON); deleted on delivery
 
-The hash holds what the scripts check (lengths, states); the log holds the tokens. Reading a
-group folds its log and checks it against the hash: a sample whose log is unreadable or
-disagrees with its length is reported as corrupt and read as holding no tokens (so the replay
-plan restarts it), never trained on.
-
-This module knows nothing about HTTP, vLLM or RL maths.
+The hash holds what the scripts check (lengths, states); the log holds the tokens. A sample
+whose log is unreadable or disagrees with the hash is reported and read as holding no tokens
+(`fold_group`), never trained on. This module knows nothing about HTTP, vLLM or RL maths.
 """
 
 from __future__ import annotations
@@ -59,36 +49,6 @@ OPEN_GROUP_ATTEMPTS = 8  # cursor compare-and-set retries before giving up (anot
 _TRIM_BATCH = 500
 
 
-# --- key names ---------------------------------------------------------------------------------
-
-
-def cursor_key(prefix: str = KEY_PREFIX) -> str:
-    return f"{prefix}cursor"
-
-
-def open_key(prefix: str = KEY_PREFIX) -> str:
-    return f"{prefix}open"
-
-
-def delivered_key(prefix: str = KEY_PREFIX) -> str:
-    return f"{prefix}delivered"
-
-
-def quarantine_key(prefix: str = KEY_PREFIX) -> str:
-    return f"{prefix}quarantine"
-
-
-def group_key(group_id: str, prefix: str = KEY_PREFIX) -> str:
-    return f"{prefix}group:{group_id}"
-
-
-def log_key(group_id: str, prefix: str = KEY_PREFIX) -> str:
-    return f"{prefix}log:{group_id}"
-
-
-# --- errors and results ------------------------------------------------------------------------
-
-
 class JournalError(Exception):
     """An operation the journal refuses."""
 
@@ -107,13 +67,8 @@ class CursorConflict(JournalError):
 
 @dataclass(frozen=True)
 class WriteResult:
-    """The answer to an append or a finish.
-
-    `reason`: "ok"; "duplicate" (the offset is behind the sample: already stored, or a finish at a
-    shorter length), "gap" (the offset is beyond it), "finished" (the sample is finished: nothing
-    more is appended, nor another finish), "delivered", "unknown".
-    `length` is the sample's length after the call (0 for unknown or delivered groups).
-    """
+    """The answer to an append or a finish. `reason`: "ok", "duplicate" (offset behind the
+    sample), "gap" (beyond it), "finished", "delivered" or "unknown"; `length` after the call."""
 
     accepted: bool
     length: int
@@ -122,8 +77,7 @@ class WriteResult:
 
 @dataclass(frozen=True)
 class Append:
-    """One batch of one sample's tokens, all produced by policy `version`; with `finish_reason`
-    the sample is also marked finished once they are stored (no tokens: just the finish)."""
+    """One sample's tokens, all of policy `version`; with `finish_reason` the sample is finished too."""
 
     group_id: str
     index: int
@@ -138,8 +92,6 @@ class LoadResult(NamedTuple):
     groups: list[GroupRecord]  # open groups, in cursor order
     corrupt: list[tuple[str, str]]  # (key, reason) for every corrupt record met
 
-
-# --- scripts -----------------------------------------------------------------------------------
 
 # CAS on the cursor: the group for cursor n is written in the same step that moves the cursor to
 # n + 1, so a crash leaves either both or neither.
@@ -240,15 +192,8 @@ return {'ok', id}
 """
 
 
-# --- the journal -------------------------------------------------------------------------------
-
-
 class Journal:
-    """The run's token journal, on a client made by `rlrun.streams.server.connect`.
-
-    One actor writes a journal at a time (the supervisor guarantees it); a second writer is
-    detected by the cursor's compare-and-set and by rejected appends, never silently merged.
-    """
+    """One actor's token journal; a second writer is detected (cursor compare-and-set), never merged."""
 
     def __init__(self, client: redis.Redis, prefix: str = KEY_PREFIX) -> None:
         if not client.get_encoder().decode_responses:
@@ -265,17 +210,13 @@ class Journal:
         self._reset = client.register_script(_RESET)
         self._deliver = client.register_script(_DELIVER)
 
-    # --- key names for this journal --------------------------------------------------------------
-    def group_key(self, group_id: str) -> str:
-        return group_key(group_id, self.prefix)
+    def key(self, name: str) -> str:
+        """One of the journal's keys: `cursor`, `open`, `group:<group_id>`, ... (the layout above)."""
+        return self.prefix + name
 
-    def log_key(self, group_id: str) -> str:
-        return log_key(group_id, self.prefix)
-
-    # --- the prompt cursor -----------------------------------------------------------------------
     def cursor(self) -> int:
         """Groups opened so far: the cursor the next `open_group` hands out."""
-        return int(self.client.get(cursor_key(self.prefix)) or 0)
+        return int(self.client.get(self.key("cursor")) or 0)
 
     def open_group(
         self,
@@ -287,17 +228,9 @@ class Journal:
         run: str,
         cursor_hint: int | None = None,
     ) -> GroupRecord:
-        """Hand out the next prompt: a new group `"<run>/<cursor>"` with every sample pending.
-
-        `prompt_index_for(cursor)` names the problem, `prompt_ids_for(prompt_index)` tokenizes
-        it. The cursor is read, the prompt computed, then one script moves the cursor and writes
-        the group only if the cursor has not moved meanwhile (compare-and-set). So a crash at any
-        point leaves either the cursor unmoved and no group, or both: a restart neither skips
-        nor repeats a prompt, and there is never a cursor without its group to replay.
-
-        `cursor_hint`: the cursor the caller expects (the one after its last open): tried first,
-        which saves reading the cursor; a wrong hint costs one refused try, never a wrong group.
-        """
+        """Hand out the next prompt: a new group `"<run>/<cursor>"` with every sample pending, written
+        only if the cursor has not moved since it was read (compare-and-set: a crash leaves both or
+        neither). `cursor_hint` saves reading the cursor; a wrong one costs a try, never a wrong group."""
         cursor = self.cursor() if cursor_hint is None else cursor_hint
         for _ in range(OPEN_GROUP_ATTEMPTS):
             prompt_index = prompt_index_for(cursor)
@@ -310,7 +243,7 @@ class Journal:
                 max_new_tokens=max_new_tokens,
             )
             status, current = self._open_group(
-                keys=[cursor_key(self.prefix), self.group_key(header.group_id), open_key(self.prefix)],
+                keys=[self.key("cursor"), self.key(f"group:{header.group_id}"), self.key("open")],
                 args=[cursor, header.group_id, header.to_json(), group_size],
             )
             if status == "ok":
@@ -330,20 +263,23 @@ class Journal:
             f"another actor is writing this journal ({self.prefix}). Stop it."
         )
 
-    # --- tokens ----------------------------------------------------------------------------------
     def append_many(self, appends: Sequence[Append]) -> list[WriteResult]:
-        """Several appends in one round trip and one atomic step, each accepted or rejected on
-        its own (in order: two appends to one sample chain)."""
+        """Several appends in one round trip and one atomic step, each judged on its own, in order."""
         if not appends:
             return []
         keys: list[str] = []
         args: list[object] = []
         for item in appends:
-            entry = _append_entry(item)
-            keys += [self.group_key(item.group_id), self.log_key(item.group_id)]
+            what = f"append to {item.group_id}#{item.index}"
+            if len(item.token_ids) != len(item.logprobs):
+                raise ValueError(f"{what}: {len(item.token_ids)} token ids but {len(item.logprobs)} logprobs")
             if item.finish_reason is not None and item.finish_reason not in FINAL_REASONS:
                 raise ValueError(f"finish_reason {item.finish_reason!r} does not end a sample (one of {FINAL_REASONS})")
-            args += [item.index, item.expected_offset, len(entry.token_ids), entry.to_json(), item.finish_reason or ""]
+            tokens = [int(t) for t in item.token_ids]
+            logprobs = [float(p) for p in item.logprobs]
+            entry = LogEntry("append", item.index, item.expected_offset, tokens, logprobs, int(item.version))
+            keys += [self.key(f"group:{item.group_id}"), self.key(f"log:{item.group_id}")]
+            args += [item.index, item.expected_offset, len(tokens), entry.to_json(), item.finish_reason or ""]
         reply = self._append(keys=keys, args=args)
         return [
             WriteResult(accepted=reply[k] == "ok", length=int(reply[k + 1]), reason=reply[k])
@@ -351,43 +287,34 @@ class Journal:
         ]
 
     def finish(self, group_id: str, index: int, finish_reason: str, expected_length: int) -> WriteResult:
-        """Mark a sample finished ("stop" or "length") if it holds `expected_length` tokens: an
-        append of no tokens at that offset. Repeating the same finish is accepted (a retry);
-        another reason is rejected. An aborted sample is not finished: it is continued."""
+        """Mark a sample finished if it holds `expected_length` tokens; the same finish again is a retry."""
         (result,) = self.append_many([Append(group_id, index, expected_length, [], [], 0, finish_reason)])
         return result
 
     def reset(self, group_id: str, index: int) -> None:
-        """Drop a sample's tokens (its prefix was stale, or corrupt) before it is generated again:
-        it is pending with length 0. Raises UnknownGroup, or JournalError once delivered."""
-        entry = LogEntry(kind="reset", index=index)
-        status = self._reset(keys=[self.group_key(group_id), self.log_key(group_id)], args=[index, entry.to_json()])
+        """Drop a sample's tokens (stale or corrupt) before it is generated again: pending, length 0."""
+        keys = [self.key(f"group:{group_id}"), self.key(f"log:{group_id}")]
+        status = self._reset(keys=keys, args=[index, LogEntry(kind="reset", index=index).to_json()])
         if status == "unknown":
             raise UnknownGroup(f"cannot reset sample {index} of {group_id}: no such open group or sample")
         if status == "delivered":
             raise JournalError(f"cannot reset sample {index} of {group_id}: the group is delivered")
 
-    # --- delivery --------------------------------------------------------------------------------
     def deliver(self, group_id: str, stream: str, message: str | Sequence[str]) -> str | None:
-        """Publish `message` (field `data`; several messages in order) to `stream` and mark the
-        group delivered, atomically; its token log is deleted and a small delivered marker stays.
-        Returns the (last) stream id, or None when the group was already delivered (it is never
-        published twice). Raises NotFinished if a sample is unfinished, UnknownGroup if the group
-        is not in the journal."""
+        """Publish `message` (field `data`; several in order) to `stream` and mark the group delivered,
+        atomically. The (last) stream id; None when delivered already; raises NotFinished or UnknownGroup."""
         messages = [message] if isinstance(message, str) else list(message)
         if hash_tag(stream) != hash_tag(self.prefix):
             raise ValueError(
                 f"stream {stream!r} is not in the slot of journal {self.prefix!r}: on a Redis Cluster the "
                 f"delivery script could not publish and mark in one step (use journal_prefix({stream!r}))"
             )
-        if not messages:
-            raise ValueError(f"nothing to deliver for {group_id}")
         status, detail = self._deliver(
             keys=[
-                self.group_key(group_id),
-                self.log_key(group_id),
-                open_key(self.prefix),
-                delivered_key(self.prefix),
+                self.key(f"group:{group_id}"),
+                self.key(f"log:{group_id}"),
+                self.key("open"),
+                self.key("delivered"),
                 stream,
             ],
             args=[group_id, *messages],
@@ -401,64 +328,55 @@ class Journal:
         raise UnknownGroup(f"cannot deliver {group_id}: it is not in the journal")
 
     def quarantine(self, group_id: str) -> bool:
-        """Take an open group whose header is unreadable out of `open` (so no replay meets it
-        again), into the quarantine set; its hash and log stay as they are, for a person to read.
-        Its prompt is skipped. Returns False if it was not open."""
+        """Move an open group whose header is unreadable from `open` to the quarantine set (its
+        prompt is skipped; its keys stay for a person to read). False if it was not open."""
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.zscore(open_key(self.prefix), group_id)
-            pipe.zrem(open_key(self.prefix), group_id)
+            pipe.zscore(self.key("open"), group_id)
+            pipe.zrem(self.key("open"), group_id)
             cursor, removed = pipe.execute()
         if removed:
-            self.client.zadd(quarantine_key(self.prefix), {group_id: cursor})
+            self.client.zadd(self.key("quarantine"), {group_id: cursor})
         return bool(removed)
 
     def quarantined(self) -> list[str]:
         """Groups taken out of replay because their header was unreadable, in cursor order."""
-        return self.client.zrange(quarantine_key(self.prefix), 0, -1)
+        return self.client.zrange(self.key("quarantine"), 0, -1)
 
     def trim_delivered(self, keep_last: int) -> int:
-        """Delete the delivered markers of groups older than the last `keep_last` cursors;
-        returns how many were deleted."""
-        if keep_last < 0:
-            raise ValueError(f"keep_last must be >= 0, got {keep_last}")
+        """Delete the delivered markers older than the last `keep_last` cursors; returns how many."""
         below = self.cursor() - keep_last
+        delivered = self.key("delivered")
         deleted = 0
         while True:
-            old = self.client.zrangebyscore(delivered_key(self.prefix), "-inf", f"({below}", start=0, num=_TRIM_BATCH)
+            old = self.client.zrangebyscore(delivered, "-inf", f"({below}", start=0, num=_TRIM_BATCH)
             if not old:
                 return deleted
             with self.client.pipeline(transaction=True) as pipe:
-                pipe.delete(*(self.group_key(g) for g in old))
-                pipe.zrem(delivered_key(self.prefix), *old)
+                pipe.delete(*(self.key(f"group:{g}") for g in old))
+                pipe.zrem(delivered, *old)
                 pipe.execute()
             deleted += len(old)
 
-    # --- reading back ----------------------------------------------------------------------------
     def load_open_groups(self) -> LoadResult:
-        """Every open group, read in one consistent snapshot, in cursor order.
-
-        Tolerant: a corrupt group header is reported and the group left out; a corrupt sample
-        is reported and read as pending with no tokens (the plan restarts it; the actor resets
-        it in the journal before generating it again).
-        """
-        group_ids = self.client.zrange(open_key(self.prefix), 0, -1)
+        """Every open group, in one consistent snapshot, in cursor order. A group whose header is
+        corrupt is reported and left out; a corrupt sample is reported and read as pending."""
+        group_ids = self.client.zrange(self.key("open"), 0, -1)
         groups: list[GroupRecord] = []
         corrupt: list[tuple[str, str]] = []
         for group_id, (fields, entries) in zip(group_ids, self._read(group_ids)):
             try:
                 group, problems = fold_group(group_id, fields, entries)
             except CorruptRecord as exc:
-                corrupt.append((self.group_key(group_id), str(exc)))
+                corrupt.append((self.key(f"group:{group_id}"), str(exc)))
                 continue
-            corrupt += [(self.log_key(group_id), reason) for reason in problems]
+            corrupt += [(self.key(f"log:{group_id}"), reason) for reason in problems]
             groups.append(group)
         groups.sort(key=lambda g: g.cursor)
         return LoadResult(groups, corrupt)
 
     def read_group(self, group_id: str) -> tuple[GroupRecord | None, list[str]]:
-        """One open group and the problems met reading it, tolerantly (as `load_open_groups`: a
-        corrupt sample is read as pending with no tokens). None when the group is delivered or
-        not in the journal; raises CorruptRecord when its header cannot be read."""
+        """One open group and the problems met reading it, as `load_open_groups` reads it (None
+        when delivered or unknown); raises CorruptRecord when its header cannot be read."""
         ((fields, entries),) = self._read([group_id])
         if not fields or fields.get("state") == "delivered":
             return None, []
@@ -470,28 +388,10 @@ class Journal:
             return []
         with self.client.pipeline(transaction=True) as pipe:
             for group_id in group_ids:
-                pipe.hgetall(self.group_key(group_id))
-                pipe.lrange(self.log_key(group_id), 0, -1)
+                pipe.hgetall(self.key(f"group:{group_id}"))
+                pipe.lrange(self.key(f"log:{group_id}"), 0, -1)
             replies = pipe.execute()
         return list(zip(replies[::2], replies[1::2]))
-
-
-def _append_entry(item: Append) -> LogEntry:
-    if len(item.token_ids) != len(item.logprobs):
-        raise ValueError(
-            f"append to {item.group_id}#{item.index}: {len(item.token_ids)} token ids but "
-            f"{len(item.logprobs)} logprobs"
-        )
-    if item.expected_offset < 0 or item.index < 0 or item.version < 0:
-        raise ValueError(f"append to {item.group_id}#{item.index}: negative index, offset or version")
-    return LogEntry(
-        kind="append",
-        index=item.index,
-        offset=item.expected_offset,
-        token_ids=[int(t) for t in item.token_ids],
-        logprobs=[float(p) for p in item.logprobs],
-        version=int(item.version),
-    )
 
 
 # --- folding a group's hash and log into a record (pure) ---------------------------------------
@@ -499,11 +399,8 @@ def _append_entry(item: Append) -> LogEntry:
 
 def fold_group(group_id: str, fields: dict[str, str], entries: list[str]) -> tuple[GroupRecord, list[str]]:
     """The open group held by its hash `fields` and token log `entries`, and the problems met.
-
-    Raises CorruptRecord when the group itself cannot be read (no hash, bad header, not open).
-    A sample whose log entries are unreadable, out of order, or disagree with its recorded
-    length or state is returned pending with no tokens, and the reason listed in the problems.
-    """
+    Raises CorruptRecord when the group cannot be read (no hash, bad header, not open); a sample
+    whose entries are unreadable or disagree with the hash is returned pending, its reason listed."""
     if not fields:
         raise CorruptRecord(f"group {group_id} is listed as open but has no record")
     if "header" not in fields:

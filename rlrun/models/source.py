@@ -6,14 +6,13 @@ from pathlib import Path
 
 from rlrun.config import RunConfig
 from rlrun.errors import EnvironmentProblem
+from rlrun.models.tiny import TinyBuild, ensure_tiny_model
 
 
 def model_path(cfg: RunConfig, build: bool) -> str:
     """The folder (or hub id) vLLM and the trainer load. Builds the tiny model if asked to."""
     m = cfg.model
     if m.source == "tiny":
-        from rlrun.models.tiny import TinyBuild, ensure_tiny_model
-
         args = dict(seed=cfg.run.seed, warm_start_steps=m.warm_start_steps, max_operand=cfg.dataset.max_operand, max_model_len=m.max_model_len)
         if not build:
             return str(Path(m.cache_dir).expanduser() / TinyBuild(**args).folder_name())

@@ -1,14 +1,11 @@
 """The tiny demo model: a ~300k-parameter Qwen2 with a character vocabulary, built locally once.
 
 Owns the model's shape, its character tokenizer, the short supervised warm start and the cache
-folder the result lives in. The folder is a plain Hugging Face model folder (config, generation
-config, safetensors weights, tokenizer) that transformers loads and vLLM serves; nothing is
-downloaded. Pure RL from random weights collapses on this task (the model settles on one answer
-and the group advantages vanish), so the build ends with a few supervised steps on correct sums
-that bring it to roughly 20 % exact answers; RL does the rest. Refuses: anything about serving,
-training loops of the RL trainer, or the dataset's order (it trains on every problem).
-
-torch, transformers and tokenizers are imported inside the functions that need them.
+folder: a plain Hugging Face model folder that transformers loads and vLLM serves, nothing
+downloaded. Pure RL from random weights collapses on this task (one answer, vanishing group
+advantages), so the build ends with a few supervised steps to roughly 20 % exact answers.
+Refuses: serving, the RL trainer's loop, the dataset's order. torch, transformers and tokenizers
+are imported inside the functions that need them.
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 4  # bump when the architecture, tokenizer or warm start changes: new folder names
 MARKER = "rlrun-model.json"  # written last; a folder without it is not a finished build
 
-# --- the model's shape ---------------------------------------------------------------------------
 HIDDEN = 128
 HEADS = 2  # head_dim = HIDDEN / HEADS = 64: vLLM's CPU attention rejects head dims below 64
 KV_HEADS = 1
@@ -40,7 +36,6 @@ INTERMEDIATE = 256
 LAYERS = 2
 VOCAB_SIZE = 64
 
-# --- the character vocabulary --------------------------------------------------------------------
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
 SPECIAL_TOKENS = (PAD, EOS, BOS, UNK)
 # Specials, digits, operators, space, lower-case letters, then punctuation up to 64 entries.
@@ -50,7 +45,6 @@ CHARACTERS = (
     tuple(string.digits) + tuple("+-*=") + (" ",) + tuple(string.ascii_lowercase) + tuple(".,:;!?()/%$#&'\"_[]^")
 )
 
-# --- the warm start ------------------------------------------------------------------------------
 WARM_START_LR = 1.5e-3  # AdamW learning rate; with 40 steps: ~15-27 % sampled accuracy (12 seeds)
 WARM_START_BATCH = 128  # problems per warm-start step, drawn with replacement
 EVAL_MAX_PROBLEMS = 1000  # accuracy recorded in the marker is measured on at most this many
@@ -66,22 +60,14 @@ class TinyBuild:
     max_model_len: int
     format_version: int = FORMAT_VERSION
 
-    def key(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:12]
-
     def folder_name(self) -> str:
-        return f"tiny-v{self.format_version}-{self.key()}"
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return f"tiny-v{self.format_version}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
 
 def ensure_tiny_model(cache_dir: Path, seed: int, warm_start_steps: int, max_operand: int, max_model_len: int) -> Path:
-    """Return the folder of the tiny model for these parameters, building it first if needed.
-
-    The build runs at most once per parameter set: callers serialise on a lock file in
-    `cache_dir`, the model is written to a temporary sibling folder and renamed into place with
-    its marker already inside, so a crash never leaves a folder that looks finished.
-    The parameters were checked with the config (`rlrun.config.build.validate`).
-    """
+    """The folder of the tiny model for these parameters, built first if needed (once, under a lock,
+    into a temporary sibling renamed into place marker and all: a crash never looks finished)."""
     build = TinyBuild(seed=seed, warm_start_steps=warm_start_steps, max_operand=max_operand, max_model_len=max_model_len)
     cache_dir = Path(cache_dir).expanduser()
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -153,19 +139,15 @@ def _build(build: TinyBuild, folder: Path) -> None:
 
 
 def build_tokenizer(max_model_len: int):
-    """The character tokenizer: one id per character, nothing added on encode, exact decode.
-
-    It is a Qwen2 byte-level BPE with 64 single-character tokens and no merges. transformers 5
-    ignores the pipeline saved in tokenizer.json for `model_type: qwen2` and rebuilds a Qwen2
-    pipeline from the vocabulary; built this way, the rebuilt pipeline is the same one, so
-    transformers, vLLM and this function all tokenize alike. Characters outside the vocabulary
-    (upper case, newlines) are dropped by the BPE model, which has no unknown token.
-    """
+    """The character tokenizer: one id per character, nothing added on encode, exact decode. A
+    Qwen2 byte-level BPE without merges: transformers 5 rebuilds a Qwen2 pipeline from the
+    vocabulary, and built this way it is the same one, so transformers, vLLM and the actor agree."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX  # Qwen2's split: both pipelines agree
 
-    to_byte_level = _byte_level_map()
+    to_byte_level = {chr(b): c for b, c in bytes_to_unicode().items() if b < 128}  # GPT-2's: " " is "Ġ"
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + tuple(to_byte_level[c] for c in CHARACTERS))}
     if len(vocab) != VOCAB_SIZE:  # a bug in the constants above, not user input
         raise RuntimeError(f"tiny vocabulary has {len(vocab)} entries, expected {VOCAB_SIZE}")
@@ -190,13 +172,6 @@ def build_tokenizer(max_model_len: int):
     )
 
 
-def _byte_level_map() -> dict[str, str]:
-    """GPT-2's byte-to-character table for ASCII (printable characters map to themselves, space to "Ġ")."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    return {chr(b): c for b, c in bytes_to_unicode().items() if b < 128}
-
-
 def _portable_tokenizer_config(path: Path) -> None:
     """Name Qwen2's tokenizer class, which is what transformers 5 loads for a qwen2 model anyway."""
     config = json.loads(path.read_text())
@@ -208,11 +183,8 @@ def _portable_tokenizer_config(path: Path) -> None:
 def _new_model(build: TinyBuild, tokenizer):
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    ids = {
-        "pad_token_id": tokenizer.convert_tokens_to_ids(PAD),
-        "eos_token_id": tokenizer.convert_tokens_to_ids(EOS),
-        "bos_token_id": tokenizer.convert_tokens_to_ids(BOS),
-    }
+    specials = (("pad", PAD), ("eos", EOS), ("bos", BOS))
+    ids = {f"{name}_token_id": tokenizer.convert_tokens_to_ids(token) for name, token in specials}
     config = Qwen2Config(
         vocab_size=VOCAB_SIZE,
         hidden_size=HIDDEN,
@@ -276,11 +248,8 @@ def _warm_start(model, tokenizer, problems: list[Problem], build: TinyBuild) -> 
 
 
 def _accuracy(model, tokenizer, problems: list[Problem], max_operand: int) -> dict[str, float]:
-    """Exact-answer accuracy: greedy, and the expected rate when sampling at temperature 1.
-
-    The sampled rate is computed exactly, as the mean probability of "answer<eos>" under the model,
-    so it has no sampling noise: it is what RL's first groups see on average.
-    """
+    """Exact-answer accuracy: greedy, and the expected rate when sampling at temperature 1 (the
+    mean probability of "answer<eos>": no sampling noise; what RL's first groups see on average)."""
     import torch
 
     eos = tokenizer.convert_tokens_to_ids(EOS)

@@ -1,8 +1,7 @@
 """The message codec for rlrun's streams: compact JSON objects with a schema version, never pickle.
 
-Every message carries `"schema_version"`; a reader refuses a version it does not know instead of
-guessing. Fast-LLM's protocol messages are not rlrun messages (they carry no schema version) and
-are encoded by that backend.
+A reader refuses a version it does not know instead of guessing. Fast-LLM's protocol messages
+carry no schema version and are encoded by that backend.
 """
 
 from __future__ import annotations
@@ -17,26 +16,25 @@ class MalformedMessage(ValueError):
     """A message that is not a JSON object of a known schema version."""
 
 
-def encode(message: dict) -> str:
-    """Compact JSON for `message`, with `"schema_version": 1` added when absent.
+def dumps(record: dict, error: type[ValueError]) -> str:
+    """Compact JSON; NaN and infinities are refused with `error` (they are not JSON)."""
+    try:
+        return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        raise error(f"cannot encode the record as JSON: {exc}") from exc
 
-    The caller's dict is not modified. NaN and infinities are refused (they are not JSON).
-    """
+
+def encode(message: dict) -> str:
+    """Compact JSON for `message` (not modified), with `"schema_version": 1` added when absent."""
     if not isinstance(message, dict):
         raise TypeError(f"a message is a dict, got {type(message).__name__}")
     if "schema_version" in message:
         _check_version(message["schema_version"], message)
-    record = {"schema_version": SCHEMA_VERSION, **message}
-    try:
-        return json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except ValueError as exc:
-        raise MalformedMessage(f"cannot encode the message as JSON: {exc}") from exc
+    return dumps({"schema_version": SCHEMA_VERSION, **message}, MalformedMessage)
 
 
 def json_object(raw: str | bytes, error: type[ValueError], what: str) -> dict:
-    """The JSON object in `raw` (UTF-8 text, no NaN/Infinity), or `error` saying why not.
-
-    Shared by every reader of JSON from Redis: stream messages here, journal records."""
+    """The JSON object in `raw` (UTF-8, no NaN/Infinity), or `error` saying why not."""
     if isinstance(raw, (bytes, bytearray)):
         try:
             raw = bytes(raw).decode("utf-8")

@@ -1,13 +1,9 @@
-"""An external Redis (`streams.url`) instead of the run's own server.
+"""An external Redis (`streams.url`, e.g. `redis://alice@10.0.0.5:6379/3`) instead of the run's own.
 
-The URL names the server, the database and, if the server wants one, the user
-(`redis://alice@10.0.0.5:6379/3`); the password is read from `streams.password_file`, never from
-the URL (the URL is written to the run's config and passed on command lines). At start the
-password is copied into the run's 0600 secrets, where every process of the run reads it.
-
-rlrun's keys and streams have fixed names, so one database holds one run: the run claims it
-(`rlrun:run` = its directory) and a database claimed by another run is refused before anything
-starts.
+The password comes from `streams.password_file`, never the URL (which is written to the config
+and to command lines), and is copied into the run's 0600 secrets. rlrun's keys have fixed names,
+so one database holds one run: the run claims it (`rlrun:run` = its directory) and a database
+claimed by another run is refused before anything starts.
 """
 
 from __future__ import annotations
@@ -43,8 +39,7 @@ def url_problems(url: str) -> list[str]:
 
 
 def process_url(url: str, has_password: bool) -> str:
-    """The URL the run's processes connect with: with a password and no user in the URL, Redis's
-    `default` user (rlrun's clients otherwise name rlrun's own ACL user)."""
+    """The URL the run's processes use: with a password and no user in it, Redis's `default` user."""
     parts = urlsplit(url)
     if not has_password or parts.username or parts.scheme == "unix":
         return url
@@ -54,9 +49,8 @@ def process_url(url: str, has_password: bool) -> str:
 def read_password(password_file: str | None) -> str | None:
     if password_file is None:
         return None
-    path = Path(password_file).expanduser()
     try:
-        password = path.read_text().strip()
+        password = Path(password_file).expanduser().read_text().strip()
     except OSError as exc:
         raise EnvironmentProblem(f"streams.password_file={password_file} cannot be read ({exc.strerror}).") from None
     if not password:
@@ -65,21 +59,20 @@ def read_password(password_file: str | None) -> str | None:
 
 
 def check_and_claim(url: str, password: str | None, owner: str, *, claim: bool) -> None:
-    """Reach the server, authenticate, and check that its database is free or already this
-    run's (`owner`: the run directory); with `claim`, mark it this run's. EnvironmentProblem
-    saying what to do otherwise."""
+    """Reach and authenticate to the server; check its database is free or already `owner`'s (the run
+    directory) and with `claim` mark it so; otherwise an EnvironmentProblem saying what to do."""
     import redis
 
     from rlrun.streams.server import connect
 
-    client = None
     try:  # connecting asks the server whether it is a cluster: credentials are checked here already
         client = connect(process_url(url, password is not None), password, socket_timeout=5.0, reconnect_s=0)
-        client.ping()
-        current = client.get(OWNER_KEY)
-        if current is None and claim:
-            client.set(OWNER_KEY, owner, nx=True)
+        with client:
+            client.ping()
             current = client.get(OWNER_KEY)
+            if current is None and claim:
+                client.set(OWNER_KEY, owner, nx=True)
+                current = client.get(OWNER_KEY)
     except redis.AuthenticationError as exc:
         raise EnvironmentProblem(
             f"the Redis at streams.url={url} refused the credentials ({exc}). Check the user in the URL and "
@@ -90,9 +83,6 @@ def check_and_claim(url: str, password: str | None, owner: str, *, claim: bool) 
             f"cannot use the Redis at streams.url={url} ({type(exc).__name__}: {exc}). Start it, or unset "
             "streams.url to let rlrun start its own."
         ) from None
-    finally:
-        if client is not None:
-            client.close()
     if current is not None and current != owner:
         raise EnvironmentProblem(
             f"the Redis database at streams.url={url} holds another run's keys (that of {current}). Give this run "

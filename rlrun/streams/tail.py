@@ -1,10 +1,7 @@
-"""Reading one of rlrun's streams incrementally: each call returns what arrived since the last.
-
-`StreamTail(stream, field, start_id).poll(client)` does one non-blocking XREAD from the last id
-seen and decodes every message's `field` with the codec. Malformed messages (not JSON, no or an
-unknown schema_version, the field missing) are returned with their id and the reason, never
-raised, and never stop the ones after them. The position survives a lost connection: the caller
-may reconnect (or Redis restart from its AOF, which keeps stream ids) and poll again.
+"""Reading one of rlrun's streams incrementally: each `poll` returns what arrived since the last
+(one non-blocking XREAD, each message's `field` decoded with the codec). Malformed messages are
+returned with their id and the reason, never raised. The position survives a lost connection or
+a Redis restarted from its AOF (which keeps stream ids).
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ class StreamTail:
         self.last_id = start_id  # messages with a larger id are new; XREAD is exclusive
 
     def poll(self, client, count: int = BATCH) -> Polled:
-        """The messages after `last_id` (at most `count`); advances `last_id` past them.
-        Raises only what the client raises (Redis unreachable): then nothing was consumed."""
+        """The messages after `last_id` (at most `count`); raises only what the client raises."""
         reply = client.xread({self.stream: self.last_id}, count=count)
         out = Polled()
         for _stream, messages in reply or []:

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlrun.journal.store import log_key, open_key
+from rlrun.journal.store import KEY_PREFIX
 from rlrun.streams import names
 from rlrun.streams.server import connect, redis_url
 from rlrun.trainer.checkpoint import latest_complete, read_state
@@ -59,9 +59,9 @@ def corrupt_an_open_group_then_kill_the_actor(run_dir: Path, client) -> str:
     while time.time() < deadline:
         actor.suspend()
         time.sleep(0.05)  # commands it sent before the stop are executed by now
-        open_groups = client.zrange(open_key(), 0, -1)
+        open_groups = client.zrange(KEY_PREFIX + "open", 0, -1)
         if open_groups:
-            client.rpush(log_key(open_groups[0]), *BAD_LOG_ENTRIES)
+            client.rpush(f"{KEY_PREFIX}log:{open_groups[0]}", *BAD_LOG_ENTRIES)
             actor.kill()
             return open_groups[0]
         actor.resume()
@@ -122,7 +122,7 @@ def test_corrupt_journal_entries_are_counted_by_the_restarted_actor(poisoned_run
     closing = [line for line in log.splitlines() if "actor stops (" in line][-1]
     counters = ast.literal_eval(closing.split("actor stops (", 1)[1].rstrip(")"))
     assert counters["journal_corrupt_records"] == len(BAD_LOG_ENTRIES)
-    key = log_key(injected["journal_group"])
+    key = f"{KEY_PREFIX}log:{injected['journal_group']}"
     assert log.count(f"journal record {key} is unreadable") == len(BAD_LOG_ENTRIES)
     assert "journal refused" not in log  # the replay's view of every kept sample is the journal's
 

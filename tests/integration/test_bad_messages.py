@@ -18,12 +18,20 @@ from rlrun.actor.main import Actor
 from rlrun.backends import backend_for
 from rlrun.config import compose
 from rlrun.progress import ProgressReader
-from rlrun.journal.store import KEY_PREFIX, Append, group_key, log_key
+from rlrun.journal.store import KEY_PREFIX, Append
 from rlrun.streams import names
 from rlrun.streams.codec import encode
 from rlrun.supervisor import EventLog, RunVerdict
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def group_key(group_id: str) -> str:
+    return f"{KEY_PREFIX}group:{group_id}"
+
+
+def log_key(group_id: str) -> str:
+    return f"{KEY_PREFIX}log:{group_id}"
 
 
 # --- the trainer's input stream -----------------------------------------------------------------

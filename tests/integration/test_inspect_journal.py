@@ -28,7 +28,7 @@ def running_run(tmp_path, resolved_yaml):
 
 
 def _fill_journal(client) -> None:
-    from rlrun.journal import Append, Journal
+    from rlrun.journal.store import Append, Journal
     from rlrun.streams import names
 
     journal = Journal(client)
@@ -105,7 +105,7 @@ def test_redis_endpoint_is_read_from_the_runs_redis_conf(running_run):
 
 def test_with_two_actors_each_journal_is_shown_and_added_up(tmp_path):
     from rlrun.config import compose
-    from rlrun.journal import Append, Journal
+    from rlrun.journal.store import Append, Journal
     from rlrun.streams import names
 
     _, text = compose(["recipe=math_gspo", "actor.num_actors=2", "inference.num_servers=2"])

@@ -13,7 +13,8 @@ import pytest
 from redis.cluster import key_slot
 
 from rlrun.errors import EnvironmentProblem
-from rlrun.journal import Append, Journal, plan_replay
+from rlrun.journal.plan import plan_replay
+from rlrun.journal.store import Append, Journal
 from rlrun.journal.store import KEY_PREFIX
 from rlrun.roles import RedisProbe
 from rlrun.rundir import RunDir

@@ -25,7 +25,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from rlrun.actor.ledger import JournalLedger
 from rlrun.actor.sampling import SampleState, close_if_spent
-from rlrun.journal import Action, NotFinished, plan_replay
+from rlrun.journal.plan import Action, plan_replay
+from rlrun.journal.store import NotFinished
 from rlrun.rundir import RunDir
 from rlrun.streams.names import journal_prefix
 from rlrun.streams.server import connect

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from rlrun.journal import Append, Journal, NotFinished, UnknownGroup, plan_replay
+from rlrun.journal.plan import plan_replay
 from rlrun.journal.records import GroupRecord, SampleRecord
-from rlrun.journal.store import WriteResult, cursor_key, delivered_key, open_key
+from rlrun.journal.store import Append, Journal, NotFinished, UnknownGroup, WriteResult
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,7 +75,7 @@ def test_open_group_refuses_to_advance_when_another_writer_moved_the_cursor(jour
     def prompt_index_for(cursor):
         calls.append(cursor)
         if len(calls) == 1:
-            client.incr(cursor_key())  # another writer opens a group meanwhile
+            client.incr(journal.key("cursor"))  # another writer opens a group meanwhile
         return cursor
 
     group = journal.open_group(prompt_index_for, lambda p: [p], group_size=1, max_new_tokens=2, run="run")
@@ -147,7 +147,7 @@ def test_a_batch_of_appends_is_one_call_each_judged_on_its_own(journal, client):
     groups = {g.group_id: g for g in journal.load_open_groups().groups}
     assert groups[g1].samples[0].token_ids == [1, 2] and groups[g1].samples[1].token_ids == []
     assert groups[g2].samples[1].logprobs == [-5.0]
-    assert client.llen(journal.log_key(g1)) == 2
+    assert client.llen(journal.key(f"log:{g1}")) == 2
 
 
 def test_appends_to_unknown_groups_and_samples_are_rejected(journal):
@@ -197,8 +197,9 @@ def test_deliver_publishes_exactly_once_and_trims_the_tokens(journal, client):
     assert journal.deliver(group.group_id, STREAM, '{"group":"run/0"}') is None
     assert client.xrange(STREAM) == [(entry_id, {"data": '{"group":"run/0"}'})]
     # the group message holds everything: only a small marker stays
-    assert client.hgetall(journal.group_key(group.group_id)) == {"state": "delivered", "cursor": "0", "stream_id": entry_id}
-    assert not client.exists(journal.log_key(group.group_id))
+    marker = client.hgetall(journal.key(f"group:{group.group_id}"))
+    assert marker == {"state": "delivered", "cursor": "0", "stream_id": entry_id}
+    assert not client.exists(journal.key(f"log:{group.group_id}"))
     assert journal.load_open_groups() == ([], []) and read(journal, group.group_id) is None
     # a delivered group takes no more writes
     assert append(journal, group.group_id, 0, 2, [1], [-1.0], 0).reason == "delivered"
@@ -279,10 +280,11 @@ def test_replay_plan_from_a_loaded_journal(journal):
 
 def test_corrupt_records_are_reported_and_their_samples_restarted(journal, client):
     broken_header, broken_log, fine = _open(journal), _open(journal), _open(journal)
-    client.hset(journal.group_key(broken_header.group_id), "header", "not json")
+    client.hset(journal.key(f"group:{broken_header.group_id}"), "header", "not json")
     append(journal, broken_log.group_id, 0, 0, [1, 2], [-1.0, -2.0], 0)
     append(journal, broken_log.group_id, 1, 0, [3], [-3.0], 0)
-    client.lset(journal.log_key(broken_log.group_id), 0, '{"schema_version":7,"kind":"append","index":0}')
+    entry = '{"schema_version":7,"kind":"append","index":0}'
+    client.lset(journal.key(f"log:{broken_log.group_id}"), 0, entry)
     append(journal, fine.group_id, 0, 0, [5], [-5.0], 0)
 
     groups, corrupt = journal.load_open_groups()
@@ -291,7 +293,7 @@ def test_corrupt_records_are_reported_and_their_samples_restarted(journal, clien
     assert groups[0].samples[1].token_ids == [3]
     assert groups[1].samples[0].token_ids == [5]
     keys = [key for key, _ in corrupt]
-    assert keys == [journal.group_key(broken_header.group_id), journal.log_key(broken_log.group_id)]
+    assert keys == [journal.key(f"group:{broken_header.group_id}"), journal.key(f"log:{broken_log.group_id}")]
     assert "not JSON" in corrupt[0][1] and "unknown schema_version 7" in corrupt[1][1]
     group, problems = journal.read_group(broken_log.group_id)  # one group alone reads the same
     assert problems == [corrupt[1][1]] and problems[0].startswith("sample 0:")
@@ -314,10 +316,11 @@ def test_trim_delivered_keeps_the_markers_of_the_last_cursors(journal, client):
         _finish_all(journal, group)
         journal.deliver(group.group_id, STREAM, group.group_id)
     assert journal.trim_delivered(keep_last=3) == 3  # cursor 6: markers of cursors 0, 1, 2 go
-    assert client.zrange(delivered_key(), 0, -1) == ["run/3", "run/4"]
-    assert [client.hget(journal.group_key(g.group_id), "stream_id") is not None for g in groups] == [False] * 3 + [True] * 2 + [False]
-    assert not client.exists(journal.group_key("run/0"))
-    assert client.zrange(open_key(), 0, -1) == ["run/5"]  # an open group is never trimmed
+    assert client.zrange(journal.key("delivered"), 0, -1) == ["run/3", "run/4"]
+    marked = [client.hget(journal.key(f"group:{g.group_id}"), "stream_id") is not None for g in groups]
+    assert marked == [False] * 3 + [True] * 2 + [False]
+    assert not client.exists(journal.key("group:run/0"))
+    assert client.zrange(journal.key("open"), 0, -1) == ["run/5"]  # an open group is never trimmed
     assert journal.load_open_groups().groups[0].group_id == "run/5"
     assert journal.trim_delivered(keep_last=3) == 0
     assert journal.trim_delivered(keep_last=0) == 2

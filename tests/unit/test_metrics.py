@@ -74,9 +74,10 @@ def test_tensorboard_gets_the_same_scalars_per_step(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     board = tmp_path / "tensorboard"
-    with MetricsWriter(tmp_path / "metrics.jsonl", board) as writer:
-        writer.write(record(1, loss=0.5))
-        writer.write(record(2, loss=0.25))
+    writer = MetricsWriter(tmp_path / "metrics.jsonl", board)
+    writer.write(record(1, loss=0.5))
+    writer.write(record(2, loss=0.25))
+    writer.close()
     files = list(board.glob("events.out.tfevents.*"))
     assert len(files) == 1 and files[0].stat().st_size > 0
     events = EventAccumulator(str(board))
