@@ -187,6 +187,11 @@ def validate(cfg: RunConfig) -> None:
             f"(e.g. trainer.gradient_accumulation_passes={t.nproc_per_node * max(1, t.gradient_accumulation_passes // t.nproc_per_node)}).",
         )
     need(
+        t.nproc_per_node <= 1 or not t.device.startswith("cuda:"),
+        f"trainer.device={t.device} names one GPU, but trainer.nproc_per_node={t.nproc_per_node} ranks cannot "
+        "share it: set trainer.device=cuda (each rank takes the GPU of its local rank, as with torchrun).",
+    )
+    need(
         t.weight_transfer != "broadcast" or t.backend == "hf",
         "trainer.weight_transfer=broadcast is the hf trainer's choice: trainer=fast_llm always broadcasts its "
         "weights itself (trainer.fast_llm.broadcast_*). Remove trainer.weight_transfer.",

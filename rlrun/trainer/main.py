@@ -58,7 +58,7 @@ class Trainer:
         self.main = self.parallel.ranks.is_main  # rank 0 reads Redis, publishes, checkpoints' owner
         torch.manual_seed(cfg.run.seed)
         torch.set_num_threads(cfg.trainer.threads)
-        self.device = torch.device(cfg.trainer.device)
+        self.device = torch.device(self.parallel.ranks.device(cfg.trainer.device))
         self.state = TrainerState(step=0, samples_processed=0, policy_version=0, config_hash=run_dir.config_hash())
         resume_from = checkpoint.resume_point(run_dir.checkpoints)  # damaged ones skipped, with a warning
         source = str(resume_from) if resume_from else model_path
@@ -379,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         redis = connect(role.redis_url, run_dir.read_redis_password())
         vllm = VllmAdmin(role.vllm_urls, api_key=run_dir.read_vllm_api_key())
         # One rank unless a launcher (rlrun.trainer.rank_group, torchrun) set RANK/WORLD_SIZE.
-        parallel = Parallel(Ranks.from_env(os.environ), cfg.trainer.sharding, cfg.trainer.device)
+        ranks = Ranks.from_env(os.environ)
+        parallel = Parallel(ranks, cfg.trainer.sharding, ranks.device(cfg.trainer.device))
         if cfg.trainer.weight_transfer == "broadcast" and parallel.ranks.is_main:
             from rlrun.trainer.weight_broadcast import BroadcastSync, transport
 
