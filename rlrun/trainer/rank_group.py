@@ -1,23 +1,12 @@
 """The trainer's ranks as one process: `python -m rlrun.trainer.rank_group --nproc N -- CMD...`.
 
-Starts N copies of CMD with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT: a free loopback port per attempt) and
-gives the supervisor torchrun's `--max-restarts 0` semantics: when one rank fails, the others are
-stopped (SIGTERM, a grace, SIGKILL) and the group exits with that rank's status, so the
-supervisor's restart policy restarts the whole group from the last complete checkpoint. All ranks
-exit 0: 0.
-
-Several nodes (world=ray, one bundle per rank): one rank group per node, each started with
-torchrun's multi-node options — `--nnodes K --node-rank k --first-rank R --world-size W
---master-addr A --master-port P` — runs ranks R..R+N-1 of W, all meeting at rank 0's node A:P.
-`node_command` turns the single-node command into one node's; the Ray spawner does the rest
-(`rlrun/cluster/ray_world.py`: which node runs which ranks, one handle for all of them).
-
-Why not torchrun itself: it starts every rank in a new session, out of the process group the
-supervisor's guard leads, so a SIGKILLed supervisor or torchrun would leave ranks behind and the
-ranks' process group would not be the pid the supervisor's probes know. Here the ranks stay in
-the group (the supervisor's stop and the guard reach them directly) and die with this process
-(PR_SET_PDEATHSIG). Refuses: anything about training; it only runs and watches CMD.
+Starts N copies of CMD with torchrun's environment (a free loopback port per attempt) and
+torchrun's `--max-restarts 0` semantics: one rank fails, the others are stopped (SIGTERM, a grace,
+SIGKILL) and the group exits with its status; 0 when all exit 0. `node_command` is one node's
+share of a group spread over nodes (torchrun's multi-node options; world=ray, ray_world.py).
+Why not torchrun: it puts every rank in a new session, out of the group the supervisor's guard
+leads; here the ranks stay in it and die with this process (PR_SET_PDEATHSIG). Refuses: anything
+about training; it only runs and watches CMD.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The in-memory weight path (trainer.weight_transfer=broadcast): the hf trainer's rank 0 as rank 0
-of Fast-LLM's weight broadcast group, so the vLLM servers receive with the receiver they run for
-Fast-LLM (rlrun/backends/fast_llm/broadcast.py has the wire format).
+of Fast-LLM's weight broadcast group (wire format: rlrun/backends/fast_llm/broadcast.py).
 
-`BroadcastSync` is one weight update: pause the servers that answer, form the group again when
-one is not a member (it restarted), have each receive while rank 0 sends, drop prefix caches,
-publish the version, resume. Any failure drops the group and raises; the receiver loads nothing
-before the whole broadcast arrived. docs/architecture.md ("Weight updates") says more.
+`BroadcastSync` is one weight update (docs/architecture.md, "Weight updates"); any failure drops
+the group and raises, and a receiver loads nothing before the whole broadcast arrived.
 """
 
 from __future__ import annotations
