@@ -15,8 +15,6 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
@@ -226,7 +224,8 @@ class Supervisor:
         if decision.action == "give_up":
             budget_spent = info.kind is not ExitKind.CONFIG_ERROR and proc.spec.restart.restart
             error = RestartsExhausted if budget_spent else ProcessFailed
-            raise self._error(error, proc, decision.reason)
+            why = f"process '{proc.name}' {decision.reason}. Its log: {proc.log_path}"
+            raise error(why, process=proc.name, log_tail=log_tail(proc.log_path))
         proc.state = ProcessState.BACKOFF
         proc.restart_at = now + decision.delay_s
 
@@ -314,21 +313,6 @@ class Supervisor:
         # Descendants that left the group (or outlived a crashed parent) are swept even when the
         # process itself had already exited.
         self._sweep(proc)
-
-    def _error(self, cls: type[ProcessFailed], proc: ProcessStatus, why: str) -> ProcessFailed:
-        return cls(f"process '{proc.name}' {why}. Its log: {proc.log_path}", process=proc.name, log_tail=log_tail(proc.log_path))
-
-
-@contextmanager
-def supervised(*specs: ProcessSpec, poll_interval_s: float = 0.05) -> Iterator[Supervisor]:
-    """Start `specs` in order as a run does (guard, log, readiness), yield the supervisor, stop
-    them in reverse order on the way out: one server alone, for tests and benchmarks."""
-    supervisor = Supervisor(list(specs), EventLog(None), poll_interval_s=poll_interval_s)
-    try:
-        supervisor.start_all()
-        yield supervisor
-    finally:
-        supervisor.stop_all()
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
