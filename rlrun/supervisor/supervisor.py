@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
@@ -313,6 +315,18 @@ class Supervisor:
         # Descendants that left the group (or outlived a crashed parent) are swept even when the
         # process itself had already exited.
         self._sweep(proc)
+
+
+@contextmanager
+def supervised(*specs: ProcessSpec, poll_interval_s: float = 0.05) -> Iterator[Supervisor]:
+    """Start `specs` in order as a run does (guard, log, readiness), yield the supervisor, stop
+    them in reverse order on the way out: one server alone, for tests and benchmarks."""
+    supervisor = Supervisor(list(specs), EventLog(None), poll_interval_s=poll_interval_s)
+    try:
+        supervisor.start_all()
+        yield supervisor
+    finally:
+        supervisor.stop_all()
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

@@ -53,10 +53,7 @@ def _die_with_parent() -> None:  # in the child, between fork and exec
 
 def first_failure(codes: list[int | None]) -> int | None:
     """The status the group exits with once a rank has failed (the first failed rank's), or None."""
-    for code in codes:
-        if code is not None and code != 0:
-            return code
-    return None
+    return next((code for code in codes if code not in (None, 0)), None)
 
 
 def run(cmd: list[str], nproc: int, host: str = "127.0.0.1", grace_s: float = STOP_GRACE_S, port: int = 0, **layout) -> int:
@@ -94,7 +91,7 @@ def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rlrun::trainer-ranks")
     parser.add_argument("--nproc", type=int, required=True, help="ranks on this node")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes of the group (one rank group each)")
@@ -104,11 +101,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--master-addr", "--host", dest="host", default="127.0.0.1", help="rank 0's node: the rendezvous address")
     parser.add_argument("--master-port", type=int, default=0, help="its port (default: a free one; needed with --nnodes > 1)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
-    return parser
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = _parser()
     args = parser.parse_args(argv)
     args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     args.world_size = args.world_size or args.nproc
