@@ -39,17 +39,14 @@ class NodeAgent:
         return {"node_id": node_id, "hostname": socket.gethostname(), "ip": ip, "pid": os.getpid()}
 
     def free_port(self, host: str) -> int:
-        """A TCP port free on this node at `host` now (the rendezvous of a rank group spread over
-        nodes, whose rank 0 runs here)."""
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return s.getsockname()[1]
+        """A TCP port free on this node at `host` now (the rendezvous of ranks whose rank 0 runs here)."""
+        from rlrun.trainer.rank_group import free_port
+
+        return free_port(host)
 
     def spawn(self, argv: list[str], log_path: str, env: dict[str, str], cwd: Optional[str] = None) -> int:
-        """Start `argv` under the guard; return the guard's pid (which leads the new group).
-
-        `env` is added to this node's environment; it carries the spec's secrets, which therefore
-        never appear on a command line."""
+        """Start `argv` under the guard; return the guard's pid (which leads the new group). `env`
+        (added to this node's) carries the spec's secrets: never on a command line."""
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         child_env = {k: v for k, v in os.environ.items() if k not in RAY_WORKER_VARIABLES}
         child_env.update(env)
