@@ -1,10 +1,8 @@
 """rlrun::weights — makes the vLLM servers serve every policy Fast-LLM broadcasts (trainer=fast_llm).
 
-Before every (re)start of the trainer the supervisor records a join request; the follower has
-every server join the new trainer's group (rank i+1 for server i), serving its TCP store where
-Fast-LLM's rank 0 will not. On each `weights_ready` that fits the run (`events.py`) it pauses the
-servers, has them all receive the broadcast, drops prefix caches, publishes the step as the policy
-version and resumes. Progress is kept in Redis: a restart neither repeats nor skips an event.
+At each join request (before every trainer start) the servers join the new trainer's group; on
+each `weights_ready` that fits the run (`events.py`) they receive the broadcast, then the step is
+published as the policy version. Progress is kept in Redis: a restart neither repeats nor skips.
 """
 
 from __future__ import annotations
