@@ -118,7 +118,7 @@ class VllmAdmin:
     def _reload(self, url: str, weights_path: str) -> None:
         """rlrun's reload (worker_extension.py keeps tied weights tied), then the prefix cache
         dropped: KV blocks computed with the old weights would mix two policies in one sample."""
-        self._post(f"{url}/collective_rpc", json={"method": "rlrun_reload_weights", "kwargs": {"weights_path": weights_path}})
+        self.rpc(url, "rlrun_reload_weights", {"weights_path": weights_path})
         self._post(f"{url}/reset_prefix_cache")
 
     def _post(self, url: str, **kwargs) -> httpx.Response:

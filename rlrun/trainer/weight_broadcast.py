@@ -88,7 +88,6 @@ class BroadcastSync:
         self.membership: Membership | None = None
         self.sender: WeightBroadcaster | None = None
         self._sent = 0  # broadcasts sent by this process: with the group id, a unique event id
-        self.last_reports: list[dict] = []  # each receiver's report of the last broadcast (receive_s, load_s, ...)
 
     def update(self, weights: dict[str, torch.Tensor], version: int, publish: Callable[[], None],
                while_waiting: Callable[[], None] = lambda: None) -> list[str]:  # fmt: skip
@@ -139,8 +138,7 @@ class BroadcastSync:
                      for url in self.membership.servers]  # fmt: skip
         sender = self.sender
         sent = results([in_thread(lambda: sender.send(weights))], while_waiting)[0]
-        reports = results(receiving, while_waiting)
-        self.last_reports = reports
+        reports = results(receiving, while_waiting)  # each receiver's receive_s, load_s, ...
         log.info("weights v%d broadcast (%.1f MB) to %d server(s): %s", version, sent / 1e6, len(reports), reports)
 
     def close(self) -> None:
