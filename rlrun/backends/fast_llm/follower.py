@@ -47,7 +47,7 @@ def request_join(redis, events_stream: str, start_step: int | None = None) -> st
 
 
 class VllmBroadcastAdmin(VllmAdmin):
-    """VllmAdmin plus joining and receiving Fast-LLM's broadcast, and a resume that never raises."""
+    """VllmAdmin plus joining and receiving Fast-LLM's broadcast."""
 
     def __init__(self, urls: list[str], receive_timeout_s: float, api_key: str = "") -> None:
         super().__init__(urls, httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0), api_key=api_key)
@@ -76,14 +76,6 @@ class VllmBroadcastAdmin(VllmAdmin):
         timeout_s = self.receive_timeout_s + 10
         calls = [lambda url=url: self.rpc(url, "rlrun_receive_broadcast", kwargs, timeout_s) for url in self.urls]
         return results([in_thread(call) for call in calls], while_waiting)
-
-    def resume(self) -> None:
-        """Resume every server that answers (never raises: a server left paused would stall the run)."""
-        for url in self.urls:
-            try:
-                self._post(f"{url}/resume")
-            except (httpx.HTTPError, RuntimeError) as exc:
-                log.warning("vLLM %s could not be resumed (%s)", url, exc)
 
 
 class WeightFollower:
@@ -177,8 +169,9 @@ class WeightFollower:
         except (httpx.HTTPError, RuntimeError) as exc:
             self.counters["broadcasts_failed"] += 1
             log.error("the broadcast of step %d was not loaded (%s); the servers keep the previous weights", step, exc)
-        finally:
-            self.admin.resume()
+        finally:  # never raises: a server left paused would stall the run
+            for url in self.admin.resume_answering():
+                log.warning("vLLM %s could not be resumed", url)
 
     def _heartbeat(self) -> None:
         now = time.time()
