@@ -319,16 +319,16 @@ class RaySpawner:
             return
         here = ray.util.get_node_ip_address()
         ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-        elsewhere = {name: ips.get(self._bundle_node(index) or "", "?") for index, name in enumerate(self._placed)}
-        elsewhere = {name: ip for name, ip in elsewhere.items() if ip != here}
+        at = {name: ips.get(self._bundle_node(index) or "", "?") for index, name in enumerate(self._placed)}
+        elsewhere = {name: ip for name, ip in at.items() if ip != here}
         if elsewhere:
             self.close()
             where = ", ".join(f"{name} on {ip}" for name, ip in elsewhere.items())
             raise EnvironmentProblem(
-                f"Ray placed {where}, another machine than this one ({here}), but the run's servers listen on "
-                f"loopback (inference.host / streams.host = 127.0.0.1), which other machines cannot reach. "
-                f"rlrun does not yet publish per-node server addresses: keep the run on this machine's nodes "
-                f"(a custom resource in world.<role>.resources) — see docs/cluster.md."
+                f"Ray placed {where}, another machine than this one ({here}), but the run's servers listen "
+                f"on loopback (inference.host / streams.host = 127.0.0.1), which other machines cannot "
+                f"reach. rlrun does not yet publish per-node server addresses: keep the run on this "
+                f"machine's nodes (a custom resource in world.<role>.resources) — see docs/cluster.md."
             )
 
     def _cluster(self) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
@@ -382,10 +382,10 @@ class RaySpawner:
             if time.monotonic() > deadline:
                 raise EnvironmentProblem(
                     f"{name} cannot be started again: its node is gone (or does not answer) and the Ray "
-                    f"cluster has no node with {placement.describe_bundles(self._bundles[name])} free to take "
-                    f"its place within world.placement_timeout_s={self._world.placement_timeout_s:g} s. Nodes "
-                    f"alive: {placement.describe_nodes(self._cluster()[0])}. Add a node with those resources, "
-                    f"then continue the run with `rlrun resume RUN_DIR`."
+                    f"cluster has no node with {placement.describe_bundles(self._bundles[name])} free to "
+                    f"take its place within world.placement_timeout_s={self._world.placement_timeout_s:g} s. "
+                    f"Nodes alive: {placement.describe_nodes(self._cluster()[0])}. Add a node with those "
+                    f"resources, then continue the run with `rlrun resume RUN_DIR`."
                 )
             time.sleep(0.5)
 

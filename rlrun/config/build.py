@@ -188,8 +188,9 @@ def validate(cfg: RunConfig) -> None:
         )
     need(
         t.nproc_per_node <= 1 or not t.device.startswith("cuda:"),
-        f"trainer.device={t.device} names one GPU, but trainer.nproc_per_node={t.nproc_per_node} ranks cannot "
-        "share it: set trainer.device=cuda (each rank takes the GPU of its local rank, as with torchrun).",
+        f"trainer.device={t.device} names one GPU, but trainer.nproc_per_node={t.nproc_per_node} ranks "
+        "cannot share it: set trainer.device=cuda (each rank takes the GPU of its local rank, as with "
+        "torchrun).",
     )
     need(
         t.weight_transfer != "broadcast" or t.backend == "hf",
@@ -217,10 +218,12 @@ def validate(cfg: RunConfig) -> None:
     k = act.num_actors
     need(
         k <= 1 or t.backend != "fast_llm",
-        f"actor.num_actors={k} needs trainer=hf: Fast-LLM reads one stream, and each actor delivers into its own "
-        "(so that its journal and its stream share one Redis Cluster slot). Use actor.num_actors=1 with trainer=fast_llm.",
+        f"actor.num_actors={k} needs trainer=hf: Fast-LLM reads one stream, and each actor delivers into its "
+        "own (so that its journal and its stream share one Redis Cluster slot). Use actor.num_actors=1 with "
+        "trainer=fast_llm.",
     )
-    need(k <= 1 or act.journal, f"actor.num_actors={k} needs actor.journal=true (the journal is what keeps actors apart).")
+    need(k <= 1 or act.journal,
+         f"actor.num_actors={k} needs actor.journal=true (the journal is what keeps actors apart).")
     need(0 < cfg.inference.gpu_memory_utilization <= 1, "inference.gpu_memory_utilization must be in (0, 1].")
     need(cfg.model.source == "tiny" or bool(cfg.model.path), f"model.path must be set when model.source={cfg.model.source}.")
     _validate_tiny(cfg, need)

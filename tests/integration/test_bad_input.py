@@ -381,7 +381,8 @@ def test_a_real_checkpoint_passes_and_a_damaged_one_is_skipped_before_loading(tm
     optimizer.step()
     for step in (2, 4):
         state = checkpoint.TrainerState(step=step, samples_processed=step * 8, policy_version=step)
-        checkpoint.save(model, optimizer, state, tmp_path / f"step_{step:06d}", keep=2, parallel=Parallel(Ranks()))
+        path = tmp_path / f"step_{step:06d}"
+        checkpoint.save(model, optimizer, state, path, keep=2, parallel=Parallel(Ranks()))
     assert checkpoint.problem(tmp_path / "step_000004") is None
     assert checkpoint.resume_point(tmp_path) == tmp_path / "step_000004"
     _truncate("model.safetensors", 1000)(tmp_path / "step_000004")

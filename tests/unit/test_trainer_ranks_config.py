@@ -63,8 +63,7 @@ def test_a_stuck_rank_is_no_sign_of_life():
 
 
 def test_each_rank_takes_its_local_ranks_gpu():
-    env = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "29500"}
-    ranks = Ranks.from_env(env)
+    ranks = Ranks.from_env({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.2"})
     assert (ranks.rank, ranks.local_rank, ranks.world_size) == (3, 1, 4)
     assert ranks.device("cuda") == "cuda:1"
     assert ranks.device("cpu") == "cpu"
@@ -73,9 +72,10 @@ def test_each_rank_takes_its_local_ranks_gpu():
 
 
 def test_several_ranks_refuse_one_named_gpu():
+    two_ranks = ["trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2"]
     with pytest.raises(ConfigError, match=r"trainer.device=cuda:1 names one GPU.*set trainer.device=cuda"):
-        compose(["trainer.device=cuda:1", "trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2"])
-    cfg, _ = compose(["trainer.device=cuda", "trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2"])
+        compose(["trainer.device=cuda:1", *two_ranks])
+    cfg, _ = compose(["trainer.device=cuda", *two_ranks])
     assert cfg.trainer.device == "cuda"
     cfg, _ = compose(["trainer.device=cuda:1"])  # one rank: the named GPU
     assert cfg.trainer.device == "cuda:1"
