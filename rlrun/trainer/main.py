@@ -134,7 +134,10 @@ class Trainer:
                 self._save_checkpoint()
         if self.main:
             self._finish_update()  # the last version is served before the trainer says it is done
-            self._announce_done()
+            self._publish_state(training_done=1)
+            done = {"type": "training_done", "step": self.state.step, "samples": self.state.samples_processed}
+            self.redis.xadd(names.TRAINER_EVENTS, {"event": encode(done)})
+            log.info("training done at step %d", self.state.step)
 
     def close(self) -> None:
         """Close the metric sinks (TensorBoard, W&B), whether training finished or failed."""
@@ -341,19 +344,10 @@ class Trainer:
         self._publish_state(last_checkpoint_step=self.state.step)
         log.info("checkpoint %s", path)
 
-    def _announce_done(self) -> None:
-        self._publish_state(training_done=1)
-        self.redis.xadd(
-            names.TRAINER_EVENTS,
-            {"event": encode({"type": "training_done", "step": self.state.step, "samples": self.state.samples_processed})},
-        )
-        log.info("training done at step %d", self.state.step)
-
 
 def write_weights(run_dir: RunDir, model, weights: dict, version: int):
-    """weights/vNNNNNN (complete, renamed into place) from `weights` (a full state dict of the
-    transformers `model`), weights/current pointed at it; older versions deleted but the one
-    current pointed at before (it may still be loading somewhere). Returns the folder."""
+    """weights/vNNNNNN written whole and renamed into place, weights/current pointed at it; older
+    versions deleted but the one current pointed at before (it may still be loading somewhere)."""
     target = run_dir.weights_version(version)
     tmp = target.with_name(f".tmp-{target.name}")
     shutil.rmtree(tmp, ignore_errors=True)
