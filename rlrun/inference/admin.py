@@ -1,8 +1,6 @@
 """The trainer's side of weight updates: pause generation (mode=abort: the actor continues the
-aborted requests from their tokens, as after a crash), reload weights, resume.
-
-A server that takes no connections (being restarted) is left out: it starts from `weights/current`.
-Only when no server answers does the update fail (and the trainer retries it).
+aborted requests from their tokens), reload weights, resume. A server that takes no connections
+(restarting: it starts from `weights/current`) is left out; the update fails only when none answers.
 """
 
 from __future__ import annotations

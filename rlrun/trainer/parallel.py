@@ -1,9 +1,8 @@
 """The trainer's ranks: torch.distributed setup, the model's wrapping, the loop's few collectives.
 
-Owns: which rank this process is (torchrun's RANK/WORLD_SIZE/MASTER_*), FSDP2 or DDP, bf16 and
-activation checkpointing, rank 0's batch to every rank, metric sums, rank 0's full state dict.
-Refuses: Redis, the loss maths, the checkpoint layout. One rank creates no process group: the
-model is not wrapped and every collective is the identity.
+Owns: which rank (and GPU) this process is, FSDP2 or DDP, bf16 and activation checkpointing, rank
+0's batch to every rank, metric sums, rank 0's full state dict. Refuses: Redis, the loss maths, the
+checkpoint layout. One rank creates no process group: every collective is the identity.
 """
 
 from __future__ import annotations
