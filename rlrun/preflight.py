@@ -1,11 +1,8 @@
-"""Checks run before a run creates or starts anything: a run that cannot work fails at once, with
-one message naming the problem and the fix, and its run directory is left exactly as it was.
-`check(cfg, root, fresh=...)` before `rlrun train` makes the directory and before every launch
-(`cheap`: for --dry-run, nothing slow).
+"""Checks run before a run creates or starts anything: one message naming the problem and the fix,
+the run directory left exactly as it was. `check(cfg, root, fresh=...)` (`cheap`: for --dry-run).
 
-Raises ConfigError (exit 2), EnvironmentProblem (exit 3) or RunDirError (exit 4). Each check asks
-the module that owns the thing (the trainer backend what is its own) and adds the order and the
-message. Writes nothing; the one process it may start is Fast-LLM's validation of our config.
+Raises ConfigError (exit 2), EnvironmentProblem (exit 3) or RunDirError (exit 4). Writes nothing;
+the one process it may start is Fast-LLM's validation of our config.
 """
 
 from __future__ import annotations

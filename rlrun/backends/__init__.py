@@ -5,8 +5,8 @@
     backend.completion_check(cfg, progress)          # the supervisor's RunVerdict per poll
     for layout in checkpoint_layouts(): ...          # inspect-checkpoint reads any backend's
 
-Nothing else names a backend; a new trainer is one new module here, registered in `_BACKENDS`
-(imported on first use: `hf` never loads Fast-LLM's). Completion rules stay pure, in `rlrun.completion`.
+Nothing else names a backend: a new trainer is one new module, registered in `_BACKENDS` (imported
+on first use). Completion rules stay pure, in `rlrun.completion`.
 """
 
 from __future__ import annotations

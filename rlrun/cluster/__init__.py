@@ -1,6 +1,3 @@
-"""Where a process runs: a local subprocess (world=local, the default) or a node of an existing
-Ray cluster (world=ray). The supervisor takes a spawner; `world.spawner_for` picks it from the
-config.
-
-Knows where processes run, not what they do. Ray is imported only for world=ray.
+"""Where a process runs: a local subprocess (world=local) or a node of an existing Ray cluster
+(world=ray); `world.spawner_for` picks the spawner. Knows where processes run, not what they do.
 """

@@ -1,15 +1,9 @@
 """The node agent: starts and watches the run's processes on one node of a Ray cluster.
 
-One agent per node (a small Ray actor, made by `ray_world.RaySpawner`; plain Python here, so it is
-importable and testable without Ray). It starts a spec's command as the local spawner does — under
-rlrun's guard, in its own session, output appended to the log file — and answers for its
-processes: exit status, signals to the whole group, descendants; and finds a free port on its node.
-
-The guard watches the agent: when the agent dies (its node is lost, the run's driver is gone,
-`ray.kill`), the group is SIGKILLed, so nothing of the run outlives it. On a Ray node the guard
-sits inside an outer one (`holder.py`), because Ray SIGKILLs an exiting worker's direct children.
-
-Knows nothing about what the processes do, nor about the supervisor's policies.
+One per node (a Ray actor made by `ray_world.RaySpawner`; plain Python here, testable without
+Ray): starts a command as the local spawner does (under rlrun's guard, own session, log file),
+answers exit status, group signals, descendants and a free port. The guard kills the group when
+the agent dies, so nothing of the run outlives it. Knows nothing about the supervisor's policies.
 """
 
 from __future__ import annotations
@@ -45,17 +39,14 @@ class NodeAgent:
         return {"node_id": node_id, "hostname": socket.gethostname(), "ip": ip, "pid": os.getpid()}
 
     def free_port(self, host: str) -> int:
-        """A TCP port free on this node at `host` now (the rendezvous of a rank group spread over
-        nodes, whose rank 0 runs here)."""
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return s.getsockname()[1]
+        """A TCP port free on this node at `host` now (the rendezvous of ranks whose rank 0 runs here)."""
+        from rlrun.trainer.rank_group import free_port
+
+        return free_port(host)
 
     def spawn(self, argv: list[str], log_path: str, env: dict[str, str], cwd: Optional[str] = None) -> int:
-        """Start `argv` under the guard; return the guard's pid (which leads the new group).
-
-        `env` is added to this node's environment; it carries the spec's secrets, which therefore
-        never appear on a command line."""
+        """Start `argv` under the guard; return the guard's pid (which leads the new group). `env`
+        (added to this node's) carries the spec's secrets: never on a command line."""
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         child_env = {k: v for k, v in os.environ.items() if k not in RAY_WORKER_VARIABLES}
         child_env.update(env)

@@ -1,14 +1,9 @@
 """Two guards for a process on a Ray node: `python -m rlrun.cluster.holder AGENT_PID -- CMD...`.
 
-Why: Ray SIGKILLs the direct children of a worker process that exits (its
-`kill_child_processes_on_worker_exit`, on by default). A guard started directly by the node agent
-would die by that SIGKILL before it could kill its group, and the process under it would
-survive the agent. So the agent starts this outer guard, which runs the ordinary guard
-(`rlrun.supervisor.guard`) with itself as the parent to watch. Ray's SIGKILL lands on the outer
-one; the inner one sees its parent go and SIGKILLs the whole group (the process and everything
-it started). Where Ray leaves the children alone, the outer guard does the same when the agent
-goes. Both pass the process's exit status through unchanged; the outer one leads the group (the
-agent starts it in a session of its own), so its pid is the group's id.
+Why: Ray SIGKILLs the direct children of a worker that exits, so a guard the agent started
+directly would die before killing its group. The agent starts this outer guard, which runs the
+ordinary guard (`rlrun.supervisor.guard`) watching it: Ray's SIGKILL lands here and the inner
+guard then SIGKILLs the group. Exit statuses pass through; this one leads the group (its pid).
 """
 
 from __future__ import annotations

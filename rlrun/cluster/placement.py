@@ -1,13 +1,10 @@
-"""Placement as plain data: which Ray resources each process reserves, and what a cluster lacks.
-
-Pure functions over dicts (no Ray): the bundles one process of each role asks for (in the run's
-placement group: one, or one per rank for a trainer whose ranks may go to several nodes), which
-ranks then run on which node, and, given what the cluster's nodes offer, the list of what is
-missing, worded for a person.
+"""Placement as plain data (no Ray): the bundles each process reserves, which ranks run on which
+node, and what a cluster lacks, worded for a person.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from rlrun.config.schema import WorldConfig
@@ -37,12 +34,9 @@ def role_of(process: str) -> str:
 def bundles(
     world: WorldConfig, processes: list[str], ranks: dict[str, int] | None = None, spread: frozenset[str] = frozenset()
 ) -> dict[str, list[Bundle]]:
-    """Per process, in start order, the bundles it reserves: [] for one that runs locally, one
-    bundle for a process of one rank. A process of N ranks (`ranks`, the trainer's
-    nproc_per_node) in `spread` (its ranks may run on several nodes) gets N bundles, each of
-    `world.<role>` as it is (CPUs, GPUs and custom resources per rank); one not in `spread` (a
-    launcher rlrun cannot split, such as Fast-LLM's torchrun) gets one bundle for all its ranks on
-    one node (`rank_bundle`)."""
+    """Per process, in start order, its bundles: [] to run locally, else one; a process of N ranks
+    (`ranks`) gets N bundles of `world.<role>` when in `spread` (its ranks may run on several
+    nodes), else one for all its ranks on one node (`rank_bundle`: Fast-LLM's torchrun)."""
     ranks = ranks or {}
     out: dict[str, list[Bundle]] = {}
     for name in processes:
@@ -73,16 +67,10 @@ class NodeRanks:
 
 
 def node_ranks(bundle_nodes: list[str]) -> list[NodeRanks]:
-    """Which ranks run on which node, given the node each rank's bundle landed on (in bundle order).
-
-    The ranks are interchangeable, so they are numbered per node, contiguously: the node of the
-    first bundle runs ranks 0..k-1, the next node (in order of first appearance) the following
-    ones. Nodes A, B, A give A ranks 0-1 and B rank 2."""
-    counts: dict[str, int] = {}
-    for node in bundle_nodes:
-        counts[node] = counts.get(node, 0) + 1
+    """Which ranks run on which node, given the node each rank's bundle landed on (in bundle order):
+    numbered per node, contiguously, nodes in order of first appearance (A, B, A: A 0-1, B 2)."""
     out, first = [], 0
-    for k, (node, n) in enumerate(counts.items()):
+    for k, (node, n) in enumerate(Counter(bundle_nodes).items()):
         out.append(NodeRanks(node, k, first, n))
         first += n
     return out
@@ -101,30 +89,22 @@ def describe_bundles(bundles: list[Bundle]) -> str:
     return "; ".join(describe(b) for b in bundles) or "nothing"
 
 
-def fits(bundle: Bundle, offer: Bundle) -> bool:
-    return all(offer.get(name, 0.0) >= amount for name, amount in bundle.items())
-
-
 def shortfall(wanted: dict[str, list[Bundle]], nodes: dict[str, Bundle]) -> list[str]:
-    """What the cluster can never give `wanted` (process → its bundles; local ones, [], ignored).
-
-    `nodes`: the total resources of each alive node (by a label such as its address and id).
-    Each bundle must fit on one node, and their sum in the whole cluster. What other jobs hold
-    right now is not counted (it may be released): an empty list is no promise that the bundles
-    will be reserved, but every line it returns is a reason they never can be.
-    """
+    """What the cluster can never give `wanted` (process → its bundles), given the total resources
+    of each alive node: each bundle must fit on one node, their sum in the cluster. What other jobs
+    hold now is not counted: [] is no promise, but every line is a reason they never can be."""
     problems = []
     placed = {name: bs for name, bs in wanted.items() if bs}
     for name, bs in placed.items():
-        for bundle in _distinct(bs):
-            if not any(fits(bundle, offer) for offer in nodes.values()):
+        for bundle in {tuple(sorted(b.items())): b for b in bs}.values():  # each distinct one once
+            fits = [all(offer.get(r, 0.0) >= n for r, n in bundle.items()) for offer in nodes.values()]
+            if not any(fits):
                 each = f" for each of its {len(bs)} ranks" if len(bs) > 1 else ""
                 problems.append(f"{name} needs {describe(bundle)} on one node{each}, and no node has that")
-    totals: dict[str, float] = {}
+    totals: Counter = Counter()
     for bs in placed.values():
         for bundle in bs:
-            for resource, amount in bundle.items():
-                totals[resource] = totals.get(resource, 0.0) + amount
+            totals.update(bundle)
     for resource, amount in sorted(totals.items()):
         have = sum(offer.get(resource, 0.0) for offer in nodes.values())
         if have < amount:
@@ -135,27 +115,14 @@ def shortfall(wanted: dict[str, list[Bundle]], nodes: dict[str, Bundle]) -> list
     return problems
 
 
-def _distinct(bundles: list[Bundle]) -> list[Bundle]:
-    out: list[Bundle] = []
-    for b in bundles:
-        if b not in out:
-            out.append(b)
-    return out
-
-
 def describe_nodes(nodes: dict[str, Bundle]) -> str:
     return "; ".join(f"{label}: {describe(offer)}" for label, offer in nodes.items()) or "no node alive"
 
 
 def colocate(bundles: dict[str, list[Bundle]], anchors: dict[str, str]) -> tuple[dict[str, list[Bundle]], dict[str, str]]:
-    """Bundles merged so that a process runs on the node of its anchor (actor k next to its first
-    vLLM server): the anchored process's resources are added to its anchor's (first) bundle, and
-    it takes that bundle's node. Only where both are placed by Ray (a local one has no bundle to
-    share) and each has one bundle.
-
-    Returns (the bundles to reserve, by owning process, in start order; process → the process
-    whose bundle it runs in, for every placed process, itself when not anchored).
-    """
+    """Bundles merged so that a process runs on its anchor's node (actor k next to its first vLLM
+    server): its resources added to the anchor's bundle, where both have exactly one. Returns (the
+    bundles to reserve by owning process, in start order; placed process → the bundle's owner)."""
     joined = {
         name: anchor for name, anchor in anchors.items()
         if name != anchor and len(bundles.get(name, ())) == 1 and len(bundles.get(anchor, ())) == 1

@@ -1,35 +1,13 @@
-"""world=ray: the run's process specs on the nodes of an existing Ray cluster.
+"""world=ray: the run's process specs on the nodes of an existing Ray cluster (docs/cluster.md).
 
     spawner = RaySpawner(cfg.world, placement.bundles(cfg.world, names, ranks, spread), run_tag)
     Supervisor(specs, events, spawner=spawner)   # same restart policy, completion rule, journal
 
-At its first spawn the spawner joins the cluster (`world.address`) and reserves every process's
-bundle in one placement group, so a cluster that cannot hold the run is reported — naming what is
-missing — before anything starts. Each placed process is then started by the node agent
-(`agent.py`) of the node its bundle landed on, one agent per node; a process whose bundle is empty
-runs on this machine through the local spawner (Redis, by default, stays with the supervisor).
-
-A process with one bundle per rank (the hf trainer's ranks, `placement.bundles`' `spread`) runs
-as one rank group per node its bundles landed on (`placement.node_ranks`: contiguous ranks per
-node, rank 0 on the first bundle's node), each started with torchrun's multi-node options
-(`rank_group.node_command`) and meeting at rank 0's node address and a port its agent found free
-there. The supervisor sees one process: a `SpreadHandle` over the node groups, with torchrun's
-semantics (the first group to fail fails the process once the others are stopped; 0 only when all
-exited 0). Ranks that all landed on one node run exactly as in world=local.
-
-Handles answer like local ones, through the agent: the pid is the guard's, on its node.
-Descendants are recorded and swept by the agent (pids of another node mean nothing here), so
-`descendants()` is empty and a SIGKILL to the group is also the sweep. When an agent dies (its
-node is lost), its processes read as killed by SIGKILL: the supervisor restarts them; Ray moves
-the lost node's bundles to a node that still has room and a new agent is started there — or, when
-none has room within `world.placement_timeout_s`, the run stops with a message.
-
-Logs: the agent writes each process's log at its spec's path, on its node. The run directory must
-be on a filesystem every node mounts at the same path (it also holds the config, weights and
-checkpoints the roles read), so the supervisor reads a failed process's log tail where it is.
-
-Secrets: `secret_env` files are read here, on the head, and sent to the agent with the call that
-starts the process: they reach the child's environment, never a command line.
+Owns: the one placement group reserved at the first spawn (a cluster too small is reported before
+anything starts), one node agent per node that starts, polls and signals the placed processes, and
+a trainer whose ranks landed on several nodes as one `SpreadHandle` with torchrun's semantics. A
+process with no bundle runs here through the local spawner. Refuses: restart decisions (the
+supervisor's), secrets on a command line (`secret_env` is read here and sent with the start call).
 """
 
 from __future__ import annotations
@@ -156,12 +134,9 @@ class RayHandle:
 
 
 class SpreadHandle:
-    """One process whose ranks run on several nodes, a rank group on each (`parts`, rank 0's node
-    first), answering as one process with torchrun's semantics: when one node's group fails, the
-    others are told to stop (SIGTERM, SIGKILL after `grace_s`) and, once they have exited, the
-    process exits with the first failure's status (a lost node: killed by SIGKILL); 0 only when
-    every group exited 0. The pid is rank 0's node group's: its rank 0 writes the heartbeat and
-    readiness the probes compare with it."""
+    """A rank group per node (`parts`, rank 0's node first) as one process with torchrun's semantics
+    (rank_group.first_failure). The pid is rank 0's node group's: the probes compare it with the
+    heartbeat and readiness its rank 0 writes."""
 
     def __init__(self, parts: list, grace_s: float = rank_group.STOP_GRACE_S, clock=time.monotonic) -> None:
         self.parts = list(parts)
@@ -216,11 +191,8 @@ class RaySpawner:
         anchors: Optional[dict[str, str]] = None,
     ) -> None:
         """`bundles`: every process of the run (start order) → its bundles ([] = local; one per rank
-        for a process whose ranks may run on several nodes: its argv is a rank group's, started
-        per node). `run_tag` names the run's placement group and agents in the cluster. `same_machine_only`:
-        the run's servers listen on loopback, so every placed process must land on this machine.
-        `anchors`: process → the process whose node it must share (an actor → its first vLLM
-        server): their bundles are reserved as one (placement.colocate)."""
+        for a rank group that may span nodes). `same_machine_only`: the run's servers listen on
+        loopback. `anchors`: process → the process whose node it must share (placement.colocate)."""
         self._world = world
         self._bundles = dict(bundles)
         self._reserved, self._owner = placement.colocate(self._bundles, anchors or {})
@@ -343,7 +315,21 @@ class RaySpawner:
                 f"Free now: {placement.describe(available)}. Nodes: {placement.describe_nodes(nodes)}."
             )
         self._group = group
-        self._check_same_machine(ray)
+        if not self._same_machine_only:
+            return
+        here = ray.util.get_node_ip_address()
+        ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        at = {name: ips.get(self._bundle_node(index) or "", "?") for index, name in enumerate(self._placed)}
+        elsewhere = {name: ip for name, ip in at.items() if ip != here}
+        if elsewhere:
+            self.close()
+            where = ", ".join(f"{name} on {ip}" for name, ip in elsewhere.items())
+            raise EnvironmentProblem(
+                f"Ray placed {where}, another machine than this one ({here}), but the run's servers listen "
+                f"on loopback (inference.host / streams.host = 127.0.0.1), which other machines cannot "
+                f"reach. rlrun does not yet publish per-node server addresses: keep the run on this "
+                f"machine's nodes (a custom resource in world.<role>.resources) — see docs/cluster.md."
+            )
 
     def _cluster(self) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
         ray = _ray()
@@ -361,23 +347,6 @@ class RaySpawner:
             return None
         return table["bundles_to_node_id"].get(index)
 
-    def _check_same_machine(self, ray) -> None:
-        if not self._same_machine_only:
-            return
-        here = ray.util.get_node_ip_address()
-        ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-        elsewhere = {name: ips.get(self._bundle_node(index) or "", "?") for index, name in enumerate(self._placed)}
-        elsewhere = {name: ip for name, ip in elsewhere.items() if ip != here}
-        if elsewhere:
-            self.close()
-            where = ", ".join(f"{name} on {ip}" for name, ip in elsewhere.items())
-            raise EnvironmentProblem(
-                f"Ray placed {where}, another machine than this one ({here}), but the run's servers listen on "
-                f"loopback (inference.host / streams.host = 127.0.0.1), which other machines cannot reach. "
-                f"rlrun does not yet publish per-node server addresses: keep the run on this machine's nodes "
-                f"(a custom resource in world.<role>.resources) — see docs/cluster.md."
-            )
-
     # --- agents --------------------------------------------------------------------------------
     def _agent_at(self, index: int, name: str):
         """(agent, node id): the live agent of the node bundle `index` (of process `name`) is on,
@@ -393,9 +362,9 @@ class RaySpawner:
                 agent = self._agents.get(node_id)
                 try:
                     if agent is None:
+                        self._remote_agent = self._remote_agent or ray.remote(NodeAgent)
                         agent = (
-                            self._agent_class()
-                            .options(
+                            self._remote_agent.options(
                                 name=f"rlrun-agent-{self._tag}-{node_id[:16]}",
                                 get_if_exists=True,
                                 num_cpus=0,
@@ -411,22 +380,14 @@ class RaySpawner:
                 except (ray.exceptions.RayError, TimeoutError):
                     self._agents.pop(node_id, None)  # dead, or its node not (yet) known as lost
             if time.monotonic() > deadline:
-                raise self._lost_error(name)
+                raise EnvironmentProblem(
+                    f"{name} cannot be started again: its node is gone (or does not answer) and the Ray "
+                    f"cluster has no node with {placement.describe_bundles(self._bundles[name])} free to "
+                    f"take its place within world.placement_timeout_s={self._world.placement_timeout_s:g} s. "
+                    f"Nodes alive: {placement.describe_nodes(self._cluster()[0])}. Add a node with those "
+                    f"resources, then continue the run with `rlrun resume RUN_DIR`."
+                )
             time.sleep(0.5)
-
-    def _agent_class(self):
-        if self._remote_agent is None:
-            self._remote_agent = _ray().remote(NodeAgent)
-        return self._remote_agent
-
-    def _lost_error(self, name: str) -> EnvironmentProblem:
-        nodes, _ = self._cluster()
-        return EnvironmentProblem(
-            f"{name} cannot be started again: its node is gone (or does not answer) and the Ray cluster has no node with "
-            f"{placement.describe_bundles(self._bundles[name])} free to take its place within world.placement_timeout_s="
-            f"{self._world.placement_timeout_s:g} s. Nodes alive: {placement.describe_nodes(nodes)}. "
-            f"Add a node with those resources, then continue the run with `rlrun resume RUN_DIR`."
-        )
 
     def close(self) -> None:
         """Kill what the agents still run, the agents, and release the placement group (the

@@ -1,7 +1,5 @@
-"""Which spawner a run's config asks for, and the names of the processes it places.
-
-`spawner_for` gives a local spawner for world=local (the default) and a Ray spawner for
-world=ray; Ray is imported only then.
+"""Which spawner a run's config asks for (Ray imported only for world=ray), and the names and
+bundles of the processes it places.
 """
 
 from __future__ import annotations

@@ -187,6 +187,12 @@ def validate(cfg: RunConfig) -> None:
             f"(e.g. trainer.gradient_accumulation_passes={t.nproc_per_node * max(1, t.gradient_accumulation_passes // t.nproc_per_node)}).",
         )
     need(
+        t.nproc_per_node <= 1 or not t.device.startswith("cuda:"),
+        f"trainer.device={t.device} names one GPU, but trainer.nproc_per_node={t.nproc_per_node} ranks "
+        "cannot share it: set trainer.device=cuda (each rank takes the GPU of its local rank, as with "
+        "torchrun).",
+    )
+    need(
         t.weight_transfer != "broadcast" or t.backend == "hf",
         "trainer.weight_transfer=broadcast is the hf trainer's choice: trainer=fast_llm always broadcasts its "
         "weights itself (trainer.fast_llm.broadcast_*). Remove trainer.weight_transfer.",
@@ -209,7 +215,15 @@ def validate(cfg: RunConfig) -> None:
         f"actor.max_new_tokens ({act.max_new_tokens}) must be below model.max_model_len "
         f"({cfg.model.max_model_len}) to leave room for the prompt.",
     )
-    _validate_actors(cfg, need)
+    k = act.num_actors
+    need(
+        k <= 1 or t.backend != "fast_llm",
+        f"actor.num_actors={k} needs trainer=hf: Fast-LLM reads one stream, and each actor delivers into its "
+        "own (so that its journal and its stream share one Redis Cluster slot). Use actor.num_actors=1 with "
+        "trainer=fast_llm.",
+    )
+    need(k <= 1 or act.journal,
+         f"actor.num_actors={k} needs actor.journal=true (the journal is what keeps actors apart).")
     need(0 < cfg.inference.gpu_memory_utilization <= 1, "inference.gpu_memory_utilization must be in (0, 1].")
     need(cfg.model.source == "tiny" or bool(cfg.model.path), f"model.path must be set when model.source={cfg.model.source}.")
     _validate_tiny(cfg, need)
@@ -241,18 +255,6 @@ def _positive(cfg: RunConfig, need, *keys: str) -> None:
     for key in keys:
         value = operator.attrgetter(key)(cfg)
         need(value > 0, f"{key} must be positive (got {value}).")
-
-
-def _validate_actors(cfg: RunConfig, need) -> None:
-    k = cfg.actor.num_actors
-    if k <= 1:
-        return
-    need(
-        cfg.trainer.backend != "fast_llm",
-        f"actor.num_actors={k} needs trainer=hf: Fast-LLM reads one stream, and each actor delivers into its own "
-        "(so that its journal and its stream share one Redis Cluster slot). Use actor.num_actors=1 with trainer=fast_llm.",
-    )
-    need(cfg.actor.journal, f"actor.num_actors={k} needs actor.journal=true (the journal is what keeps actors apart).")
 
 
 def _validate_tiny(cfg: RunConfig, need) -> None:

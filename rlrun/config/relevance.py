@@ -1,8 +1,6 @@
-"""Settings the chosen options make meaningless: an error, never silently ignored.
-
-`model.path=...` with `model.source=tiny` would otherwise train the tiny model while the user
-believes theirs is used. Only what the user set on the command line is checked (the shipped
-config groups carry every key, with values that do not matter for other options).
+"""Settings the chosen options make meaningless: an error, never silently ignored (`model.path=...`
+with `model.source=tiny` would train the tiny model). Only the command line's overrides are checked:
+the shipped config groups carry every key.
 
     problems = ignored_overrides(cfg, overrides)   # pure: [] or one sentence per ignored key
 """

@@ -111,7 +111,7 @@ class TrainerConfig:
     grad_clip: float = 1.0  # max global grad norm
     checkpoint_every: int = 50  # steps between checkpoints (and one at the end)
     keep_checkpoints: int = 2  # complete checkpoints kept; older ones are deleted
-    device: str = "cpu"  # torch device of the trainer
+    device: str = "cpu"  # torch device of the trainer (nproc_per_node>1: cuda, a rank per GPU)
     threads: int = 1  # torch CPU threads of the trainer (per rank)
     nproc_per_node: int = 1  # hf: ranks of the trainer, data-parallel; gradient_accumulation_passes must be a multiple of it
     sharding: Literal["auto", "fsdp2", "ddp"] = "auto"  # hf, nproc_per_node>1: auto is FSDP2 where torch has fully_shard, DDP otherwise

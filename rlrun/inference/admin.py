@@ -1,8 +1,6 @@
 """The trainer's side of weight updates: pause generation (mode=abort: the actor continues the
-aborted requests from their tokens, as after a crash), reload weights, resume.
-
-A server that takes no connections (being restarted) is left out: it starts from `weights/current`.
-Only when no server answers does the update fail (and the trainer retries it).
+aborted requests from their tokens), reload weights, resume. A server that takes no connections
+(restarting: it starts from `weights/current`) is left out; the update fails only when none answers.
 """
 
 from __future__ import annotations
@@ -118,7 +116,7 @@ class VllmAdmin:
     def _reload(self, url: str, weights_path: str) -> None:
         """rlrun's reload (worker_extension.py keeps tied weights tied), then the prefix cache
         dropped: KV blocks computed with the old weights would mix two policies in one sample."""
-        self._post(f"{url}/collective_rpc", json={"method": "rlrun_reload_weights", "kwargs": {"weights_path": weights_path}})
+        self.rpc(url, "rlrun_reload_weights", {"weights_path": weights_path})
         self._post(f"{url}/reset_prefix_cache")
 
     def _post(self, url: str, **kwargs) -> httpx.Response:

@@ -1,10 +1,8 @@
 """The run's API key on every vLLM route but `/health`: an ASGI middleware handed to vLLM.
 
 vLLM's own `--api-key` guards `/v1` only; its RL routes (`/pause`, `/collective_rpc`, ...) answer
-anyone on the machine. vLLM adds this class (`--middleware`, no arguments): any request without
-`Authorization: Bearer <key>` gets 401; `/health`, the supervisor's probe, stays open. The key
-comes from `VLLM_API_KEY` (set by the server's spec from the run's 0600 file, never on a command
-line); without one every guarded route is refused. Standard library only.
+anyone on the machine. Without `Authorization: Bearer $VLLM_API_KEY` a request gets 401 (no key
+set: every guarded route is refused). Standard library only.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""rlrun's vLLM worker extension (`--worker-extension-cls`, every server rlrun starts), called
-through the server's `/collective_rpc`:
+"""rlrun's vLLM worker extension (`--worker-extension-cls`), called through `/collective_rpc`:
 
 - `rlrun_reload_weights(weights_path)`: vLLM's in-place `reload_weights`, then the layers of tied
   parameters the checkpoint does not name processed again (vLLM 0.32 on CPU kept a stale packed
   copy of the tied LM head: 0.22 nats off; docs/architecture.md, "Measured trap").
-- `rlrun_join_broadcast(...)`: join the trainer's broadcast group in a thread (the engine keeps
-  serving); an earlier membership is dropped. `rlrun_broadcast_group()`: the last join's group id,
-  or None (never joined, or its group broke).
-- `rlrun_receive_broadcast(event_id, step)`: receive a whole broadcast, then load it in place (a
-  broadcast cut short leaves the old weights, never a mix). A second call for the event loaded
-  last returns at once; steps are no key (a restarted trainer broadcasts its step again).
+- `rlrun_join_broadcast(...)`, `rlrun_broadcast_group()`, `rlrun_receive_broadcast(event_id,
+  step)`: the trainer's broadcast group, joined in a thread (the engine keeps serving); a
+  broadcast cut short loads nothing, a second call for the event loaded last returns at once.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Stack dumps of a process before the supervisor kills it: what a hung process was doing.
 
-A `Diagnoser` writes `diagnostics/<process>-<attempt>-<time>.txt`: each process's command line,
-state, CPU, memory and threads; their Python stacks from `py-spy dump` (else from rlrun's own
-children on SIGUSR1, into their log); and the log's tail. Every call takes its timeout from one
-budget and nothing raises: a dump that cannot be made never keeps a hung process alive.
+`diagnostics/<process>-<attempt>-<time>.txt`: each process's command line, state, CPU, memory and
+threads, their Python stacks (`py-spy dump`, else SIGUSR1 to rlrun's own) and the log's tail. One
+time budget for all of it, and nothing raises: a failed dump never keeps a hung process alive.
 """
 
 from __future__ import annotations

@@ -226,7 +226,8 @@ class Supervisor:
         if decision.action == "give_up":
             budget_spent = info.kind is not ExitKind.CONFIG_ERROR and proc.spec.restart.restart
             error = RestartsExhausted if budget_spent else ProcessFailed
-            raise self._error(error, proc, decision.reason)
+            why = f"process '{proc.name}' {decision.reason}. Its log: {proc.log_path}"
+            raise error(why, process=proc.name, log_tail=log_tail(proc.log_path))
         proc.state = ProcessState.BACKOFF
         proc.restart_at = now + decision.delay_s
 
@@ -314,9 +315,6 @@ class Supervisor:
         # Descendants that left the group (or outlived a crashed parent) are swept even when the
         # process itself had already exited.
         self._sweep(proc)
-
-    def _error(self, cls: type[ProcessFailed], proc: ProcessStatus, why: str) -> ProcessFailed:
-        return cls(f"process '{proc.name}' {why}. Its log: {proc.log_path}", process=proc.name, log_tail=log_tail(proc.log_path))
 
 
 @contextmanager

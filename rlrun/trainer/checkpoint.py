@@ -1,11 +1,10 @@
 """The hf trainer's checkpoints: written atomically, an `ok` marker last, read back safely.
 
 `<run>/checkpoints/step_000050/`: a whole Hugging Face model folder, the optimizer (`optimizer.pt`
-from one rank, or `optimizer/` written by torch.distributed.checkpoint from several; either loads
-with any number of ranks), `trainer_state.json`, and `ok` (every file's size), written after the
-rename: a folder without it is half-written and never loaded. A checkpoint damaged later is found
-by `problem` without loading a tensor; `resume_point` falls back past it to a good one, and refuses
-(CorruptCheckpoint) when only damaged ones are left, rather than train again from the base model.
+from one rank, `optimizer/` from several: either loads with any number of ranks),
+`trainer_state.json`, and `ok` (every file's size) after the rename. `resume_point` skips a
+half-written or damaged one (`problem`: no tensor loaded) and refuses (CorruptCheckpoint) when only
+damaged ones are left, rather than train again from the base model.
 """
 
 from __future__ import annotations
@@ -188,13 +187,12 @@ def read_state(path: Path) -> TrainerState:
     return TrainerState(**json.loads((path / STATE_FILE).read_text()))
 
 
-def save(model, optimizer, state: TrainerState, final: Path, keep: int, parallel=None) -> None:
+def save(model, optimizer, state: TrainerState, final: Path, keep: int, parallel) -> None:
     """Write a checkpoint atomically into `final`, then prune all but the newest `keep`. With several
     ranks every rank calls it: each writes its optimizer shard, rank 0 the rest and `ok` last."""
     import torch
 
-    ranks = parallel.ranks if parallel is not None else None
-    distributed, main = bool(ranks and ranks.distributed), ranks is None or ranks.is_main
+    distributed, main = parallel.ranks.distributed, parallel.ranks.is_main
     tmp = final.with_name(f".tmp-{final.name}")
     if main:
         if tmp.exists():
@@ -202,10 +200,9 @@ def save(model, optimizer, state: TrainerState, final: Path, keep: int, parallel
         tmp.mkdir(parents=True)
     if distributed:
         parallel.barrier()  # the folder exists before any rank writes into it
-    weights = parallel.full_state_dict(model) if parallel is not None else None  # every rank takes part
+    weights = parallel.full_state_dict(model)  # every rank takes part
     if main:
-        bare = parallel.unwrapped(model) if parallel is not None else model
-        bare.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+        parallel.unwrapped(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
     if distributed:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -241,7 +238,7 @@ def _prune(checkpoints: Path, keep: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def load_optimizer(optimizer, path: Path, model=None, parallel=None) -> None:
+def load_optimizer(optimizer, path: Path, model, parallel) -> None:
     """Load the optimizer state of checkpoint `path`, written by one rank or several, into this
     rank's optimizer (whole, or its shard under FSDP2)."""
     import torch
@@ -255,7 +252,7 @@ def load_optimizer(optimizer, path: Path, model=None, parallel=None) -> None:
         set_optimizer_state_dict(model, optimizer, wanted["optimizer"])
         return
     saved = torch.load(path / OPTIMIZER_FILE, weights_only=True)
-    if parallel is not None and parallel.sharding == "fsdp2":
+    if parallel.sharding == "fsdp2":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         # One rank's file names parameters by position; the sharded optimizer wants their names.

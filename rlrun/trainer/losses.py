@@ -1,8 +1,7 @@
 """Policy-gradient losses: GRPO and GSPO as a thin pair over one shared clipped surrogate.
 
-Owns the maths only: per-token log-probs from logits, importance ratios against the behaviour
-(vLLM) log-probs, the PPO-style clipped surrogate and how it is aggregated. Knows nothing about
-batching, optimizers, Redis or the actor. An empty selection (no completion token at all) gives
+Owns the maths only (log-probs, importance ratios against vLLM's, the clipped surrogate and its
+aggregation); knows nothing about batching, optimizers or Redis. No completion token at all gives
 a loss of 0 that is still part of the graph.
 """
 

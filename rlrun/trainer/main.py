@@ -58,7 +58,7 @@ class Trainer:
         self.main = self.parallel.ranks.is_main  # rank 0 reads Redis, publishes, checkpoints' owner
         torch.manual_seed(cfg.run.seed)
         torch.set_num_threads(cfg.trainer.threads)
-        self.device = torch.device(cfg.trainer.device)
+        self.device = torch.device(self.parallel.ranks.device(cfg.trainer.device))
         self.state = TrainerState(step=0, samples_processed=0, policy_version=0, config_hash=run_dir.config_hash())
         resume_from = checkpoint.resume_point(run_dir.checkpoints)  # damaged ones skipped, with a warning
         source = str(resume_from) if resume_from else model_path
@@ -134,7 +134,10 @@ class Trainer:
                 self._save_checkpoint()
         if self.main:
             self._finish_update()  # the last version is served before the trainer says it is done
-            self._announce_done()
+            self._publish_state(training_done=1)
+            done = {"type": "training_done", "step": self.state.step, "samples": self.state.samples_processed}
+            self.redis.xadd(names.TRAINER_EVENTS, {"event": encode(done)})
+            log.info("training done at step %d", self.state.step)
 
     def close(self) -> None:
         """Close the metric sinks (TensorBoard, W&B), whether training finished or failed."""
@@ -341,19 +344,10 @@ class Trainer:
         self._publish_state(last_checkpoint_step=self.state.step)
         log.info("checkpoint %s", path)
 
-    def _announce_done(self) -> None:
-        self._publish_state(training_done=1)
-        self.redis.xadd(
-            names.TRAINER_EVENTS,
-            {"event": encode({"type": "training_done", "step": self.state.step, "samples": self.state.samples_processed})},
-        )
-        log.info("training done at step %d", self.state.step)
-
 
 def write_weights(run_dir: RunDir, model, weights: dict, version: int):
-    """weights/vNNNNNN (complete, renamed into place) from `weights` (a full state dict of the
-    transformers `model`), weights/current pointed at it; older versions deleted but the one
-    current pointed at before (it may still be loading somewhere). Returns the folder."""
+    """weights/vNNNNNN written whole and renamed into place, weights/current pointed at it; older
+    versions deleted but the one current pointed at before (it may still be loading somewhere)."""
     target = run_dir.weights_version(version)
     tmp = target.with_name(f".tmp-{target.name}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -379,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         redis = connect(role.redis_url, run_dir.read_redis_password())
         vllm = VllmAdmin(role.vllm_urls, api_key=run_dir.read_vllm_api_key())
         # One rank unless a launcher (rlrun.trainer.rank_group, torchrun) set RANK/WORLD_SIZE.
-        parallel = Parallel(Ranks.from_env(os.environ), cfg.trainer.sharding, cfg.trainer.device)
+        ranks = Ranks.from_env(os.environ)
+        parallel = Parallel(ranks, cfg.trainer.sharding, ranks.device(cfg.trainer.device))
         if cfg.trainer.weight_transfer == "broadcast" and parallel.ranks.is_main:
             from rlrun.trainer.weight_broadcast import BroadcastSync, transport
 

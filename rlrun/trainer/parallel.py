@@ -1,9 +1,8 @@
 """The trainer's ranks: torch.distributed setup, the model's wrapping, the loop's few collectives.
 
-Owns: which rank this process is (torchrun's RANK/WORLD_SIZE/MASTER_*), FSDP2 or DDP, bf16 and
-activation checkpointing, rank 0's batch to every rank, metric sums, rank 0's full state dict.
-Refuses: Redis, the loss maths, the checkpoint layout. One rank creates no process group: the
-model is not wrapped and every collective is the identity.
+Owns: which rank (and GPU) this process is, FSDP2 or DDP, bf16 and activation checkpointing, rank
+0's batch to every rank, metric sums, rank 0's full state dict. Refuses: Redis, the loss maths, the
+checkpoint layout. One rank creates no process group: every collective is the identity.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ class Ranks:
     world_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 0
+    local_rank: int = 0  # rank on this node: with several ranks, the GPU it takes
 
     @property
     def is_main(self) -> bool:
@@ -41,7 +41,14 @@ class Ranks:
         if "WORLD_SIZE" not in env or int(env["WORLD_SIZE"]) <= 1:
             return cls()
         master = env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "0"))
-        return cls(int(env["RANK"]), int(env["WORLD_SIZE"]), *master)
+        return cls(int(env["RANK"]), int(env["WORLD_SIZE"]), *master, int(env.get("LOCAL_RANK", env["RANK"])))
+
+    def device(self, wanted: str) -> str:
+        """This rank's torch device: with several ranks, `cuda` is the GPU of its local rank (torchrun's
+        convention; config validation refuses `cuda:K` then), anything else is taken as it is."""
+        if self.distributed and wanted.split(":")[0] == "cuda":
+            return f"cuda:{self.local_rank}"
+        return wanted
 
 
 class Parallel:
@@ -63,7 +70,12 @@ class Parallel:
             if dist.is_initialized():  # a second view of the same ranks (tests compare shardings)
                 return
 
-            backend = "nccl" if device.startswith("cuda") else "gloo"
+            backend = "gloo"
+            if device.startswith("cuda"):  # NCCL's communicator on this rank's GPU, not on cuda:0
+                import torch
+
+                torch.cuda.set_device(device)
+                backend = "nccl"
             address = f"tcp://{ranks.master_addr}:{ranks.master_port}"
             timeout = datetime.timedelta(seconds=1800)
             dist.init_process_group(backend, init_method=address, rank=ranks.rank, world_size=ranks.world_size, timeout=timeout)

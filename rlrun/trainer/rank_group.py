@@ -1,23 +1,12 @@
 """The trainer's ranks as one process: `python -m rlrun.trainer.rank_group --nproc N -- CMD...`.
 
-Starts N copies of CMD with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT: a free loopback port per attempt) and
-gives the supervisor torchrun's `--max-restarts 0` semantics: when one rank fails, the others are
-stopped (SIGTERM, a grace, SIGKILL) and the group exits with that rank's status, so the
-supervisor's restart policy restarts the whole group from the last complete checkpoint. All ranks
-exit 0: 0.
-
-Several nodes (world=ray, one bundle per rank): one rank group per node, each started with
-torchrun's multi-node options — `--nnodes K --node-rank k --first-rank R --world-size W
---master-addr A --master-port P` — runs ranks R..R+N-1 of W, all meeting at rank 0's node A:P.
-`node_command` turns the single-node command into one node's; the Ray spawner does the rest
-(`rlrun/cluster/ray_world.py`: which node runs which ranks, one handle for all of them).
-
-Why not torchrun itself: it starts every rank in a new session, out of the process group the
-supervisor's guard leads, so a SIGKILLed supervisor or torchrun would leave ranks behind and the
-ranks' process group would not be the pid the supervisor's probes know. Here the ranks stay in
-the group (the supervisor's stop and the guard reach them directly) and die with this process
-(PR_SET_PDEATHSIG). Refuses: anything about training; it only runs and watches CMD.
+Starts N copies of CMD with torchrun's environment (a free loopback port per attempt) and
+torchrun's `--max-restarts 0` semantics: one rank fails, the others are stopped (SIGTERM, a grace,
+SIGKILL) and the group exits with its status; 0 when all exit 0. `node_command` is one node's
+share of a group spread over nodes (torchrun's multi-node options; world=ray, ray_world.py).
+Why not torchrun: it puts every rank in a new session, out of the group the supervisor's guard
+leads; here the ranks stay in it and die with this process (PR_SET_PDEATHSIG). Refuses: anything
+about training; it only runs and watches CMD.
 """
 
 from __future__ import annotations
@@ -64,10 +53,7 @@ def _die_with_parent() -> None:  # in the child, between fork and exec
 
 def first_failure(codes: list[int | None]) -> int | None:
     """The status the group exits with once a rank has failed (the first failed rank's), or None."""
-    for code in codes:
-        if code is not None and code != 0:
-            return code
-    return None
+    return next((code for code in codes if code not in (None, 0)), None)
 
 
 def run(cmd: list[str], nproc: int, host: str = "127.0.0.1", grace_s: float = STOP_GRACE_S, port: int = 0, **layout) -> int:
@@ -105,7 +91,7 @@ def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rlrun::trainer-ranks")
     parser.add_argument("--nproc", type=int, required=True, help="ranks on this node")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes of the group (one rank group each)")
@@ -115,11 +101,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--master-addr", "--host", dest="host", default="127.0.0.1", help="rank 0's node: the rendezvous address")
     parser.add_argument("--master-port", type=int, default=0, help="its port (default: a free one; needed with --nnodes > 1)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
-    return parser
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = _parser()
     args = parser.parse_args(argv)
     args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     args.world_size = args.world_size or args.nproc

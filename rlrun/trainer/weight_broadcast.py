@@ -1,11 +1,8 @@
 """The in-memory weight path (trainer.weight_transfer=broadcast): the hf trainer's rank 0 as rank 0
-of Fast-LLM's weight broadcast group, so the vLLM servers receive with the receiver they run for
-Fast-LLM (rlrun/backends/fast_llm/broadcast.py has the wire format).
+of Fast-LLM's weight broadcast group (wire format: rlrun/backends/fast_llm/broadcast.py).
 
-`BroadcastSync` is one weight update: pause the servers that answer, form the group again when
-one is not a member (it restarted), have each receive while rank 0 sends, drop prefix caches,
-publish the version, resume. Any failure drops the group and raises; the receiver loads nothing
-before the whole broadcast arrived. docs/architecture.md ("Weight updates") says more.
+`BroadcastSync` is one weight update (docs/architecture.md, "Weight updates"); any failure drops
+the group and raises, and a receiver loads nothing before the whole broadcast arrived.
 """
 
 from __future__ import annotations
@@ -91,7 +88,6 @@ class BroadcastSync:
         self.membership: Membership | None = None
         self.sender: WeightBroadcaster | None = None
         self._sent = 0  # broadcasts sent by this process: with the group id, a unique event id
-        self.last_reports: list[dict] = []  # each receiver's report of the last broadcast (receive_s, load_s, ...)
 
     def update(self, weights: dict[str, torch.Tensor], version: int, publish: Callable[[], None],
                while_waiting: Callable[[], None] = lambda: None) -> list[str]:  # fmt: skip
@@ -142,8 +138,7 @@ class BroadcastSync:
                      for url in self.membership.servers]  # fmt: skip
         sender = self.sender
         sent = results([in_thread(lambda: sender.send(weights))], while_waiting)[0]
-        reports = results(receiving, while_waiting)
-        self.last_reports = reports
+        reports = results(receiving, while_waiting)  # each receiver's receive_s, load_s, ...
         log.info("weights v%d broadcast (%.1f MB) to %d server(s): %s", version, sent / 1e6, len(reports), reports)
 
     def close(self) -> None:

@@ -371,6 +371,7 @@ def test_a_real_checkpoint_passes_and_a_damaged_one_is_skipped_before_loading(tm
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from rlrun.trainer import checkpoint
+    from rlrun.trainer.parallel import Parallel, Ranks
 
     config = Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
@@ -380,7 +381,8 @@ def test_a_real_checkpoint_passes_and_a_damaged_one_is_skipped_before_loading(tm
     optimizer.step()
     for step in (2, 4):
         state = checkpoint.TrainerState(step=step, samples_processed=step * 8, policy_version=step)
-        checkpoint.save(model, optimizer, state, tmp_path / f"step_{step:06d}", keep=2)
+        path = tmp_path / f"step_{step:06d}"
+        checkpoint.save(model, optimizer, state, path, keep=2, parallel=Parallel(Ranks()))
     assert checkpoint.problem(tmp_path / "step_000004") is None
     assert checkpoint.resume_point(tmp_path) == tmp_path / "step_000004"
     _truncate("model.safetensors", 1000)(tmp_path / "step_000004")
@@ -388,7 +390,7 @@ def test_a_real_checkpoint_passes_and_a_damaged_one_is_skipped_before_loading(tm
     chosen = checkpoint.resume_point(tmp_path)
     assert chosen == tmp_path / "step_000002"
     AutoModelForCausalLM.from_pretrained(chosen)  # what the trainer then loads, loads
-    checkpoint.load_optimizer(torch.optim.AdamW(model.parameters()), chosen)
+    checkpoint.load_optimizer(torch.optim.AdamW(model.parameters()), chosen, model, Parallel(Ranks()))
 
 
 def test_trainer_refuses_to_start_from_damaged_checkpoints_with_exit_2(resumable_run):

@@ -76,8 +76,8 @@ class Run:
             ]
             group = Group(group_id=f"t/{self.fed_groups}", prompt_index=self.fed_groups, prompt_ids=[1] * PROMPT, samples=samples)
             with self.client.pipeline(transaction=True) as pipe:  # a whole group at once, as the journal delivers
-                for fields in encode_group(group):
-                    pipe.xadd(self.cfg.trainer.fast_llm.stream, fields)
+                for data in encode_group(group):
+                    pipe.xadd(self.cfg.trainer.fast_llm.stream, {"data": data})
                 pipe.execute()
             self.fed_groups += 1
 

@@ -46,8 +46,9 @@ class RecordingAdmin:
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
 
-    def resume(self):
+    def resume_answering(self):
         self.calls.append(("resume",))
+        return []
 
 
 def follower(client, admin) -> WeightFollower:

@@ -11,7 +11,6 @@ from rlrun.backends.fast_llm.protocol import (
     TrainingFinished,
     WeightsReady,
     document,
-    encode_document,
     encode_group,
     parse_event,
     prompt_span,
@@ -27,9 +26,7 @@ def _sample(index=0, completion=(7, 8, 9), logprobs=(-0.5, -1.0, -0.25), advanta
 
 
 def test_document_message_matches_fast_llm_schema():
-    fields = encode_document([1, 2, 3, 4], _sample())
-    assert list(fields) == ["data"]
-    body = json.loads(fields["data"])
+    (body,) = [json.loads(data) for data in encode_group(Group("run/0", 0, [1, 2, 3, 4], [_sample()]))]
     assert body == {
         "tokens": [1, 2, 3, 4, 7, 8, 9],
         "loss_masking_spans": [[0, 4]],  # half-open: masks exactly the 4 prompt tokens
@@ -53,7 +50,7 @@ def test_span_conventions_mask_the_same_prompt_tokens():
 
 def test_group_gives_one_document_per_sample_in_order():
     group = Group(group_id="run/0", prompt_index=0, prompt_ids=[1, 2], samples=[_sample(0, advantage=-1.0), _sample(1, completion=(4,), logprobs=(-2.0,))])
-    bodies = [json.loads(f["data"]) for f in encode_group(group)]
+    bodies = [json.loads(data) for data in encode_group(group)]
     assert [b["advantage"] for b in bodies] == [-1.0, 1.5]
     assert bodies[1]["tokens"] == [1, 2, 4] and bodies[1]["old_log_probabilities"] == [0.0, 0.0, -2.0]
 

@@ -14,6 +14,7 @@ from rlrun.launch import plan_specs
 from rlrun.role_parts import RedisProbe
 from rlrun.rundir import RunDir
 from rlrun.streams import names
+from rlrun.trainer.parallel import Ranks
 
 
 def trainer_spec(tmp_path, *overrides):
@@ -59,3 +60,22 @@ def test_a_stuck_rank_is_no_sign_of_life():
     assert not FakeProbe({**fresh, names.rank_heartbeat(2): now - 60}).heartbeat(names.TRAINER_STATE, 42, also=others)
     assert not FakeProbe({k: v for k, v in fresh.items() if k != names.rank_heartbeat(1)}).heartbeat(names.TRAINER_STATE, 42, also=others)
     assert not FakeProbe(fresh).heartbeat(names.TRAINER_STATE, 43, also=others)  # another attempt's group
+
+
+def test_each_rank_takes_its_local_ranks_gpu():
+    ranks = Ranks.from_env({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.2"})
+    assert (ranks.rank, ranks.local_rank, ranks.world_size) == (3, 1, 4)
+    assert ranks.device("cuda") == "cuda:1"
+    assert ranks.device("cpu") == "cpu"
+    one = Ranks.from_env({})
+    assert (one.device("cuda"), one.device("cuda:2"), one.device("cpu")) == ("cuda", "cuda:2", "cpu")
+
+
+def test_several_ranks_refuse_one_named_gpu():
+    two_ranks = ["trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2"]
+    with pytest.raises(ConfigError, match=r"trainer.device=cuda:1 names one GPU.*set trainer.device=cuda"):
+        compose(["trainer.device=cuda:1", *two_ranks])
+    cfg, _ = compose(["trainer.device=cuda", *two_ranks])
+    assert cfg.trainer.device == "cuda"
+    cfg, _ = compose(["trainer.device=cuda:1"])  # one rank: the named GPU
+    assert cfg.trainer.device == "cuda:1"

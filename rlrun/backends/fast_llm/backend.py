@@ -106,7 +106,38 @@ class FastLlmBackend:
         return [follower_spec(cfg, run_dir, endpoints, probe), trainer_spec(cfg, run_dir, endpoints, model_path, probe)]
 
     def completion_check(self, cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
-        return completion_check(cfg, progress)
+        """`completion.fast_llm_finished` over what the trainer announced; an exit 0 before the last
+        step is rejected, so the supervisor restarts it from its last complete checkpoint."""
+        from rlrun.backends.fast_llm.events import EventsReader
+
+        experiment_dir = experiment_dir_of(cfg, progress.run_dir.root)
+        stream = cfg.trainer.fast_llm.events_stream
+        reader: dict[str, EventsReader] = {}
+
+        def check(exits: dict[str, Optional[int]]) -> RunVerdict:
+            try:
+                if "events" not in reader:
+                    reader["events"] = EventsReader(
+                        progress.redis(), stream, cfg.trainer.max_train_steps,
+                        skips_possible=cfg.model.dtype == "float16",
+                        on_rejected=lambda i, why: progress.note_rejected_event(stream, i, why),
+                    )  # fmt: skip
+                reader["events"].poll()
+            except Exception:  # Redis restarting: decide on what was read so far
+                reader.pop("events", None)
+            events = reader.get("events")
+            obs = completion.TrainerObservation(
+                samples_processed=(events.documents_seen or 0) if events else 0,
+                trainer_exit_code=exits.get("trainer"),
+                training_done_event=False,
+                last_step=(events.last_weights_ready_step or 0) if events else 0,
+                training_finished_seen=bool(events and events.training_finished_seen),
+                last_checkpoint_step=fl_checkpoints.latest_complete_step(experiment_dir),
+                last_weights_ready_step=events.last_weights_ready_step if events else None,
+            )
+            return run_verdict(completion.fast_llm_finished(cfg.trainer.max_train_steps, obs), exits)
+
+        return check
 
     def trainer_view(self, cfg: RunConfig, redis, actor: int = 0):  # one actor only (config validation)
         from rlrun.backends.fast_llm.view import FastLlmView
@@ -201,36 +232,3 @@ def follower_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, probe: 
         ready=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),
         alive=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),
     )  # fmt: skip
-
-
-def completion_check(cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
-    """`completion.fast_llm_finished` over what the trainer announced; an exit 0 before the last
-    step is rejected, so the supervisor restarts it from its last complete checkpoint."""
-    from rlrun.backends.fast_llm.events import EventsReader
-
-    experiment_dir = experiment_dir_of(cfg, progress.run_dir.root)
-    reader: dict[str, EventsReader] = {}
-
-    def check(exits: dict[str, Optional[int]]) -> RunVerdict:
-        try:
-            if "events" not in reader:
-                reader["events"] = EventsReader(
-                    progress.redis(), cfg.trainer.fast_llm.events_stream, cfg.trainer.max_train_steps,
-                    skips_possible=cfg.model.dtype == "float16", on_rejected=lambda i, why: progress.note_rejected_event(cfg.trainer.fast_llm.events_stream, i, why),
-                )  # fmt: skip
-            reader["events"].poll()
-        except Exception:  # Redis restarting: decide on what was read so far
-            reader.pop("events", None)
-        events = reader.get("events")
-        obs = completion.TrainerObservation(
-            samples_processed=(events.documents_seen or 0) if events else 0,
-            trainer_exit_code=exits.get("trainer"),
-            training_done_event=False,
-            last_step=(events.last_weights_ready_step or 0) if events else 0,
-            training_finished_seen=bool(events and events.training_finished_seen),
-            last_checkpoint_step=fl_checkpoints.latest_complete_step(experiment_dir),
-            last_weights_ready_step=events.last_weights_ready_step if events else None,
-        )
-        return run_verdict(completion.fast_llm_finished(cfg.trainer.max_train_steps, obs), exits)
-
-    return check

@@ -1,11 +1,9 @@
 """Fast-LLM's weight broadcast: the receiving end (what a vLLM worker runs) and its wire format.
 
-Fast-LLM's rank 0 (fast_llm/engine/training/streaming.py) opens a torch.distributed group of
-`external_world_size + 1` ranks at `tcp://host:port` (`torch.distributed.rendezvous`; its TCP store
-is served by rank 0, or by rlrun, `serve_store`) under the store prefix `range_0_<n>_1/`. After
-every `weights_ready` it sends, per tensor, `broadcast_object((shard, name, shape, dtype))` (the
-pickle's byte count as an int64 tensor, then its bytes) and the tensor; at the end
-`broadcast_object(None)`. The headers come from the network: unpickled by an allow-list.
+Fast-LLM's rank 0 (fast_llm/engine/training/streaming.py) opens a group of `external_world_size
++ 1` ranks at `tcp://host:port` and after every `weights_ready` sends, per tensor,
+`broadcast_object((shard, name, shape, dtype))` then the tensor; `broadcast_object(None)` ends it.
+The headers come from the network: unpickled by an allow-list.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Fast-LLM's checkpoint layout, read by rlrun, and half-written checkpoints moved out of its way.
 
-`<experiment_dir>/checkpoint/<step>/` with `metadata.yaml` (`completed_steps`, and `documents_seen`
-where counted) and an empty `ok` written last. A half-written one (no `ok`) makes every restart of
-Fast-LLM fail, so it is moved to `checkpoint_incomplete/<step>.incomplete-<time>/` before every
-start, never deleted (why, in Fast-LLM's code: docs/architecture.md). Call `move_aside_incomplete`
-only while Fast-LLM is stopped: a checkpoint being written has no `ok` yet either.
+`<experiment_dir>/checkpoint/<step>/`: `metadata.yaml` (`completed_steps`, `documents_seen`) and an
+empty `ok` last. A half-written one makes every restart of Fast-LLM fail: `move_aside_incomplete`
+moves it to `checkpoint_incomplete/` (never deletes), only while Fast-LLM is stopped.
 """
 
 from __future__ import annotations

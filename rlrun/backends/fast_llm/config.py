@@ -1,9 +1,8 @@
 """Fast-LLM's own YAML config, generated from the run's config, and the command that launches it.
 
-Every key written here was accepted by Fast-LLM's own validation (`fast-llm train gpt --config
-FILE -v`) at each commit of `revisions.REVISIONS`; where Fast-LLM reads each one is listed in
-docs/architecture.md ("Fast-LLM: what rlrun relies on"). Redis is given by host and port only
-(Fast-LLM's clients send no password: see `acl`); `trainer.fast_llm.extra` is merged last.
+Every key was accepted by Fast-LLM's validation at each commit of `revisions.REVISIONS` (where
+Fast-LLM reads each one: docs/architecture.md). Redis by host and port only (no password: see
+`acl`); `trainer.fast_llm.extra` is merged last.
 """
 
 from __future__ import annotations

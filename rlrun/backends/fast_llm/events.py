@@ -1,11 +1,9 @@
 """Fast-LLM's events, checked against the run before anyone acts on them.
 
-Any local process may append to the events stream (Fast-LLM's clients have no password), so the
-completion rule and the weight follower act only on an event that fits the current trainer
-attempt (from the supervisor's join request): its first `weights_ready` announces `join_step`,
-each next one the step after (fp16: a later one), never past `train_iters`; then one
-`training_finished`. Anything else is counted and ignored. A forged event that fits can only make
-the follower wait for a broadcast, and `training_finished` alone finishes nothing.
+Fast-LLM's clients have no password, so any local process may append to the events stream: the
+completion rule and the weight follower act only on events that fit the current trainer attempt
+(`weights_ready` from its `join_step` on, in order, never past `train_iters`; then one
+`training_finished`). Anything else is counted and ignored.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """rlrun::weights — makes the vLLM servers serve every policy Fast-LLM broadcasts (trainer=fast_llm).
 
-Before every (re)start of the trainer the supervisor records a join request; the follower has
-every server join the new trainer's group (rank i+1 for server i), serving its TCP store where
-Fast-LLM's rank 0 will not. On each `weights_ready` that fits the run (`events.py`) it pauses the
-servers, has them all receive the broadcast, drops prefix caches, publishes the step as the policy
-version and resumes. Progress is kept in Redis: a restart neither repeats nor skips an event.
+At each join request (before every trainer start) the servers join the new trainer's group; on
+each `weights_ready` that fits the run (`events.py`) they receive the broadcast, then the step is
+published as the policy version. Progress is kept in Redis: a restart neither repeats nor skips.
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ def request_join(redis, events_stream: str, start_step: int | None = None) -> st
 
 
 class VllmBroadcastAdmin(VllmAdmin):
-    """VllmAdmin plus joining and receiving Fast-LLM's broadcast, and a resume that never raises."""
+    """VllmAdmin plus joining and receiving Fast-LLM's broadcast."""
 
     def __init__(self, urls: list[str], receive_timeout_s: float, api_key: str = "") -> None:
         super().__init__(urls, httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0), api_key=api_key)
@@ -78,14 +76,6 @@ class VllmBroadcastAdmin(VllmAdmin):
         timeout_s = self.receive_timeout_s + 10
         calls = [lambda url=url: self.rpc(url, "rlrun_receive_broadcast", kwargs, timeout_s) for url in self.urls]
         return results([in_thread(call) for call in calls], while_waiting)
-
-    def resume(self) -> None:
-        """Resume every server that answers (never raises: a server left paused would stall the run)."""
-        for url in self.urls:
-            try:
-                self._post(f"{url}/resume")
-            except (httpx.HTTPError, RuntimeError) as exc:
-                log.warning("vLLM %s could not be resumed (%s)", url, exc)
 
 
 class WeightFollower:
@@ -179,8 +169,9 @@ class WeightFollower:
         except (httpx.HTTPError, RuntimeError) as exc:
             self.counters["broadcasts_failed"] += 1
             log.error("the broadcast of step %d was not loaded (%s); the servers keep the previous weights", step, exc)
-        finally:
-            self.admin.resume()
+        finally:  # never raises: a server left paused would stall the run
+            for url in self.admin.resume_answering():
+                log.warning("vLLM %s could not be resumed", url)
 
     def _heartbeat(self) -> None:
         now = time.time()

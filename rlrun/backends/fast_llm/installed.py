@@ -1,8 +1,6 @@
 """What the installed Fast-LLM is, asked of it before a run starts (preflight): which revision's
-config it accepts (its validate-only mode on each candidate's config; none: exit 2, never a crash
-loop), and who hosts the weight broadcast's TCP store (the rendezvous run in Fast-LLM's Python:
-it depends on its torch, docs/architecture.md). Each answer costs one short process (~5 s) and
-is remembered for the life of the rlrun process.
+config it accepts (none: exit 2, never a crash loop), and who hosts the weight broadcast's TCP
+store (it depends on its torch). Each answer costs one short process, remembered per rlrun process.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Can `trainer.fast_llm.command` start here? The program it finally runs, found through its wrappers.
 
-A launch command is often wrapped (`env VAR=1 torchrun --no_python fast-llm ...`, `nice -n 5
-python -m fast_llm.cli ...`, `bash -c "..."`); checking only `argv[0]` would pass a command whose
-real program is missing, and the run would end in exit 6 after every restart failed. So the
-wrappers are peeled off and what each runs is checked: a program on PATH, a script that exists, a
-module that the interpreter that will run it can import.
+A launch command is often wrapped (`env VAR=1 torchrun --no_python fast-llm ...`, `bash -c "..."`);
+checking only `argv[0]` would pass a command whose real program is missing (exit 6 after every
+restart failed). Each wrapper is peeled off and what it runs checked.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Fast-LLM's Redis protocol: the documents rlrun writes and the events Fast-LLM writes back.
 
-These are Fast-LLM's messages, not rlrun's (no schema_version). Documents: one message per sample
-on `trainer.fast_llm.stream`, field `data` = `{"tokens": prompt + completion, "loss_masking_spans":
-[[begin, end]], "advantage": float, "old_log_probabilities": [0.0 per prompt token] + the behaviour
-log-probs}`; the span masks the prompt, with the end convention of `trainer.fast_llm.
-loss_masking_span_end`. Events: `weights_ready` (with its step) and `training_finished`; anything
-else raises `MalformedEvent`. Where Fast-LLM reads and writes them: docs/architecture.md.
+Fast-LLM's messages, not rlrun's (no schema_version): one document per sample on
+`trainer.fast_llm.stream` (`document`), the events `weights_ready` and `training_finished` (anything
+else raises `MalformedEvent`). Where Fast-LLM reads and writes them: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from typing import Literal, Optional, Union
 
 from rlrun.rollouts import Group, Sample
 
-DOCUMENT_FIELD = "data"  # Fast-LLM's RedisConfig.REDIS_FIELD
 EVENT_FIELD = "event"  # Fast-LLM's REDIS_TRAINING_FIELD
 
 SpanEnd = Literal["exclusive", "inclusive"]
@@ -60,15 +56,10 @@ def document(prompt_ids: list[int], sample: Sample, span_end: SpanEnd = "exclusi
     }
 
 
-def encode_document(prompt_ids: list[int], sample: Sample, span_end: SpanEnd = "exclusive") -> dict[str, str]:
-    """The XADD fields of one sample's document message: `{"data": <JSON>}`."""
-    body = document(prompt_ids, sample, span_end)
-    return {DOCUMENT_FIELD: json.dumps(body, separators=(",", ":"), allow_nan=False)}
-
-
-def encode_group(group: Group, span_end: SpanEnd = "exclusive") -> list[dict[str, str]]:
-    """One document message per sample of `group`, in sample order."""
-    return [encode_document(group.prompt_ids, sample, span_end) for sample in group.samples]
+def encode_group(group: Group, span_end: SpanEnd = "exclusive") -> list[str]:
+    """One document per sample of `group`, in sample order: the JSON of each message's `data` field."""
+    documents = (document(group.prompt_ids, sample, span_end) for sample in group.samples)
+    return [json.dumps(body, separators=(",", ":"), allow_nan=False) for body in documents]
 
 
 def parse_event(fields: Mapping) -> Event:

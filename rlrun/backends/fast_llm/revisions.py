@@ -1,9 +1,8 @@
 """What differs between the Fast-LLM revisions rlrun drives: one small table, one entry each.
 
-Fast-LLM is not on PyPI and reads its config strictly, so the generated config must match the
-revision. Each entry names the commits it was checked against (config accepted by its validation,
-a CPU run of `rlrun train trainer=fast_llm` to the end); `trainer.fast_llm.version=auto` has
-preflight ask the installed Fast-LLM which entry's config it accepts (`installed.py`).
+Fast-LLM reads its config strictly, so the generated config must match the revision. Each entry
+names the commits it was checked against; `trainer.fast_llm.version=auto` has preflight ask the
+installed Fast-LLM which entry's config it accepts (`installed.py`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Exactly-once documents under Fast-LLM: before every (re)start, the consumer group is set back to
-the first document the trainer's checkpoint does not cover.
-
-Fast-LLM reads with `XREADGROUP ... NOACK`; checkpoint k records `documents_seen`, the first that
-many entries of the stream, so the group is moved just after them (`XGROUP SETID ... ENTRIESREAD
-n`) and the rest are delivered again, none twice. Without `documents_seen` what was read after the
-checkpoint is reported as lost. Limits: docs/operations.md ("Exactly-once documents").
+the first document the trainer's checkpoint does not cover (`documents_seen`: `XGROUP SETID ...
+ENTRIESREAD n`), so the rest are delivered again, none twice. Without `documents_seen` what was
+read after the checkpoint is reported as lost. Limits: docs/operations.md ("Exactly-once documents").
 """
 
 from __future__ import annotations

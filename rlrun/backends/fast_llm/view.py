@@ -23,7 +23,7 @@ class FastLlmView:
         self.docs_per_step = docs_per_step(cfg)
 
     def destination(self, group: Group) -> tuple[str, list[str]]:
-        return self.f.stream, [fields["data"] for fields in encode_group(group, self.f.loss_masking_span_end)]
+        return self.f.stream, encode_group(group, self.f.loss_masking_span_end)
 
     def policy_version(self) -> int:
         """The step whose weights vLLM serves (set by the weight follower once they are loaded)."""
