@@ -87,6 +87,14 @@ def gone(pid: int) -> bool:
         return True
 
 
+def left(pids: list[int], timeout: float = 15.0) -> list[int]:
+    """Those of `pids` still running after `timeout` (a lost node's processes die a moment after it)."""
+    deadline = time.time() + timeout
+    while any(not gone(pid) for pid in pids) and time.time() < deadline:
+        time.sleep(0.2)
+    return [pid for pid in pids if not gone(pid)]
+
+
 def test_no_cluster_at_the_address_names_it_and_how_to_start_one():
     import socket
 
@@ -180,10 +188,7 @@ def test_the_guard_kills_the_group_when_its_agent_dies(cluster, tmp_path):
         cluster.record()
 
         ray.kill(spawner._agents[handle.node_id])  # the node agent dies (as with its node)
-        deadline = time.time() + 15
-        while not all(gone(pid) for pid in group) and time.time() < deadline:
-            time.sleep(0.2)
-        assert all(gone(pid) for pid in group), [pid for pid in group if not gone(pid)]
+        assert left(group) == []
         assert wait_exit(handle) == -signal.SIGKILL  # read as killed: the supervisor restarts it
 
         # its bundle's node is still there: a restart gets a new agent on the same node
@@ -342,7 +347,7 @@ def test_a_lost_nodes_process_is_restarted_elsewhere_and_without_room_the_restar
         child = child_of(handle.pid)
         cluster.stop_node(first)  # the whole node goes: raylet, agent, and so the guard's group
         assert wait_exit(handle, timeout=90) == -signal.SIGKILL  # read as killed: restarted
-        assert gone(child.pid) and gone(handle.pid)
+        assert left([child.pid, handle.pid]) == []
 
         # Ray moves the bundle to the node that still has a spare_node; a new agent starts there
         again = spawner.spawn(ProcessSpec("actor", SLEEPER, tmp_path / "actor.1.log"))
