@@ -65,9 +65,6 @@ class JournalLedger:
                 last[index] = result
         return [last[s.index] for s in samples if s.index in last]
 
-    def finish(self, group_id: str, index: int, reason: str, length: int) -> None:
-        self.journal.finish(group_id, index, reason, length)
-
     def reset(self, group_id: str, index: int) -> None:
         self.journal.reset(group_id, index)
 
@@ -87,7 +84,7 @@ class JournalLedger:
 
 class MemoryLedger:
     """No journal: groups in flight are lost with the actor. For measuring overhead only. Nothing
-    is replayed from it, so nothing of a replay (finish, quarantine) is ever asked of it."""
+    is replayed from it, so nothing of a replay (quarantine) is ever asked of it."""
 
     def __init__(self, redis) -> None:
         self.redis = redis

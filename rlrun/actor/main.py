@@ -169,15 +169,11 @@ class Actor:
         for p in plan.samples:
             sample = SampleState(p.index, list(p.prefix_token_ids), list(p.prefix_logprobs), list(p.prefix_versions))
             sample.journaled = len(sample.completion_ids)
-            if p.action is Action.KEEP:  # finished, and the journal knows it
-                sample.finish_reason = p.finish_reason
-                sample.finish_recorded = True
-            elif p.action is Action.RESTART:
+            # keep: finished, and the journal knows it; finish_length: recorded by the first flush
+            sample.finish_reason = p.finish_reason
+            sample.finish_recorded = p.action is Action.KEEP
+            if p.action is Action.RESTART:
                 self.ledger.reset(h.group_id, p.index)
-            elif p.action is Action.FINISH_LENGTH:
-                sample.finish_reason = "length"
-                self.ledger.finish(h.group_id, p.index, "length", len(sample.completion_ids))
-                sample.finish_recorded = True
             samples.append(sample)
         return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), samples)
 

@@ -172,9 +172,7 @@ def make_machine(client):
                     assert self.truth_finish[gid][s.index] is None
                 if s.action == Action.FINISH_LENGTH:
                     assert len(truth_tokens) >= self.budget[gid]
-                    self.ledger.finish(gid, s.index, "length", len(truth_tokens))
-                    sample.finish_reason, sample.finish_recorded = "length", True
-                    self.truth_finish[gid][s.index] = "length"
+                    sample.finish_reason = "length"  # as the actor: recorded by the next flush
             self.actor[gid] = samples
 
         def _message(self, gid) -> str:
