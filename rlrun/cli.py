@@ -285,9 +285,5 @@ def _report_end(cfg, run_dir, reason: str) -> None:
         err_console.print(f"[yellow]warning:[/] no plot written: {exc}", highlight=False)
 
 
-def main() -> None:  # pragma: no cover - console entry point
-    app()
-
-
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())
