@@ -51,14 +51,12 @@ class JournalLedger:
                 end = offset + len(list(same))
                 runs.append(Append(group_id, sample.index, offset, sample.completion_ids[offset:end], sample.logprobs[offset:end], version))
                 offset = end
-            if finish is not None and not runs:  # nothing new: the finish alone
-                version = sample.versions[-1] if sample.versions else 0
-                runs.append(Append(group_id, sample.index, offset, [], [], version))
-            if finish is not None:
-                runs[-1] = replace(runs[-1], finish_reason=finish)
+            if finish is not None:  # on the last run, or alone (no tokens: no log entry, no version)
+                last = runs.pop() if runs else Append(group_id, sample.index, offset, [], [], 0)
+                runs.append(replace(last, finish_reason=finish))
             appends.extend(runs)
             owners.extend([sample.index] * len(runs))
-        results = self.journal.append_many(appends) if appends else []
+        results = self.journal.append_many(appends)
         last: dict[int, WriteResult] = {}
         for index, result in zip(owners, results):
             if index not in last or last[index].accepted:  # keep the first refusal, else the last answer
