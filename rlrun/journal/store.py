@@ -286,11 +286,6 @@ class Journal:
             for k in range(0, len(reply), 2)
         ]
 
-    def finish(self, group_id: str, index: int, finish_reason: str, expected_length: int) -> WriteResult:
-        """Mark a sample finished if it holds `expected_length` tokens; the same finish again is a retry."""
-        (result,) = self.append_many([Append(group_id, index, expected_length, [], [], 0, finish_reason)])
-        return result
-
     def reset(self, group_id: str, index: int) -> None:
         """Drop a sample's tokens (stale or corrupt) before it is generated again: pending, length 0."""
         keys = [self.key(f"group:{group_id}"), self.key(f"log:{group_id}")]

@@ -198,7 +198,7 @@ def test_a_restarted_actor_counts_and_logs_each_corrupt_journal_record(client, c
     journal = ledger.journal
     group = journal.open_group(lambda c: c, lambda p: [1, 2], group_size=2, max_new_tokens=8, run="run")
     journal.append_many([Append(group.group_id, 0, 0, [5, 6, 7], [-0.1, -0.2, -0.3], 0), Append(group.group_id, 1, 0, [8, 9], [-0.4, -0.5], 0)])
-    journal.finish(group.group_id, 1, "stop", 2)
+    journal.append_many([Append(group.group_id, 1, 2, [], [], 0, "stop")])
     damage(client, group.group_id)
 
     actor = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run")  # what main() builds
@@ -226,7 +226,7 @@ def _restarted_actor(client, damage=None):
     ledger = JournalLedger(client)
     group = ledger.journal.open_group(lambda c: c, lambda p: [1, 2], group_size=2, max_new_tokens=8, run="run")
     ledger.journal.append_many([Append(group.group_id, 0, 0, [5, 6, 7], [-0.1, -0.2, -0.3], 0), Append(group.group_id, 1, 0, [8, 9], [-0.4, -0.5], 0)])
-    ledger.journal.finish(group.group_id, 1, "stop", 2)
+    ledger.journal.append_many([Append(group.group_id, 1, 2, [], [], 0, "stop")])
     if damage is not None:
         damage(client, group.group_id)
     actor = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run")

@@ -71,7 +71,7 @@ def _one_group_through(journal: Journal, stream: str, run: str = "run") -> str:
     assert [r.reason for r in results] == ["ok", "ok"]
     journal.reset(group.group_id, 1)
     assert journal.append_many([Append(group.group_id, 1, 0, [4, 5, 6], [-0.4] * 3, 1)])[0].accepted
-    assert journal.finish(group.group_id, 1, "length", 3).accepted
+    assert journal.append_many([Append(group.group_id, 1, 3, [], [], 0, "length")])[0].accepted
     loaded = journal.load_open_groups()
     assert loaded.corrupt == [] and [g.group_id for g in loaded.groups] == [group.group_id]
     assert [s.token_ids for s in loaded.groups[0].samples] == [[1, 2], [4, 5, 6]]

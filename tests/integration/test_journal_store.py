@@ -11,6 +11,13 @@ from rlrun.journal.plan import plan_replay
 from rlrun.journal.records import GroupRecord, SampleRecord
 from rlrun.journal.store import Append, Journal, NotFinished, UnknownGroup, WriteResult
 
+
+def finish(journal: Journal, group_id: str, index: int, reason: str, expected_length: int) -> WriteResult:
+    """Mark a sample finished (no tokens) if it holds `expected_length` tokens, as the actor's flush does."""
+    (result,) = journal.append_many([Append(group_id, index, expected_length, [], [], 0, reason)])
+    return result
+
+
 pytestmark = pytest.mark.timeout(120)
 
 STREAM = "rlrun:groups"
@@ -171,14 +178,14 @@ def test_logprobs_are_kept_bit_for_bit(journal):
 def test_finish_checks_the_length_and_is_idempotent(journal):
     g = _open(journal).group_id
     append(journal, g, 0, 0, [1, 2], [-1.0, -2.0], 0)
-    assert journal.finish(g, 0, "stop", expected_length=1).reason == "duplicate"  # the sample holds 2
-    assert journal.finish(g, 0, "stop", expected_length=3).reason == "gap"
-    assert journal.finish(g, 0, "stop", expected_length=2).accepted
-    assert journal.finish(g, 0, "stop", expected_length=2).accepted  # a retry
-    assert journal.finish(g, 0, "length", expected_length=2).reason == "finished"
+    assert finish(journal, g, 0, "stop", expected_length=1).reason == "duplicate"  # the sample holds 2
+    assert finish(journal, g, 0, "stop", expected_length=3).reason == "gap"
+    assert finish(journal, g, 0, "stop", expected_length=2).accepted
+    assert finish(journal, g, 0, "stop", expected_length=2).accepted  # a retry
+    assert finish(journal, g, 0, "length", expected_length=2).reason == "finished"
     assert append(journal, g, 0, 2, [3], [-3.0], 0).reason == "finished"
     with pytest.raises(ValueError, match="abort"):
-        journal.finish(g, 1, "abort", expected_length=0)
+        finish(journal, g, 1, "abort", expected_length=0)
     sample = read(journal, g).samples[0]
     assert (sample.state, sample.finish_reason, sample.token_ids) == ("finished", "stop", [1, 2])
 
@@ -186,7 +193,7 @@ def test_finish_checks_the_length_and_is_idempotent(journal):
 def _finish_all(journal, group, tokens=2):
     for s in group.samples:
         append(journal, group.group_id, s.index, 0, list(range(tokens)), [-0.5] * tokens, 0)
-        journal.finish(group.group_id, s.index, "stop", tokens)
+        finish(journal, group.group_id, s.index, "stop", tokens)
 
 
 def test_deliver_publishes_exactly_once_and_trims_the_tokens(journal, client):
@@ -203,13 +210,13 @@ def test_deliver_publishes_exactly_once_and_trims_the_tokens(journal, client):
     assert journal.load_open_groups() == ([], []) and read(journal, group.group_id) is None
     # a delivered group takes no more writes
     assert append(journal, group.group_id, 0, 2, [1], [-1.0], 0).reason == "delivered"
-    assert journal.finish(group.group_id, 0, "stop", 2).reason == "delivered"
+    assert finish(journal, group.group_id, 0, "stop", 2).reason == "delivered"
 
 
 def test_deliver_refuses_a_group_with_unfinished_samples(journal, client):
     group = _open(journal, size=3)
     append(journal, group.group_id, 0, 0, [1], [-1.0], 0)
-    journal.finish(group.group_id, 0, "stop", 1)
+    finish(journal, group.group_id, 0, "stop", 1)
     append(journal, group.group_id, 2, 0, [1], [-1.0], 0)
     with pytest.raises(NotFinished, match="samples 1,2 are not finished"):
         journal.deliver(group.group_id, STREAM, "{}")
@@ -245,7 +252,7 @@ def _busy_journal(journal):
     g = in_flight.group_id
     journal.append_many([Append(g, 0, 0, [1, 2], [-0.5, -1 / 3], 0), Append(g, 1, 0, [4], [-0.75], 0)])
     append(journal, g, 0, 2, [3], [-2.0], 1)
-    journal.finish(g, 1, "stop", 1)
+    finish(journal, g, 1, "stop", 1)
     return untouched
 
 
