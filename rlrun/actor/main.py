@@ -220,7 +220,6 @@ class Actor:
     async def _request(self, client, url: str, group: LiveGroup, samples: list[SampleState], version: int) -> None:
         """One streamed request for `samples`: all fresh (n = len) or one continued sample."""
         prefix = samples[0].completion_ids if len(samples) == 1 else []
-        by_index = {i: s for i, s in enumerate(samples)}
         for sample in samples:
             sample.finish_reason = None  # an abort being continued
         try:
@@ -234,7 +233,7 @@ class Actor:
                 timeout_s=self.cfg.actor.request_timeout_s,
                 min_tokens=max(0, self.cfg.actor.min_new_tokens - len(prefix)),
             ):
-                sample = by_index[delta.index]
+                sample = samples[delta.index]  # the request's n choices are `samples`, in order
                 sample.append(delta.token_ids, delta.logprobs, version)
                 self.counters["tokens_generated"] += len(delta.token_ids)
                 if delta.finish_reason is not None:
