@@ -295,10 +295,9 @@ class Journal:
         if status == "delivered":
             raise JournalError(f"cannot reset sample {index} of {group_id}: the group is delivered")
 
-    def deliver(self, group_id: str, stream: str, message: str | Sequence[str]) -> str | None:
-        """Publish `message` (field `data`; several in order) to `stream` and mark the group delivered,
-        atomically. The (last) stream id; None when delivered already; raises NotFinished or UnknownGroup."""
-        messages = [message] if isinstance(message, str) else list(message)
+    def deliver(self, group_id: str, stream: str, messages: Sequence[str]) -> str | None:
+        """Publish `messages` (field `data`, in order) to `stream` and mark the group delivered,
+        atomically. The last stream id; None when delivered already; raises NotFinished or UnknownGroup."""
         if hash_tag(stream) != hash_tag(self.prefix):
             raise ValueError(
                 f"stream {stream!r} is not in the slot of journal {self.prefix!r}: on a Redis Cluster the "

@@ -199,9 +199,9 @@ def _finish_all(journal, group, tokens=2):
 def test_deliver_publishes_exactly_once_and_trims_the_tokens(journal, client):
     group = _open(journal)
     _finish_all(journal, group)
-    entry_id = journal.deliver(group.group_id, STREAM, '{"group":"run/0"}')
+    entry_id = journal.deliver(group.group_id, STREAM, ['{"group":"run/0"}'])
     assert entry_id is not None
-    assert journal.deliver(group.group_id, STREAM, '{"group":"run/0"}') is None
+    assert journal.deliver(group.group_id, STREAM, ['{"group":"run/0"}']) is None
     assert client.xrange(STREAM) == [(entry_id, {"data": '{"group":"run/0"}'})]
     # the group message holds everything: only a small marker stays
     marker = client.hgetall(journal.key(f"group:{group.group_id}"))
@@ -219,11 +219,11 @@ def test_deliver_refuses_a_group_with_unfinished_samples(journal, client):
     finish(journal, group.group_id, 0, "stop", 1)
     append(journal, group.group_id, 2, 0, [1], [-1.0], 0)
     with pytest.raises(NotFinished, match="samples 1,2 are not finished"):
-        journal.deliver(group.group_id, STREAM, "{}")
+        journal.deliver(group.group_id, STREAM, ["{}"])
     assert not client.exists(STREAM)
     assert read(journal, group.group_id) is not None  # still open
     with pytest.raises(UnknownGroup):
-        journal.deliver("run/42", STREAM, "{}")
+        journal.deliver("run/42", STREAM, ["{}"])
 
 
 def test_reset_drops_a_sample_so_it_can_be_generated_again(journal):
@@ -248,7 +248,7 @@ def _busy_journal(journal):
     """A journal with a delivered group, a group in flight and one untouched."""
     delivered, in_flight, untouched = _open(journal), _open(journal, size=3), _open(journal)
     _finish_all(journal, delivered)
-    journal.deliver(delivered.group_id, STREAM, "{}")
+    journal.deliver(delivered.group_id, STREAM, ["{}"])
     g = in_flight.group_id
     journal.append_many([Append(g, 0, 0, [1, 2], [-0.5, -1 / 3], 0), Append(g, 1, 0, [4], [-0.75], 0)])
     append(journal, g, 0, 2, [3], [-2.0], 1)
@@ -321,7 +321,7 @@ def test_trim_delivered_keeps_the_markers_of_the_last_cursors(journal, client):
     groups = [_open(journal, size=1) for _ in range(6)]
     for group in groups[:5]:
         _finish_all(journal, group)
-        journal.deliver(group.group_id, STREAM, group.group_id)
+        journal.deliver(group.group_id, STREAM, [group.group_id])
     assert journal.trim_delivered(keep_last=3) == 3  # cursor 6: markers of cursors 0, 1, 2 go
     assert client.zrange(journal.key("delivered"), 0, -1) == ["run/3", "run/4"]
     marked = [client.hget(journal.key(f"group:{g.group_id}"), "stream_id") is not None for g in groups]
@@ -333,7 +333,7 @@ def test_trim_delivered_keeps_the_markers_of_the_last_cursors(journal, client):
     assert journal.trim_delivered(keep_last=0) == 2
     assert client.xlen(STREAM) == 5  # trimming touches the journal, never the trainer's stream
     with pytest.raises(UnknownGroup):  # a trimmed group can still never be published again
-        journal.deliver("run/0", STREAM, "again")
+        journal.deliver("run/0", STREAM, ["again"])
     assert client.xlen(STREAM) == 5
 
 
