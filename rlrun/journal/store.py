@@ -321,16 +321,15 @@ class Journal:
             raise NotFinished(f"cannot deliver {group_id}: samples {detail} are not finished")
         raise UnknownGroup(f"cannot deliver {group_id}: it is not in the journal")
 
-    def quarantine(self, group_id: str) -> bool:
+    def quarantine(self, group_id: str) -> None:
         """Move an open group whose header is unreadable from `open` to the quarantine set (its
-        prompt is skipped; its keys stay for a person to read). False if it was not open."""
+        prompt is skipped; its keys stay for a person to read); a group not open is left alone."""
         with self.client.pipeline(transaction=True) as pipe:
             pipe.zscore(self.key("open"), group_id)
             pipe.zrem(self.key("open"), group_id)
             cursor, removed = pipe.execute()
         if removed:
             self.client.zadd(self.key("quarantine"), {group_id: cursor})
-        return bool(removed)
 
     def quarantined(self) -> list[str]:
         """Groups taken out of replay because their header was unreadable, in cursor order."""
