@@ -138,7 +138,7 @@ class Actor:
         return self.tokenizer.encode(self.task.problems[problem_index].prompt, add_special_tokens=False)
 
     def _open_group(self) -> LiveGroup:
-        h = self.ledger.open_group(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
+        h = self.ledger.open_next(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
         samples = [SampleState(index=i) for i in range(self.cfg.algo.group_size)]
         return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), samples)
 
@@ -246,7 +246,7 @@ class Actor:
     def _flush(self, group: LiveGroup, samples: list[SampleState]) -> None:
         """Append the samples' unjournaled tokens and record their finishes, in one round trip."""
         batches = [s for s in samples if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded)]
-        results = self.ledger.append_many(group.group_id, batches)
+        results = self.ledger.append_samples(group.group_id, batches)
         for sample, result in zip(batches, results):
             if result.accepted:
                 self._audit(
