@@ -158,7 +158,7 @@ def _actor(k: int, url: str, password: str, sequences: int, rate: float, flush: 
             tokens += sum(len(a.token_ids) for a, r in zip(chunk, results) if r.accepted)
         for slot, g in enumerate(live):
             if g[1] >= SAMPLE_BUDGET:  # every sample finished: publish (a message of the group's size)
-                journal.deliver(g[0], stream, json.dumps({"tokens": [0] * (GROUP_SIZE * SAMPLE_BUDGET)}))
+                journal.deliver(g[0], stream, [json.dumps({"tokens": [0] * (GROUP_SIZE * SAMPLE_BUDGET)})])
                 deliveries += 1
                 live[slot] = open_one()
         if deliveries and deliveries % 64 == 0:

@@ -183,7 +183,6 @@ def runs(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """List the runs under ROOT, newest first: state, step, reward, ETTR, restarts and last event."""
-
     with _errors(debug):
         found = run_status.list_runs(root)
     if as_json:
@@ -211,7 +210,6 @@ def logs(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Print a process's log (its latest start attempt, in the newest launch unless --launch)."""
-
     with _errors(debug):
         path = run_status.latest_log(RunDir(run_dir.resolve()), process, launch)
         try:
@@ -261,7 +259,6 @@ def plot(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Write a PNG of the run: reward (mean ± std) and throughput over steps, restarts marked."""
-
     with _errors(debug):
         result = plotting.plot_run(RunDir(run_dir.resolve()), out)
     console.print(f"plot: {result.path} ({result.steps} steps, {result.restarts} restarts, {result.failures} failures)", soft_wrap=True)
@@ -286,10 +283,6 @@ def _report_end(cfg, run_dir, reason: str) -> None:
         console.print(f"plot:    {plotting.plot_run(run_dir).path}", soft_wrap=True)
     except Exception as exc:  # noqa: BLE001 - the run is done; a missing picture is not a failure
         err_console.print(f"[yellow]warning:[/] no plot written: {exc}", highlight=False)
-
-
-def main() -> None:  # pragma: no cover - console entry point
-    app()
 
 
 if __name__ == "__main__":  # pragma: no cover

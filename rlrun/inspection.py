@@ -160,7 +160,8 @@ def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str],
     if not complete:
         warnings.append(HALF_WRITTEN)
     fields = layout.read_fields(path, warnings)
-    run = find_run(path)
+    # the run directory a checkpoint sits in: the nearest parent holding rlrun-run.json
+    run = next((RunDir(p) for p in list(path.parents)[:_RUN_SEARCH_DEPTH] if RunDir(p).is_run()), None)
     config_hash = run.config_hash() if run is not None and run.config.is_file() else None
     if run is not None and config_hash is None:
         warnings.append(f"the run directory {run.root} has no {run.config.name}")
@@ -217,16 +218,10 @@ def list_files(path: Path) -> list[FileEntry]:
     return [FileEntry(str(item.relative_to(path)), item.stat().st_size) for item in items]
 
 
-def find_run(checkpoint: Path) -> Optional[RunDir]:
-    """The run directory a checkpoint sits in: the nearest parent holding rlrun-run.json."""
-    return next((RunDir(p) for p in list(checkpoint.parents)[:_RUN_SEARCH_DEPTH] if RunDir(p).is_run()), None)
-
-
-def journal_summary(client, *, prefix: Optional[str] = None, max_prefix_staleness: Optional[int] = None) -> dict:
+def journal_summary(client, *, prefix: str = KEY_PREFIX, max_prefix_staleness: Optional[int] = None) -> dict:
     """What the journal on `client` holds now. `tokens_saved`: what a restart reuses at most; `stale_*`:
     what a replay now would drop (None without a bound or a policy version); `max_prefix_lag`: the
     largest policy_version - oldest token's version of an unfinished prefix."""
-    prefix = KEY_PREFIX if prefix is None else prefix
     journal = Journal(client, prefix)
     loaded = journal.load_open_groups()
     raw_version = client.get(names.POLICY_VERSION)
@@ -302,10 +297,10 @@ def run_redis_endpoint(run: RunDir) -> Optional[RedisEndpoint]:
     return RedisEndpoint(redis_url(settings.get("bind", "127.0.0.1"), int(settings["port"])), password)
 
 
-def journal_prefixes_of(cfg) -> list[tuple[str, Optional[str]]]:
+def journal_prefixes_of(cfg) -> list[tuple[str, str]]:
     """(actor name, its journal's key prefix) per actor; the one default actor without a config."""
     if cfg is None:
-        return [("actor", None)]
+        return [("actor", KEY_PREFIX)]
     k_all = cfg.actor.num_actors
     backend = backend_for(cfg)
     return [  # a view touches Redis only when asked

@@ -152,7 +152,7 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
     return PlotResult(path=target, steps=len(records), restarts=restarts, failures=failures)
 
 
-def figure(records: list[dict], marks: list[Marker], title: str, start: float | None = None):
+def figure(records: list[dict], marks: list[Marker], title: str, start: float):
     """Three panels, markers on each: reward over steps (±std) and over seconds since `start`, tokens/s."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -166,8 +166,7 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float | 
     rates = throughput(records)
     window = smoothing_window(len(mean))
     smooth = smoothed(mean, window)
-    origin = start if start is not None else run_start(records, [])
-    seconds = [r["time"] - origin for r in records]
+    seconds = [r["time"] - start for r in records]
 
     fig = Figure(figsize=(SIZE_PX[0] / DPI, SIZE_PX[1] / DPI), dpi=DPI)
     FigureCanvasAgg(fig)
@@ -208,7 +207,7 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float | 
         for ax in (reward_ax, rate_ax):
             label = mark.kind if (ax is reward_ax and mark.kind not in seen) else None
             ax.axvline(mark.step, color=color, linestyle=style, linewidth=1.0, alpha=0.8, label=label)
-        clock_ax.axvline(mark.time - origin, color=color, linestyle=style, linewidth=1.0, alpha=0.8)
+        clock_ax.axvline(mark.time - start, color=color, linestyle=style, linewidth=1.0, alpha=0.8)
         seen.add(mark.kind)
         if len(marks) <= MAX_LABELS and mark.process:
             reward_ax.annotate(mark.process, (mark.step, 1.0), xycoords=("data", "axes fraction"), rotation=90,

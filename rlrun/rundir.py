@@ -28,12 +28,12 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def read_jsonl(path: Optional[Path]) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
     """The objects of a JSON-lines file, in order; a line cut short by a crash is skipped."""
-    if path is None or not Path(path).is_file():
+    if not path.is_file():
         return []
     records = []
-    for line in Path(path).read_text(errors="replace").splitlines():
+    for line in path.read_text(errors="replace").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:

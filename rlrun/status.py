@@ -82,7 +82,7 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
     return state, replay_events(events), (metrics[-1] if metrics else None)
 
 
-def report(run_dir: RunDir, now: Optional[float] = None) -> dict:
+def report(run_dir: RunDir) -> dict:
     """One run as plain data (what `rlrun status --json` prints)."""
     state, rows, last = load(run_dir)
     last = last or {}
@@ -102,15 +102,15 @@ def report(run_dir: RunDir, now: Optional[float] = None) -> dict:
         "restarts": sum(row.restarts for row in rows),
         "last_failure": failure and {k: failure.get(k) for k in ("time", "process", "reason", "action")},
         "progress": progress,
-        "ettr": time_split(run_dir, now).to_dict(),
+        "ettr": time_split(run_dir).to_dict(),
         "last_event": {k: v for k, v in events[-1].items() if k in shown} if events else None,
     }
 
 
-def time_split(run_dir: RunDir, now: Optional[float] = None) -> TimeSplit:
-    """The run's wall time split (rlrun/ettr.py); a running run is counted up to `now`."""
-    live = run_dir.running_supervisor() is not None
-    return split_wall_time(read_jsonl(run_dir.events), read_metrics(run_dir.metrics), now=(now or time.time()) if live else None)
+def time_split(run_dir: RunDir) -> TimeSplit:
+    """The run's wall time split (rlrun/ettr.py); a running run is counted up to now."""
+    now = time.time() if run_dir.running_supervisor() is not None else None
+    return split_wall_time(read_jsonl(run_dir.events), read_metrics(run_dir.metrics), now=now)
 
 
 def list_runs(root: Path) -> list[dict]:

@@ -18,28 +18,26 @@ TRIM_EVERY = 256  # deliveries between trims of old delivered markers
 KEEP_DELIVERED = 10_000  # delivered markers kept (a replay older than that cannot happen)
 
 
-class JournalLedger:
-    """The actor is the journal's only writer (the supervisor runs one), so the prompt cursor is
-    read once and then followed locally: no round trip to count or open groups. Were it wrong,
-    the journal's compare-and-set refuses the open and the real cursor is taken."""
+class JournalLedger(Journal):
+    """The journal, spoken to in the actor's samples. The actor is the journal's only writer (the
+    supervisor runs one), so the prompt cursor is read once and then followed locally: no round
+    trip to count or open groups. Were it wrong, the compare-and-set refuses the open and the
+    real cursor is taken."""
 
     def __init__(self, redis, prefix: str = KEY_PREFIX) -> None:
-        self.journal = Journal(redis, prefix)
+        super().__init__(redis, prefix)
         self._deliveries = 0
-        self._cursor = self.journal.cursor()
+        self._cursor = self.cursor()
 
     def opened(self, in_flight: int) -> int:
         return self._cursor  # delivered + open: in-flight groups are in it already
 
-    def open_group(self, index_for, ids_for, size, budget, run) -> GroupHeader:
-        r = self.journal.open_group(index_for, ids_for, group_size=size, max_new_tokens=budget, run=run, cursor_hint=self._cursor)
+    def open_next(self, index_for, ids_for, size, budget, run) -> GroupHeader:
+        r = self.open_group(index_for, ids_for, group_size=size, max_new_tokens=budget, run=run, cursor_hint=self._cursor)
         self._cursor = r.cursor + 1
         return r.header
 
-    def load_open_groups(self) -> tuple[list[GroupRecord], list[tuple[str, str]]]:
-        return self.journal.load_open_groups()
-
-    def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
+    def append_samples(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
         """One round trip for the samples' new tokens (split into runs of one policy version)
         and, for finished samples, their finish (carried by their last append)."""
         appends, owners = [], []
@@ -51,43 +49,29 @@ class JournalLedger:
                 end = offset + len(list(same))
                 runs.append(Append(group_id, sample.index, offset, sample.completion_ids[offset:end], sample.logprobs[offset:end], version))
                 offset = end
-            if finish is not None and not runs:  # nothing new: the finish alone
-                version = sample.versions[-1] if sample.versions else 0
-                runs.append(Append(group_id, sample.index, offset, [], [], version))
-            if finish is not None:
-                runs[-1] = replace(runs[-1], finish_reason=finish)
+            if finish is not None:  # on the last run, or alone (no tokens: no log entry, no version)
+                last = runs.pop() if runs else Append(group_id, sample.index, offset, [], [], 0)
+                runs.append(replace(last, finish_reason=finish))
             appends.extend(runs)
             owners.extend([sample.index] * len(runs))
-        results = self.journal.append_many(appends) if appends else []
+        results = self.append_many(appends)
         last: dict[int, WriteResult] = {}
         for index, result in zip(owners, results):
             if index not in last or last[index].accepted:  # keep the first refusal, else the last answer
                 last[index] = result
         return [last[s.index] for s in samples if s.index in last]
 
-    def finish(self, group_id: str, index: int, reason: str, length: int) -> None:
-        self.journal.finish(group_id, index, reason, length)
-
-    def reset(self, group_id: str, index: int) -> None:
-        self.journal.reset(group_id, index)
-
-    def quarantine(self, group_id: str) -> None:
-        self.journal.quarantine(group_id)
-
-    def read_group(self, group_id: str) -> tuple[Optional[GroupRecord], list[str]]:
-        return self.journal.read_group(group_id)
-
     def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]:
-        stream_id = self.journal.deliver(group_id, stream, messages)
+        stream_id = super().deliver(group_id, stream, messages)
         self._deliveries += 1
         if self._deliveries % TRIM_EVERY == 0:
-            self.journal.trim_delivered(keep_last=KEEP_DELIVERED)
+            self.trim_delivered(keep_last=KEEP_DELIVERED)
         return stream_id
 
 
 class MemoryLedger:
     """No journal: groups in flight are lost with the actor. For measuring overhead only. Nothing
-    is replayed from it, so nothing of a replay (finish, quarantine) is ever asked of it."""
+    is replayed from it, so nothing of a replay (quarantine) is ever asked of it."""
 
     def __init__(self, redis) -> None:
         self.redis = redis
@@ -97,7 +81,7 @@ class MemoryLedger:
     def opened(self, in_flight: int) -> int:
         return self._published + in_flight
 
-    def open_group(self, index_for, ids_for, size, budget, run) -> GroupHeader:
+    def open_next(self, index_for, ids_for, size, budget, run) -> GroupHeader:
         cursor = self._cursor
         self._cursor += 1
         self.redis.hset(names.ACTOR_STATE, "cursor", self._cursor)
@@ -107,7 +91,7 @@ class MemoryLedger:
     def load_open_groups(self):
         return [], []
 
-    def append_many(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
+    def append_samples(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
         return [WriteResult(True, len(s.completion_ids), "ok") for s in samples if len(s.completion_ids) > s.journaled or s.finished]
 
     def reset(self, group_id: str, index: int) -> None:

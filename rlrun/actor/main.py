@@ -138,7 +138,7 @@ class Actor:
         return self.tokenizer.encode(self.task.problems[problem_index].prompt, add_special_tokens=False)
 
     def _open_group(self) -> LiveGroup:
-        h = self.ledger.open_group(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
+        h = self.ledger.open_next(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
         samples = [SampleState(index=i) for i in range(self.cfg.algo.group_size)]
         return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), samples)
 
@@ -169,15 +169,11 @@ class Actor:
         for p in plan.samples:
             sample = SampleState(p.index, list(p.prefix_token_ids), list(p.prefix_logprobs), list(p.prefix_versions))
             sample.journaled = len(sample.completion_ids)
-            if p.action is Action.KEEP:  # finished, and the journal knows it
-                sample.finish_reason = p.finish_reason
-                sample.finish_recorded = True
-            elif p.action is Action.RESTART:
+            # keep: finished, and the journal knows it; finish_length: recorded by the first flush
+            sample.finish_reason = p.finish_reason
+            sample.finish_recorded = p.action is Action.KEEP
+            if p.action is Action.RESTART:
                 self.ledger.reset(h.group_id, p.index)
-            elif p.action is Action.FINISH_LENGTH:
-                sample.finish_reason = "length"
-                self.ledger.finish(h.group_id, p.index, "length", len(sample.completion_ids))
-                sample.finish_recorded = True
             samples.append(sample)
         return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), samples)
 
@@ -224,7 +220,6 @@ class Actor:
     async def _request(self, client, url: str, group: LiveGroup, samples: list[SampleState], version: int) -> None:
         """One streamed request for `samples`: all fresh (n = len) or one continued sample."""
         prefix = samples[0].completion_ids if len(samples) == 1 else []
-        by_index = {i: s for i, s in enumerate(samples)}
         for sample in samples:
             sample.finish_reason = None  # an abort being continued
         try:
@@ -238,7 +233,7 @@ class Actor:
                 timeout_s=self.cfg.actor.request_timeout_s,
                 min_tokens=max(0, self.cfg.actor.min_new_tokens - len(prefix)),
             ):
-                sample = by_index[delta.index]
+                sample = samples[delta.index]  # the request's n choices are `samples`, in order
                 sample.append(delta.token_ids, delta.logprobs, version)
                 self.counters["tokens_generated"] += len(delta.token_ids)
                 if delta.finish_reason is not None:
@@ -251,7 +246,7 @@ class Actor:
     def _flush(self, group: LiveGroup, samples: list[SampleState]) -> None:
         """Append the samples' unjournaled tokens and record their finishes, in one round trip."""
         batches = [s for s in samples if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded)]
-        results = self.ledger.append_many(group.group_id, batches)
+        results = self.ledger.append_samples(group.group_id, batches)
         for sample, result in zip(batches, results):
             if result.accepted:
                 self._audit(

@@ -286,11 +286,6 @@ class Journal:
             for k in range(0, len(reply), 2)
         ]
 
-    def finish(self, group_id: str, index: int, finish_reason: str, expected_length: int) -> WriteResult:
-        """Mark a sample finished if it holds `expected_length` tokens; the same finish again is a retry."""
-        (result,) = self.append_many([Append(group_id, index, expected_length, [], [], 0, finish_reason)])
-        return result
-
     def reset(self, group_id: str, index: int) -> None:
         """Drop a sample's tokens (stale or corrupt) before it is generated again: pending, length 0."""
         keys = [self.key(f"group:{group_id}"), self.key(f"log:{group_id}")]
@@ -300,10 +295,9 @@ class Journal:
         if status == "delivered":
             raise JournalError(f"cannot reset sample {index} of {group_id}: the group is delivered")
 
-    def deliver(self, group_id: str, stream: str, message: str | Sequence[str]) -> str | None:
-        """Publish `message` (field `data`; several in order) to `stream` and mark the group delivered,
-        atomically. The (last) stream id; None when delivered already; raises NotFinished or UnknownGroup."""
-        messages = [message] if isinstance(message, str) else list(message)
+    def deliver(self, group_id: str, stream: str, messages: Sequence[str]) -> str | None:
+        """Publish `messages` (field `data`, in order) to `stream` and mark the group delivered,
+        atomically. The last stream id; None when delivered already; raises NotFinished or UnknownGroup."""
         if hash_tag(stream) != hash_tag(self.prefix):
             raise ValueError(
                 f"stream {stream!r} is not in the slot of journal {self.prefix!r}: on a Redis Cluster the "
@@ -327,16 +321,15 @@ class Journal:
             raise NotFinished(f"cannot deliver {group_id}: samples {detail} are not finished")
         raise UnknownGroup(f"cannot deliver {group_id}: it is not in the journal")
 
-    def quarantine(self, group_id: str) -> bool:
+    def quarantine(self, group_id: str) -> None:
         """Move an open group whose header is unreadable from `open` to the quarantine set (its
-        prompt is skipped; its keys stay for a person to read). False if it was not open."""
+        prompt is skipped; its keys stay for a person to read); a group not open is left alone."""
         with self.client.pipeline(transaction=True) as pipe:
             pipe.zscore(self.key("open"), group_id)
             pipe.zrem(self.key("open"), group_id)
             cursor, removed = pipe.execute()
         if removed:
             self.client.zadd(self.key("quarantine"), {group_id: cursor})
-        return bool(removed)
 
     def quarantined(self) -> list[str]:
         """Groups taken out of replay because their header was unreadable, in cursor order."""

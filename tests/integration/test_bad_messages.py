@@ -195,10 +195,10 @@ JOURNAL_DAMAGE = [
 def test_a_restarted_actor_counts_and_logs_each_corrupt_journal_record(client, caplog, name, damage, key_kind, consequence, kept):
     cfg, _ = compose(["recipe=math_grpo"])
     ledger = JournalLedger(client)
-    journal = ledger.journal
+    journal = ledger
     group = journal.open_group(lambda c: c, lambda p: [1, 2], group_size=2, max_new_tokens=8, run="run")
     journal.append_many([Append(group.group_id, 0, 0, [5, 6, 7], [-0.1, -0.2, -0.3], 0), Append(group.group_id, 1, 0, [8, 9], [-0.4, -0.5], 0)])
-    journal.finish(group.group_id, 1, "stop", 2)
+    journal.append_many([Append(group.group_id, 1, 2, [], [], 0, "stop")])
     damage(client, group.group_id)
 
     actor = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run")  # what main() builds
@@ -224,9 +224,9 @@ def _restarted_actor(client, damage=None):
     the actor a restart builds over it, with its replayed groups."""
     cfg, _ = compose(["recipe=math_grpo"])
     ledger = JournalLedger(client)
-    group = ledger.journal.open_group(lambda c: c, lambda p: [1, 2], group_size=2, max_new_tokens=8, run="run")
-    ledger.journal.append_many([Append(group.group_id, 0, 0, [5, 6, 7], [-0.1, -0.2, -0.3], 0), Append(group.group_id, 1, 0, [8, 9], [-0.4, -0.5], 0)])
-    ledger.journal.finish(group.group_id, 1, "stop", 2)
+    group = ledger.open_group(lambda c: c, lambda p: [1, 2], group_size=2, max_new_tokens=8, run="run")
+    ledger.append_many([Append(group.group_id, 0, 0, [5, 6, 7], [-0.1, -0.2, -0.3], 0), Append(group.group_id, 1, 0, [8, 9], [-0.4, -0.5], 0)])
+    ledger.append_many([Append(group.group_id, 1, 2, [], [], 0, "stop")])
     if damage is not None:
         damage(client, group.group_id)
     actor = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run")
@@ -269,7 +269,7 @@ def test_a_sample_that_reads_as_empty_on_a_reread_is_reset_in_the_journal(client
     sample.append([12, 13], [-0.1, -0.2], 0)
     actor._flush(live, [sample])  # generated again from the prompt: the journal takes it
     assert sample.journaled == 2
-    assert actor.ledger.journal.read_group(group_id)[0].samples[0].token_ids == [12, 13]
+    assert actor.ledger.read_group(group_id)[0].samples[0].token_ids == [12, 13]
 
 
 # --- a port taken between picking it and binding it ---------------------------------------------

@@ -44,7 +44,7 @@ def _fill_journal(client) -> None:
         # third: one sample generating (1 token, fresh), one pending
         Append(third, 0, 0, [4], [-0.5], version=4),
     ])  # fmt: skip
-    journal.deliver(first, names.GROUPS_STREAM, "{}")
+    journal.deliver(first, names.GROUPS_STREAM, ["{}"])
     client.set(names.POLICY_VERSION, 4)
 
 

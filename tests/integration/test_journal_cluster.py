@@ -71,13 +71,13 @@ def _one_group_through(journal: Journal, stream: str, run: str = "run") -> str:
     assert [r.reason for r in results] == ["ok", "ok"]
     journal.reset(group.group_id, 1)
     assert journal.append_many([Append(group.group_id, 1, 0, [4, 5, 6], [-0.4] * 3, 1)])[0].accepted
-    assert journal.finish(group.group_id, 1, "length", 3).accepted
+    assert journal.append_many([Append(group.group_id, 1, 3, [], [], 0, "length")])[0].accepted
     loaded = journal.load_open_groups()
     assert loaded.corrupt == [] and [g.group_id for g in loaded.groups] == [group.group_id]
     assert [s.token_ids for s in loaded.groups[0].samples] == [[1, 2], [4, 5, 6]]
     assert plan_replay(loaded.groups, current_version=1, max_prefix_staleness=1).groups[0].header.group_id == group.group_id
-    assert journal.deliver(group.group_id, stream, "payload") is not None
-    assert journal.deliver(group.group_id, stream, "payload") is None  # never twice
+    assert journal.deliver(group.group_id, stream, ["payload"]) is not None
+    assert journal.deliver(group.group_id, stream, ["payload"]) is None  # never twice
     return group.group_id
 
 
@@ -121,7 +121,7 @@ def test_keys_that_would_leave_the_slot_are_refused_before_they_reach_the_server
     journal = Journal(client, names.journal_prefix("rlrun:groups:{a1}"))
     journal.open_group(lambda c: c, lambda p: [p], group_size=1, max_new_tokens=2, run="run")
     with pytest.raises(ValueError, match="is not in the slot of journal"):
-        journal.deliver("run/0", names.GROUPS_STREAM, "x")
+        journal.deliver("run/0", names.GROUPS_STREAM, ["x"])
 
 
 def test_the_trainers_consumer_group_and_the_supervisors_probes_work(cluster, client, tmp_path):

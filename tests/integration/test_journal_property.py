@@ -106,7 +106,7 @@ def make_machine(client):
         def _flush(self, gid, samples):
             """As the actor flushes: one ledger call; a refusal makes it re-read the journal."""
             batch = [s for s in samples if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded)]
-            results = self.ledger.append_many(gid, batch)
+            results = self.ledger.append_samples(gid, batch)
             assert len(results) == len(batch)
             for sample, result in zip(batch, results):
                 if result.accepted:
@@ -172,9 +172,7 @@ def make_machine(client):
                     assert self.truth_finish[gid][s.index] is None
                 if s.action == Action.FINISH_LENGTH:
                     assert len(truth_tokens) >= self.budget[gid]
-                    self.ledger.finish(gid, s.index, "length", len(truth_tokens))
-                    sample.finish_reason, sample.finish_recorded = "length", True
-                    self.truth_finish[gid][s.index] = "length"
+                    sample.finish_reason = "length"  # as the actor: recorded by the next flush
             self.actor[gid] = samples
 
         def _message(self, gid) -> str:
@@ -185,7 +183,7 @@ def make_machine(client):
         @precondition(lambda self: len(self.actor) < MAX_OPEN)
         @rule(size=st.integers(1, 3), budget=st.integers(1, 8))
         def open_group(self, size, budget):
-            group = self.ledger.open_group(lambda c: c, lambda p: [p, 7], size, budget, "prop")
+            group = self.ledger.open_next(lambda c: c, lambda p: [p, 7], size, budget, "prop")
             gid = group.group_id
             assert gid not in self.truth  # a prompt is never handed out twice
             assert group.cursor == len(self.truth)  # nor skipped
@@ -253,7 +251,7 @@ def make_machine(client):
             sample.append(*self._generate(gid, sample, n), self.version)
             sent = ghost(sample, sample.journaled)
             if len(sent.completion_ids) > sent.journaled or sent.finished:
-                [result] = self.ledger.append_many(gid, [sent])
+                [result] = self.ledger.append_samples(gid, [sent])
                 assert result.accepted and result.length == len(sample.completion_ids)
                 self._acknowledged(gid, sent, result.length)
 
@@ -264,7 +262,7 @@ def make_machine(client):
             if found is None:
                 return
             gid, sample = found
-            [result] = self.ledger.append_many(gid, [ghost(sample, max(0, sample.journaled - back))])
+            [result] = self.ledger.append_samples(gid, [ghost(sample, max(0, sample.journaled - back))])
             assert not result.accepted
             assert result.reason == ("finished" if self.truth_finish[gid][sample.index] else "duplicate")
 
@@ -276,7 +274,7 @@ def make_machine(client):
                 return
             gid, sample = found
             truth_len = len(self.truth[gid][sample.index][0])
-            [result] = self.ledger.append_many(gid, [ghost(sample, truth_len + ahead, extra=1, version=self.version)])
+            [result] = self.ledger.append_samples(gid, [ghost(sample, truth_len + ahead, extra=1, version=self.version)])
             assert not result.accepted
             assert result.reason == ("finished" if self.truth_finish[gid][sample.index] else "gap")
             assert result.length == truth_len

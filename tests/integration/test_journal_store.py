@@ -11,6 +11,13 @@ from rlrun.journal.plan import plan_replay
 from rlrun.journal.records import GroupRecord, SampleRecord
 from rlrun.journal.store import Append, Journal, NotFinished, UnknownGroup, WriteResult
 
+
+def finish(journal: Journal, group_id: str, index: int, reason: str, expected_length: int) -> WriteResult:
+    """Mark a sample finished (no tokens) if it holds `expected_length` tokens, as the actor's flush does."""
+    (result,) = journal.append_many([Append(group_id, index, expected_length, [], [], 0, reason)])
+    return result
+
+
 pytestmark = pytest.mark.timeout(120)
 
 STREAM = "rlrun:groups"
@@ -98,10 +105,10 @@ def test_the_actor_ledger_follows_the_cursor_itself_and_recovers_from_a_second_w
     from rlrun.actor.ledger import JournalLedger
 
     first, second = JournalLedger(client), JournalLedger(client)
-    opened = [first.open_group(lambda c: c, lambda p: [p], 1, 2, "run").cursor for _ in range(3)]
+    opened = [first.open_next(lambda c: c, lambda p: [p], 1, 2, "run").cursor for _ in range(3)]
     assert opened == [0, 1, 2] and first.opened(0) == 3
-    assert second.open_group(lambda c: c, lambda p: [p], 1, 2, "run").cursor == 3  # its hint (0) was stale
-    assert second.opened(0) == 4 and first.journal.cursor() == 4
+    assert second.open_next(lambda c: c, lambda p: [p], 1, 2, "run").cursor == 3  # its hint (0) was stale
+    assert second.opened(0) == 4 and first.cursor() == 4
 
 
 def test_cursor_persists_across_a_restart(server, journal):
@@ -171,14 +178,14 @@ def test_logprobs_are_kept_bit_for_bit(journal):
 def test_finish_checks_the_length_and_is_idempotent(journal):
     g = _open(journal).group_id
     append(journal, g, 0, 0, [1, 2], [-1.0, -2.0], 0)
-    assert journal.finish(g, 0, "stop", expected_length=1).reason == "duplicate"  # the sample holds 2
-    assert journal.finish(g, 0, "stop", expected_length=3).reason == "gap"
-    assert journal.finish(g, 0, "stop", expected_length=2).accepted
-    assert journal.finish(g, 0, "stop", expected_length=2).accepted  # a retry
-    assert journal.finish(g, 0, "length", expected_length=2).reason == "finished"
+    assert finish(journal, g, 0, "stop", expected_length=1).reason == "duplicate"  # the sample holds 2
+    assert finish(journal, g, 0, "stop", expected_length=3).reason == "gap"
+    assert finish(journal, g, 0, "stop", expected_length=2).accepted
+    assert finish(journal, g, 0, "stop", expected_length=2).accepted  # a retry
+    assert finish(journal, g, 0, "length", expected_length=2).reason == "finished"
     assert append(journal, g, 0, 2, [3], [-3.0], 0).reason == "finished"
     with pytest.raises(ValueError, match="abort"):
-        journal.finish(g, 1, "abort", expected_length=0)
+        finish(journal, g, 1, "abort", expected_length=0)
     sample = read(journal, g).samples[0]
     assert (sample.state, sample.finish_reason, sample.token_ids) == ("finished", "stop", [1, 2])
 
@@ -186,15 +193,15 @@ def test_finish_checks_the_length_and_is_idempotent(journal):
 def _finish_all(journal, group, tokens=2):
     for s in group.samples:
         append(journal, group.group_id, s.index, 0, list(range(tokens)), [-0.5] * tokens, 0)
-        journal.finish(group.group_id, s.index, "stop", tokens)
+        finish(journal, group.group_id, s.index, "stop", tokens)
 
 
 def test_deliver_publishes_exactly_once_and_trims_the_tokens(journal, client):
     group = _open(journal)
     _finish_all(journal, group)
-    entry_id = journal.deliver(group.group_id, STREAM, '{"group":"run/0"}')
+    entry_id = journal.deliver(group.group_id, STREAM, ['{"group":"run/0"}'])
     assert entry_id is not None
-    assert journal.deliver(group.group_id, STREAM, '{"group":"run/0"}') is None
+    assert journal.deliver(group.group_id, STREAM, ['{"group":"run/0"}']) is None
     assert client.xrange(STREAM) == [(entry_id, {"data": '{"group":"run/0"}'})]
     # the group message holds everything: only a small marker stays
     marker = client.hgetall(journal.key(f"group:{group.group_id}"))
@@ -203,20 +210,20 @@ def test_deliver_publishes_exactly_once_and_trims_the_tokens(journal, client):
     assert journal.load_open_groups() == ([], []) and read(journal, group.group_id) is None
     # a delivered group takes no more writes
     assert append(journal, group.group_id, 0, 2, [1], [-1.0], 0).reason == "delivered"
-    assert journal.finish(group.group_id, 0, "stop", 2).reason == "delivered"
+    assert finish(journal, group.group_id, 0, "stop", 2).reason == "delivered"
 
 
 def test_deliver_refuses_a_group_with_unfinished_samples(journal, client):
     group = _open(journal, size=3)
     append(journal, group.group_id, 0, 0, [1], [-1.0], 0)
-    journal.finish(group.group_id, 0, "stop", 1)
+    finish(journal, group.group_id, 0, "stop", 1)
     append(journal, group.group_id, 2, 0, [1], [-1.0], 0)
     with pytest.raises(NotFinished, match="samples 1,2 are not finished"):
-        journal.deliver(group.group_id, STREAM, "{}")
+        journal.deliver(group.group_id, STREAM, ["{}"])
     assert not client.exists(STREAM)
     assert read(journal, group.group_id) is not None  # still open
     with pytest.raises(UnknownGroup):
-        journal.deliver("run/42", STREAM, "{}")
+        journal.deliver("run/42", STREAM, ["{}"])
 
 
 def test_reset_drops_a_sample_so_it_can_be_generated_again(journal):
@@ -241,11 +248,11 @@ def _busy_journal(journal):
     """A journal with a delivered group, a group in flight and one untouched."""
     delivered, in_flight, untouched = _open(journal), _open(journal, size=3), _open(journal)
     _finish_all(journal, delivered)
-    journal.deliver(delivered.group_id, STREAM, "{}")
+    journal.deliver(delivered.group_id, STREAM, ["{}"])
     g = in_flight.group_id
     journal.append_many([Append(g, 0, 0, [1, 2], [-0.5, -1 / 3], 0), Append(g, 1, 0, [4], [-0.75], 0)])
     append(journal, g, 0, 2, [3], [-2.0], 1)
-    journal.finish(g, 1, "stop", 1)
+    finish(journal, g, 1, "stop", 1)
     return untouched
 
 
@@ -314,7 +321,7 @@ def test_trim_delivered_keeps_the_markers_of_the_last_cursors(journal, client):
     groups = [_open(journal, size=1) for _ in range(6)]
     for group in groups[:5]:
         _finish_all(journal, group)
-        journal.deliver(group.group_id, STREAM, group.group_id)
+        journal.deliver(group.group_id, STREAM, [group.group_id])
     assert journal.trim_delivered(keep_last=3) == 3  # cursor 6: markers of cursors 0, 1, 2 go
     assert client.zrange(journal.key("delivered"), 0, -1) == ["run/3", "run/4"]
     marked = [client.hget(journal.key(f"group:{g.group_id}"), "stream_id") is not None for g in groups]
@@ -326,7 +333,7 @@ def test_trim_delivered_keeps_the_markers_of_the_last_cursors(journal, client):
     assert journal.trim_delivered(keep_last=0) == 2
     assert client.xlen(STREAM) == 5  # trimming touches the journal, never the trainer's stream
     with pytest.raises(UnknownGroup):  # a trimmed group can still never be published again
-        journal.deliver("run/0", STREAM, "again")
+        journal.deliver("run/0", STREAM, ["again"])
     assert client.xlen(STREAM) == 5
 
 
