@@ -192,15 +192,13 @@ class Supervisor:
         if proc.spec.alive(proc.pid):
             proc.last_alive = now
             return
-        last = proc.last_alive if proc.last_alive is not None else now
-        if now - last > proc.spec.stall_timeout_s:
-            quiet = now - last
+        quiet = now - (proc.last_alive if proc.last_alive is not None else now)
+        if quiet > proc.spec.stall_timeout_s:
             self._events.emit("process_stalled", process=proc.name, pid=proc.pid, quiet_s=round(quiet, 1))
             info = classify_exit(None, finishes=proc.spec.finishes, stalled=True, stalled_for_s=round(quiet))
             self._kill_stuck(proc, info, now)
 
     def _kill_stuck(self, proc: ProcessStatus, info: ExitInfo, now: float) -> None:
-        """Dump its stacks, SIGKILL it, and treat it as a failure."""
         self._dump(proc, info.description)
         self.kill_attempt(proc)
         self._fail(proc, info, now, info.description)

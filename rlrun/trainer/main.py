@@ -140,7 +140,6 @@ class Trainer:
             log.info("training done at step %d", self.state.step)
 
     def close(self) -> None:
-        """Close the metric sinks (TensorBoard, W&B), whether training finished or failed."""
         self.metrics.close()
         if self.wandb is not None:
             self.wandb.close()
@@ -232,8 +231,9 @@ class Trainer:
         """Through a folder (trainer.weight_transfer=disk) or a broadcast from rank 0
         (=broadcast, rlrun/trainer/weight_broadcast.py)."""
         publish = lambda: self.redis.set(names.POLICY_VERSION, version)  # noqa: E731
+        bare = self.parallel.unwrapped(self.model)
         if self.broadcast is None:  # first the folder: a server (re)starting from now on loads it
-            target = write_weights(self.run_dir, self._bare(), weights, version)
+            target = write_weights(self.run_dir, bare, weights, version)
             down = self._until_vllm_answers(lambda: self.vllm.update_weights(str(target), publish))
         else:
             from rlrun.trainer.weight_broadcast import disk_copy_due
@@ -245,19 +245,16 @@ class Trainer:
                     return self.broadcast.update(weights, version, publish, self._heartbeat)
                 except Exception:  # none answers, or the broadcast failed: a server may be restarting
                     if not copied:  # it loads weights/current at its start: make that this version
-                        copied.append(write_weights(self.run_dir, self._bare(), weights, version))
+                        copied.append(write_weights(self.run_dir, bare, weights, version))
                         log.info("weights v%d written to weights/current for a vLLM server that starts cold", version)
                     raise
 
             down = self._until_vllm_answers(broadcast)
             t = self.cfg.trainer
             if not copied and disk_copy_due(step, t.checkpoint_every, t.max_train_steps, down):
-                write_weights(self.run_dir, self._bare(), weights, version)
+                write_weights(self.run_dir, bare, weights, version)
         if down:
             log.warning("weights v%d: %s not reachable (restarting: it starts from weights/current)", version, ", ".join(down))
-
-    def _bare(self):
-        return self.parallel.unwrapped(self.model)
 
     def _until_vllm_answers(self, action) -> None:
         """Retry a weight update while a vLLM server is down (the supervisor restarts it)."""

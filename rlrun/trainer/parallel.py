@@ -141,11 +141,9 @@ class Parallel:
 
     # --- collectives -----------------------------------------------------------------------------
     def share(self, payload: Optional[bytes], heartbeat: Callable[[], None]) -> bytes:
-        """Rank 0's `payload` on every rank. The others wait without blocking (polling an async
-        broadcast), heartbeating meanwhile: rank 0 may wait a long time for the actor's groups."""
-        if not self.ranks.distributed:
-            assert payload is not None
-            return payload
+        """Rank 0's `payload` on every rank (several ranks only). The others wait without blocking
+        (polling an async broadcast), heartbeating meanwhile: rank 0 may wait a long time for the
+        actor's groups."""
         import torch
         import torch.distributed as dist
 
