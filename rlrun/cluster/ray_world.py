@@ -142,7 +142,6 @@ class SpreadHandle:
     def __init__(self, parts: list, grace_s: float = rank_group.STOP_GRACE_S, clock=time.monotonic) -> None:
         self.parts = list(parts)
         self.pid = self.parts[0].pid
-        self.node_id = self.parts[0].node_id
         self._grace_s, self._clock = grace_s, clock
         self._failed: Optional[int] = None
         self._kill_at = 0.0  # after a failure: when those still running get SIGKILL
@@ -211,7 +210,6 @@ class RaySpawner:
         self._group = None
         self._agents: dict[str, object] = {}  # node id → agent actor
         self._remote_agent = None  # NodeAgent as a Ray actor class (made once Ray is imported)
-        self.nodes: dict[str, str] = {}  # process → node id it was last started on (rank 0's when spread)
 
     # --- the Spawner protocol --------------------------------------------------------------------
     def spawn(self, spec: ProcessSpec) -> Handle:
@@ -227,11 +225,9 @@ class RaySpawner:
         bundle_nodes = [self._agent_at(index, spec.name)[1] for index in indices] if len(indices) > 1 else []
         layout = placement.node_ranks(bundle_nodes)
         if len(layout) > 1:
-            handle = self._spawn_spread(spec, indices, bundle_nodes, layout, env, cwd)
-        else:  # one bundle, or ranks that all landed on one node: the command as it is, as in world=local
-            handle = self._start(spec.name, indices[0], list(spec.argv), str(spec.log_path), env, cwd)
-        self.nodes[spec.name] = handle.node_id
-        return handle
+            return self._spawn_spread(spec, indices, bundle_nodes, layout, env, cwd)
+        # one bundle, or ranks that all landed on one node: the command as it is, as in world=local
+        return self._start(spec.name, indices[0], list(spec.argv), str(spec.log_path), env, cwd)
 
     def _start(self, name: str, index: int, argv: list[str], log_path: str, env: dict[str, str], cwd: Optional[str]) -> RayHandle:
         """Start `argv` through the agent of the node bundle `index` is on."""
