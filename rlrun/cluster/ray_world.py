@@ -142,6 +142,7 @@ class SpreadHandle:
     def __init__(self, parts: list, grace_s: float = rank_group.STOP_GRACE_S, clock=time.monotonic) -> None:
         self.parts = list(parts)
         self.pid = self.parts[0].pid
+        self.node_id = self.parts[0].node_id
         self._grace_s, self._clock = grace_s, clock
         self._failed: Optional[int] = None
         self._kill_at = 0.0  # after a failure: when those still running get SIGKILL
