@@ -1,9 +1,4 @@
-"""The hf trainer process: `python -m rlrun.trainer.main RUN/roles/trainer.yaml` (rank 0 reads every actor's stream).
-
-`Trainer.train()` reads like its table of contents: resume from the last complete checkpoint,
-then per step take one batch of groups from Redis, one optimizer step, push the weights to vLLM,
-publish progress, and checkpoint every N steps; finally announce `training_done`.
-"""
+"""The hf trainer process: `python -m rlrun.trainer.main RUN/roles/trainer.yaml` (rank 0 reads every actor's stream)."""
 
 from __future__ import annotations
 
