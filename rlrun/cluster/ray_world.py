@@ -231,7 +231,6 @@ class RaySpawner:
         return self._start(spec.name, indices[0], list(spec.argv), str(spec.log_path), env, cwd)
 
     def _start(self, name: str, index: int, argv: list[str], log_path: str, env: dict[str, str], cwd: Optional[str]) -> RayHandle:
-        """Start `argv` through the agent of the node bundle `index` is on."""
         ray = _ray()
         for attempt in (1, 2):  # an agent may die between finding it and asking it: once more, anew
             agent, node_id = self._agent_at(index, name)

@@ -50,7 +50,6 @@ def spread_processes(cfg: RunConfig) -> frozenset[str]:
 
 
 def run_bundles(cfg: RunConfig) -> dict[str, list[placement.Bundle]]:
-    """Every process of the run → the bundles it reserves under world=ray."""
     return placement.bundles(cfg.world, process_names(cfg), process_ranks(cfg), spread_processes(cfg))
 
 

@@ -22,7 +22,6 @@ from rlrun.errors import ConfigError
 
 
 def from_dict(cls: type, data: Any) -> Any:
-    """Build schema dataclass `cls` from a nested dict, checking every key and type."""
     return instantiate(cls, to_plain(typed(data)))
 
 
@@ -157,7 +156,6 @@ def _kind(tp: Any) -> Optional[str]:
 
 
 def validate(cfg: RunConfig) -> None:
-    """Check the invariants that span fields and roles; raise ConfigError naming field and fix."""
     problems: list[str] = []
 
     def need(ok: bool, message: str) -> None:

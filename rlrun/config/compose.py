@@ -35,7 +35,6 @@ def group_options(group: str) -> list[str]:
 
 
 def compose(overrides: list[str]) -> tuple[RunConfig, str]:
-    """Compose conf/ with the user's overrides → (validated config, resolved YAML text)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -62,7 +61,6 @@ def composed(overrides: list[str]) -> dict:
 
 
 def load_resolved(path: Path) -> RunConfig:
-    """Load a run's saved resolved config (no Hydra involved)."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:

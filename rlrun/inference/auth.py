@@ -18,7 +18,6 @@ MIDDLEWARE = f"{__name__}.RequireApiKey"  # what `--middleware` names
 
 
 def bearer_header(key: str) -> dict[str, str]:
-    """The header rlrun's clients send to the run's vLLM servers."""
     return {"Authorization": f"Bearer {key}"}
 
 

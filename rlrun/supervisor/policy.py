@@ -108,8 +108,6 @@ def classify_exit(
 
 @dataclass(frozen=True)
 class Decision:
-    """What to do about one failure."""
-
     action: Literal["restart", "give_up"]
     delay_s: float  # restart: wait this long before starting it again; give_up: 0
     reason: str  # one sentence for the events and the final message
@@ -129,7 +127,6 @@ class RestartTracker:
         self._started_at: Optional[float] = None
 
     def on_started(self, now: float) -> None:
-        """The process was (re)started at `now`."""
         self._started_at = now
 
     def restarts_used(self, now: float) -> int:
@@ -137,7 +134,6 @@ class RestartTracker:
         return sum(1 for t in self._restart_times if now - t < self.policy.window_s)
 
     def on_failure(self, now: float, info: ExitInfo) -> Decision:
-        """The process failed at `now` as `info` says: restart it (after a delay) or give up."""
         if not info.is_failure:
             raise ValueError(f"not a failure: {info.description}")
         policy = self.policy

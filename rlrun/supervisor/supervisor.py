@@ -204,7 +204,6 @@ class Supervisor:
         self._fail(proc, info, now, info.description)
 
     def _on_exit(self, proc: ProcessStatus, code: int, now: float, when: str = "") -> None:
-        """An exit: done (a finishing role's 0), or a failure handled by its restart policy."""
         info = classify_exit(code, finishes=proc.spec.finishes)
         if info.kind is ExitKind.DONE:
             proc.state = ProcessState.EXITED
@@ -271,7 +270,6 @@ class Supervisor:
         return code
 
     def _dump(self, proc: ProcessStatus, reason: str) -> None:
-        """Capture the stacks of a process about to be killed; the event names the file."""
         if self._diagnose is None or proc.handle is None:
             return
         started = time.monotonic()

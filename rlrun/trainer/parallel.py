@@ -174,7 +174,6 @@ class Parallel:
         work.wait()
 
     def sum(self, values: list[float]) -> list[float]:
-        """Element-wise sum over ranks (the identity on one rank)."""
         if not self.ranks.distributed:
             return list(values)
         import torch

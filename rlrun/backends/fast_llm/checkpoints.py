@@ -68,7 +68,6 @@ def latest_complete_step(experiment_dir: Path) -> Optional[int]:
 
 
 def read_metadata(path: Path) -> CheckpointMetadata:
-    """The `metadata.yaml` of checkpoint directory `path`."""
     file = Path(path) / METADATA_FILE
     try:
         data = yaml.safe_load(file.read_text())

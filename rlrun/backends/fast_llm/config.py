@@ -139,7 +139,6 @@ def config_text(cfg: RunConfig, revision: Revision, **endpoints: Any) -> str:
 
 
 def write_config(cfg: RunConfig, revision: Revision, path: Path, **endpoints: Any) -> Path:
-    """Write `config_text` to `path` atomically and return `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, config_text(cfg, revision, **endpoints))

@@ -139,7 +139,6 @@ class WeightFollower:
         self.redis.hset(names.WEIGHTS_STATE, mapping={"joined": request, "joins": self.counters["joins"]})
 
     def _serve_store(self, host: str, port: int, world_size: int) -> None:
-        """Serve a fresh TCP store at host:port for the group the next trainer opens."""
         from rlrun.backends.fast_llm.broadcast import serve_store
 
         self._store = None  # the old server stops with its last reference
