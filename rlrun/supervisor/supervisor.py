@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 # answers) is reported and left behind: waiting for it forever would hang the run's stop.
 KILL_WAIT_S = 10.0
 
-RUNNING = (ProcessState.STARTING, ProcessState.READY)
-
 
 @dataclass
 class ProcessStatus:
@@ -291,7 +289,7 @@ class Supervisor:
     def _stop(self, proc: ProcessStatus) -> None:
         if proc.handle is None:
             return
-        if proc.state in RUNNING:
+        if proc.state in (ProcessState.STARTING, ProcessState.READY):
             proc.known_descendants.update(proc.handle.descendants(fresh=True))
             proc.state = ProcessState.STOPPING
             self._events.emit("process_stopping", process=proc.name, pid=proc.pid, signal="SIGTERM")
