@@ -27,7 +27,6 @@ class NodeAgent:
         self._descendants: dict[int, set[int]] = {}  # every descendant seen, per group
 
     def info(self) -> dict:
-        """Where this agent runs: {node_id, hostname, ip, pid}."""
         node_id, ip = "", ""
         try:
             import ray

@@ -178,8 +178,6 @@ class SpreadHandle:
 
 
 class RaySpawner:
-    """Spawner for world=ray: placement group up front, one node agent per node."""
-
     def __init__(
         self,
         world: WorldConfig,

@@ -39,7 +39,6 @@ def spawner_for(cfg: RunConfig, run_dir: RunDir) -> Spawner:
 
 
 def process_ranks(cfg: RunConfig) -> dict[str, int]:
-    """The processes of several ranks: the trainer, with world.trainer.cpus/gpus per rank."""
     return {"trainer": backend_for(cfg).trainer_ranks(cfg)}
 
 

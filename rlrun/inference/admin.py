@@ -79,7 +79,6 @@ class VllmAdmin:
 
     @staticmethod
     def _answers(action: Callable[[], object]) -> bool:
-        """Run `action`; False when its server does not take connections (down, restarting)."""
         try:
             action()
             return True

@@ -187,7 +187,6 @@ class Trainer:
         return groups, ids
 
     def _shared(self, groups: list[Group]) -> list[Group]:
-        """Rank 0's groups on every rank (the identity on one rank)."""
         if not self.parallel.ranks.distributed:
             return groups
         payload = json.dumps([g.to_dict() for g in groups]).encode() if self.main else None

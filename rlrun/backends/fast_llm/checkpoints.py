@@ -47,7 +47,6 @@ def is_complete(path: Path) -> bool:
 
 
 def step_dirs(experiment_dir: Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every step-named checkpoint directory, by step."""
     root = checkpoint_root(experiment_dir)
     if not root.is_dir():
         return []

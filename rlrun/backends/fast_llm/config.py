@@ -35,7 +35,6 @@ def data_parallel(cfg: RunConfig) -> int:
 
 
 def broadcast_backend(cfg: RunConfig) -> str:
-    """torch.distributed backend of the weight broadcast: gloo on CPU, NCCL on GPUs."""
     chosen = cfg.trainer.fast_llm.broadcast_backend
     if chosen != "auto":
         return chosen
