@@ -280,7 +280,6 @@ class Supervisor:
         )  # fmt: skip
 
     def _sweep(self, proc: ProcessStatus) -> None:
-        """Kill what an attempt left behind: its group, and descendants that left the group."""
         proc.handle.signal_group(signal.SIGKILL)
         swept = kill_pids(sorted(proc.known_descendants))
         if swept:
@@ -326,9 +325,7 @@ def supervised(*specs: ProcessSpec, poll_interval_s: float = 0.05) -> Iterator[S
 def log_tail(path: Path, lines: int = 20) -> str:
     try:
         with open(path, "rb") as handle:
-            handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - 16_384))
+            handle.seek(max(0, path.stat().st_size - 16_384))
             text = handle.read().decode(errors="replace")
     except OSError:
         return ""
