@@ -92,8 +92,6 @@ def _check_reachable(address: str) -> None:
 
 
 class RayHandle:
-    """A process started by a node agent. Same protocol as the local handle."""
-
     def __init__(self, agent, pid: int, node_id: str, name: str) -> None:
         self.pid = pid  # the guard's pid on its node (it leads the process group)
         self.node_id = node_id

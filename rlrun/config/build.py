@@ -145,7 +145,6 @@ def type_at(dotted: str) -> Any:
 
 
 def _kind(tp: Any) -> Optional[str]:
-    """What a value of schema type `tp` must be, in words."""
     tp = _unwrap_optional(tp)
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))

@@ -45,8 +45,6 @@ def needs_key(scope: dict) -> bool:
 
 
 class RequireApiKey:
-    """ASGI middleware: 401 for any http/websocket request but `/health` without the run's key."""
-
     def __init__(self, app) -> None:
         self.app = app
         key = os.environ.get(KEY_ENV, "")

@@ -44,7 +44,6 @@ class RestartPolicy:
                 raise ValueError(f"restart policy: {name} {rule} (got {getattr(self, name)!r})")
 
     def backoff_s(self, consecutive_failures: int) -> float:
-        """Delay before the restart that follows the n-th consecutive failure (n >= 1)."""
         if consecutive_failures < 1:
             raise ValueError(f"consecutive_failures must be >= 1, got {consecutive_failures}")
         try:

@@ -57,7 +57,6 @@ class Scan:
 
 
 def scan(checkpoints: Path) -> Scan:
-    """Checkpoints from the newest down to the first usable one; the others are logged as skipped."""
     corrupt: list[tuple[Path, str]] = []
     half: list[Path] = []
     folders = sorted((p for p in checkpoints.glob("step_*") if p.is_dir()), reverse=True) if checkpoints.is_dir() else []

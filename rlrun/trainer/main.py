@@ -216,7 +216,6 @@ class Trainer:
         self._update = in_thread(timed)  # its failure is re-raised by _finish_update
 
     def _finish_update(self) -> None:
-        """Wait for the update in flight, if any; its failure is the trainer's."""
         update, self._update = self._update, None
         if update is not None:
             self.last_update_s = update.result()

@@ -158,7 +158,6 @@ class Parallel:
         return payload if self.ranks.is_main else data.cpu().numpy().tobytes()
 
     def _collective_device(self):
-        """Where collective tensors live: the GPU under NCCL, the CPU under gloo."""
         import torch
 
         return torch.device(self.device) if self.device.startswith("cuda") else torch.device("cpu")

@@ -55,7 +55,6 @@ def step_dirs(experiment_dir: Path) -> list[tuple[int, Path]]:
 
 
 def latest_complete(experiment_dir: Path) -> Optional[Path]:
-    """The highest-step checkpoint with its `ok` marker, or None."""
     complete = [path for _, path in step_dirs(experiment_dir) if is_complete(path)]
     return complete[-1] if complete else None
 
