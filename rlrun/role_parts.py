@@ -69,7 +69,6 @@ class RedisProbe:
             return False
 
     def marker(self, key: str, field: str, pid: int) -> bool:
-        """True when process `pid` set `field` = its pid in hash `key` (a readiness marker)."""
         return self._ask(lambda client: client.hget(key, field), None) == str(pid)
 
     def call(self, action) -> bool:

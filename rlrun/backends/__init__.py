@@ -96,7 +96,6 @@ class TrainerBackend(Protocol):
 
 
 def backend_for(cfg_or_name: "RunConfig | str") -> TrainerBackend:
-    """The backend a config (or a backend name) asks for."""
     name = cfg_or_name if isinstance(cfg_or_name, str) else cfg_or_name.trainer.backend
     try:
         module, attribute = _BACKENDS[name].split(":")

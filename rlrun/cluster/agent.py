@@ -27,7 +27,6 @@ class NodeAgent:
         self._descendants: dict[int, set[int]] = {}  # every descendant seen, per group
 
     def info(self) -> dict:
-        """Where this agent runs: {node_id, hostname, ip, pid}."""
         node_id, ip = "", ""
         try:
             import ray
@@ -83,12 +82,10 @@ class NodeAgent:
             kill_pids(sorted(self._descendants.get(pid, ())))
 
     def descendants(self, pid: int) -> list[int]:
-        """Descendants of group `pid` seen so far (pids on this node)."""
         self._remember_descendants(pid)
         return sorted(self._descendants.get(pid, ()))
 
     def stop_all(self) -> list[int]:
-        """SIGKILL every group this agent started that still runs; return their pids."""
         running = [pid for pid, popen in self._children.items() if popen.poll() is None]
         for pid in self._children:
             self.signal_group(pid, signal.SIGKILL)

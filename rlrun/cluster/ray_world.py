@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "rlrun"
 CALL_TIMEOUT_S = 10.0  # an agent that does not answer a call this long: "no news" for this poll
+START_TIMEOUT_S = 30.0  # the same for a call that starts or finds something
 START_HINT = (
     "Start a cluster with `ray start --head --port=6379` on the head node and "
     "`ray start --address=HEAD_IP:6379` on every other node (rlrun runs on one of them), "
@@ -91,12 +92,10 @@ def _check_reachable(address: str) -> None:
 
 
 class RayHandle:
-    """A process started by a node agent. Same protocol as the local handle."""
-
-    def __init__(self, agent, pid: int, node_id: str, name: str, call_timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(self, agent, pid: int, node_id: str, name: str) -> None:
         self.pid = pid  # the guard's pid on its node (it leads the process group)
         self.node_id = node_id
-        self._agent, self._name, self._timeout = agent, name, call_timeout_s
+        self._agent, self._name = agent, name
         self.lost = False  # its agent is gone: the guard has killed the group
 
     def poll(self) -> Optional[int]:
@@ -123,7 +122,7 @@ class RayHandle:
         """(answered, value) of an agent call; no answer in time is no news, a dead agent is lost."""
         ray = _ray()
         try:
-            return True, ray.get(ref, timeout=self._timeout)
+            return True, ray.get(ref, timeout=CALL_TIMEOUT_S)
         except (ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError):
             return False, None  # slow, or a transient connection problem
         except ray.exceptions.RayActorError:
@@ -177,8 +176,6 @@ class SpreadHandle:
 
 
 class RaySpawner:
-    """Spawner for world=ray: placement group up front, one node agent per node."""
-
     def __init__(
         self,
         world: WorldConfig,
@@ -187,7 +184,6 @@ class RaySpawner:
         *,
         local: Optional[Spawner] = None,
         same_machine_only: bool = False,
-        call_timeout_s: float = CALL_TIMEOUT_S,
         anchors: Optional[dict[str, str]] = None,
     ) -> None:
         """`bundles`: every process of the run (start order) → its bundles ([] = local; one per rank
@@ -208,11 +204,9 @@ class RaySpawner:
         self._tag = run_tag
         self._local = local or LocalSpawner()
         self._same_machine_only = same_machine_only
-        self._timeout = call_timeout_s
         self._group = None
         self._agents: dict[str, object] = {}  # node id → agent actor
         self._remote_agent = None  # NodeAgent as a Ray actor class (made once Ray is imported)
-        self.nodes: dict[str, str] = {}  # process → node id it was last started on (rank 0's when spread)
 
     # --- the Spawner protocol --------------------------------------------------------------------
     def spawn(self, spec: ProcessSpec) -> Handle:
@@ -228,26 +222,23 @@ class RaySpawner:
         bundle_nodes = [self._agent_at(index, spec.name)[1] for index in indices] if len(indices) > 1 else []
         layout = placement.node_ranks(bundle_nodes)
         if len(layout) > 1:
-            handle = self._spawn_spread(spec, indices, bundle_nodes, layout, env, cwd)
-        else:  # one bundle, or ranks that all landed on one node: the command as it is, as in world=local
-            handle = self._start(spec.name, indices[0], list(spec.argv), str(spec.log_path), env, cwd)
-        self.nodes[spec.name] = handle.node_id
-        return handle
+            return self._spawn_spread(spec, indices, bundle_nodes, layout, env, cwd)
+        # one bundle, or ranks that all landed on one node: the command as it is, as in world=local
+        return self._start(spec.name, indices[0], list(spec.argv), str(spec.log_path), env, cwd)
 
     def _start(self, name: str, index: int, argv: list[str], log_path: str, env: dict[str, str], cwd: Optional[str]) -> RayHandle:
-        """Start `argv` through the agent of the node bundle `index` is on."""
         ray = _ray()
         for attempt in (1, 2):  # an agent may die between finding it and asking it: once more, anew
             agent, node_id = self._agent_at(index, name)
             try:
-                pid = ray.get(agent.spawn.remote(argv, log_path, env, cwd), timeout=max(self._timeout, 30.0))
+                pid = ray.get(agent.spawn.remote(argv, log_path, env, cwd), timeout=START_TIMEOUT_S)
                 break
             except (ray.exceptions.RayError, TimeoutError) as exc:
                 self._agents.pop(node_id, None)
                 if attempt == 2:
                     raise EnvironmentProblem(f"the node agent on node {node_id[:12]} could not start {name}: {exc}") from None
         log.info("%s started on node %s (pid %d there)", name, node_id[:12], pid)
-        return RayHandle(agent, pid, node_id, name, self._timeout)
+        return RayHandle(agent, pid, node_id, name)
 
     def _spawn_spread(
         self, spec: ProcessSpec, indices: list[int], bundle_nodes: list[str], layout: list[placement.NodeRanks],
@@ -257,8 +248,8 @@ class RaySpawner:
         ray = _ray()
         first, _ = self._agent_at(indices[0], spec.name)
         try:
-            host = ray.get(first.info.remote(), timeout=max(self._timeout, 30.0))["ip"]
-            port = ray.get(first.free_port.remote(host), timeout=max(self._timeout, 30.0))
+            host = ray.get(first.info.remote(), timeout=START_TIMEOUT_S)["ip"]
+            port = ray.get(first.free_port.remote(host), timeout=START_TIMEOUT_S)
         except (ray.exceptions.RayError, TimeoutError) as exc:
             raise EnvironmentProblem(f"the node agent of {spec.name}'s rank 0 (node {bundle_nodes[0][:12]}) does not answer: {exc}") from None
         parts: list[RayHandle] = []
@@ -374,7 +365,7 @@ class RaySpawner:
                             .remote()
                         )
                     remaining = max(1.0, deadline - time.monotonic())
-                    ray.get(agent.info.remote(), timeout=min(remaining, max(self._timeout, 30.0)))
+                    ray.get(agent.info.remote(), timeout=min(remaining, START_TIMEOUT_S))
                     self._agents[node_id] = agent
                     return agent, node_id
                 except (ray.exceptions.RayError, TimeoutError):
@@ -395,7 +386,7 @@ class RaySpawner:
         ray = _ray()
         for agent in list(self._agents.values()):
             try:
-                ray.get(agent.stop_all.remote(), timeout=self._timeout)
+                ray.get(agent.stop_all.remote(), timeout=CALL_TIMEOUT_S)
             except (ray.exceptions.RayError, TimeoutError):
                 pass
             ray.kill(agent)

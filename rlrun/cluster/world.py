@@ -39,7 +39,6 @@ def spawner_for(cfg: RunConfig, run_dir: RunDir) -> Spawner:
 
 
 def process_ranks(cfg: RunConfig) -> dict[str, int]:
-    """The processes of several ranks: the trainer, with world.trainer.cpus/gpus per rank."""
     return {"trainer": backend_for(cfg).trainer_ranks(cfg)}
 
 
@@ -50,7 +49,6 @@ def spread_processes(cfg: RunConfig) -> frozenset[str]:
 
 
 def run_bundles(cfg: RunConfig) -> dict[str, list[placement.Bundle]]:
-    """Every process of the run → the bundles it reserves under world=ray."""
     return placement.bundles(cfg.world, process_names(cfg), process_ranks(cfg), spread_processes(cfg))
 
 

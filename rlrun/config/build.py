@@ -22,7 +22,6 @@ from rlrun.errors import ConfigError
 
 
 def from_dict(cls: type, data: Any) -> Any:
-    """Build schema dataclass `cls` from a nested dict, checking every key and type."""
     return instantiate(cls, to_plain(typed(data)))
 
 
@@ -146,7 +145,6 @@ def type_at(dotted: str) -> Any:
 
 
 def _kind(tp: Any) -> Optional[str]:
-    """What a value of schema type `tp` must be, in words."""
     tp = _unwrap_optional(tp)
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
@@ -157,7 +155,6 @@ def _kind(tp: Any) -> Optional[str]:
 
 
 def validate(cfg: RunConfig) -> None:
-    """Check the invariants that span fields and roles; raise ConfigError naming field and fix."""
     problems: list[str] = []
 
     def need(ok: bool, message: str) -> None:

@@ -30,20 +30,17 @@ def conf_dir() -> Path:
     raise ConfigError(f"cannot find rlrun's conf/ folder near {here}; reinstall rlrun from its source tree.")
 
 
-def group_options(group: str, root: Path | None = None) -> list[str]:
-    folder = (root or conf_dir()) / group
-    return sorted(p.stem for p in folder.glob("*.yaml"))
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
 
-def compose(overrides: list[str], root: Path | None = None) -> tuple[RunConfig, str]:
-    """Compose conf/ with the user's overrides → (validated config, resolved YAML text)."""
+def compose(overrides: list[str]) -> tuple[RunConfig, str]:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    root = root or conf_dir()
-    _check_group_choices(overrides, root)
+    _check_group_choices(overrides)
     try:
-        data = composed(overrides, root)
+        data = composed(overrides)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_explain(exc, overrides)) from None
     cfg = config_from_data(data, source="the composed config")
@@ -53,18 +50,17 @@ def compose(overrides: list[str], root: Path | None = None) -> tuple[RunConfig, 
     return cfg, yaml.safe_dump(data, sort_keys=False)
 
 
-def composed(overrides: list[str], root: Path | None = None) -> dict:
+def composed(overrides: list[str]) -> dict:
     """Hydra's composition of conf/ and `overrides` as plain data, not checked against the schema."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    with initialize_config_dir(config_dir=str(root or conf_dir()), version_base="1.3", job_name="rlrun"):
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="rlrun"):
         return OmegaConf.to_container(hydra_compose(config_name="config", overrides=list(overrides)), resolve=True)
 
 
 def load_resolved(path: Path) -> RunConfig:
-    """Load a run's saved resolved config (no Hydra involved)."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -81,14 +77,14 @@ def config_from_data(data: object, source: str) -> RunConfig:
     return cfg
 
 
-def _check_group_choices(overrides: list[str], root: Path) -> None:
+def _check_group_choices(overrides: list[str]) -> None:
     """Name the valid choices for `group=option` before Hydra gives its longer message."""
     for item in overrides:
         match = re.fullmatch(r"([+~]*)(\w+)=(.*)", item)
         if not match or match.group(2) not in GROUPS:
             continue
         group, option = match.group(2), match.group(3)
-        choices = group_options(group, root)
+        choices = group_options(group)
         if option not in choices:
             raise ConfigError(
                 f"unknown {group} '{option}' in '{item}'. Valid choices for {group}: "

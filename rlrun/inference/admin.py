@@ -47,7 +47,6 @@ class VllmAdmin:
         self._client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
 
     def update_weights(self, weights_path: str, publish: Callable[[], None]) -> list[str]:
-        """`update` with a reload of `weights_path` on each server."""
 
         def reload_each(live: list[str]) -> list[str]:
             return [url for url in live if not self._answers(lambda: self._reload(url, weights_path))]
@@ -80,7 +79,6 @@ class VllmAdmin:
 
     @staticmethod
     def _answers(action: Callable[[], object]) -> bool:
-        """Run `action`; False when its server does not take connections (down, restarting)."""
         try:
             action()
             return True

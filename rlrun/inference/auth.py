@@ -18,7 +18,6 @@ MIDDLEWARE = f"{__name__}.RequireApiKey"  # what `--middleware` names
 
 
 def bearer_header(key: str) -> dict[str, str]:
-    """The header rlrun's clients send to the run's vLLM servers."""
     return {"Authorization": f"Bearer {key}"}
 
 
@@ -46,8 +45,6 @@ def needs_key(scope: dict) -> bool:
 
 
 class RequireApiKey:
-    """ASGI middleware: 401 for any http/websocket request but `/health` without the run's key."""
-
     def __init__(self, app) -> None:
         self.app = app
         key = os.environ.get(KEY_ENV, "")

@@ -97,7 +97,6 @@ def _process_table(pids: list[int]) -> list[str]:
 
 
 def _py_spy_stacks(py_spy: str, pids: list[int], deadline: float, lines: list[str]) -> int:
-    """Append py-spy's dump of each pid; return how many dumps succeeded."""
     ok = 0
     lines.append("## Python stacks (py-spy dump)")
     for pid in pids:

@@ -100,7 +100,6 @@ class LocalSpawner:
 
 
 def kill_pids(pids: list[int]) -> list[int]:
-    """SIGKILL the given processes that still exist; return those that were killed."""
     import psutil
 
     killed = []

@@ -44,7 +44,6 @@ class RestartPolicy:
                 raise ValueError(f"restart policy: {name} {rule} (got {getattr(self, name)!r})")
 
     def backoff_s(self, consecutive_failures: int) -> float:
-        """Delay before the restart that follows the n-th consecutive failure (n >= 1)."""
         if consecutive_failures < 1:
             raise ValueError(f"consecutive_failures must be >= 1, got {consecutive_failures}")
         try:
@@ -108,8 +107,6 @@ def classify_exit(
 
 @dataclass(frozen=True)
 class Decision:
-    """What to do about one failure."""
-
     action: Literal["restart", "give_up"]
     delay_s: float  # restart: wait this long before starting it again; give_up: 0
     reason: str  # one sentence for the events and the final message
@@ -129,7 +126,6 @@ class RestartTracker:
         self._started_at: Optional[float] = None
 
     def on_started(self, now: float) -> None:
-        """The process was (re)started at `now`."""
         self._started_at = now
 
     def restarts_used(self, now: float) -> int:
@@ -137,7 +133,6 @@ class RestartTracker:
         return sum(1 for t in self._restart_times if now - t < self.policy.window_s)
 
     def on_failure(self, now: float, info: ExitInfo) -> Decision:
-        """The process failed at `now` as `info` says: restart it (after a delay) or give up."""
         if not info.is_failure:
             raise ValueError(f"not a failure: {info.description}")
         policy = self.policy

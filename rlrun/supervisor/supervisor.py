@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 # answers) is reported and left behind: waiting for it forever would hang the run's stop.
 KILL_WAIT_S = 10.0
 
-RUNNING = (ProcessState.STARTING, ProcessState.READY)
-
 
 @dataclass
 class ProcessStatus:
@@ -192,21 +190,18 @@ class Supervisor:
         if proc.spec.alive(proc.pid):
             proc.last_alive = now
             return
-        last = proc.last_alive if proc.last_alive is not None else now
-        if now - last > proc.spec.stall_timeout_s:
-            quiet = now - last
+        quiet = now - (proc.last_alive if proc.last_alive is not None else now)
+        if quiet > proc.spec.stall_timeout_s:
             self._events.emit("process_stalled", process=proc.name, pid=proc.pid, quiet_s=round(quiet, 1))
             info = classify_exit(None, finishes=proc.spec.finishes, stalled=True, stalled_for_s=round(quiet))
             self._kill_stuck(proc, info, now)
 
     def _kill_stuck(self, proc: ProcessStatus, info: ExitInfo, now: float) -> None:
-        """Dump its stacks, SIGKILL it, and treat it as a failure."""
         self._dump(proc, info.description)
         self.kill_attempt(proc)
         self._fail(proc, info, now, info.description)
 
     def _on_exit(self, proc: ProcessStatus, code: int, now: float, when: str = "") -> None:
-        """An exit: done (a finishing role's 0), or a failure handled by its restart policy."""
         info = classify_exit(code, finishes=proc.spec.finishes)
         if info.kind is ExitKind.DONE:
             proc.state = ProcessState.EXITED
@@ -273,7 +268,6 @@ class Supervisor:
         return code
 
     def _dump(self, proc: ProcessStatus, reason: str) -> None:
-        """Capture the stacks of a process about to be killed; the event names the file."""
         if self._diagnose is None or proc.handle is None:
             return
         started = time.monotonic()
@@ -286,7 +280,6 @@ class Supervisor:
         )  # fmt: skip
 
     def _sweep(self, proc: ProcessStatus) -> None:
-        """Kill what an attempt left behind: its group, and descendants that left the group."""
         proc.handle.signal_group(signal.SIGKILL)
         swept = kill_pids(sorted(proc.known_descendants))
         if swept:
@@ -295,7 +288,7 @@ class Supervisor:
     def _stop(self, proc: ProcessStatus) -> None:
         if proc.handle is None:
             return
-        if proc.state in RUNNING:
+        if proc.state in (ProcessState.STARTING, ProcessState.READY):
             proc.known_descendants.update(proc.handle.descendants(fresh=True))
             proc.state = ProcessState.STOPPING
             self._events.emit("process_stopping", process=proc.name, pid=proc.pid, signal="SIGTERM")
@@ -332,9 +325,7 @@ def supervised(*specs: ProcessSpec, poll_interval_s: float = 0.05) -> Iterator[S
 def log_tail(path: Path, lines: int = 20) -> str:
     try:
         with open(path, "rb") as handle:
-            handle.seek(0, 2)
-            size = handle.tell()
-            handle.seek(max(0, size - 16_384))
+            handle.seek(max(0, path.stat().st_size - 16_384))
             text = handle.read().decode(errors="replace")
     except OSError:
         return ""

@@ -57,7 +57,6 @@ class Scan:
 
 
 def scan(checkpoints: Path) -> Scan:
-    """Checkpoints from the newest down to the first usable one; the others are logged as skipped."""
     corrupt: list[tuple[Path, str]] = []
     half: list[Path] = []
     folders = sorted((p for p in checkpoints.glob("step_*") if p.is_dir()), reverse=True) if checkpoints.is_dir() else []
@@ -195,8 +194,7 @@ def save(model, optimizer, state: TrainerState, final: Path, keep: int, parallel
     distributed, main = parallel.ranks.distributed, parallel.ranks.is_main
     tmp = final.with_name(f".tmp-{final.name}")
     if main:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     if distributed:
         parallel.barrier()  # the folder exists before any rank writes into it
@@ -222,8 +220,7 @@ def _seal(tmp: Path, final: Path, state: TrainerState) -> None:
     """Rank 0, once every part is written: the state, the rename, then the `ok` manifest."""
     state = TrainerState(**{**asdict(state), "written_at": time.time()})
     (tmp / STATE_FILE).write_text(json.dumps(asdict(state), indent=2) + "\n")
-    if final.exists():  # a half-written leftover of an earlier attempt at the same step
-        shutil.rmtree(final)
+    shutil.rmtree(final, ignore_errors=True)  # a half-written leftover of an earlier attempt at this step
     os.replace(tmp, final)
     sizes = {str(p.relative_to(final)): p.stat().st_size for p in sorted(final.rglob("*")) if p.is_file()}
     with open(final / OK_MARKER, "w") as marker:

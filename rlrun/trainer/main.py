@@ -1,9 +1,4 @@
-"""The hf trainer process: `python -m rlrun.trainer.main RUN/roles/trainer.yaml` (rank 0 reads every actor's stream).
-
-`Trainer.train()` reads like its table of contents: resume from the last complete checkpoint,
-then per step take one batch of groups from Redis, one optimizer step, push the weights to vLLM,
-publish progress, and checkpoint every N steps; finally announce `training_done`.
-"""
+"""The hf trainer process: `python -m rlrun.trainer.main RUN/roles/trainer.yaml` (rank 0 reads every actor's stream)."""
 
 from __future__ import annotations
 
@@ -140,7 +135,6 @@ class Trainer:
             log.info("training done at step %d", self.state.step)
 
     def close(self) -> None:
-        """Close the metric sinks (TensorBoard, W&B), whether training finished or failed."""
         self.metrics.close()
         if self.wandb is not None:
             self.wandb.close()
@@ -193,7 +187,6 @@ class Trainer:
         return groups, ids
 
     def _shared(self, groups: list[Group]) -> list[Group]:
-        """Rank 0's groups on every rank (the identity on one rank)."""
         if not self.parallel.ranks.distributed:
             return groups
         payload = json.dumps([g.to_dict() for g in groups]).encode() if self.main else None
@@ -223,7 +216,6 @@ class Trainer:
         self._update = in_thread(timed)  # its failure is re-raised by _finish_update
 
     def _finish_update(self) -> None:
-        """Wait for the update in flight, if any; its failure is the trainer's."""
         update, self._update = self._update, None
         if update is not None:
             self.last_update_s = update.result()
@@ -232,8 +224,9 @@ class Trainer:
         """Through a folder (trainer.weight_transfer=disk) or a broadcast from rank 0
         (=broadcast, rlrun/trainer/weight_broadcast.py)."""
         publish = lambda: self.redis.set(names.POLICY_VERSION, version)  # noqa: E731
+        bare = self.parallel.unwrapped(self.model)
         if self.broadcast is None:  # first the folder: a server (re)starting from now on loads it
-            target = write_weights(self.run_dir, self._bare(), weights, version)
+            target = write_weights(self.run_dir, bare, weights, version)
             down = self._until_vllm_answers(lambda: self.vllm.update_weights(str(target), publish))
         else:
             from rlrun.trainer.weight_broadcast import disk_copy_due
@@ -245,19 +238,16 @@ class Trainer:
                     return self.broadcast.update(weights, version, publish, self._heartbeat)
                 except Exception:  # none answers, or the broadcast failed: a server may be restarting
                     if not copied:  # it loads weights/current at its start: make that this version
-                        copied.append(write_weights(self.run_dir, self._bare(), weights, version))
+                        copied.append(write_weights(self.run_dir, bare, weights, version))
                         log.info("weights v%d written to weights/current for a vLLM server that starts cold", version)
                     raise
 
             down = self._until_vllm_answers(broadcast)
             t = self.cfg.trainer
             if not copied and disk_copy_due(step, t.checkpoint_every, t.max_train_steps, down):
-                write_weights(self.run_dir, self._bare(), weights, version)
+                write_weights(self.run_dir, bare, weights, version)
         if down:
             log.warning("weights v%d: %s not reachable (restarting: it starts from weights/current)", version, ", ".join(down))
-
-    def _bare(self):
-        return self.parallel.unwrapped(self.model)
 
     def _until_vllm_answers(self, action) -> None:
         """Retry a weight update while a vLLM server is down (the supervisor restarts it)."""

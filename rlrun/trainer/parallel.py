@@ -141,11 +141,9 @@ class Parallel:
 
     # --- collectives -----------------------------------------------------------------------------
     def share(self, payload: Optional[bytes], heartbeat: Callable[[], None]) -> bytes:
-        """Rank 0's `payload` on every rank. The others wait without blocking (polling an async
-        broadcast), heartbeating meanwhile: rank 0 may wait a long time for the actor's groups."""
-        if not self.ranks.distributed:
-            assert payload is not None
-            return payload
+        """Rank 0's `payload` on every rank (several ranks only). The others wait without blocking
+        (polling an async broadcast), heartbeating meanwhile: rank 0 may wait a long time for the
+        actor's groups."""
         import torch
         import torch.distributed as dist
 
@@ -160,7 +158,6 @@ class Parallel:
         return payload if self.ranks.is_main else data.cpu().numpy().tobytes()
 
     def _collective_device(self):
-        """Where collective tensors live: the GPU under NCCL, the CPU under gloo."""
         import torch
 
         return torch.device(self.device) if self.device.startswith("cuda") else torch.device("cpu")
@@ -176,7 +173,6 @@ class Parallel:
         work.wait()
 
     def sum(self, values: list[float]) -> list[float]:
-        """Element-wise sum over ranks (the identity on one rank)."""
         if not self.ranks.distributed:
             return list(values)
         import torch

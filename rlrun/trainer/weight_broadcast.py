@@ -53,7 +53,6 @@ class WeightBroadcaster:
 
 
 def transport(device: str) -> str:
-    """The broadcast's torch.distributed backend for a trainer on `device`: gloo on CPU, NCCL on GPUs."""
     return "gloo" if device == "cpu" else "nccl"
 
 

@@ -31,7 +31,6 @@ _RUN_GLOBS = ("checkpoint/*", "*/checkpoint/*", "*/*/checkpoint/*")
 
 
 def experiment_dir_of(cfg: RunConfig, run_root: Path) -> Path:
-    """Fast-LLM's `run.experiment_dir`: a folder of the run directory."""
     return Path(run_root).expanduser().absolute() / cfg.trainer.fast_llm.experiment_dir_name
 
 

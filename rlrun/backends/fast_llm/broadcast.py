@@ -23,8 +23,6 @@ WEIGHTS_SHARD = "weights"  # the shard of `iter_checkpoint` that holds the model
 
 @dataclass(frozen=True)
 class BroadcastGroup:
-    """One member's view of the trainer's broadcast group."""
-
     group: dist.ProcessGroup
     rank: int
     world_size: int

@@ -47,7 +47,6 @@ def is_complete(path: Path) -> bool:
 
 
 def step_dirs(experiment_dir: Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every step-named checkpoint directory, by step."""
     root = checkpoint_root(experiment_dir)
     if not root.is_dir():
         return []
@@ -56,7 +55,6 @@ def step_dirs(experiment_dir: Path) -> list[tuple[int, Path]]:
 
 
 def latest_complete(experiment_dir: Path) -> Optional[Path]:
-    """The highest-step checkpoint with its `ok` marker, or None."""
     complete = [path for _, path in step_dirs(experiment_dir) if is_complete(path)]
     return complete[-1] if complete else None
 
@@ -68,7 +66,6 @@ def latest_complete_step(experiment_dir: Path) -> Optional[int]:
 
 
 def read_metadata(path: Path) -> CheckpointMetadata:
-    """The `metadata.yaml` of checkpoint directory `path`."""
     file = Path(path) / METADATA_FILE
     try:
         data = yaml.safe_load(file.read_text())

@@ -35,7 +35,6 @@ def data_parallel(cfg: RunConfig) -> int:
 
 
 def broadcast_backend(cfg: RunConfig) -> str:
-    """torch.distributed backend of the weight broadcast: gloo on CPU, NCCL on GPUs."""
     chosen = cfg.trainer.fast_llm.broadcast_backend
     if chosen != "auto":
         return chosen
@@ -139,7 +138,6 @@ def config_text(cfg: RunConfig, revision: Revision, **endpoints: Any) -> str:
 
 
 def write_config(cfg: RunConfig, revision: Revision, path: Path, **endpoints: Any) -> Path:
-    """Write `config_text` to `path` atomically and return `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, config_text(cfg, revision, **endpoints))

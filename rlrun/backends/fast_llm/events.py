@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 
 
 def stream_id_after(a: str, b: str) -> bool:
-    """True when stream id `a` is later than `b`."""
     ams, _, aseq = a.partition("-")
     bms, _, bseq = b.partition("-")
     return (int(ams), int(aseq or 0)) > (int(bms), int(bseq or 0))
@@ -114,7 +113,6 @@ class EventsReader:
         return self.judge.attempt.finished
 
     def poll(self) -> None:
-        """Read every event published since the last poll (never blocks)."""
         state = self.redis.hgetall(names.WEIGHTS_STATE) or {}  # the attempt the supervisor recorded
         after, step = state.get("join_after"), state.get("join_step")
         if after != self.judge.attempt.after:

@@ -47,8 +47,6 @@ def request_join(redis, events_stream: str, start_step: int | None = None) -> st
 
 
 class VllmBroadcastAdmin(VllmAdmin):
-    """VllmAdmin plus joining and receiving Fast-LLM's broadcast."""
-
     def __init__(self, urls: list[str], receive_timeout_s: float, api_key: str = "") -> None:
         super().__init__(urls, httpx.Timeout(JOIN_CALL_TIMEOUT_S, read=receive_timeout_s + 30.0), api_key=api_key)
         self.receive_timeout_s = receive_timeout_s
@@ -100,7 +98,6 @@ class WeightFollower:
             self.step()
 
     def step(self) -> None:
-        """One turn: heartbeat, join if asked, then the events published meanwhile."""
         self._heartbeat()
         state = self.redis.hgetall(names.WEIGHTS_STATE) or {}
         request, after = state.get("join_request"), state.get("join_after")
@@ -139,7 +136,6 @@ class WeightFollower:
         self.redis.hset(names.WEIGHTS_STATE, mapping={"joined": request, "joins": self.counters["joins"]})
 
     def _serve_store(self, host: str, port: int, world_size: int) -> None:
-        """Serve a fresh TCP store at host:port for the group the next trainer opens."""
         from rlrun.backends.fast_llm.broadcast import serve_store
 
         self._store = None  # the old server stops with its last reference

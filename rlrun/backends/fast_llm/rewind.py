@@ -16,8 +16,6 @@ _CHUNK = 10_000  # stream entries read per XRANGE while looking for the rewind p
 
 @dataclass(frozen=True)
 class Rewind:
-    """What one rewind did, for the run's events."""
-
     checkpoint_step: Optional[int]  # the checkpoint the trainer restarts from (None: from the base model)
     documents_seen: Optional[int]  # documents that checkpoint covers (None: not recorded by this Fast-LLM)
     delivered_before: Optional[int]  # documents the group had handed out before the rewind (None: unknown)
