@@ -26,7 +26,7 @@ from rlrun.streams.codec import decode, encode
 from rlrun.streams.server import connect
 from rlrun.trainer import checkpoint
 from rlrun.trainer.checkpoint import TrainerState
-from rlrun.trainer.parallel import Parallel, Ranks
+from rlrun.trainer.parallel import Parallel, Ranks, collective_backend
 from rlrun.trainer.step import optimizer_step
 
 if TYPE_CHECKING:
@@ -366,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         ranks = Ranks.from_env(os.environ)
         parallel = Parallel(ranks, cfg.trainer.sharding, ranks.device(cfg.trainer.device))
         if cfg.trainer.weight_transfer == "broadcast" and parallel.ranks.is_main:
-            from rlrun.trainer.weight_broadcast import BroadcastSync, transport
+            from rlrun.trainer.weight_broadcast import BroadcastSync
 
-            broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, transport(cfg.trainer.device))
+            broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, collective_backend(cfg.trainer.device))
         trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast)
         try:
             trainer.train()

@@ -19,6 +19,11 @@ POLL_S = 0.005  # a rank waiting for rank 0's batch checks this often whether it
 HEARTBEAT_S = 1.0  # and heartbeats this often meanwhile
 
 
+def collective_backend(device: str) -> str:
+    """torch.distributed's backend for tensors on `device`: NCCL for CUDA, gloo otherwise."""
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
 @dataclass(frozen=True)
 class Ranks:
     rank: int = 0
@@ -70,12 +75,11 @@ class Parallel:
             if dist.is_initialized():  # a second view of the same ranks (tests compare shardings)
                 return
 
-            backend = "gloo"
-            if device.startswith("cuda"):  # NCCL's communicator on this rank's GPU, not on cuda:0
+            backend = collective_backend(device)
+            if backend == "nccl":  # NCCL's communicator on this rank's GPU, not on cuda:0
                 import torch
 
                 torch.cuda.set_device(device)
-                backend = "nccl"
             address = f"tcp://{ranks.master_addr}:{ranks.master_port}"
             timeout = datetime.timedelta(seconds=1800)
             dist.init_process_group(backend, init_method=address, rank=ranks.rank, world_size=ranks.world_size, timeout=timeout)

@@ -52,10 +52,6 @@ class WeightBroadcaster:
         return sent
 
 
-def transport(device: str) -> str:
-    return "gloo" if device == "cpu" else "nccl"
-
-
 def disk_copy_due(step: int, checkpoint_every: int, last_step: int, down: list[str]) -> bool:
     """Whether a broadcast update also writes weights/current for servers that start cold: one
     restarting now (`down`), and at checkpoints one that restarts unseen between two updates."""

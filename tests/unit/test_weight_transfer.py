@@ -19,7 +19,8 @@ from rlrun.launch import plan_specs
 from rlrun.role_file import read_role_file
 from rlrun.rundir import RunDir
 from rlrun.trainer import weight_broadcast
-from rlrun.trainer.weight_broadcast import BroadcastSync, Membership, needs_new_group, transport
+from rlrun.trainer.parallel import collective_backend
+from rlrun.trainer.weight_broadcast import BroadcastSync, Membership, needs_new_group
 
 A, B, C = "http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://127.0.0.1:8003"
 
@@ -44,7 +45,7 @@ def test_a_member_down_or_a_server_back_changes_the_members():
 
 
 def test_gloo_on_cpu_nccl_on_gpus():
-    assert transport("cpu") == "gloo" and transport("cuda") == "nccl" and transport("cuda:1") == "nccl"
+    assert [collective_backend(d) for d in ("cpu", "cuda", "cuda:1", "mps")] == ["gloo", "nccl", "nccl", "gloo"]
 
 
 # --- the key ---------------------------------------------------------------------------------

@@ -35,10 +35,10 @@ def data_parallel(cfg: RunConfig) -> int:
 
 
 def broadcast_backend(cfg: RunConfig) -> str:
+    from rlrun.trainer.parallel import collective_backend
+
     chosen = cfg.trainer.fast_llm.broadcast_backend
-    if chosen != "auto":
-        return chosen
-    return "gloo" if cfg.trainer.device == "cpu" else "nccl"
+    return collective_backend(cfg.trainer.device) if chosen == "auto" else chosen
 
 
 def fast_llm_config(
