@@ -76,7 +76,7 @@ class Parallel:
                 return
 
             backend = collective_backend(device)
-            if backend == "nccl":  # NCCL's communicator on this rank's GPU, not on cuda:0
+            if device.startswith("cuda"):  # NCCL's communicator on this rank's GPU, not on cuda:0
                 import torch
 
                 torch.cuda.set_device(device)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
 from rlrun.rollouts import Group, Sample
+from rlrun.streams.codec import excerpt, json_object
 
 EVENT_FIELD = "event"  # Fast-LLM's REDIS_TRAINING_FIELD
 
@@ -69,36 +70,22 @@ def parse_event(fields: Mapping) -> Event:
         if (key.decode("utf-8", "replace") if isinstance(key, (bytes, bytearray)) else key) == EVENT_FIELD:
             raw = value
     if raw is None:
-        raise MalformedEvent(f"no '{EVENT_FIELD}' field in {_excerpt(fields)}")
-    if isinstance(raw, (bytes, bytearray)):
-        try:
-            raw = bytes(raw).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise MalformedEvent(f"event is not UTF-8: {exc}") from None
-    try:
-        body = json.loads(raw)
-    except (TypeError, ValueError) as exc:
-        raise MalformedEvent(f"event is not JSON ({exc}): {_excerpt(raw)}") from None
-    if not isinstance(body, dict):
-        raise MalformedEvent(f"event is not a JSON object: {_excerpt(raw)}")
+        raise MalformedEvent(f"no '{EVENT_FIELD}' field in {excerpt(str(fields))}")
+    body = json_object(raw, MalformedEvent, "event")
     kind = body.get("type")
     if kind == "training_finished":
         return TrainingFinished()
     if kind == "weights_ready":
         step = body.get("step")
         if not _is_count(step):
-            raise MalformedEvent(f"weights_ready without a valid step: {_excerpt(raw)}")
+            raise MalformedEvent(f"weights_ready without a valid step: {excerpt(str(body))}")
         seen = body.get("documents_seen")
         if seen is not None and not _is_count(seen):
-            raise MalformedEvent(f"weights_ready with an invalid documents_seen: {_excerpt(raw)}")
+            raise MalformedEvent(f"weights_ready with an invalid documents_seen: {excerpt(str(body))}")
         return WeightsReady(step=step, documents_seen=seen)
-    raise MalformedEvent(f"unknown event type {kind!r}: {_excerpt(raw)}")
+    raise MalformedEvent(f"unknown event type {kind!r}: {excerpt(str(body))}")
 
 
 def _is_count(value: object) -> bool:
     return type(value) is int and value >= 0  # bool is an int in Python: refuse `true`
 
-
-def _excerpt(value: object, limit: int = 120) -> str:
-    text = str(value)
-    return text if len(text) <= limit else text[:limit] + "…"
