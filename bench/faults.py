@@ -45,7 +45,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/recovery.py: the run seen from outside
-from recovery import Run, load, read_jsonl  # noqa: E402
+from recovery import Run, load  # noqa: E402
 
 ROLES = ("vllm", "actor", "trainer", "redis")
 MATCH_S = 5.0  # a failure recorded this long after a kill is that kill's

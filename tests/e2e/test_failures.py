@@ -142,7 +142,7 @@ def test_the_fault_matrix_reports_ettr_and_the_work_lost_per_failure(chaos_run):
     assert trainer.steps_retaken == timeline["step_recorded_at_kill"] - timeline["checkpoint_step_at_kill"]
     assert vllm.steps_retaken == killed_actor.steps_retaken == stalled_actor.steps_retaken == 0
     recorded = [r["step"] for r in records]
-    assert split.steps_retaken == len(recorded) - len(set(recorded))
+    assert split.to_dict()["steps_retaken"] == len(recorded) - len(set(recorded))
     # the wall time is split without gaps or double counting; ETTR is a ratio of it
     assert sum(split.seconds.values()) == pytest.approx(split.wall_s, abs=0.1)
     assert 0 < split.ettr <= 1 and split.seconds["recovery"] >= vllm.recovery_s - 0.01  # recovery wins overlaps
@@ -158,7 +158,11 @@ def fault_table(split) -> list[str]:
         lines.append(f"{f.process:<8} {f.reason[:44]:<44} {recovery:>10} {f.steps_retaken:>13} {f.tokens_regenerated:>13} {f.tokens_reused:>13}")
     parts = ", ".join(f"{name} {value:.0f} s" for name, value in split.seconds.items())
     ettr = "-" if split.ettr is None else f"{split.ettr:.2f}"
-    lines.append(f"ETTR {ettr} of {split.wall_s:.0f} s ({parts}); {split.steps_retaken} steps retaken, {split.tokens_regenerated} tokens regenerated in all")
+    totals = split.to_dict()
+    lines.append(
+        f"ETTR {ettr} of {split.wall_s:.0f} s ({parts}); {totals['steps_retaken']} steps retaken, "
+        f"{totals['tokens_regenerated']} tokens regenerated in all"
+    )
     return lines
 
 
