@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import defaultdict
@@ -83,6 +84,12 @@ def run_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     return result
 
 
+def _default_sigint() -> None:
+    """rlrun as a terminal starts it: a pytest started in the background by a shell without job
+    control ignores SIGINT, and a child would inherit that (tests send SIGINT as Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_rlrun(run_dir: Path, *args: str, command: str = "train", env: dict | None = None) -> subprocess.Popen:
     """Start `rlrun train run.dir=RUN ARGS` (or `rlrun resume RUN ARGS`) in the background.
 
@@ -91,7 +98,7 @@ def start_rlrun(run_dir: Path, *args: str, command: str = "train", env: dict | N
     argv = ["train", f"run.dir={run_dir}", *args] if command == "train" else ["resume", str(run_dir), *args]
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlrun", *argv], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **(env or {})}, preexec_fn=_default_sigint,
     )  # fmt: skip
     proc.run_processes = RunProcesses(proc.pid)
     return proc
