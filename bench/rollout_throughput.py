@@ -60,7 +60,7 @@ import httpx
 
 from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.main import Actor
-from rlrun.actor.vllm_client import stream_completion
+from rlrun.actor.vllm_client import generate
 from rlrun.config import compose
 from rlrun.data.tasks import load_task
 from rlrun.inference.auth import bearer_header
@@ -103,7 +103,7 @@ def vllm_server(cfg, path: str, run_dir):
     """vLLM serving the base model, started, probed and stopped by rlrun's supervisor (as in a run)."""
     url = base_url(cfg.inference.host, pick_free_port(cfg.inference.host))
     spec = ProcessSpec(
-        name="vllm-0", argv=server_argv(cfg.inference, cfg.model, path, int(url.rsplit(":", 1)[1]), tokenizer=path),
+        name="vllm-0", argv=server_argv(cfg.inference, cfg.model, path, int(url.rsplit(":", 1)[1]), tokenizer=path, stream_interval=cfg.actor.journal_flush_tokens),
         env=server_env(cfg.inference), secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # as the run's spec: never on argv
         log_path=run_dir.log("vllm-0"), ready=HealthCheck(url), ready_timeout_s=VLLM_READY_TIMEOUT_S, stop_grace_s=STOP_GRACE_S,
     )  # fmt: skip
@@ -123,7 +123,7 @@ async def phase_vllm_alone(cfg, url: str, prompts: list[list[int]], groups: int,
     end: dict[str, float] = {}
 
     async def one_group(client: httpx.AsyncClient, cursor: int) -> None:
-        async for delta in stream_completion(
+        async for delta in generate(
             client,
             url,
             prompts[cursor],
@@ -131,6 +131,7 @@ async def phase_vllm_alone(cfg, url: str, prompts: list[list[int]], groups: int,
             max_tokens=cfg.actor.max_new_tokens,
             temperature=cfg.actor.temperature,
             timeout_s=cfg.actor.request_timeout_s,
+            stream=cfg.actor.max_new_tokens > cfg.actor.journal_flush_tokens,  # as the actor asks
         ):
             count["tokens"] += len(delta.token_ids)
         count["done"] += 1

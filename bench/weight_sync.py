@@ -235,7 +235,7 @@ def start_vllm(model: str, tokenizer: str, log: Path):
     port = free_port()
     env = {**os.environ, **server_env(cfg.inference), "VLLM_API_KEY": "bench-key"}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(server_argv(cfg.inference, cfg.model, model, port, tokenizer=tokenizer), env=env,
+        proc = subprocess.Popen(server_argv(cfg.inference, cfg.model, model, port, tokenizer=tokenizer, stream_interval=cfg.actor.journal_flush_tokens), env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     url, deadline = base_url("127.0.0.1", port), time.time() + 600
     while not HealthCheck(url)():

@@ -26,11 +26,15 @@ FIELDS: dict[str, str] = {
     "tokens": "completion tokens in this step's samples (prompts not counted)",
     "policy_lag_max": "how many policy versions behind the weights that trained on them the oldest tokens of this step were sampled (0: fully on-policy)",
     "behaviour_version_max": "newest policy version that sampled any token of this step",
+    "policy_lag_mean": "mean over this step's tokens of how many policy versions behind the trained weights each was sampled",
+    "samples_spanning_update": "this step's samples whose tokens were sampled by more than one policy version (in flight across a weight update, which keeps them; vLLM's spans say which tokens each version sampled)",
     "bad_messages": "messages on the groups stream this trainer process rejected so far (malformed, or a wrong group size)",
-    "tokens_reused": "actor, whole run: tokens kept from before an interruption (weight update, vLLM or actor restart) and continued, not generated again",
+    "tokens_reused": "actor, whole run: tokens kept across an interruption (a lost request, a vLLM or actor restart) and continued, not generated again; counted once per interruption",
     "tokens_regenerated": "actor, whole run: tokens dropped (stale prefix, or a journal record unreadable) and generated again",
-    "samples_continued": "actor, whole run: samples continued from a kept prefix",
+    "samples_continued": "actor, whole run: samples continued from a kept prefix (once per interruption)",
     "prefixes_dropped_stale": "actor, whole run: prefixes dropped because their oldest token was older than actor.max_prefix_staleness versions",
+    "groups_published": "actor, whole run: groups published to the trainer",
+    "requests": "actor, whole run: generation requests sent to vLLM (one per group, but after an interruption: one per continued sample)",
     "time": "wall-clock time (Unix seconds) when the record was written",
     "loss": "policy loss of the step (mean over its passes)",
     "clip_fraction": "share of ratios clipped (tokens for grpo, sequences for gspo)",
@@ -44,7 +48,7 @@ FIELDS: dict[str, str] = {
 }
 
 # The actor's counters copied into every record, from its state hash in Redis.
-ACTOR_COUNTERS = ("tokens_reused", "tokens_regenerated", "samples_continued", "prefixes_dropped_stale")
+ACTOR_COUNTERS = ("tokens_reused", "tokens_regenerated", "samples_continued", "prefixes_dropped_stale", "groups_published", "requests")
 
 NOT_SCALARS = ("step", "time")  # the x axis and the wall time of a scalar, not scalars themselves
 

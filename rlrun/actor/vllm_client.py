@@ -1,5 +1,8 @@
-"""Streaming token-in/token-out completions from a vLLM OpenAI-compatible server: each delta
-carries the new token ids and each sampled token's log-prob (`logprobs: 0`, `return_token_ids`).
+"""Token-in/token-out generation on vLLM's `/inference/v1/generate` (`--enable-scale-out`): one
+request per group of samples that share a prompt (`n`), streamed in chunks of the server's
+`--stream-interval` tokens, or answered whole when nothing needs the tokens before the end. Each
+delta carries its token ids and each sampled token's log-prob; a choice's last delta carries
+`weight_versions`, vLLM's record of which weight version sampled which of its output tokens.
 """
 
 from __future__ import annotations
@@ -12,6 +15,17 @@ import httpx
 
 from rlrun.inference.server import SERVED_MODEL_NAME
 
+ROUTE = "/inference/v1/generate"
+
+
+@dataclass(frozen=True)
+class VersionSpan:
+    """Output tokens [start, end) of one choice were sampled by the weights labelled `label`."""
+
+    label: str
+    start: int
+    end: int
+
 
 @dataclass(frozen=True)
 class Delta:
@@ -19,9 +33,27 @@ class Delta:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Optional[str]  # None while generating; "stop", "length" or "abort" at the end
+    spans: Optional[list[VersionSpan]] = None  # on the choice's last delta only
 
 
-async def stream_completion(
+def request_body(prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float, min_tokens: int,
+                 stream: bool, cache_salt: str | None) -> dict:  # fmt: skip
+    body = {
+        "model": SERVED_MODEL_NAME,
+        "token_ids": prompt_ids,
+        "sampling_params": {
+            "n": n, "max_tokens": max_tokens, "min_tokens": min_tokens, "temperature": temperature,
+            "logprobs": 0,  # the sampled token's log-prob only
+            "detokenize": False,  # token ids are all the actor reads
+        },
+        "stream": stream,
+    }  # fmt: skip
+    if cache_salt:
+        body["cache_salt"] = cache_salt
+    return body
+
+
+async def generate(
     client: httpx.AsyncClient,
     url: str,
     prompt_ids: list[int],
@@ -31,22 +63,20 @@ async def stream_completion(
     temperature: float,
     timeout_s: float,
     min_tokens: int = 0,
+    stream: bool = True,
+    cache_salt: str | None = None,
 ) -> AsyncIterator[Delta]:
-    body = {
-        "model": SERVED_MODEL_NAME,
-        "prompt": prompt_ids,
-        "n": n,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "stream": True,
-        "logprobs": 0,
-        "return_token_ids": True,
-        "min_tokens": min_tokens,
-    }
-    async with client.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout_s) as response:
+    body = request_body(prompt_ids, n=n, max_tokens=max_tokens, temperature=temperature, min_tokens=min_tokens,
+                        stream=stream, cache_salt=cache_salt)  # fmt: skip
+    if not stream:
+        response = await client.post(f"{url}{ROUTE}", json=body, timeout=timeout_s)
+        _raise_for_status(response.status_code, response.text, response)
+        for choice in response.json().get("choices", []):
+            yield _delta(choice)
+        return
+    async with client.stream("POST", f"{url}{ROUTE}", json=body, timeout=timeout_s) as response:
         if response.status_code != 200:
-            text = (await response.aread()).decode(errors="replace")
-            raise httpx.HTTPStatusError(f"vLLM answered {response.status_code}: {text[:300]}", request=response.request, response=response)
+            _raise_for_status(response.status_code, (await response.aread()).decode(errors="replace"), response)
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
                 continue
@@ -57,9 +87,20 @@ async def stream_completion(
             if "error" in chunk:
                 raise RuntimeError(f"vLLM stream error: {chunk['error']}")
             for choice in chunk.get("choices", []):
-                token_ids = list(choice.get("token_ids") or [])
-                logprobs_obj = choice.get("logprobs") or {}
-                logprobs = [float(x) for x in (logprobs_obj.get("token_logprobs") or [])]
-                if len(logprobs) != len(token_ids):
-                    raise RuntimeError(f"vLLM sent {len(token_ids)} tokens with {len(logprobs)} logprobs")
-                yield Delta(choice["index"], token_ids, logprobs, choice.get("finish_reason"))
+                yield _delta(choice)
+
+
+def _raise_for_status(status: int, text: str, response: httpx.Response) -> None:
+    if status != 200:
+        raise httpx.HTTPStatusError(f"vLLM answered {status}: {text[:300]}", request=response.request, response=response)
+
+
+def _delta(choice: dict) -> Delta:
+    token_ids = list(choice.get("token_ids") or [])
+    content = (choice.get("logprobs") or {}).get("content") or []
+    logprobs = [float(entry["logprob"]) for entry in content]
+    if len(logprobs) != len(token_ids):
+        raise RuntimeError(f"vLLM sent {len(token_ids)} tokens with {len(logprobs)} logprobs")
+    spans = choice.get("weight_versions")
+    parsed = [VersionSpan(str(s["version"]), int(s["start"]), int(s["end"])) for s in spans] if spans else None
+    return Delta(int(choice["index"]), token_ids, logprobs, choice.get("finish_reason"), parsed)

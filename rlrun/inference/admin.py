@@ -1,6 +1,11 @@
-"""The trainer's side of weight updates: pause generation (mode=abort: the actor continues the
-aborted requests from their tokens), reload weights, resume. A server that takes no connections
-(restarting: it starts from `weights/current`) is left out; the update fails only when none answers.
+"""The trainer's (and the weight follower's) side of weight updates, on vLLM's own RL routes:
+`/pause?mode=keep` (requests in flight are frozen in place, not aborted), the weights moved by
+the weight-transfer API into rlrun's engine (`transfer_engine.py`: `/start_weight_update`,
+`/update_weights`, `/finish_weight_update` with the version), `/resume` (generation continues
+with the new weights; vLLM labels each output token with the version that sampled it).
+
+A server that takes no connections (restarting: it starts from `weights/current`) is left out;
+the update fails only when none answers.
 """
 
 from __future__ import annotations
@@ -11,9 +16,13 @@ from typing import Callable
 
 import httpx
 
-DOWN = (httpx.ConnectError, httpx.RemoteProtocolError)  # refused, or the server died mid-request
-
 from rlrun.inference.auth import bearer_header
+
+DOWN = (httpx.ConnectError, httpx.RemoteProtocolError)  # refused, or the server died mid-request
+# Requests in flight frozen in place, their KV cache kept (vLLM 0.32's clear_cache=true, the route's
+# default, would preempt every running request and prefill it again after the update): see
+# docs/architecture.md, "Weight updates", for the policy mix this gives.
+PAUSE = {"mode": "keep", "clear_cache": "false"}
 
 
 def in_thread(action: Callable[[], object]) -> Future:
@@ -38,6 +47,11 @@ def results(futures: list[Future], while_waiting: Callable[[], None]) -> list:
     return [future.result() for future in futures]
 
 
+def version_label(version: int) -> str:
+    """The weight version as vLLM stores it (and reports it in `weight_versions` spans)."""
+    return str(int(version))
+
+
 class VllmAdmin:
     """`api_key`: the run's vLLM key (every route but /health needs it; see auth.py)."""
 
@@ -46,17 +60,18 @@ class VllmAdmin:
         headers = bearer_header(api_key) if api_key else {}
         self._client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
 
-    def update_weights(self, weights_path: str, publish: Callable[[], None]) -> list[str]:
+    def update_from_folder(self, folder: str, version: int, publish: Callable[[], None]) -> list[str]:
+        """Every server that answers loads the complete safetensors `folder` as `version`."""
 
-        def reload_each(live: list[str]) -> list[str]:
-            return [url for url in live if not self._answers(lambda: self._reload(url, weights_path))]
+        def load_each(live: list[str]) -> list[str]:
+            return [url for url in live if not self._answers(lambda: self.load(url, {"path": folder}, version))]
 
-        return self.update(reload_each, publish)
+        return self.update(load_each, publish)
 
     def update(self, load: Callable[[list[str]], list[str]], publish: Callable[[], None]) -> list[str]:
-        """Pause every server that answers, `load(those)` (it returns the ones it found down),
-        `publish()`, resume; return the servers that were down. Raises httpx.ConnectError when
-        none answers; whatever `load` raises, the paused servers are resumed."""
+        """Pause every server that answers (in flight requests kept), `load(those)` (it returns the
+        ones it found down), `publish()`, resume; return the servers that were down. Raises
+        httpx.ConnectError when none answers; whatever `load` raises, the paused servers are resumed."""
         live, down = list(self.urls), []
 
         def on_each(action: Callable[[str], object]) -> None:
@@ -65,7 +80,7 @@ class VllmAdmin:
                     live.remove(url)
                     down.append(url)
 
-        on_each(lambda url: self._post(f"{url}/pause", params={"mode": "abort"}))
+        on_each(lambda url: self._post(f"{url}/pause", params=PAUSE))
         try:
             for url in load(list(live)):
                 live.remove(url)
@@ -74,23 +89,44 @@ class VllmAdmin:
                 raise httpx.ConnectError(f"no vLLM server answers ({', '.join(down)})")
             publish()
         finally:
-            on_each(lambda url: self._post(f"{url}/resume"))
+            self._resume(live)
         return down
 
-    @staticmethod
-    def _answers(action: Callable[[], object]) -> bool:
-        try:
-            action()
-            return True
-        except DOWN:
-            return False
-
-    def rpc(self, url: str, method: str, kwargs: dict, timeout_s: float | None = None) -> dict:
-        """Call rlrun's worker extension `method` on server `url`; its (first worker's) answer."""
-        body = {"method": method, "kwargs": kwargs, **({"timeout": timeout_s} if timeout_s is not None else {})}
+    def load(self, url: str, update_info: dict, version: int, timeout_s: float | None = None) -> None:
+        """One weight update of server `url` through its weight-transfer engine: `update_info`
+        `{"path": folder}` or `{"timeout_s": t}` (receive a broadcast), then `version` as its label."""
         extra = {"timeout": timeout_s + 30.0} if timeout_s is not None else {}
-        results = self._post(f"{url}/collective_rpc", json=body, **extra).json().get("results") or [None]
-        return results[0] if isinstance(results[0], dict) else {"reply": results[0]}
+        self._post(f"{url}/start_weight_update")
+        # A failed update ends vLLM's update session itself (the next start works) and labels nothing.
+        self._post(f"{url}/update_weights", json={"update_info": update_info}, **extra)
+        self._post(f"{url}/finish_weight_update", json={"weight_version": version_label(version)})
+
+    def join_broadcast(self, url: str, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+        """Have server `url` join the broadcast group at host:port as `rank` (it answers at once and
+        joins in the background: the sender may start much later)."""
+        info = {"host": host, "port": port, "rank": rank, "world_size": world_size, "backend": backend, "timeout_s": timeout_s}
+        self._post(f"{url}/init_weight_transfer_engine", json={"init_info": info})
+
+    def weight_version(self, url: str) -> str:
+        """The label of the weights `url` serves ("default": none given since it started)."""
+        response = self._client.get(f"{url}/weight_info")
+        if response.status_code != 200:
+            raise RuntimeError(f"vLLM {url} answered {response.status_code}: {response.text[:500]}")
+        return str(response.json().get("weight_version"))
+
+    def _resume(self, servers: list[str]) -> None:
+        """Resume every one of `servers`, each tried even when one refuses (a server left paused
+        stalls the run); then raise the first refusal, if any."""
+        refused = []
+        for url in servers:
+            try:
+                self._post(f"{url}/resume")
+            except DOWN:
+                pass  # gone since the pause: it starts unpaused
+            except RuntimeError as exc:
+                refused.append(exc)
+        if refused:
+            raise refused[0]
 
     def resume_answering(self) -> list[str]:
         """Resume every server that answers (a trainer that died between /pause and /resume left it
@@ -103,19 +139,13 @@ class VllmAdmin:
                 missed.append(url)
         return missed
 
-    def pause(self) -> None:
-        for url in self.urls:
-            self._post(f"{url}/pause", params={"mode": "abort"})
-
-    def reset_prefix_cache(self, urls: list[str] | None = None) -> None:
-        for url in self.urls if urls is None else urls:
-            self._post(f"{url}/reset_prefix_cache")
-
-    def _reload(self, url: str, weights_path: str) -> None:
-        """rlrun's reload (worker_extension.py keeps tied weights tied), then the prefix cache
-        dropped: KV blocks computed with the old weights would mix two policies in one sample."""
-        self.rpc(url, "rlrun_reload_weights", {"weights_path": weights_path})
-        self._post(f"{url}/reset_prefix_cache")
+    @staticmethod
+    def _answers(action: Callable[[], object]) -> bool:
+        try:
+            action()
+            return True
+        except DOWN:
+            return False
 
     def _post(self, url: str, **kwargs) -> httpx.Response:
         response = self._client.post(url, **kwargs)

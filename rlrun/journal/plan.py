@@ -50,6 +50,7 @@ class ReplayCounters:
     prefixes_dropped_stale: int = 0
     tokens_reused: int = 0  # tokens kept by keep, continue and finish_length
     tokens_dropped_stale: int = 0
+    samples_continued: int = 0  # continue actions: generated on from their prefix
 
 
 @dataclass(frozen=True)
@@ -102,5 +103,6 @@ def _plan_sample(sample: SampleRecord, budget: int, version: int, staleness: int
     elif held and held >= budget:
         return kept(Action.FINISH_LENGTH, "length")
     elif held:
+        counters.samples_continued += 1
         return kept(Action.CONTINUE, None)
     return SamplePlan(sample.index, Action.RESTART, dropped_tokens=dropped)

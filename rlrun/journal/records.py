@@ -165,7 +165,10 @@ def header_fields(header: GroupHeader | GroupRecord) -> dict:
 
 @dataclass(frozen=True)
 class LogEntry:
-    """One entry of a group's token log: `append` tokens of policy `version` at `offset`, or `reset`."""
+    """One entry of a group's token log: `append` tokens of policy `version` at `offset`, or `reset`.
+    An append may also carry `relabel`: `[start, end, version]` runs that set the versions of the
+    sample's tokens in [start, end) (the finish of a sample whose earlier tokens were journaled with
+    a provisional version, before vLLM said which weights sampled them)."""
 
     kind: str  # "append" | "reset"
     index: int
@@ -173,9 +176,15 @@ class LogEntry:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     version: int = 0
+    relabel: list[list[int]] = field(default_factory=list)
 
     def to_json(self) -> str:
-        record = {"kind": "reset", "index": self.index} if self.kind == "reset" else asdict(self)
+        if self.kind == "reset":
+            record = {"kind": "reset", "index": self.index}
+        else:
+            record = asdict(self)
+            if not self.relabel:
+                del record["relabel"]  # most appends: nothing to relabel, no bytes for it
         return dumps({"schema_version": SCHEMA_VERSION, **record}, CorruptRecord)
 
     @classmethod
@@ -198,6 +207,13 @@ class LogEntry:
             raise CorruptRecord(
                 f"{what}: token_ids and logprobs differ in length ({len(token_ids)}, {len(logprobs)})"
             )
+        relabel = data.get("relabel", [])
+        runs = isinstance(relabel, list) and all(
+            isinstance(run, list) and len(run) == 3 and all(type(v) is int and v >= 0 for v in run) and run[0] <= run[1]
+            for run in relabel
+        )
+        if not runs:
+            raise CorruptRecord(f"{what}: relabel must be a list of [start, end, version] with 0 <= start <= end")
         return cls(
             kind="append",
             index=index,
@@ -205,4 +221,16 @@ class LogEntry:
             token_ids=token_ids,
             logprobs=[float(v) for v in logprobs],
             version=_int(_field(data, "version", kind), f"{what}: version"),
+            relabel=[list(run) for run in relabel],
         )
+
+
+def version_runs(versions: list[int]) -> list[list[int]]:
+    """`versions` as [start, end, version] runs (what a relabel carries)."""
+    runs: list[list[int]] = []
+    for position, version in enumerate(versions):
+        if runs and runs[-1][2] == version:
+            runs[-1][1] = position + 1
+        else:
+            runs.append([position, position + 1, version])
+    return runs

@@ -77,7 +77,8 @@ class WriteResult:
 
 @dataclass(frozen=True)
 class Append:
-    """One sample's tokens, all of policy `version`; with `finish_reason` the sample is finished too."""
+    """One sample's tokens, all of policy `version`; with `finish_reason` the sample is finished too;
+    `relabel` ([start, end, version] runs) sets the versions of tokens it already holds (LogEntry)."""
 
     group_id: str
     index: int
@@ -86,6 +87,7 @@ class Append:
     logprobs: Sequence[float]
     version: int
     finish_reason: str | None = None
+    relabel: Sequence[Sequence[int]] = ()
 
 
 class LoadResult(NamedTuple):
@@ -116,16 +118,18 @@ return {'ok', cur}
 
 # A batch of appends, each checked on its own against its sample's length, each optionally
 # finishing its sample (one round trip for a whole request's tokens and finishes). Repeating a
-# finish (no tokens, same length, same reason) is accepted: a retry.
+# finish (no tokens, same length, same reason) is accepted: a retry. An entry with no tokens is
+# logged only when it relabels.
 # KEYS: (group hash, group log) per append. ARGV: (index, expected offset, n, entry, finish
-# reason or "") per append.
+# reason or "", "1" if it relabels else "") per append.
 _APPEND = """
 local out = {}
 for a = 1, #KEYS / 2 do
   local h, lg = KEYS[2 * a - 1], KEYS[2 * a]
-  local i = ARGV[5 * a - 4]
-  local off, n = tonumber(ARGV[5 * a - 3]), tonumber(ARGV[5 * a - 2])
-  local fin = ARGV[5 * a]
+  local i = ARGV[6 * a - 5]
+  local off, n = tonumber(ARGV[6 * a - 4]), tonumber(ARGV[6 * a - 3])
+  local fin = ARGV[6 * a - 1]
+  local relabels = ARGV[6 * a] ~= ''
   local st = redis.call('HMGET', h, 'state', i .. ':state', i .. ':len', i .. ':finish')
   local status, len = 'ok', 0
   if not st[1] then status = 'unknown'
@@ -139,8 +143,8 @@ for a = 1, #KEYS / 2 do
     elseif off < len then status = 'duplicate'
     elseif off > len then status = 'gap'
     else
+      if n > 0 or relabels then redis.call('RPUSH', lg, ARGV[6 * a - 2]) end
       if n > 0 then
-        redis.call('RPUSH', lg, ARGV[5 * a - 1])
         len = len + n
         redis.call('HSET', h, i .. ':len', len, i .. ':state', 'generating')
       end
@@ -277,9 +281,10 @@ class Journal:
                 raise ValueError(f"finish_reason {item.finish_reason!r} does not end a sample (one of {FINAL_REASONS})")
             tokens = [int(t) for t in item.token_ids]
             logprobs = [float(p) for p in item.logprobs]
-            entry = LogEntry("append", item.index, item.expected_offset, tokens, logprobs, int(item.version))
+            relabel = [[int(v) for v in run] for run in item.relabel]
+            entry = LogEntry("append", item.index, item.expected_offset, tokens, logprobs, int(item.version), relabel)
             keys += [self.key(f"group:{item.group_id}"), self.key(f"log:{item.group_id}")]
-            args += [item.index, item.expected_offset, len(tokens), entry.to_json(), item.finish_reason or ""]
+            args += [item.index, item.expected_offset, len(tokens), entry.to_json(), item.finish_reason or "", "1" if relabel else ""]
         reply = self._append(keys=keys, args=args)
         return [
             WriteResult(accepted=reply[k] == "ok", length=int(reply[k + 1]), reason=reply[k])
@@ -437,6 +442,11 @@ def fold_group(group_id: str, fields: dict[str, str], entries: list[str]) -> tup
         tokens[i] += entry.token_ids
         logprobs[i] += entry.logprobs
         versions[i] += [entry.version] * len(entry.token_ids)
+        for start, end, version in entry.relabel:
+            if end > len(tokens[i]):
+                bad[i] = f"log entry {position} relabels tokens [{start}, {end}) of a sample of {len(tokens[i])} tokens"
+                break
+            versions[i][start:end] = [version] * (end - start)
 
     samples = []
     for i in range(size):

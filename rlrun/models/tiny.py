@@ -193,7 +193,7 @@ def _new_model(build: TinyBuild, tokenizer):
         num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS,
         max_position_embeddings=build.max_model_len,
-        # Untied, as built before rlrun's reload handled tied weights (worker_extension.py); kept
+        # Untied, as built before rlrun's reload handled tied weights (inference/transfer_engine.py); kept
         # so the cached model (and the figures measured on it) stay valid.
         tie_word_embeddings=False,
         use_sliding_window=False,

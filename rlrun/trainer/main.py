@@ -227,7 +227,7 @@ class Trainer:
         bare = self.parallel.unwrapped(self.model)
         if self.broadcast is None:  # first the folder: a server (re)starting from now on loads it
             target = write_weights(self.run_dir, bare, weights, version)
-            down = self._until_vllm_answers(lambda: self.vllm.update_weights(str(target), publish))
+            down = self._until_vllm_answers(lambda: self.vllm.update_from_folder(str(target), version, publish))
         else:
             from rlrun.trainer.weight_broadcast import disk_copy_due
 
@@ -278,6 +278,8 @@ class Trainer:
             # how many versions behind the weights that trained on them the tokens were sampled
             "policy_lag_max": (self.state.policy_version - 1 - min(versions)) if versions else 0,
             "behaviour_version_max": max(versions) if versions else 0,  # newest version vLLM sampled with
+            "policy_lag_mean": round(self.state.policy_version - 1 - statistics.fmean(versions), 4) if versions else 0.0,
+            "samples_spanning_update": sum(1 for g in groups for s in g.samples if len(set(s.versions)) > 1),
             "bad_messages": self.bad_messages,
             **summed_actor_counters([self.redis.hgetall(key) for key in names.actor_states(self.cfg.actor.num_actors)]),
             "time": round(time.time(), 3),

@@ -10,15 +10,14 @@ from __future__ import annotations
 import datetime
 import logging
 import pickle
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from rlrun.backends.fast_llm.broadcast import SOURCE_RANK, WEIGHTS_SHARD, broadcast_tensor, member_of
-from rlrun.inference.admin import in_thread, results
+from rlrun.inference.admin import in_thread, results, version_label
 
 log = logging.getLogger("rlrun.trainer.weights")
 
@@ -30,7 +29,7 @@ class WeightBroadcaster:
 
     def __init__(self, host: str, port: int, receivers: int, transport: str = "gloo", timeout_s: float = 600.0) -> None:
         timeout = datetime.timedelta(seconds=timeout_s)
-        # Blocks until every receiver has joined (they join from rlrun_join_broadcast).
+        # Blocks until every receiver has joined (each joins in its weight-transfer engine's thread).
         self.store, _, _ = next(dist.rendezvous(f"tcp://{host}:{port}", SOURCE_RANK, receivers + 1, timeout=timeout))
         self.member = member_of(self.store, SOURCE_RANK, receivers + 1, transport, timeout)
         self.device = self.member.device
@@ -60,18 +59,20 @@ def disk_copy_due(step: int, checkpoint_every: int, last_step: int, down: list[s
 
 @dataclass(frozen=True)
 class Membership:
-    """One formation of the group: its id, and its receivers (rank i+1 is servers[i])."""
+    """One formation of the group: its receivers (rank i+1 is servers[i]), and the weight version
+    label every one of them serves since the last broadcast (None before the first)."""
 
-    group_id: str
     servers: tuple[str, ...]
+    label: str | None = None
 
 
-def needs_new_group(current: Membership | None, servers: list[str], reported: dict[str, str | None]) -> bool:
+def needs_new_group(current: Membership | None, servers: list[str], reported: dict[str, str]) -> bool:
     """True when the servers that answer are not exactly the current group's members, or one
-    reports another group or none (it restarted, or its group broke)."""
+    reports a weight version other than the group's last broadcast: it restarted (a fresh server
+    reports "default"), so it is in no group."""
     if current is None or tuple(servers) != current.servers:
         return True
-    return any(reported.get(url) != current.group_id for url in servers)
+    return current.label is not None and any(reported.get(url) != current.label for url in servers)
 
 
 class BroadcastSync:
@@ -82,7 +83,6 @@ class BroadcastSync:
         self.admin, self.host, self.port, self.transport, self.timeout_s = admin, host, port, transport, timeout_s
         self.membership: Membership | None = None
         self.sender: WeightBroadcaster | None = None
-        self._sent = 0  # broadcasts sent by this process: with the group id, a unique event id
 
     def update(self, weights: dict[str, torch.Tensor], version: int, publish: Callable[[], None],
                while_waiting: Callable[[], None] = lambda: None) -> list[str]:  # fmt: skip
@@ -97,7 +97,7 @@ class BroadcastSync:
         down, reported = [], {}
         for url in live:
             try:
-                reported[url] = self.admin.rpc(url, "rlrun_broadcast_group", {}).get("group_id")
+                reported[url] = self.admin.weight_version(url)
             except (httpx.ConnectError, httpx.RemoteProtocolError):
                 down.append(url)
         servers = [url for url in live if url not in down]
@@ -110,31 +110,27 @@ class BroadcastSync:
         except Exception as exc:
             self.close()
             raise RuntimeError(f"weight broadcast of v{version} to {', '.join(servers)} failed: {exc}") from exc
-        self.admin.reset_prefix_cache(servers)  # cached KV blocks were computed with the old weights
         return down
 
     def _form(self, servers: list[str], while_waiting) -> None:
         self.close()  # the old group's store frees the port
-        group_id = uuid.uuid4().hex[:12]
-        log.info("forming the weight broadcast group %s at %s:%d with %s", group_id, self.host, self.port, ", ".join(servers))
-        for rank, url in enumerate(servers, start=1):
-            kwargs = {"host": self.host, "port": self.port, "rank": rank, "world_size": len(servers) + 1,
-                      "backend": self.transport, "timeout_s": self.timeout_s, "group_id": group_id}  # fmt: skip
-            self.admin.rpc(url, "rlrun_join_broadcast", kwargs)  # answers at once; the worker joins in a thread
+        log.info("forming the weight broadcast group at %s:%d with %s", self.host, self.port, ", ".join(servers))
+        for rank, url in enumerate(servers, start=1):  # each answers at once and joins in the background
+            self.admin.join_broadcast(url, self.host, self.port, rank, len(servers) + 1, self.transport, self.timeout_s)
         forming = in_thread(lambda: WeightBroadcaster(self.host, self.port, len(servers), self.transport, self.timeout_s))
         self.sender = results([forming], while_waiting)[0]
-        self.membership = Membership(group_id, tuple(servers))
+        self.membership = Membership(tuple(servers))
 
     def _broadcast(self, weights, version: int, while_waiting) -> None:
         assert self.membership is not None and self.sender is not None
-        self._sent += 1
-        kwargs = {"event_id": f"{self.membership.group_id}-{self._sent}", "step": version, "timeout_s": self.timeout_s}
-        receiving = [in_thread(lambda url=url: self.admin.rpc(url, "rlrun_receive_broadcast", kwargs, self.timeout_s))
+        info = {"timeout_s": self.timeout_s}
+        receiving = [in_thread(lambda url=url: self.admin.load(url, info, version, self.timeout_s))
                      for url in self.membership.servers]  # fmt: skip
         sender = self.sender
         sent = results([in_thread(lambda: sender.send(weights))], while_waiting)[0]
-        reports = results(receiving, while_waiting)  # each receiver's receive_s, load_s, ...
-        log.info("weights v%d broadcast (%.1f MB) to %d server(s): %s", version, sent / 1e6, len(reports), reports)
+        results(receiving, while_waiting)
+        self.membership = replace(self.membership, label=version_label(version))
+        log.info("weights v%d broadcast (%.1f MB) to %d server(s)", version, sent / 1e6, len(self.membership.servers))
 
     def close(self) -> None:
         """Forget the group (its store, served by rank 0, closes with the last reference)."""

@@ -205,15 +205,15 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
         for step in (0, 1):  # the real trainer's announcements (also passwordless)
             anyone.xadd(EVENTS, weights_ready(step))
         follower.step()
-        loaded = list(admin.calls)
-        assert [c for c in loaded if c[0] == "receive"] == [("receive", 0), ("receive", 1)]
+        loaded = list(admin.routes())
+        assert [c for c in loaded if c.startswith("finish")] == ["finish_weight_update:0", "finish_weight_update:1"]
         before = (outcome(None), outcome(0), outcome(1))
 
         forged = [weights_ready(4), weights_ready(0), weights_ready(1), {"event": '{"type": "reload_weights", "path": "/tmp/x"}'}]
         for fields in forged:
             anyone.xadd(EVENTS, fields)
         follower.step()
-        assert admin.calls == loaded  # no pause, no receive: the served weights are the same
+        assert admin.routes() == loaded  # no pause, no load: the served weights are the same
         assert rlrun.get(names.POLICY_VERSION) == "1"
         assert rlrun.hget(names.WEIGHTS_STATE, "events_rejected") == str(len(forged))
         assert (outcome(None), outcome(0), outcome(1)) == before
@@ -225,7 +225,7 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
         assert outcome(None)[0] is False and outcome(0).startswith("exit rejected")
         anyone.xadd(EVENTS, weights_ready(2))
         follower.step()
-        assert admin.calls[-3:] == [("receive", 2), ("reset_prefix_cache",), ("resume",)]
+        assert admin.routes()[-3:] == ["update_weights", "finish_weight_update:2", "resume"]
         assert rlrun.get(names.POLICY_VERSION) == "2"
         events = [json.loads(line) for line in run.events.read_text().splitlines()]
         assert sum(e["event"] == "malformed_message" for e in events) == len(forged)

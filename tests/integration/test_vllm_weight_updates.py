@@ -1,9 +1,11 @@
-"""Weight updates into a real vLLM server (CPU) through rlrun's worker extension, every way:
+"""Weight updates into a real vLLM server (CPU) on vLLM's own RL API, through rlrun's weight-transfer
+engine, every way: in flight (a request streaming across an update is kept, labelled by vLLM's
+spans, and its tokens after the update are the new weights' over the cache the old ones filled),
 what the Fast-LLM stand-in broadcasts (the weight follower's calls), a checkpoint folder (the hf
-trainer's call with trainer.weight_transfer=disk), and the hf trainer's own broadcast
-(=broadcast; last, since it kills and restarts the server to show a restarted one is brought to
-the newest weights). The model ties its embedding and LM head, as Qwen2.5 does. After each update
-the server's log-probabilities match transformers' on the new weights, not on the old ones.
+trainer's trainer.weight_transfer=disk), and the hf trainer's own broadcast (=broadcast; last,
+since it kills and restarts the server to show a restarted one is brought to the newest weights).
+The model ties its embedding and LM head, as Qwen2.5 does. After each update the server's
+log-probabilities match transformers' on the new weights, not on the old ones.
 
 The server runs as a run runs it (rlrun's argv, env and API key in VLLM_API_KEY): every route but
 /health needs the key, and every client here sends it."""
@@ -21,7 +23,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlrun.actor.vllm_client import ROUTE, request_body
 from rlrun.backends.fast_llm.follower import VllmBroadcastAdmin
+from rlrun.inference.admin import VllmAdmin
 from rlrun.config import compose
 from rlrun.inference.auth import bearer_header
 from rlrun.inference.server import SERVED_MODEL_NAME, HealthCheck, base_url, server_argv, server_env
@@ -57,7 +61,8 @@ class VllmProcess:
     def __init__(self, model: str, folder) -> None:
         cfg, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu"])
         self.model, self.port = model, pick_free_port(HOST)
-        self.argv = server_argv(cfg.inference, cfg.model, model, self.port, tokenizer=model)
+        self.argv = server_argv(cfg.inference, cfg.model, model, self.port, tokenizer=model,
+                                stream_interval=cfg.actor.journal_flush_tokens)
         self.env = {**os.environ, **server_env(cfg.inference), "VLLM_API_KEY": KEY}
         self.url, self.log, self.starts = base_url(HOST, self.port), folder / "vllm.log", 0
         self.proc: subprocess.Popen | None = None
@@ -90,10 +95,9 @@ def server(tmp_path_factory):
 
 
 def greedy(url: str, prompt_ids: list[int]) -> tuple[list[int], list[float]]:
-    body = {"model": SERVED_MODEL_NAME, "prompt": prompt_ids, "max_tokens": 6, "temperature": 0.0, "logprobs": 0,
-            "return_token_ids": True}  # fmt: skip
-    choice = httpx.post(f"{url}/v1/completions", json=body, headers=bearer_header(KEY), timeout=60).json()["choices"][0]
-    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    body = request_body(prompt_ids, n=1, max_tokens=6, temperature=0.0, min_tokens=0, stream=False, cache_salt=None)
+    choice = httpx.post(f"{url}{ROUTE}", json=body, headers=bearer_header(KEY), timeout=60).json()["choices"][0]
+    return choice["token_ids"], [entry["logprob"] for entry in choice["logprobs"]["content"]]
 
 
 def transformers_logprobs(model_path: str, weights: dict, prompt_ids: list[int], completion: list[int]) -> list[float]:
@@ -108,6 +112,104 @@ def transformers_logprobs(model_path: str, weights: dict, prompt_ids: list[int],
     return [logprobs[len(prompt_ids) - 1 + k, token].item() for k, token in enumerate(completion)]
 
 
+def tied_folder(model: str, weights: dict, folder) -> str:
+    """`weights` saved as the trainer saves a step's weights (a tied model: no lm_head)."""
+    from transformers import AutoModelForCausalLM
+
+    moved = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    moved.load_state_dict(weights, strict=False)
+    moved.tie_weights()
+    moved.save_pretrained(folder)
+    return str(folder)
+
+
+def mixed_logprobs(model_path: str, old: dict, new: dict, prompt_ids: list[int], completion: list[int], k: int) -> list[float]:
+    """Log-probs of completion[k:] as vLLM computes them when its weights change from `old` to `new`
+    after token k - 1 was sampled (mode=keep): the new weights run over the keys and values the old
+    ones computed for the prompt and completion[:k - 1]."""
+    from transformers import AutoModelForCausalLM
+
+    def model_with(weights):
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model.load_state_dict(weights, strict=False)
+        model.tie_weights()
+        return model
+
+    with torch.no_grad():
+        cache = model_with(old)(torch.tensor([prompt_ids + completion[: k - 1]]), use_cache=True).past_key_values
+        logits = model_with(new)(torch.tensor([completion[k - 1 :]]), past_key_values=cache, use_cache=True).logits[0]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+    return [logprobs[j, token].item() for j, token in enumerate(completion[k:])]
+
+
+def test_a_request_in_flight_across_an_update_is_kept_and_labelled_and_continues_on_the_new_weights(server, tmp_path):
+    """The in-flight update, as the trainer makes it every step: a group streaming when the update
+    comes is not aborted; vLLM's spans label its tokens before and after; after the update its
+    log-probs are the new weights' over the KV cache the old weights computed (what keep does),
+    within 2e-3 of transformers computing exactly that."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from rlrun.actor.vllm_client import generate
+
+    url, model = server.url, server.model
+    prompt = AutoTokenizer.from_pretrained(model).encode(PROMPT, add_special_tokens=False)
+    pretrained = load_file(os.path.join(model, "model.safetensors"))
+    moved = weights_at(pretrained, STEP)
+    folder = tied_folder(model, moved, tmp_path / "v1")
+    budget = 56 - len(prompt)  # to the model's length, whatever it samples (min_tokens)
+    admin = VllmAdmin([url], api_key=KEY)
+
+    async def one_try() -> dict:
+        samples: dict[int, dict] = {}
+        first_chunk = asyncio.Event()
+
+        async def stream(client, n: int, record: bool) -> None:
+            async for delta in generate(client, url, prompt, n=n, max_tokens=budget, min_tokens=budget, temperature=1.0,
+                                        timeout_s=120, stream=True, cache_salt="v0"):  # fmt: skip
+                first_chunk.set()
+                if record:
+                    sample = samples.setdefault(delta.index, {"tokens": [], "logprobs": [], "finish": None, "spans": None})
+                    sample["tokens"] += delta.token_ids
+                    sample["logprobs"] += delta.logprobs
+                    if delta.finish_reason is not None:
+                        sample["finish"], sample["spans"] = delta.finish_reason, delta.spans
+
+        async with httpx.AsyncClient(headers=bearer_header(KEY), timeout=120) as client:
+            group = asyncio.create_task(stream(client, 8, True))
+            load = [asyncio.create_task(stream(client, 64, False)) for _ in range(3)]  # slower steps: caught mid-flight
+            await first_chunk.wait()
+            await asyncio.to_thread(admin.update_from_folder, folder, 1, lambda: None)  # pause(keep), load, label, resume
+            await asyncio.gather(group, *load)
+        return samples
+
+    try:
+        for _ in range(3):  # a group that finished before the pause landed proves nothing: again
+            samples = asyncio.run(one_try())
+            spanning = [s for s in samples.values() if s["spans"] and len(s["spans"]) == 2]
+            if spanning:
+                break
+        assert len(samples) == 8 and all(s["finish"] == "length" and len(s["tokens"]) == budget for s in samples.values()), \
+            "a request in flight was cut short by the update"  # fmt: skip
+        assert spanning, "no sample was in flight across the update in 3 tries"
+        for sample in spanning:
+            before, after = sample["spans"]
+            k = before.end
+            assert (before.label, before.start, after.label, after.start, after.end) == ("default", 0, "1", k, budget)
+            assert 0 < k < budget
+            tokens, served = sample["tokens"], sample["logprobs"]
+            old = transformers_logprobs(model, pretrained, prompt, tokens[:k])
+            assert max(abs(a - b) for a, b in zip(served[:k], old)) < 2e-3  # before: the old weights
+            expected = mixed_logprobs(model, pretrained, moved, prompt, tokens, k)
+            fresh = transformers_logprobs(model, moved, prompt, tokens)[k:]
+            assert max(abs(a - b) for a, b in zip(served[k:], fresh)) > 0.01  # not a fresh pass: the KV was kept
+            still_old = transformers_logprobs(model, pretrained, prompt, tokens)[k:]
+            assert max(abs(a - b) for a, b in zip(served[k:], still_old)) > 0.05  # not the weights it started with
+    finally:
+        admin.close()
+
+
 def test_vllm_serves_the_weights_fast_llm_broadcast(server):
     from transformers import AutoTokenizer
 
@@ -117,13 +219,15 @@ def test_vllm_serves_the_weights_fast_llm_broadcast(server):
     admin = VllmBroadcastAdmin([url], receive_timeout_s=60, api_key=KEY)
     port = pick_free_port(HOST)
 
-    admin.join(HOST, port, "gloo", 60)  # answers at once; the worker joins in the background
+    def load(step: int):  # the weight follower's calls for one weights_ready
+        return in_thread(lambda: admin.update(lambda live: admin.receive(live, step), lambda: None))
+
+    assert admin.join(HOST, port, "gloo", 60) == []  # answers at once; the engine joins in the background
     sender = Broadcaster(HOST, port, 1, "gloo", timeout=60)  # as Fast-LLM's start: waits for the worker
-    receiving = in_thread(lambda: admin.receive("1-0", STEP))
+    loading = load(STEP)
     sender.send(weights_at(pretrained, STEP))
-    (report,) = receiving()
-    assert report["step"] == STEP and report["tensors"] == len(pretrained)
-    assert report["bytes"] == sum(t.numel() * t.element_size() for t in pretrained.values())
+    assert loading() == []
+    assert admin.weight_version(url) == str(STEP)
 
     completion, served = greedy(url, prompt)
     moved = transformers_logprobs(model, weights_at(pretrained, STEP), prompt, completion)
@@ -131,55 +235,52 @@ def test_vllm_serves_the_weights_fast_llm_broadcast(server):
     assert max(abs(a - b) for a, b in zip(served, moved)) < 2e-3  # the broadcast weights
     assert max(abs(a - b) for a, b in zip(served, before)) > 0.05  # not the ones it started with
 
-    (again,) = admin.receive("1-0", STEP)  # a retried call for the event loaded last returns at once
-    assert again["already_loaded"] is True
-
     # A restarted trainer goes back to its checkpoint's step and broadcasts it again: loaded again.
-    receiving = in_thread(lambda: admin.receive("2-0", 2))
+    loading = load(2)
     sender.send(weights_at(pretrained, 2))
-    (report,) = receiving()
-    assert report["step"] == 2 and report["tensors"] == len(pretrained)
+    assert loading() == []
     completion, served = greedy(url, prompt)
     moved = transformers_logprobs(model, weights_at(pretrained, 2), prompt, completion)
     assert max(abs(a - b) for a, b in zip(served, moved)) < 2e-3
     admin.close()
 
 
-
 def test_vllm_serves_a_checkpoint_folder_reloaded_by_the_trainers_call(server, tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rlrun.inference.admin import VllmAdmin
+    from transformers import AutoTokenizer
 
     url, model = server.url, server.model
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompt = tokenizer.encode(PROMPT, add_special_tokens=False)
-    moved = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    moved.load_state_dict(weights_at(load_file(os.path.join(model, "model.safetensors")), 30), strict=False)
-    moved.tie_weights()
-    moved.save_pretrained(tmp_path / "step-30")  # as the trainer saves a step's weights (tied: no lm_head)
+    weights = weights_at(load_file(os.path.join(model, "model.safetensors")), 30)
+    folder = tied_folder(model, weights, tmp_path / "step-30")
 
     admin = VllmAdmin([url], api_key=KEY)
-    assert admin.update_weights(str(tmp_path / "step-30"), publish=lambda: None) == []  # the trainer's path
+    assert admin.update_from_folder(folder, 30, publish=lambda: None) == []  # the trainer's path
+    assert admin.weight_version(url) == "30"
     admin.close()
 
     completion, served = greedy(url, prompt)
-    expected = transformers_logprobs(model, dict(moved.state_dict()), prompt, completion)
+    expected = transformers_logprobs(model, weights, prompt, completion)
     assert max(abs(a - b) for a, b in zip(served, expected)) < 2e-3
 
 
 # Every route a local process could use to steer the run: (method, path, body). Each must answer
 # 401 without the key and do its job with it.
 ADMIN_ROUTES = [
-    ("POST", "/pause?mode=abort", None),
+    ("POST", "/pause?mode=keep", None),
     ("GET", "/is_paused", None),
     ("POST", "/resume", None),
     ("POST", "/reset_prefix_cache", None),
     ("POST", "/abort_requests", {"request_ids": ["none-such"]}),
-    ("POST", "/collective_rpc", {"method": "rlrun_reload_weights", "kwargs": {"weights_path": "{model}"}}),
+    ("POST", "/start_weight_update", None),
+    ("POST", "/update_weights", {"update_info": {"path": "{model}"}}),
+    ("POST", "/finish_weight_update", {"weight_version": "{label}"}),
+    ("POST", "/update_weight_version", {"new_version": "{label}"}),
+    ("GET", "/weight_info", None),
     ("GET", "/is_sleeping", None),
     ("GET", "/v1/models", None),
     ("POST", "/v1/completions", {"model": SERVED_MODEL_NAME, "prompt": [1, 2], "max_tokens": 1}),
+    ("POST", ROUTE, request_body([1, 2], n=1, max_tokens=1, temperature=1.0, min_tokens=0, stream=False, cache_salt=None)),
 ]
 
 
@@ -190,18 +291,19 @@ def test_every_admin_route_needs_the_runs_key(server):
     with httpx.Client(base_url=url, timeout=120) as anyone, httpx.Client(base_url=url, timeout=120, headers=bearer_header(KEY)) as run:
         paused = False  # what the server should say: only the key's /pause and /resume change it
         for method, path, body in ADMIN_ROUTES:
-            body = None if body is None else json.loads(json.dumps(body).replace("{model}", model))
+            label = run.get("/weight_info").json()["weight_version"]  # the route relabels with what it served: unchanged
+            body = None if body is None else json.loads(json.dumps(body).replace("{model}", model).replace("{label}", label))
             for who, headers in (("nobody", {}), ("a wrong key", bearer_header("guess")), ("a non-bearer", {"Authorization": KEY})):
                 refused = anyone.request(method, path, json=body, headers=headers)
                 assert refused.status_code == 401, f"{method} {path} with {who}: {refused.status_code} {refused.text[:200]}"
             assert run.get("/is_paused").json() == {"is_paused": paused}, f"{path} without the key changed the pause state"
             allowed = run.request(method, path, json=body)
             assert allowed.status_code == 200, f"{method} {path} with the key: {allowed.status_code} {allowed.text[:300]}"
-            paused = {"/pause?mode=abort": True, "/resume": False}.get(path, paused)
+            paused = {"/pause?mode=keep": True, "/resume": False}.get(path, paused)
             assert run.get("/is_paused").json() == {"is_paused": paused}  # the key's pause/resume took effect
         assert run.get("/is_paused").json() == {"is_paused": False}
         assert anyone.get("/health").status_code == 200
-        # The reload went through: the served model is the one on disk again, and it generates.
+        # The update went through: the served model is the one on disk again, and it generates.
         assert len(greedy(url, [1, 2, 3])[0]) >= 1
     assert KEY not in log.read_text(errors="replace")
 
@@ -213,7 +315,6 @@ def test_the_hf_trainers_broadcast_is_served_and_a_restarted_server_gets_the_new
     it and brings it to the newest. Last in this module: it restarts the server."""
     from transformers import AutoTokenizer
 
-    from rlrun.inference.admin import VllmAdmin
     from rlrun.trainer.weight_broadcast import BroadcastSync
 
     url, model = server.url, server.model
@@ -234,8 +335,8 @@ def test_the_hf_trainers_broadcast_is_served_and_a_restarted_server_gets_the_new
             assert sync.update(weights_at(pretrained, step), version, lambda: published.append(version)) == []
             assert serves(weights_at(pretrained, step)) < 2e-3, f"v{version}"
             if version == 1:
-                first = sync.membership
-        assert sync.membership == first  # the second update reused the group
+                first = sync.sender
+        assert sync.sender is first  # the second update reused the group
 
         server.kill()  # the supervisor would restart it; meanwhile no server answers: the trainer retries
         with pytest.raises(httpx.ConnectError, match="no vLLM server answers"):
@@ -244,7 +345,7 @@ def test_the_hf_trainers_broadcast_is_served_and_a_restarted_server_gets_the_new
         assert serves(pretrained) < 2e-3
 
         assert sync.update(weights_at(pretrained, 3), 3, lambda: published.append(3)) == []
-        assert sync.membership.group_id != first.group_id  # a new group, with the restarted server in it
+        assert sync.sender is not first and sync.membership.label == "3"  # a new group, with the restarted server in it
         assert serves(weights_at(pretrained, 3)) < 2e-3 and serves(pretrained) > 0.05
         assert published == [1, 2, 3] and server.starts == 2
     finally:

@@ -5,10 +5,12 @@ servers are in test_fast_llm_receiver.py and the Fast-LLM e2e run): when it join
 from __future__ import annotations
 
 import json
+import threading
 
+import httpx
 import pytest
 
-from rlrun.backends.fast_llm.follower import WeightFollower, request_join, stream_id_after
+from rlrun.backends.fast_llm.follower import VllmBroadcastAdmin, WeightFollower, request_join, stream_id_after
 from rlrun.config import compose
 from rlrun.streams import names
 
@@ -17,38 +19,44 @@ pytestmark = pytest.mark.timeout(60)
 EVENTS = "fast_llm_events"
 
 
-class RecordingAdmin:
-    """What the follower asks of the vLLM servers, in order; `fail_steps` receives raise."""
+class RecordingAdmin(VllmBroadcastAdmin):
+    """The follower's real admin over httpx's mock transport: every vLLM route it calls, per server,
+    in order (`pause`, `start_weight_update`, `update_weights`, `finish_weight_update:<label>`, ...);
+    the loads numbered in `fail_loads` (1 = the first) answer 500; servers in `down` refuse."""
 
     urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
 
-    def __init__(self, fail_steps=(), down=()) -> None:
-        self.calls: list[tuple] = []
-        self.fail_steps = set(fail_steps)
-        self.down = set(down)  # servers that cannot be reached
+    def __init__(self, fail_loads=(), down=()) -> None:
+        super().__init__(self.urls, receive_timeout_s=5, api_key="k")
+        self._client = httpx.Client(transport=httpx.MockTransport(self._handle))
+        self.fail_loads, self.down = set(fail_loads), set(down)
+        self.calls: dict[str, list[str]] = {url: [] for url in self.urls}
+        self.loads = 0
+        self._lock = threading.Lock()
 
-    def join(self, host, port, backend, timeout_s, servers=None):
-        asked = [u for u in self.urls if servers is None or u in servers]
-        self.calls.append(("join", host, port, backend, *asked))
-        return [u for u in asked if u in self.down]
+    def _handle(self, request: httpx.Request) -> httpx.Response:
+        server = f"http://{request.url.host}:{request.url.port}"
+        if server in self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        route, body = request.url.path.lstrip("/"), json.loads(request.content) if request.content else {}
+        with self._lock:
+            if route == "init_weight_transfer_engine":
+                info = body["init_info"]
+                route += f":{info['host']}:{info['port']}:{info['backend']}:{info['rank']}/{info['world_size']}"
+            elif route == "finish_weight_update":
+                route += f":{body['weight_version']}"
+            elif route == "update_weights" and server == self.urls[0]:
+                self.loads += 1
+            self.calls[server].append(route)
+            if route == "update_weights" and self.loads in self.fail_loads:
+                return httpx.Response(500, text="the broadcast broke")
+        return httpx.Response(200, json={})
 
-    def receive(self, event_id, step, while_waiting=lambda: None):
-        self.calls.append(("receive", step))
-        if step in self.fail_steps:
-            raise RuntimeError(f"vLLM answered 500: the broadcast of {step} broke")
-        return [{"step": step, "tensors": 27}] * len(self.urls)
+    def routes(self, server: int = 0) -> list[str]:
+        return self.calls[self.urls[server]]
 
-    def pause(self):
-        self.calls.append(("pause",))
-        if self.down:
-            raise RuntimeError(f"vLLM {sorted(self.down)[0]} answered 503")
 
-    def reset_prefix_cache(self):
-        self.calls.append(("reset_prefix_cache",))
-
-    def resume_answering(self):
-        self.calls.append(("resume",))
-        return []
+LOADED = ["pause", "start_weight_update", "update_weights"]  # + finish_weight_update:<step>, resume
 
 
 def follower(client, admin) -> WeightFollower:
@@ -68,11 +76,12 @@ def test_it_joins_once_per_trainer_start_and_loads_each_broadcast_in_order(clien
     weights_ready(client, 1)
     f.step()
     f.step()  # nothing new: no second join, nothing loaded twice
-    assert admin.calls == [
-        ("join", "127.0.0.1", 29555, "gloo", *RecordingAdmin.urls),
-        ("pause",), ("receive", 0), ("reset_prefix_cache",), ("resume",),
-        ("pause",), ("receive", 1), ("reset_prefix_cache",), ("resume",),
-    ]  # fmt: skip
+    for rank, server in enumerate(RecordingAdmin.urls, start=1):  # requests in flight kept (pause?mode=keep)
+        assert admin.calls[server] == [
+            f"init_weight_transfer_engine:127.0.0.1:29555:gloo:{rank}/3",
+            *LOADED, "finish_weight_update:0", "resume",
+            *LOADED, "finish_weight_update:1", "resume",
+        ]  # fmt: skip
     assert client.get(names.POLICY_VERSION) == "1"
     assert client.hget(names.WEIGHTS_STATE, "broadcasts_loaded") == "2"
 
@@ -85,19 +94,19 @@ def test_events_of_an_earlier_trainer_are_skipped(client):
     new = weights_ready(client, 3)
     f.step()
     assert stream_id_after(new, requested)
-    assert [c for c in admin.calls if c[0] == "receive"] == [("receive", 3)]
+    assert [c for c in admin.routes() if c.startswith("finish")] == ["finish_weight_update:3"]
     assert client.get(names.POLICY_VERSION) == "3"
 
 
 def test_a_failed_broadcast_keeps_the_served_version_and_generation_resumes(client):
-    admin = RecordingAdmin(fail_steps={2})
+    admin = RecordingAdmin(fail_loads={2})
     f = follower(client, admin)
     request_join(client, EVENTS)
     weights_ready(client, 1)
     weights_ready(client, 2)
     f.step()
     assert client.get(names.POLICY_VERSION) == "1"  # what vLLM still serves
-    assert admin.calls[-2:] == [("receive", 2), ("resume",)]  # never left paused
+    assert admin.routes()[-2:] == ["update_weights", "resume"]  # never left paused, the failed load not labelled
     state = client.hgetall(names.WEIGHTS_STATE)
     assert (state["broadcasts_loaded"], state["broadcasts_failed"]) == ("1", "1")
 
@@ -112,12 +121,12 @@ def test_a_restarted_follower_neither_repeats_an_event_nor_joins_again(client):
     second = RecordingAdmin()
     restarted = follower(client, second)  # same Redis: its progress is there
     restarted.step()
-    assert second.calls == [("pause",), ("receive", 2), ("reset_prefix_cache",), ("resume",)]
+    assert second.routes() == [*LOADED, "finish_weight_update:2", "resume"]
     assert restarted.counters["broadcasts_loaded"] == 2  # counts go on across restarts
 
     request_join(client, EVENTS)  # the trainer is restarted: a new group to join
     restarted.step()
-    assert second.calls[-1][0] == "join"
+    assert second.routes()[-1].startswith("init_weight_transfer_engine")
 
 
 def test_malformed_events_are_passed_over(client):
@@ -128,7 +137,7 @@ def test_malformed_events_are_passed_over(client):
     client.xadd(EVENTS, {"event": json.dumps({"type": "weights_ready"})})  # no step
     weights_ready(client, 4)
     f.step()
-    assert [c for c in admin.calls if c[0] == "receive"] == [("receive", 4)]
+    assert [c for c in admin.routes() if c.startswith("finish")] == ["finish_weight_update:4"]
 
 
 def test_a_server_that_cannot_be_asked_to_join_is_asked_again_alone(client):
@@ -139,7 +148,8 @@ def test_a_server_that_cannot_be_asked_to_join_is_asked_again_alone(client):
     assert client.hget(names.WEIGHTS_STATE, "joined") is None  # not every server is in yet
     admin.down.clear()
     f.step()
-    assert [c[4:] for c in admin.calls if c[0] == "join"] == [tuple(RecordingAdmin.urls), (RecordingAdmin.urls[1],)]
+    joins = [[c for c in admin.routes(k) if c.startswith("init")] for k in (0, 1)]
+    assert [len(j) for j in joins] == [1, 1]  # the first asked once, the second asked again alone
     assert client.hget(names.WEIGHTS_STATE, "joined") == client.hget(names.WEIGHTS_STATE, "join_request")
 
 
@@ -151,5 +161,5 @@ def test_a_server_down_during_an_update_fails_that_update_only(client):
     admin.down.add(RecordingAdmin.urls[0])
     weights_ready(client, 1)
     f.step()  # does not raise: the follower keeps running
-    assert admin.calls[-2:] == [("pause",), ("resume",)]
+    assert admin.routes(1)[-2:] == ["pause", "resume"]  # asked to receive nothing alone: resumed at once
     assert client.hget(names.WEIGHTS_STATE, "broadcasts_failed") == "1" and client.get(names.POLICY_VERSION) is None

@@ -56,7 +56,8 @@ def test_a_step_retaken_after_a_trainer_restart_replaces_the_first_record():
 
 def test_actor_counters_come_from_the_published_hashes_added_up_and_default_to_zero():
     published = {"tokens_reused": "120", "samples_continued": "7", "pid": "42", "heartbeat": "1.5", "prefixes_dropped_stale": "bad"}
-    assert summed_actor_counters([published]) == {"tokens_reused": 120, "tokens_regenerated": 0, "samples_continued": 7, "prefixes_dropped_stale": 0}
+    assert summed_actor_counters([published]) == {"tokens_reused": 120, "tokens_regenerated": 0, "samples_continued": 7, "prefixes_dropped_stale": 0,
+                                                  "groups_published": 0, "requests": 0}
     assert summed_actor_counters([published, {"tokens_reused": "3"}])["tokens_reused"] == 123
     assert summed_actor_counters([{}]) == dict.fromkeys(ACTOR_COUNTERS, 0)
 

@@ -89,7 +89,7 @@ def test_the_server_is_given_the_middleware_and_no_key_on_its_command_line():
     from rlrun.config import compose
 
     cfg, _ = compose([])
-    argv = server_argv(cfg.inference, cfg.model, "/weights", 8000, tokenizer="/tok")
+    argv = server_argv(cfg.inference, cfg.model, "/weights", 8000, tokenizer="/tok", stream_interval=16)
     assert argv[argv.index("--middleware") + 1] == "rlrun.inference.auth.RequireApiKey" == auth.MIDDLEWARE
     assert "--api-key" not in argv
 

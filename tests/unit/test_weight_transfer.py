@@ -27,21 +27,22 @@ A, B, C = "http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://127.0.0.1:80
 
 # --- the pure rule ---------------------------------------------------------------------------
 def test_a_group_is_formed_when_there_is_none():
-    assert needs_new_group(None, [A, B], {A: None, B: None})
+    assert needs_new_group(None, [A, B], {A: "default", B: "default"})
 
 
-def test_the_same_members_all_reporting_the_group_keep_it():
-    assert not needs_new_group(Membership("g1", (A, B)), [A, B], {A: "g1", B: "g1"})
+def test_the_same_members_all_serving_the_groups_last_broadcast_keep_it():
+    assert not needs_new_group(Membership((A, B), "7"), [A, B], {A: "7", B: "7"})
+    assert not needs_new_group(Membership((A, B)), [A, B], {A: "default", B: "3"})  # formed, nothing sent yet
 
 
-def test_a_restarted_member_reports_no_group_and_the_group_is_formed_again():
-    assert needs_new_group(Membership("g1", (A, B)), [A, B], {A: "g1", B: None})
-    assert needs_new_group(Membership("g1", (A, B)), [A, B], {A: "g1", B: "g0"})  # an older trainer's group
+def test_a_restarted_member_serves_another_label_and_the_group_is_formed_again():
+    assert needs_new_group(Membership((A, B), "7"), [A, B], {A: "7", B: "default"})  # a fresh server
+    assert needs_new_group(Membership((A, B), "7"), [A, B], {A: "7", B: "5"})  # loaded weights/current of v5 at start
 
 
 def test_a_member_down_or_a_server_back_changes_the_members():
-    assert needs_new_group(Membership("g1", (A, B)), [A], {A: "g1"})
-    assert needs_new_group(Membership("g1", (A,)), [A, B], {A: "g1", B: None})
+    assert needs_new_group(Membership((A, B), "7"), [A], {A: "7"})
+    assert needs_new_group(Membership((A,), "7"), [A, B], {A: "7", B: "default"})
 
 
 def test_gloo_on_cpu_nccl_on_gpus():
@@ -80,11 +81,12 @@ def test_broadcast_gets_a_port_on_the_inference_host_and_the_trainer_is_told(tmp
 
 # --- one update over the mock transport ------------------------------------------------------
 class Servers:
-    """Three vLLM servers behind httpx's mock transport: each remembers the group it joined
-    (`rlrun_broadcast_group`), and records the calls it gets."""
+    """Three vLLM servers behind httpx's mock transport, speaking vLLM's RL routes: each remembers
+    the rank it was asked to join as and the weight version label it serves, and records the calls."""
 
     def __init__(self) -> None:
-        self.group: dict[str, str | None] = {A: None, B: None, C: None}
+        self.label: dict[str, str] = {A: "default", B: "default", C: "default"}
+        self.rank: dict[str, str | None] = {A: None, B: None, C: None}
         self.down: set[str] = set()
         self.fail_receive: set[str] = set()
         self.calls: list[tuple[str, str]] = []
@@ -94,20 +96,25 @@ class Servers:
         if server in self.down:
             raise httpx.ConnectError("connection refused", request=request)
         path = request.url.path.lstrip("/")
-        if path == "collective_rpc":
-            body = json.loads(request.content)
-            path = body["method"]
-            if path == "rlrun_join_broadcast":
-                self.group[server] = body["kwargs"]["group_id"]
-                path += f":{body['kwargs']['rank']}/{body['kwargs']['world_size']}"
-            elif path == "rlrun_receive_broadcast" and server in self.fail_receive:
-                self.calls.append((server, path))
-                return httpx.Response(500, text="the group broke")
-            result = {"group_id": self.group[server]} if path == "rlrun_broadcast_group" else {"ok": True}
+        body = json.loads(request.content) if request.content else {}
+        if path == "weight_info":
             self.calls.append((server, path))
-            return httpx.Response(200, json={"results": [result]})
+            return httpx.Response(200, json={"weight_version": self.label[server]})
+        if path == "init_weight_transfer_engine":
+            info = body["init_info"]
+            self.rank[server] = f"{info['rank']}/{info['world_size']}"
+            path += f":{self.rank[server]}"
+        elif path == "update_weights" and server in self.fail_receive:
+            self.calls.append((server, path))
+            return httpx.Response(500, text="the group broke")
+        elif path == "finish_weight_update":
+            self.label[server] = body["weight_version"]
+            path += f":{body['weight_version']}"
         self.calls.append((server, path))
         return httpx.Response(200, json={})
+
+    def restart(self, server: str) -> None:
+        self.label[server], self.rank[server] = "default", None
 
     def of(self, server: str) -> list[str]:
         return [call for who, call in self.calls if who == server]
@@ -147,18 +154,18 @@ def test_the_first_update_forms_the_group_and_each_server_receives_between_pause
     assert sync.update(WEIGHTS, 1, lambda: published.append(list(servers.calls))) == []
     assert FakeSender.formed == [3] and sync.sender.sent == [WEIGHTS]
     for rank, server in enumerate((A, B, C), start=1):
-        assert servers.of(server) == ["pause", "rlrun_broadcast_group", f"rlrun_join_broadcast:{rank}/4",
-                                      "rlrun_receive_broadcast", "reset_prefix_cache", "resume"]  # fmt: skip
+        assert servers.of(server) == ["pause", "weight_info", f"init_weight_transfer_engine:{rank}/4",
+                                      "start_weight_update", "update_weights", "finish_weight_update:1", "resume"]  # fmt: skip
     assert [c for _, c in published[0]].count("resume") == 0  # published before any resume
-    assert sync.membership.servers == (A, B, C)
+    assert sync.membership.servers == (A, B, C) and sync.membership.label == "1"
 
 
-def test_an_unchanged_group_is_reused_and_every_broadcast_has_its_own_event(sync):
+def test_an_unchanged_group_is_reused(sync):
     sync, servers = sync
     sync.update(WEIGHTS, 1, lambda: None)
     sync.update(WEIGHTS, 2, lambda: None)
     assert FakeSender.formed == [3] and len(sync.sender.sent) == 2
-    assert servers.of(A).count("rlrun_join_broadcast:1/4") == 1
+    assert servers.of(A).count("init_weight_transfer_engine:1/4") == 1 and servers.label[A] == "2"
 
 
 def test_a_server_down_is_left_out_and_the_group_formed_with_those_that_answer(sync):
@@ -167,19 +174,20 @@ def test_a_server_down_is_left_out_and_the_group_formed_with_those_that_answer(s
     servers.down = {B}
     assert sync.update(WEIGHTS, 2, lambda: None) == [B]
     assert FakeSender.formed == [3, 2] and sync.membership.servers == (A, C)
-    assert servers.of(C)[-5:] == ["rlrun_broadcast_group", "rlrun_join_broadcast:2/3", "rlrun_receive_broadcast",
-                                  "reset_prefix_cache", "resume"]  # fmt: skip
+    assert servers.of(C)[-6:] == ["weight_info", "init_weight_transfer_engine:2/3", "start_weight_update", "update_weights",
+                                  "finish_weight_update:2", "resume"]  # fmt: skip
 
 
 def test_a_restarted_server_is_back_in_a_new_group_and_gets_the_newest_weights(sync):
     sync, servers = sync
     sync.update(WEIGHTS, 1, lambda: None)
-    servers.group[B] = None  # B restarted: a fresh process never asked to join
+    servers.restart(B)  # a fresh process: in no group, serving weights labelled "default"
     newest = {"w": torch.full((4,), 2.0)}
     assert sync.update(newest, 2, lambda: None) == []
     assert FakeSender.formed == [3, 3] and sync.sender.sent == [newest]
-    assert servers.of(B)[-4:] == ["rlrun_join_broadcast:2/4", "rlrun_receive_broadcast", "reset_prefix_cache", "resume"]
-    assert len({servers.group[s] for s in (A, B, C)}) == 1  # all three in the new group
+    assert servers.of(B)[-5:] == ["init_weight_transfer_engine:2/4", "start_weight_update", "update_weights",
+                                  "finish_weight_update:2", "resume"]  # fmt: skip
+    assert servers.label == {A: "2", B: "2", C: "2"}
 
 
 def test_a_failed_receive_publishes_nothing_resumes_everyone_and_the_next_update_forms_again(sync):
@@ -191,7 +199,7 @@ def test_a_failed_receive_publishes_nothing_resumes_everyone_and_the_next_update
         sync.update(WEIGHTS, 2, lambda: published.append(True))
     assert published == [] and sync.membership is None
     assert all(servers.of(s)[-1] == "resume" for s in (A, B, C))
-    assert not any(call == "reset_prefix_cache" for call in servers.of(A)[-3:])
+    assert servers.label[C] == "1"  # the failed server is not labelled with a version it did not load
     servers.fail_receive = set()
     sync.update(WEIGHTS, 2, lambda: published.append(True))
     assert published == [True] and FakeSender.formed == [3, 3]

@@ -58,22 +58,25 @@ class VllmBroadcastAdmin(VllmAdmin):
         for rank, url in enumerate(self.urls, start=1):
             if servers is not None and url not in servers:
                 continue
-            kwargs = {"host": host, "port": port, "rank": rank, "world_size": world_size, "backend": backend,
-                      "timeout_s": timeout_s}  # fmt: skip
             try:
-                self.rpc(url, "rlrun_join_broadcast", kwargs, timeout_s=JOIN_CALL_TIMEOUT_S)
+                self.join_broadcast(url, host, port, rank, world_size, backend, timeout_s)
             except (httpx.HTTPError, RuntimeError) as exc:
                 log.warning("vLLM %s could not be asked to join the broadcast (%s); asking again shortly", url, exc)
                 failed.append(url)
         return failed
 
-    def receive(self, event_id: str, step: int, while_waiting=lambda: None) -> list[dict]:
-        """Every server receives the broadcast of event `event_id` at once; their reports.
-        `while_waiting` (the heartbeat) is called about once a second meanwhile."""
-        kwargs = {"event_id": event_id, "step": step, "timeout_s": self.receive_timeout_s}
-        timeout_s = self.receive_timeout_s + 10
-        calls = [lambda url=url: self.rpc(url, "rlrun_receive_broadcast", kwargs, timeout_s) for url in self.urls]
-        return results([in_thread(call) for call in calls], while_waiting)
+    def receive(self, servers: list[str], step: int, while_waiting=lambda: None) -> list[str]:
+        """Every one of `servers` receives the broadcast of `step` at once, labelled `step`. Fast-LLM
+        sends to every member of its group: with one down nobody is asked to receive (the others
+        resume at once instead of waiting for the collective to time out). `while_waiting` (the
+        heartbeat) is called about once a second meanwhile."""
+        missing = [url for url in self.urls if url not in servers]
+        if missing:
+            raise RuntimeError(f"vLLM {', '.join(missing)} does not answer: Fast-LLM's broadcast needs every server of its group")
+        info = {"timeout_s": self.receive_timeout_s}
+        calls = [lambda url=url: self.load(url, info, step, self.receive_timeout_s) for url in servers]
+        results([in_thread(call) for call in calls], while_waiting)
+        return []
 
 
 class WeightFollower:
@@ -156,18 +159,14 @@ class WeightFollower:
     def _load(self, event_id: str, step: int) -> None:
         started = time.perf_counter()
         try:
-            self.admin.pause()
-            reports = self.admin.receive(event_id, step, while_waiting=self._heartbeat)
-            self.admin.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-            self.redis.set(names.POLICY_VERSION, step)
+            publish = lambda: self.redis.set(names.POLICY_VERSION, step)  # noqa: E731
+            # Paused with their requests kept, loaded, the step published, resumed (admin.update).
+            self.admin.update(lambda live: self.admin.receive(live, step, self._heartbeat), publish)
             self.counters["broadcasts_loaded"] += 1
-            log.info("vLLM serves step %d (%.2f s): %s", step, time.perf_counter() - started, reports)
-        except (httpx.HTTPError, RuntimeError) as exc:
+            log.info("vLLM serves step %d (event %s, %.2f s)", step, event_id, time.perf_counter() - started)
+        except (httpx.HTTPError, RuntimeError) as exc:  # never raises (admin.update resumed every paused server)
             self.counters["broadcasts_failed"] += 1
             log.error("the broadcast of step %d was not loaded (%s); the servers keep the previous weights", step, exc)
-        finally:  # never raises: a server left paused would stall the run
-            for url in self.admin.resume_answering():
-                log.warning("vLLM %s could not be resumed", url)
 
     def _heartbeat(self) -> None:
         now = time.time()
