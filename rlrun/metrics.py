@@ -35,6 +35,7 @@ FIELDS: dict[str, str] = {
     "prefixes_dropped_stale": "actor, whole run: prefixes dropped because their oldest token was older than actor.max_prefix_staleness versions",
     "groups_published": "actor, whole run: groups published to the trainer",
     "requests": "actor, whole run: generation requests sent to vLLM (one per group, but after an interruption: one per continued sample)",
+    "generating_ms": "actor, whole run: milliseconds of wall time with at least one generation request in flight (vLLM had work); the rest it idled, held back by actor.max_steps_ahead",
     "time": "wall-clock time (Unix seconds) when the record was written",
     "loss": "policy loss of the step (mean over its passes)",
     "clip_fraction": "share of ratios clipped (tokens for grpo, sequences for gspo)",
@@ -44,11 +45,12 @@ FIELDS: dict[str, str] = {
     "wait_s": "of step_time_s, seconds spent waiting for the actor's groups",
     "weights_s": "of step_time_s, seconds the step spent on handing its weights to vLLM (saving and reloading them, or broadcasting them; overlapped: copying them and waiting for the previous update)",
     "weights_update_s": "seconds the last whole weight update took: with trainer.overlap_weight_update, the one that finished during this step, beside the training (null at the first step); without, weights_s",
+    "vllm_paused_s": "seconds the last whole weight update held vLLM paused (first /pause sent to last /resume answered): generation stood still this long; requests in flight were kept",
     "ettr": "effective training time ratio of the run so far: optimizer work over wall time, every launch of the run counted (see `rlrun status`)",
 }
 
 # The actor's counters copied into every record, from its state hash in Redis.
-ACTOR_COUNTERS = ("tokens_reused", "tokens_regenerated", "samples_continued", "prefixes_dropped_stale", "groups_published", "requests")
+ACTOR_COUNTERS = ("tokens_reused", "tokens_regenerated", "samples_continued", "prefixes_dropped_stale", "groups_published", "requests", "generating_ms")
 
 NOT_SCALARS = ("step", "time")  # the x axis and the wall time of a scalar, not scalars themselves
 

@@ -69,6 +69,7 @@ class Actor:
         self.audit_path: Path | None = None  # set when actor.audit is on
         self._failure: BaseException | None = None
         self._last_heartbeat = 0.0
+        self._in_flight, self._busy_since = 0, 0.0  # requests in flight, and since when some were
         self.counters = {  # whole-run counts, published in ACTOR_STATE (see _continue_counters)
             "groups_published": 0,
             "tokens_generated": 0,  # streamed from vLLM
@@ -77,6 +78,7 @@ class Actor:
             "samples_continued": 0,
             "prefixes_dropped_stale": 0,
             "requests": 0,  # generation requests sent to vLLM (per group: 1 but after a failure or a restart)
+            "generating_ms": 0,  # wall time with at least one request in flight (vLLM had work)
             "journal_corrupt_records": 0,
             "request_errors": 0,
         }
@@ -237,6 +239,9 @@ class Actor:
             sample.finish_reason = None  # an interrupted sample being continued
         max_tokens = remaining_budget(samples[0], actor.max_new_tokens)
         self.counters["requests"] += 1
+        if self._in_flight == 0:
+            self._busy_since = time.monotonic()
+        self._in_flight += 1
         try:
             async for delta in generate(
                 client, url, group.prompt_ids + list(prefix), n=len(samples), max_tokens=max_tokens,
@@ -254,6 +259,9 @@ class Actor:
                 if len(sample.completion_ids) - sample.journaled >= actor.journal_flush_tokens:
                     self._flush(group, [sample])  # long generations: small batches as they come
         finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self.counters["generating_ms"] += round((time.monotonic() - self._busy_since) * 1000)
             self._flush(group, samples)
 
     def _flush(self, group: LiveGroup, samples: list[SampleState]) -> None:

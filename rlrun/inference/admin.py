@@ -11,6 +11,7 @@ the update fails only when none answers.
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, wait
 from typing import Callable
 
@@ -59,6 +60,7 @@ class VllmAdmin:
         self.urls = list(urls)
         headers = bearer_header(api_key) if api_key else {}
         self._client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
+        self.last_pause_s: float | None = None  # the last update: first /pause sent -> last /resume answered
 
     def update_from_folder(self, folder: str, version: int, publish: Callable[[], None]) -> list[str]:
         """Every server that answers loads the complete safetensors `folder` as `version`."""
@@ -73,6 +75,7 @@ class VllmAdmin:
         ones it found down), `publish()`, resume; return the servers that were down. Raises
         httpx.ConnectError when none answers; whatever `load` raises, the paused servers are resumed."""
         live, down = list(self.urls), []
+        paused = time.perf_counter()
 
         def on_each(action: Callable[[str], object]) -> None:
             for url in list(live):
@@ -89,7 +92,10 @@ class VllmAdmin:
                 raise httpx.ConnectError(f"no vLLM server answers ({', '.join(down)})")
             publish()
         finally:
-            self._resume(live)
+            try:
+                self._resume(live)
+            finally:
+                self.last_pause_s = time.perf_counter() - paused
         return down
 
     def load(self, url: str, update_info: dict, version: int, timeout_s: float | None = None) -> None:

@@ -121,6 +121,8 @@ class Trainer:
             # The last whole update: overlapped, the one that finished during this step (none yet at the first).
             update_s, self.last_update_s = (self.last_update_s if t.overlap_weight_update else metrics["weights_s"]), None
             metrics["weights_update_s"] = round(update_s, 4) if update_s is not None else None
+            paused_s = self.vllm.last_pause_s
+            metrics["vllm_paused_s"] = round(paused_s, 4) if paused_s is not None else None
             if self.main:
                 self._record(metrics, groups)
             else:

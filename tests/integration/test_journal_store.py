@@ -376,3 +376,18 @@ def test_repeating_a_finish_in_an_append_is_accepted_another_reason_is_not(journ
     (elsewhere,) = journal.append_many([Append(g.group_id, 0, 1, [], [], 3, finish_reason="stop")])
     assert (elsewhere.accepted, elsewhere.reason) == (False, "finished")
     assert read(journal, g.group_id).samples[0].finish_reason == "stop"
+
+
+def test_a_finish_that_relabels_is_logged_even_without_tokens_and_one_that_does_not_is_not(journal, client):
+    """vLLM's spans arrive with a sample's last chunk: the versions of tokens journaled before are
+    rewritten by the entry that records the finish, kept in the log like any append."""
+    g = _open(journal)
+    journal.append_many([Append(g.group_id, 0, 0, [5, 6, 7], [-0.5] * 3, 4), Append(g.group_id, 1, 0, [8], [-0.5], 4)])
+    log = f"{journal.prefix}log:{g.group_id}"
+    before = client.llen(log)
+    journal.append_many([Append(g.group_id, 0, 3, [], [], 0, "length", relabel=[[0, 1, 4], [1, 3, 5]]),
+                         Append(g.group_id, 1, 1, [], [], 0, "stop")])  # fmt: skip
+    assert client.llen(log) == before + 1  # the relabelling finish only
+    stored = read(journal, g.group_id)
+    assert stored.samples[0].versions == [4, 5, 5] and stored.samples[0].finished
+    assert stored.samples[1].versions == [4] and stored.samples[1].finish_reason == "stop"

@@ -263,3 +263,41 @@ def test_fold_refuses_a_group_with_a_bad_header():
         fold_group("r/0", {}, [])
     with pytest.raises(CorruptRecord, match="not JSON"):
         fold_group("r/0", {"header": "{oops", "state": "open"}, [])
+
+
+# --- relabel: the versions vLLM reported for tokens journaled before it said -----------------------
+def test_an_append_that_relabels_round_trips_and_one_that_does_not_carries_no_relabel_key():
+    entry = LogEntry("append", 0, 4, [9], [-0.5], 6, relabel=[[0, 2, 5], [2, 4, 6]])
+    assert LogEntry.from_json(entry.to_json()) == entry
+    assert "relabel" not in json.loads(LogEntry("append", 0, 0, [1], [-0.1], 3).to_json())
+
+
+@pytest.mark.parametrize("relabel", [[[2, 1, 5]], [[0, 1]], [[0, 1, -1]], "0-1", [[0, True, 5]]])
+def test_a_malformed_relabel_is_a_corrupt_record(relabel):
+    raw = json.loads(LogEntry("append", 0, 0, [1], [-0.1], 3).to_json()) | {"relabel": relabel}
+    with pytest.raises(CorruptRecord, match="relabel"):
+        LogEntry.from_json(json.dumps(raw))
+
+
+def test_fold_applies_a_relabel_to_the_tokens_journaled_before_it():
+    header = GroupHeader("r/0", 0, 0, [1], 1, 8)
+    entries = [_append(0, 0, [1, 2, 3], 5),
+               LogEntry("append", 0, 3, [4], [-4.5], 6, relabel=[[0, 1, 5], [1, 3, 6]]).to_json()]  # fmt: skip
+    fields = _fields(header, **{"0:state": "finished", "0:finish": "length", "0:len": "4"})
+    group, problems = fold_group("r/0", fields, entries)
+    assert problems == [] and group.samples[0].versions == [5, 6, 6, 6]
+
+
+def test_fold_reads_a_relabel_beyond_the_sample_as_damage_to_that_sample():
+    header = GroupHeader("r/0", 0, 0, [1], 1, 8)
+    entries = [_append(0, 0, [1, 2], 5), LogEntry("append", 0, 2, [], [], 0, relabel=[[0, 3, 6]]).to_json()]
+    group, problems = fold_group("r/0", _fields(header, **{"0:state": "generating", "0:len": "2"}), entries)
+    assert group.samples[0] == SampleRecord("r/0", 0, "pending")
+    assert problems == ["sample 0: log entry 1 relabels tokens [0, 3) of a sample of 2 tokens"]
+
+
+def test_version_runs_are_what_a_relabel_carries():
+    from rlrun.journal.records import version_runs
+
+    assert version_runs([]) == []
+    assert version_runs([3, 3, 4, 4, 4, 3]) == [[0, 2, 3], [2, 5, 4], [5, 6, 3]]

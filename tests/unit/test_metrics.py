@@ -57,7 +57,7 @@ def test_a_step_retaken_after_a_trainer_restart_replaces_the_first_record():
 def test_actor_counters_come_from_the_published_hashes_added_up_and_default_to_zero():
     published = {"tokens_reused": "120", "samples_continued": "7", "pid": "42", "heartbeat": "1.5", "prefixes_dropped_stale": "bad"}
     assert summed_actor_counters([published]) == {"tokens_reused": 120, "tokens_regenerated": 0, "samples_continued": 7, "prefixes_dropped_stale": 0,
-                                                  "groups_published": 0, "requests": 0}
+                                                  "groups_published": 0, "requests": 0, "generating_ms": 0}
     assert summed_actor_counters([published, {"tokens_reused": "3"}])["tokens_reused"] == 123
     assert summed_actor_counters([{}]) == dict.fromkeys(ACTOR_COUNTERS, 0)
 
@@ -149,7 +149,8 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     (Path(tmp_path) / "events.jsonl").write_text(json.dumps({"time": started, "event": "run_started"}) + "\n")
     samples = [Sample(i, [1, 2, 3], [-0.1] * 3, [0, 1, 1], "stop", float(i % 2), 0.0) for i in range(4)]
     trainer._record(
-        {"loss": 0.1, "clip_fraction": 0.0, "mean_ratio": 1.0, "grad_norm": 2.0, "step_time_s": 0.9, "wait_s": 0.3, "weights_s": 0.1, "weights_update_s": 0.2},
+        {"loss": 0.1, "clip_fraction": 0.0, "mean_ratio": 1.0, "grad_norm": 2.0, "step_time_s": 0.9, "wait_s": 0.3, "weights_s": 0.1, "weights_update_s": 0.2,
+         "vllm_paused_s": 0.05},
         [Group("run/0", 0, [5, 6], samples)],
     )
     (written,) = read_metrics(trainer.run_dir.metrics)
@@ -157,3 +158,5 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     assert written["ettr"] == pytest.approx(0.5 / 10, abs=0.01)
     assert (written["tokens_reused"], written["tokens_regenerated"], written["samples_continued"], written["prefixes_dropped_stale"]) == (40, 3, 5, 1)
     assert (written["reward_mean"], written["reward_std"], written["tokens"], written["policy_lag_max"]) == (0.5, 0.5, 12, 1)
+    # versions [0, 1, 1] against the step's trained weights (policy_version 2 - 1): lags 1, 0, 0
+    assert (written["policy_lag_mean"], written["samples_spanning_update"]) == (pytest.approx(1 / 3, abs=1e-4), 4)

@@ -1,0 +1,180 @@
+"""The actor's generation path against a stand-in of vLLM's `/inference/v1/generate` (its wire format
+as vLLM 0.32 sends it, tests/integration/test_vllm_weight_updates.py runs the real one) and the
+run's real Redis: one request per group, each token's version from vLLM's spans (the journal
+relabelled when tokens were journaled before the spans came), and after a request cut short
+mid-stream one request per continued sample, each counted once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from rlrun.actor.ledger import JournalLedger
+from rlrun.actor.main import Actor
+from rlrun.actor.vllm_client import ROUTE
+from rlrun.config import compose
+from rlrun.data.tasks import load_task
+from rlrun.rollouts import Group
+from rlrun.streams.codec import decode
+
+pytestmark = pytest.mark.timeout(60)
+
+URL = "http://127.0.0.1:9"
+PROMPT = [12, 14, 13, 17]
+
+
+class Vllm:
+    """What the actor sends, and vLLM's answers: choice i's token k is 20 + i + k; its log-prob -0.5.
+    `spans(n_tokens)` gives each choice's weight_versions on its last chunk; `cut_after` chunks
+    into a request, its stream breaks (a server lost mid-generation)."""
+
+    def __init__(self, interval: int, spans=None, cut_after: int | None = None) -> None:
+        self.interval, self.cut_after = interval, cut_after
+        self.spans = spans or (lambda n: [{"version": "default", "start": 0, "end": n}])
+        self.requests: list[dict] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        assert request.url.path == ROUTE and request.headers["authorization"] == "Bearer key"
+        body = json.loads(request.content)
+        self.requests.append(body)
+        params = body["sampling_params"]
+        start = len(body["token_ids"]) - len(PROMPT)  # a continued sample's prompt holds its prefix
+        outputs = [[20 + i + start + k for k in range(params["max_tokens"])] for i in range(params["n"])]
+        if not body["stream"]:
+            choices = [self._choice(i, tokens, "length", self.spans(len(tokens))) for i, tokens in enumerate(outputs)]
+            return httpx.Response(200, json={"choices": choices})
+        chunks = []  # as vLLM steps: every choice's next chunk in turn
+        for at in range(0, params["max_tokens"], self.interval):
+            for i, tokens in enumerate(outputs):
+                last = at + self.interval >= len(tokens)
+                piece = tokens[at : at + self.interval]
+                chunks.append(self._choice(i, piece, "length" if last else None, self.spans(len(tokens)) if last else None))
+        lines = [f"data: {json.dumps({'choices': [c]})}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
+        cut = self.cut_after if len(self.requests) == 1 else None  # only the first request breaks
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Stream(lines, cut))
+
+    @staticmethod
+    def _choice(index: int, tokens: list[int], finish, spans) -> dict:
+        content = [{"token_id": t, "logprob": -0.5, "rank": 1, "top_logprobs": []} for t in tokens]
+        return {"index": index, "finish_reason": finish, "token_ids": tokens, "weight_versions": spans,
+                "logprobs": {"content": content}}  # fmt: skip
+
+
+class Stream(httpx.AsyncByteStream):
+    def __init__(self, lines: list[bytes], cut_after: int | None) -> None:
+        self.lines, self.cut_after = lines, cut_after
+
+    async def __aiter__(self):
+        for count, line in enumerate(self.lines):
+            if self.cut_after is not None and count == self.cut_after:
+                raise httpx.ReadError("the server went away")
+            yield line
+
+
+class View:
+    """The trainer as the actor sees it: vLLM serves `version`; groups go to one stream."""
+
+    stream = "rlrun:{rlrun:groups}:groups"
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+
+    def policy_version(self) -> int:
+        return self.version
+
+    def destination(self, group: Group) -> tuple[str, list[str]]:
+        from rlrun.streams.codec import encode
+
+        return self.stream, [encode(group.to_dict())]
+
+    def room_for_group(self, opened: int, in_flight: int) -> bool:
+        return True
+
+    def done(self) -> bool:
+        return False
+
+
+class Characters:
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return "".join(chr(48 + i % 10) for i in ids)
+
+
+def actor_with(client, vllm: Vllm, version: int, *overrides: str) -> tuple[Actor, JournalLedger]:
+    cfg, _ = compose(["recipe=math_grpo", "algo.group_size=4", "trainer.train_batch_size=8", *overrides])
+    ledger = JournalLedger(client)
+    actor = Actor(cfg, client, Characters(), load_task(cfg.dataset, 0), [URL], ledger, run_name="run", api_key="key",
+                  trainer=View(version))  # fmt: skip
+    actor._prompt_ids = lambda index: list(PROMPT)
+    return actor, ledger
+
+
+def complete(actor: Actor, vllm: Vllm, group) -> None:
+    async def go():
+        transport = httpx.MockTransport(vllm.handle)
+        async with httpx.AsyncClient(transport=transport, headers={"Authorization": "Bearer key"}) as http:
+            await actor._complete(http, group)
+
+    asyncio.run(go())
+
+
+def published(client) -> Group:
+    ((_, messages),) = client.xread({View.stream: "0"})
+    (_, fields), = messages
+    return Group.from_dict(decode(fields["data"]))
+
+
+def test_a_group_is_one_request_and_its_versions_are_vllms_spans(client):
+    """Four new tokens, a journal flush of 16: nothing to journal before the end, so the answer
+    comes whole. Tokens sampled by weights the trainer labelled are that version; the weights a
+    server loaded at its start ("default") keep the version published when the request was sent."""
+    vllm = Vllm(interval=16, spans=lambda n: [{"version": "default", "start": 0, "end": 1}, {"version": "6", "start": 1, "end": n}])
+    actor, _ = actor_with(client, vllm, 5, "actor.max_new_tokens=4", "actor.journal_flush_tokens=16")
+    complete(actor, vllm, actor._open_group())
+    (request,) = vllm.requests
+    assert request["sampling_params"]["n"] == 4 and request["stream"] is False and request["cache_salt"] == "v5"
+    group = published(client)
+    assert [s.versions for s in group.samples] == [[5, 6, 6, 6]] * 4
+    assert actor.counters["requests"] == 1 and actor.counters["samples_continued"] == 0
+
+
+def test_tokens_journaled_before_the_spans_came_are_relabelled_in_the_journal(client):
+    """Eight tokens in chunks of 4 (the journal's flush size): the first four are journaled with the
+    provisional version 5 before the last chunk says 5 sampled only two of them; the journal then
+    holds vLLM's versions too, so a replay judges the sample by what really happened."""
+    vllm = Vllm(interval=4, spans=lambda n: [{"version": "5", "start": 0, "end": 2}, {"version": "6", "start": 2, "end": n}])
+    actor, ledger = actor_with(client, vllm, 5, "actor.max_new_tokens=8", "actor.journal_flush_tokens=4")
+    live = actor._open_group()
+
+    async def one_request():
+        transport = httpx.MockTransport(vllm.handle)
+        async with httpx.AsyncClient(transport=transport, headers={"Authorization": "Bearer key"}) as http:
+            await actor._request(http, URL, live, live.samples, 5)
+
+    asyncio.run(one_request())
+    record, problems = ledger.read_group(live.group_id)
+    assert problems == [] and vllm.requests[0]["stream"] is True
+    assert [s.versions for s in record.samples] == [[5, 5, 6, 6, 6, 6, 6, 6]] * 4
+    assert all(s.finished for s in record.samples) and not any(s.relabel_pending for s in live.samples)
+
+
+def test_a_request_cut_short_continues_each_sample_from_its_tokens_counted_once(client):
+    """The group's stream breaks after 2 chunks of 2 tokens (choices 0 and 1 have 2 tokens, 2 and 3
+    none): each sample with tokens is continued by a request of its own (prompt + its prefix, the
+    rest of its budget), the two without share one; the delivered samples hold their whole budget
+    and the counters say what was kept, once."""
+    vllm = Vllm(interval=2, cut_after=2)
+    actor, _ = actor_with(client, vllm, 0, "actor.max_new_tokens=8", "actor.journal_flush_tokens=2")
+    actor.counters.update(dict.fromkeys(actor.counters, 0))
+    complete(actor, vllm, actor._open_group())
+    first, *retries = vllm.requests
+    assert first["sampling_params"]["n"] == 4
+    shapes = sorted((len(r["token_ids"]) - len(PROMPT), r["sampling_params"]["n"], r["sampling_params"]["max_tokens"]) for r in retries)
+    assert shapes == [(0, 2, 8), (2, 1, 6), (2, 1, 6)]  # the two fresh in one request; each prefix alone
+    group = published(client)
+    assert all(len(s.completion_ids) == 8 for s in group.samples)
+    assert group.samples[0].completion_ids == [20 + k for k in range(8)]  # its prefix, then its continuation
+    assert (actor.counters["request_errors"], actor.counters["samples_continued"], actor.counters["tokens_reused"]) == (1, 2, 4)
+    assert actor.counters["requests"] == 4
