@@ -115,6 +115,12 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
     for k, (actor, servers) in enumerate(ownership(k_all, cfg.inference.num_servers).items()):
         owners.add_row(actor, ", ".join(servers), f"{k}, {k + k_all}, {k + 2 * k_all}, ..." if k_all > 1 else "all")
     console.print(owners)
+    if cfg.world.kind == "local":
+        from rlrun.cluster.world import local_cores
+
+        cores = local_cores(cfg)
+        where = "; ".join(f"{name or 'the others'}: {','.join(map(str, c))}" for name, c in cores.items())
+        console.print(f"CPU cores (world.cpu_affinity={cfg.world.cpu_affinity}): {where or 'any process on any core'}")
     if cfg.world.kind == "ray":
         from rlrun.cluster.world import placement_rows
 

@@ -9,6 +9,7 @@ import hashlib
 from rlrun.actor.partition import actor_name, ownership
 from rlrun.backends import backend_for
 from rlrun.cluster import placement
+from rlrun.cluster.cores import cores_by_process
 from rlrun.config import RunConfig
 from rlrun.rundir import RunDir
 from rlrun.supervisor.local import LocalSpawner, Spawner
@@ -29,9 +30,20 @@ def run_tag(run_dir: RunDir) -> str:
     return hashlib.sha1(str(run_dir.root).encode()).hexdigest()[:10]
 
 
+def local_cores(cfg: RunConfig, available: set[int] | None = None) -> dict[str, tuple[int, ...]]:
+    """world=local: the cores of each process (`rlrun/cluster/cores.py`); {} with world.cpu_affinity=none.
+    `available`: the cores rlrun itself may use (default: asked of the OS)."""
+    import os
+
+    if cfg.world.cpu_affinity == "none":
+        return {}
+    servers = [f"vllm-{i}" for i in range(cfg.inference.num_servers)]
+    return cores_by_process(os.sched_getaffinity(0) if available is None else available, servers, cfg.inference.threads)
+
+
 def spawner_for(cfg: RunConfig, run_dir: RunDir) -> Spawner:
     if cfg.world.kind == "local":
-        return LocalSpawner()
+        return LocalSpawner(local_cores(cfg))
     from rlrun.cluster.ray_world import RaySpawner
 
     loopback = cfg.inference.host in LOOPBACK or (cfg.streams.url is None and cfg.streams.host in LOOPBACK)

@@ -34,6 +34,7 @@ RULES: list[Rule] = [
       for key in ("sharding", "mixed_precision", "activation_checkpointing", "weight_transfer", "overlap_weight_update")],
     ("supervisor.weights", lambda c: c.trainer.backend != "fast_llm",
      "the weight follower runs with trainer=fast_llm only: set trainer=fast_llm, or remove it"),
+    ("world.cpu_affinity", lambda c: c.world.kind != "local", "Ray places the processes: remove it, or set world=local"),
     ("world.address", lambda c: c.world.kind != "ray", "it names a Ray cluster: set world=ray, or remove it"),
     ("world.placement_timeout_s", lambda c: c.world.kind != "ray", "Ray placement only: set world=ray, or remove it"),
     *[(f"world.{role}", lambda c: c.world.kind != "ray", "Ray placement only: set world=ray, or remove it")

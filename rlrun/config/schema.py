@@ -168,6 +168,7 @@ class WorldConfig:
     """Where the run's processes run (`world=local` | `world=ray`); see rlrun/cluster/."""
 
     kind: Literal["local", "ray"] = "local"  # local: subprocesses of rlrun; ray: on the nodes of an existing Ray cluster
+    cpu_affinity: Literal["auto", "none"] = "auto"  # local: auto gives each vLLM server CPU cores of its own (its worker's threads + 2, leaving one) and the other processes the rest (rlrun/cluster/cores.py); none: any process on any core
     address: Optional[str] = None  # ray: the cluster to join, HOST:PORT of its head or "auto" (the one this machine is in)
     placement_timeout_s: float = 60.0  # ray: resources not reserved by then (or a lost node's not replaced): a clear stop
     redis: RolePlacement = field(default_factory=lambda: RolePlacement(local=True))  # ray: Redis stays with the supervisor

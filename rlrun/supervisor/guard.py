@@ -1,8 +1,9 @@
-"""A tiny guard between the supervisor and each child: `python -m rlrun.supervisor.guard PPID -- CMD...`.
+"""A tiny guard between the supervisor and each child: `python -m rlrun.supervisor.guard PPID [--cpus 0,1] -- CMD...`.
 
 The parent-death signal reaches only a direct child, and vLLM's engine core outlives a SIGKILLed
 API server. The guard leads the child's process group and kills the whole group when the
-supervisor disappears (even by SIGKILL); otherwise it runs CMD and exits as CMD did.
+supervisor disappears (even by SIGKILL); otherwise it runs CMD and exits as CMD did. With
+`--cpus`, CMD and everything it starts may run on those cores only.
 """
 
 from __future__ import annotations
@@ -16,10 +17,16 @@ POLL_S = 0.2
 
 
 def main(argv: list[str]) -> int:
+    cpus: set[int] = set()
+    if len(argv) > 2 and argv[1] == "--cpus":
+        cpus = {int(core) for core in argv[2].split(",")}
+        argv = [argv[0], *argv[3:]]
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m rlrun.supervisor.guard PARENT_PID -- CMD...", file=sys.stderr)
+        print("usage: python -m rlrun.supervisor.guard PARENT_PID [--cpus 0,1] -- CMD...", file=sys.stderr)
         return 2
     parent = int(argv[0])
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # inherited by CMD and all it starts
     # SIGTERM from the supervisor reaches the whole group, the child included: the guard itself
     # only waits for the child to finish its own shutdown.
     signal.signal(signal.SIGTERM, lambda *_: None)

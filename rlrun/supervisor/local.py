@@ -76,16 +76,21 @@ class LocalHandle:
 
 
 class LocalSpawner:
-    def __init__(self) -> None:
+    """`cores`: the CPU cores each process (by name; `""`: any other) may run on; empty: anywhere."""
+
+    def __init__(self, cores: dict[str, tuple[int, ...]] | None = None) -> None:
         self._tree = ProcessTree()  # one /proc read per poll for all the children
+        self.cores = dict(cores or {})
 
     def spawn(self, spec: ProcessSpec) -> LocalHandle:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **spec.env}
         env.update({name: path.read_text().strip() for name, path in spec.secret_env.items()})
+        cores = self.cores.get(spec.name, self.cores.get(""))
+        pin = ["--cpus", ",".join(map(str, cores))] if cores else []
         with open(spec.log_path, "ab", buffering=0) as log_file:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "rlrun.supervisor.guard", str(os.getpid()), "--", *spec.argv],
+                [sys.executable, "-m", "rlrun.supervisor.guard", str(os.getpid()), *pin, "--", *spec.argv],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

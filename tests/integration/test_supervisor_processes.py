@@ -160,3 +160,19 @@ def test_the_vllm_health_probe_keeps_one_connection(tmp_path):
     finally:
         server.shutdown()
     assert HealthCheck("http://127.0.0.1:9")(1) is False  # nothing listening: no, never an exception
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to pin one process apart from another")
+def test_a_pinned_process_and_everything_it_starts_run_on_its_cores_only(tmp_path):
+    """world.cpu_affinity=auto as the spawner applies it: the guard pins before it starts the child,
+    so the child's own children (vLLM's engine core and worker) inherit the cores."""
+    from rlrun.supervisor.local import LocalSpawner
+
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    report = "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0)), subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'], capture_output=True, text=True).stdout.strip(), flush=True)"
+    spawner = LocalSpawner({"vllm-0": (first,), "": (second,)})
+    handles = {name: spawner.spawn(ProcessSpec(name, [sys.executable, "-c", report], tmp_path / f"{name}.log")) for name in ("vllm-0", "trainer")}
+    for handle in handles.values():
+        assert psutil.Process(handle.pid).wait(30) == 0
+    assert (tmp_path / "vllm-0.log").read_text().split() == [f"[{first}]", f"[{first}]"]
+    assert (tmp_path / "trainer.log").read_text().split() == [f"[{second}]", f"[{second}]"]

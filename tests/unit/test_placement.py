@@ -222,3 +222,36 @@ def test_the_dry_run_of_fast_llm_ranks_shows_them_on_one_node():
     cfg, _ = compose([*RAY, "trainer=fast_llm", "trainer.device=cpu", "trainer.fast_llm.nproc_per_node=2", "world.trainer.gpus=1"])
     rows = {row[0]: row[1:] for row in placement_rows(cfg)}
     assert rows["trainer"] == ("rank 0, rank 1", "CPU 2, GPU 2 (CPU 1, GPU 1 per rank)", "a node Ray picks for this bundle; all 2 ranks on it")
+
+
+# --- world=local: the CPU cores of each process (rlrun/cluster/cores.py) -----------------------------
+from rlrun.cluster.cores import cores_by_process, split_cores  # noqa: E402
+
+
+def test_on_two_cores_vllm_gets_one_and_everything_else_the_other():
+    assert split_cores([0, 1], servers=1, threads_per_server=1) == ([(0,)], (1,))
+    assert cores_by_process({1, 0}, ["vllm-0"], 1) == {"vllm-0": (0,), "": (1,)}
+
+
+def test_a_server_gets_its_threads_and_two_more_while_one_core_is_left():
+    assert split_cores(range(8), servers=1, threads_per_server=1) == ([(0, 1, 2)], (3, 4, 5, 6, 7))
+    assert split_cores(range(4), servers=1, threads_per_server=4) == ([(0, 1, 2)], (3,))  # one left for the rest
+    assert split_cores(range(7), servers=2, threads_per_server=1) == ([(0, 1, 2), (3, 4, 5)], (6,))
+    assert split_cores([3, 5, 9], servers=2, threads_per_server=1) == ([(3,), (5,)], (9,))  # the cores rlrun may use
+
+
+def test_too_few_cores_to_give_every_server_one_and_keep_one_pins_nothing():
+    assert split_cores([0], servers=1, threads_per_server=1) is None
+    assert split_cores([0, 1], servers=2, threads_per_server=1) is None
+    assert cores_by_process([0, 1], ["vllm-0", "vllm-1"], 1) == {}
+
+
+def test_the_run_asks_for_pinning_by_default_and_can_turn_it_off():
+    from rlrun.cluster.world import local_cores
+    from rlrun.config import compose
+    from rlrun.errors import ConfigError
+
+    assert local_cores(compose([])[0], {0, 1}) == {"vllm-0": (0,), "": (1,)}
+    assert local_cores(compose(["world.cpu_affinity=none"])[0], {0, 1}) == {}
+    with pytest.raises(ConfigError, match="world.cpu_affinity has no effect here: Ray places the processes"):
+        compose(["world=ray", "world.cpu_affinity=none"])

@@ -1,0 +1,36 @@
+"""Which CPU cores each local process may run on (world=local, `world.cpu_affinity=auto`): the vLLM
+servers get cores of their own, everything else (trainer, actor, Redis, the weight follower)
+shares the rest. Pure; the guard applies it (`rlrun/supervisor/guard.py --cpus`).
+
+Why (bench/README.md, "vs_trl"): on 2 shared cores the trainer's step took 3x its time alone,
+because vLLM's engine and worker busy-wait for each other (`sched_yield` for 1 s after every
+message, vllm/distributed/device_communicators/shm_broadcast.py, no setting) on whichever core
+they find; with vLLM on a core of its own the trainer trains at full speed beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+SERVER_PROCESSES = 2  # besides its worker's OpenMP threads, a server runs an API server and an engine core
+
+
+def split_cores(available: Sequence[int], servers: int, threads_per_server: int) -> tuple[list[tuple[int, ...]], tuple[int, ...]] | None:
+    """The cores of each vLLM server and the cores the other processes share, from `available`
+    (in order). Each server gets up to `threads_per_server + SERVER_PROCESSES` cores while at least
+    one core is left for the rest; None (no pinning) when not every server can have one core."""
+    cores = sorted(available)
+    if servers < 1 or len(cores) < servers + 1:
+        return None
+    per_server = max(1, min(threads_per_server + SERVER_PROCESSES, (len(cores) - 1) // servers))
+    taken = servers * per_server
+    return [tuple(cores[i * per_server : (i + 1) * per_server]) for i in range(servers)], tuple(cores[taken:])
+
+
+def cores_by_process(available: Sequence[int], server_names: Sequence[str], threads_per_server: int) -> dict[str, tuple[int, ...]]:
+    """`split_cores` as a map from process name to its cores; `""` maps every other process. Empty: no pinning."""
+    split = split_cores(available, len(server_names), threads_per_server)
+    if split is None:
+        return {}
+    per_server, rest = split
+    return {**dict(zip(server_names, per_server)), "": rest}
