@@ -107,10 +107,13 @@ class VllmAdmin:
         self._post(f"{url}/update_weights", json={"update_info": update_info}, **extra)
         self._post(f"{url}/finish_weight_update", json={"weight_version": version_label(version)})
 
-    def join_broadcast(self, url: str, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> None:
+    def join_broadcast(self, url: str, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
+                       namespace: str = "") -> None:  # fmt: skip
         """Have server `url` join the broadcast group at host:port as `rank` (it answers at once and
-        joins in the background: the sender may start much later)."""
-        info = {"host": host, "port": port, "rank": rank, "world_size": world_size, "backend": backend, "timeout_s": timeout_s}
+        joins in the background: the sender may start much later). `namespace`: the keys of this
+        formation of the group ("" for Fast-LLM's; `broadcast.member_of`)."""
+        info = {"host": host, "port": port, "rank": rank, "world_size": world_size, "backend": backend,
+                "timeout_s": timeout_s, "namespace": namespace}  # fmt: skip
         self._post(f"{url}/init_weight_transfer_engine", json={"init_info": info})
 
     def weight_version(self, url: str) -> str:

@@ -44,6 +44,7 @@ class RlrunInitInfo(WeightTransferInitInfo):
     world_size: int
     backend: str = "gloo"  # gloo on CPU, nccl on GPUs
     timeout_s: float = 600.0  # forming the group, and each collective of a broadcast
+    namespace: str = ""  # the keys of this formation of the group (broadcast.member_of)
 
 
 @dataclass
@@ -118,7 +119,7 @@ class RlrunWeightTransferEngine(WeightTransferEngine[RlrunInitInfo, RlrunUpdateI
             try:
                 still_wanted = lambda: self._membership is joined  # noqa: E731 - a newer join overtakes this one
                 member = broadcast.join(info.host, int(info.port), int(info.rank), int(info.world_size), info.backend,
-                                        float(info.timeout_s), still_wanted)  # fmt: skip
+                                        float(info.timeout_s), still_wanted, str(info.namespace))  # fmt: skip
                 joined.set_result(member)
             except BaseException as exc:  # noqa: BLE001 - handed to the next update
                 joined.set_exception(exc)

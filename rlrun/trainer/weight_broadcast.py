@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from rlrun.backends.fast_llm.broadcast import SOURCE_RANK, WEIGHTS_SHARD, broadcast_tensor, member_of
+from rlrun.backends.fast_llm.broadcast import SOURCE_RANK, WEIGHTS_SHARD, broadcast_tensor, member_of, serve_store
 from rlrun.inference.admin import in_thread, results, version_label
 
 log = logging.getLogger("rlrun.trainer.weights")
@@ -25,13 +25,15 @@ TIMEOUT_S = 60.0  # forming the group, and each collective of a broadcast: a pee
 
 
 class WeightBroadcaster:
-    """Rank 0 of a broadcast group to `receivers` vLLM workers (ranks 1..receivers)."""
+    """Rank 0 of a broadcast group to `receivers` vLLM workers (ranks 1..receivers), on `store`
+    (served at host:port; a new one when None) under `namespace` (see `broadcast.member_of`)."""
 
-    def __init__(self, host: str, port: int, receivers: int, transport: str = "gloo", timeout_s: float = 600.0) -> None:
+    def __init__(self, host: str, port: int, receivers: int, transport: str = "gloo", timeout_s: float = 600.0,
+                 namespace: str = "", store: dist.Store | None = None) -> None:  # fmt: skip
         timeout = datetime.timedelta(seconds=timeout_s)
+        self.store = store if store is not None else serve_store(host, port, receivers + 1, timeout_s)
         # Blocks until every receiver has joined (each joins in its weight-transfer engine's thread).
-        self.store, _, _ = next(dist.rendezvous(f"tcp://{host}:{port}", SOURCE_RANK, receivers + 1, timeout=timeout))
-        self.member = member_of(self.store, SOURCE_RANK, receivers + 1, transport, timeout)
+        self.member = member_of(self.store, SOURCE_RANK, receivers + 1, transport, timeout, namespace, host)
         self.device = self.member.device
 
     def _broadcast_object(self, value) -> None:
@@ -83,6 +85,11 @@ class BroadcastSync:
         self.admin, self.host, self.port, self.transport, self.timeout_s = admin, host, port, transport, timeout_s
         self.membership: Membership | None = None
         self.sender: WeightBroadcaster | None = None
+        # One store for every formation, each under a namespace of its own: a store served anew
+        # on the port would share the old one's server (torch keeps one per port and process)
+        # and with it the keys a killed member left.
+        self._store: dist.Store | None = None
+        self.formations = 0
 
     def update(self, weights: dict[str, torch.Tensor], version: int, publish: Callable[[], None],
                while_waiting: Callable[[], None] = lambda: None) -> list[str]:  # fmt: skip
@@ -113,11 +120,17 @@ class BroadcastSync:
         return down
 
     def _form(self, servers: list[str], while_waiting) -> None:
-        self.close()  # the old group's store frees the port
-        log.info("forming the weight broadcast group at %s:%d with %s", self.host, self.port, ", ".join(servers))
+        self.close()
+        if self._store is None:
+            self._store = serve_store(self.host, self.port, len(servers) + 1, self.timeout_s)
+        self.formations += 1
+        namespace, store = f"formation-{self.formations}/", self._store
+        log.info("forming the weight broadcast group at %s:%d (%s) with %s", self.host, self.port, namespace, ", ".join(servers))
         for rank, url in enumerate(servers, start=1):  # each answers at once and joins in the background
-            self.admin.join_broadcast(url, self.host, self.port, rank, len(servers) + 1, self.transport, self.timeout_s)
-        forming = in_thread(lambda: WeightBroadcaster(self.host, self.port, len(servers), self.transport, self.timeout_s))
+            self.admin.join_broadcast(url, self.host, self.port, rank, len(servers) + 1, self.transport, self.timeout_s,
+                                      namespace)  # fmt: skip
+        forming = in_thread(lambda: WeightBroadcaster(self.host, self.port, len(servers), self.transport, self.timeout_s,
+                                                      namespace, store))  # fmt: skip
         self.sender = results([forming], while_waiting)[0]
         self.membership = Membership(tuple(servers))
 
@@ -133,5 +146,5 @@ class BroadcastSync:
         log.info("weights v%d broadcast (%.1f MB) to %d server(s)", version, sent / 1e6, len(self.membership.servers))
 
     def close(self) -> None:
-        """Forget the group (its store, served by rank 0, closes with the last reference)."""
+        """Forget the group (the store stays: the next formation uses it under a new namespace)."""
         self.sender, self.membership = None, None

@@ -1,10 +1,12 @@
 """The hf trainer's weight sender (rlrun/trainer/weight_broadcast.py) against the receiver every
 vLLM worker runs (rlrun/backends/fast_llm/broadcast.py), over gloo on 127.0.0.1: what two
-receivers get is, tensor for tensor, what was sent, twice in a row over one group."""
+receivers get is, tensor for tensor, what was sent, twice in a row over one group; and a group
+formed again on the same store after a member was killed."""
 
 from __future__ import annotations
 
 import multiprocessing
+import time
 
 import pytest
 import torch
@@ -28,10 +30,11 @@ def weights(step: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _receiver(port: int, rank: int, world_size: int, results) -> None:
+def _receiver(port: int, rank: int, world_size: int, results, namespace: str = "", broadcasts: int = 2, delay_s: float = 0) -> None:
     try:
-        member = broadcast.join(HOST, port, rank, world_size, "gloo", 30)
-        for _ in range(2):
+        time.sleep(delay_s)
+        member = broadcast.join(HOST, port, rank, world_size, "gloo", 30, namespace=namespace)
+        for _ in range(broadcasts):
             results.put((rank, {name: t for shard, name, t in broadcast.receive_weights(member) if shard == broadcast.WEIGHTS_SHARD}))
     except Exception as exc:  # noqa: BLE001 - reported to the test
         results.put((rank, f"{type(exc).__name__}: {exc}"))
@@ -57,3 +60,31 @@ def test_receivers_get_exactly_what_the_trainer_sends():
     for child in children:
         child.join(30)
         assert child.exitcode == 0
+
+
+def test_a_group_formed_again_after_a_member_was_killed_does_not_read_its_keys():
+    """What the hf trainer does when a vLLM server restarts: a new formation on the same store
+    (torch shares one store server per port and process). The killed member's address is still
+    in the store; the new member joins after rank 0 is already waiting: under the formation's
+    own namespace rank 0 waits for it instead of dialling the dead one (a connect timeout)."""
+    ctx = multiprocessing.get_context("spawn")
+    port = pick_free_port(HOST)
+    results = ctx.Queue()
+    store = broadcast.serve_store(HOST, port, 2, timeout_s=60)
+    killed = ctx.Process(target=_receiver, args=(port, 1, 2, results, "formation-1/", 2), daemon=True)
+    killed.start()
+    first = WeightBroadcaster(HOST, port, receivers=1, timeout_s=60, namespace="formation-1/", store=store)
+    first.send(weights(1))
+    assert not isinstance(results.get(timeout=60)[1], str)
+    killed.kill()
+    killed.join(30)
+
+    late = ctx.Process(target=_receiver, args=(port, 1, 2, results, "formation-2/", 1, 3.0), daemon=True)
+    late.start()
+    second = WeightBroadcaster(HOST, port, receivers=1, timeout_s=30, namespace="formation-2/", store=store)
+    second.send(weights(2))
+    rank, got = results.get(timeout=60)
+    assert not isinstance(got, str), got
+    assert all(torch.equal(got[name], tensor) for name, tensor in weights(2).items())
+    late.join(30)
+    assert late.exitcode == 0 and first is not second

@@ -90,6 +90,7 @@ class Servers:
         self.down: set[str] = set()
         self.fail_receive: set[str] = set()
         self.calls: list[tuple[str, str]] = []
+        self.namespaces: list[tuple[str, str]] = []  # (server, the namespace it was asked to join under)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         server = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
@@ -103,6 +104,7 @@ class Servers:
         if path == "init_weight_transfer_engine":
             info = body["init_info"]
             self.rank[server] = f"{info['rank']}/{info['world_size']}"
+            self.namespaces.append((server, info["namespace"]))
             path += f":{self.rank[server]}"
         elif path == "update_weights" and server in self.fail_receive:
             self.calls.append((server, path))
@@ -125,8 +127,10 @@ class FakeSender:
 
     formed: list[int] = []
 
-    def __init__(self, host, port, receivers, transport="gloo", timeout_s=60.0) -> None:
+    def __init__(self, host, port, receivers, transport="gloo", timeout_s=60.0, namespace="", store=None) -> None:
+        assert store is not None  # every formation on the one store BroadcastSync serves
         FakeSender.formed.append(receivers)
+        self.namespace = namespace
         self.sent: list[dict] = []
 
     def send(self, weights) -> int:
@@ -139,6 +143,7 @@ def sync(monkeypatch):
     servers = Servers()
     FakeSender.formed = []
     monkeypatch.setattr(weight_broadcast, "WeightBroadcaster", FakeSender)
+    monkeypatch.setattr(weight_broadcast, "serve_store", lambda *args: object())
     admin = VllmAdmin([A, B, C], api_key="k", transport=httpx.MockTransport(servers.handle))
     sync = BroadcastSync(admin, "127.0.0.1", 40123)
     yield sync, servers
@@ -188,6 +193,9 @@ def test_a_restarted_server_is_back_in_a_new_group_and_gets_the_newest_weights(s
     assert servers.of(B)[-5:] == ["init_weight_transfer_engine:2/4", "start_weight_update", "update_weights",
                                   "finish_weight_update:2", "resume"]  # fmt: skip
     assert servers.label == {A: "2", B: "2", C: "2"}
+    # Each formation its own keys: none reads what B's killed process wrote in the first one.
+    assert [ns for _, ns in servers.namespaces] == ["formation-1/"] * 3 + ["formation-2/"] * 3
+    assert sync.sender.namespace == "formation-2/"
 
 
 def test_a_failed_receive_publishes_nothing_resumes_everyone_and_the_next_update_forms_again(sync):

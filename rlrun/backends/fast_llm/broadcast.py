@@ -38,26 +38,41 @@ def serve_store(host: str, port: int, world_size: int, timeout_s: float) -> dist
 
 
 def join(
-    host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float, still_wanted=lambda: True
-) -> BroadcastGroup:
+    host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float, still_wanted=lambda: True,
+    namespace: str = "",
+) -> BroadcastGroup:  # fmt: skip
     """Join the group rank 0 opens at `host:port` as `rank` (1..world_size-1); blocks until every
     member has joined, or raises after `timeout_s`. `still_wanted()`: false for a join overtaken by
-    a newer one (the hf trainer forms its group again on the same port): it claims no rank."""
+    a newer one (the hf trainer forms its group again on the same port): it claims no rank.
+    `namespace`: see `member_of`."""
     if not 0 < rank < world_size:
         raise ValueError(f"a receiver's rank must be in 1..{world_size - 1}, got {rank}")
     timeout = datetime.timedelta(seconds=timeout_s)
     store, _, _ = next(dist.rendezvous(f"tcp://{host}:{port}", rank, world_size, timeout=timeout))
     if not still_wanted():
         raise RuntimeError(f"the join of tcp://{host}:{port} as rank {rank} was overtaken by a newer one")
-    return member_of(store, rank, world_size, backend, timeout)
+    return member_of(store, rank, world_size, backend, timeout, namespace, host)
 
 
-def member_of(store, rank: int, world_size: int, backend: str, timeout: datetime.timedelta) -> BroadcastGroup:
-    """Rank `rank` of the group made on `store` (the sender's side too: rank 0)."""
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def member_of(
+    store, rank: int, world_size: int, backend: str, timeout: datetime.timedelta, namespace: str = "", host: str = ""
+) -> BroadcastGroup:
+    """Rank `rank` of the group made on `store` (the sender's side too: rank 0). `namespace`
+    prefixes its keys: "" for Fast-LLM's group; one of its own for each formation of the hf
+    trainer's group on one store, so that no member reads the keys a killed member of an earlier
+    formation left there (its address: the connection then times out). `host`: the store's; a
+    loopback one keeps gloo's sockets on loopback too."""
     # Fast-LLM's prefix for ranks range(0, n) (`ProcessGroupPool`: range_{start}_{stop}_{step}/)
-    prefixed = dist.PrefixStore(f"range_0_{world_size}_1/", store)
+    prefixed = dist.PrefixStore(f"{namespace}range_0_{world_size}_1/", store)
     if backend == "gloo":
-        group, device = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout), torch.device("cpu")
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=host) if host in LOOPBACK
+                            else dist.ProcessGroupGloo.create_default_device()]  # fmt: skip
+        group, device = dist.ProcessGroupGloo(prefixed, rank, world_size, options), torch.device("cpu")
     elif backend == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
         group = dist.ProcessGroupNCCL(prefixed, rank, world_size, timeout)
