@@ -8,13 +8,11 @@ import hashlib
 
 from rlrun.actor.partition import actor_name, ownership
 from rlrun.backends import backend_for
-from rlrun.cluster import placement
+from rlrun.cluster import LOOPBACK, placement
 from rlrun.cluster.cores import cores_by_process
 from rlrun.config import RunConfig
 from rlrun.rundir import RunDir
 from rlrun.supervisor.local import LocalSpawner, Spawner
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def process_names(cfg: RunConfig) -> list[str]:

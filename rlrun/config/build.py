@@ -17,6 +17,7 @@ import types
 import typing
 from typing import Any, Literal, Optional, Union
 
+from rlrun.cluster import LOOPBACK
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
 
@@ -231,7 +232,7 @@ def validate(cfg: RunConfig) -> None:
     )
     for host, key in ((cfg.inference.host, "inference.host"), (cfg.streams.host, "streams.host")):
         need(
-            host in ("127.0.0.1", "localhost", "::1") or cfg.world.kind != "local",
+            host in LOOPBACK or cfg.world.kind != "local",
             f"{key}={host}: with world=local servers listen on loopback only (127.0.0.1).",
         )
     _validate_fast_llm(cfg, need)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from rlrun.cluster import LOOPBACK
+
 SOURCE_RANK = 0  # Fast-LLM's trainer rank 0 sends; the vLLM workers are ranks 1..n
 WEIGHTS_SHARD = "weights"  # the shard of `iter_checkpoint` that holds the model's parameters
 
@@ -52,9 +54,6 @@ def join(
     if not still_wanted():
         raise RuntimeError(f"the join of tcp://{host}:{port} as rank {rank} was overtaken by a newer one")
     return member_of(store, rank, world_size, backend, timeout, namespace, host)
-
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def member_of(
