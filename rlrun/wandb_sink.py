@@ -59,4 +59,9 @@ class WandbSink:
         self._since = max([self._since, float(record.get("time") or 0), *[float(e.get("time", 0)) for e in new]])
 
     def close(self) -> None:
+        import wandb
+
         self._run.finish()
+        # wandb 0.31's finish() returns before its service has written a resumed run's file
+        # (seen: 7 bytes, the history a second later); teardown waits for the service to flush.
+        wandb.teardown()
