@@ -36,6 +36,7 @@ def check(cfg: RunConfig, root: Path, *, fresh: bool, cheap: bool = False) -> No
     check_dependencies(cfg)
     check_run_dir(root, fresh=fresh)
     check_model(cfg)
+    check_machine(cfg)
     check_dataset(cfg, cheap=cheap)
     check_redis(cfg, root, cheap=cheap)
     check_ports(cfg)
@@ -159,6 +160,9 @@ def check_model(cfg: RunConfig) -> None:
     weights. model.source=hub names a hub id, not a local path. The tiny model is built later."""
     m = cfg.model
     fix = "Point model.path at a folder saved with save_pretrained (config.json and weights), or use model=tiny."
+    if m.source == "tiny":
+        check_tiny_cache(cfg)
+        return
     if m.source == "hub":
         if m.path and (m.path.startswith(("/", "./", "../", "~")) or Path(m.path).expanduser().exists()):
             raise ConfigError(
@@ -185,6 +189,45 @@ def check_model(cfg: RunConfig) -> None:
     if not any(any(path.glob(pattern)) for pattern in WEIGHT_PATTERNS):
         raise EnvironmentProblem(
             f"model.path={m.path} has a config.json but no weights ({', '.join(WEIGHT_PATTERNS)}). {fix}"
+        )
+    longest = data.get("max_position_embeddings")
+    if type(longest) is int and "rope_scaling" not in data and m.max_model_len > longest:  # vLLM refuses it too
+        raise ConfigError(
+            f"model.max_model_len={m.max_model_len} is longer than the model at model.path={m.path} takes "
+            f"(max_position_embeddings {longest} in its config.json): set model.max_model_len={longest} or less."
+        )
+
+
+def check_tiny_cache(cfg: RunConfig) -> None:
+    """The tiny model is built into model.cache_dir unless it is there already: a cache that does not
+    hold it must be a folder this user can write into (or create)."""
+    from rlrun.models.source import model_path
+    from rlrun.models.tiny import MARKER as BUILT
+
+    if (Path(model_path(cfg, build=False)) / BUILT).is_file():
+        return  # built: read only
+    cache = Path(cfg.model.cache_dir).expanduser().absolute()
+    existing = _nearest_existing(cache)
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        why = "is not a directory" if not existing.is_dir() else "does not let this user create files"
+        raise EnvironmentProblem(
+            f"model.cache_dir={cfg.model.cache_dir}: the tiny model must be built there first, but {existing} {why}"
+            f"{' (read-only filesystem)' if _read_only(existing) else ''}. Set model.cache_dir to a writable folder."
+        )
+
+
+def check_machine(cfg: RunConfig) -> None:
+    """What this machine cannot give the run (world=local: every process runs here)."""
+    if cfg.world.kind != "local":
+        return
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    i = cfg.inference
+    wanted = i.num_servers * i.cpu_kvcache_space_gb << 30
+    if wanted >= ram:
+        raise ConfigError(
+            f"inference.cpu_kvcache_space_gb={i.cpu_kvcache_space_gb} for {i.num_servers} vLLM server(s) asks for "
+            f"{wanted >> 30} GiB of KV cache, but this machine has {ram / (1 << 30):.1f} GiB of memory in all. "
+            "Lower inference.cpu_kvcache_space_gb (1 is plenty for the tiny model)."
         )
 
 

@@ -11,13 +11,13 @@ import contextlib
 import dataclasses
 import enum
 import functools
-import operator
 import re
 import types
 import typing
 from typing import Any, Literal, Optional, Union
 
 from rlrun.cluster import LOOPBACK
+from rlrun.config import bounds
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
 
@@ -155,7 +155,15 @@ def _kind(tp: Any) -> Optional[str]:
     return words.get(typing.get_origin(tp) or tp)
 
 
+DEVICE = re.compile(r"(cpu|cuda|xpu|mps|npu|hpu|xla)(:\d+)?")  # torch's device strings (no torch import)
+
+
 def validate(cfg: RunConfig) -> None:
+    """Every key within the range its schema annotation gives (rlrun/config/bounds.py), then the
+    rules between keys (which may assume those ranges)."""
+    out_of_range = bounds.problems(cfg)
+    if out_of_range:
+        raise ConfigError("invalid configuration: " + " ".join(out_of_range))
     problems: list[str] = []
 
     def need(ok: bool, message: str) -> None:
@@ -163,21 +171,12 @@ def validate(cfg: RunConfig) -> None:
             problems.append(message)
 
     t, a, act = cfg.trainer, cfg.algo, cfg.actor
-    trainer_counts = ("max_train_steps", "train_batch_size", "gradient_accumulation_passes", "nproc_per_node",
-                      "checkpoint_every", "keep_checkpoints")  # fmt: skip
-    _at_least(cfg, need, 1, *(f"trainer.{key}" for key in trainer_counts))
-    _at_least(cfg, need, 1, "actor.max_new_tokens", "actor.max_concurrent_groups", "actor.journal_flush_tokens",
-              "inference.num_servers", "actor.num_actors")  # fmt: skip
-    _at_least(cfg, need, 0, "actor.max_steps_ahead", "actor.max_prefix_staleness")
-    _positive(cfg, need, "trainer.lr", "trainer.grad_clip", "actor.temperature")
-    need(a.group_size >= 2, f"algo.group_size must be at least 2: advantages compare samples of a group (got {a.group_size}).")
-    if a.group_size >= 1 and t.train_batch_size >= 1:
-        need(
-            t.train_batch_size % a.group_size == 0,
-            f"trainer.train_batch_size ({t.train_batch_size}) must be a multiple of algo.group_size "
-            f"({a.group_size}) so that every pass holds whole groups.",
-        )
-    if t.backend == "hf" and t.nproc_per_node > 1 and t.gradient_accumulation_passes >= 1:
+    need(
+        t.train_batch_size % a.group_size == 0,
+        f"trainer.train_batch_size ({t.train_batch_size}) must be a multiple of algo.group_size "
+        f"({a.group_size}) so that every pass holds whole groups.",
+    )
+    if t.backend == "hf" and t.nproc_per_node > 1:
         need(
             t.gradient_accumulation_passes % t.nproc_per_node == 0,
             f"trainer.gradient_accumulation_passes ({t.gradient_accumulation_passes}) must be a multiple of "
@@ -202,10 +201,9 @@ def validate(cfg: RunConfig) -> None:
         "one rank. Remove --tensor-parallel-size/--pipeline-parallel-size from inference.extra_args and use "
         f"inference.num_servers{'' if t.backend == 'fast_llm' else ', or use trainer.weight_transfer=disk'}.",
     )
-    need(len(t.betas) == 2 and all(0 <= b < 1 for b in t.betas), f"trainer.betas must be two numbers in [0, 1) (got {t.betas}).")
-    need(a.clip_eps_low > 0 and a.clip_eps_high > 0, "algo.clip_eps_low and algo.clip_eps_high must be positive.")
+    need(len(t.betas) == 2, f"trainer.betas must be two numbers in [0, 1) (got {t.betas}).")
     need(
-        0 <= act.min_new_tokens <= act.max_new_tokens,
+        act.min_new_tokens <= act.max_new_tokens,
         f"actor.min_new_tokens ({act.min_new_tokens}) must be between 0 and actor.max_new_tokens ({act.max_new_tokens}).",
     )
     need(
@@ -222,8 +220,11 @@ def validate(cfg: RunConfig) -> None:
     )
     need(k <= 1 or act.journal,
          f"actor.num_actors={k} needs actor.journal=true (the journal is what keeps actors apart).")
-    need(0 < cfg.inference.gpu_memory_utilization <= 1, "inference.gpu_memory_utilization must be in (0, 1].")
     need(cfg.model.source == "tiny" or bool(cfg.model.path), f"model.path must be set when model.source={cfg.model.source}.")
+    need(
+        cfg.dataset.name != "arithmetic" or cfg.dataset.num_problems >= 1,
+        f"dataset.num_problems must be at least 1 with dataset=arithmetic: it generates that many problems (got {cfg.dataset.num_problems}).",
+    )
     _validate_tiny(cfg, need)
     need(
         cfg.model.source != "tiny" or cfg.dataset.name == "arithmetic",
@@ -235,6 +236,22 @@ def validate(cfg: RunConfig) -> None:
             host in LOOPBACK or cfg.world.kind != "local",
             f"{key}={host}: with world=local servers listen on loopback only (127.0.0.1).",
         )
+    for role in ("redis", "vllm", "trainer", "actor", "weights"):
+        policy = getattr(cfg.supervisor, role)
+        need(
+            policy.backoff_max_s >= policy.backoff_initial_s,
+            f"supervisor.{role}.backoff_max_s ({policy.backoff_max_s}) must be at least supervisor.{role}.backoff_initial_s "
+            f"({policy.backoff_initial_s}): it caps the delay before a restart.",
+        )
+    from rlrun.inference.server import extra_args_problems  # the flags its command line sets
+
+    for problem in extra_args_problems(cfg.inference.extra_args):
+        need(False, problem)
+    need(
+        DEVICE.fullmatch(t.device) is not None,
+        f"trainer.device={t.device!r} is not a torch device: use cpu, cuda (a GPU per rank), cuda:K (one GPU), "
+        "or another torch device type such as xpu or mps.",
+    )
     _validate_fast_llm(cfg, need)
     _validate_streams(cfg, need)
     _validate_world(cfg, need)
@@ -242,26 +259,12 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("invalid configuration: " + " ".join(problems))
 
 
-def _at_least(cfg: RunConfig, need, least: int, *keys: str) -> None:
-    for key in keys:
-        value = operator.attrgetter(key)(cfg)
-        if value is not None:  # an optional count left unset takes its default
-            need(value >= least, f"{key} must be {f'at least {least}' if least else '0 or more'} (got {value}).")
-
-
-def _positive(cfg: RunConfig, need, *keys: str) -> None:
-    for key in keys:
-        value = operator.attrgetter(key)(cfg)
-        need(value > 0, f"{key} must be positive (got {value}).")
-
-
 def _validate_tiny(cfg: RunConfig, need) -> None:
     """What building the tiny model would refuse, refused before the run directory exists."""
     m, d = cfg.model, cfg.dataset
     if m.source != "tiny":
         return
-    _at_least(cfg, need, 0, "model.warm_start_steps")
-    if d.name == "arithmetic" and d.max_operand >= 0:
+    if d.name == "arithmetic":
         from rlrun.models.tiny import longest_sequence  # no torch at import
 
         longest = longest_sequence(d.max_operand)
@@ -298,15 +301,11 @@ def _validate_fast_llm(cfg: RunConfig, need) -> None:
         "Set trainer.gradient_accumulation_passes=1 and trainer.fast_llm.docs_per_step="
         f"{t.train_batch_size * t.gradient_accumulation_passes} (or trainer.train_batch_size) instead.",
     )
-    counts = ("docs_per_step", "nproc_per_node", "data_parallel")
-    _at_least(cfg, need, 1, *(f"trainer.fast_llm.{key}" for key in counts))
     need(
         f.micro_batch_size >= cfg.model.max_model_len,
         f"trainer.fast_llm.micro_batch_size ({f.micro_batch_size} tokens) must hold a whole document of "
         f"model.max_model_len ({cfg.model.max_model_len}) tokens: Fast-LLM skips documents that do not fit.",
     )
-    _positive(cfg, need, "trainer.fast_llm.timeout_s")
-    need(0 <= f.broadcast_port < 65536, f"trainer.fast_llm.broadcast_port must be 0 (auto) or a port (got {f.broadcast_port}).")
     need(
         any("{config}" in arg for arg in f.command),
         f"trainer.fast_llm.command must pass the generated config file with a {{config}} placeholder (got {f.command}).",
@@ -357,13 +356,8 @@ def _validate_world(cfg: RunConfig, need) -> None:
         "world.address must name the Ray cluster to join with world=ray: HOST:PORT of its head "
         "(as printed by `ray start --head`), or auto for the cluster this machine is part of.",
     )
-    need(w.placement_timeout_s > 0, f"world.placement_timeout_s must be positive (got {w.placement_timeout_s}).")
     for role in ("redis", "vllm", "trainer", "actor"):
         place = getattr(w, role)
-        need(
-            place.cpus >= 0 and place.gpus >= 0 and all(v >= 0 for v in (place.resources or {}).values()),
-            f"world.{role}: Ray resources cannot be negative (cpus={place.cpus}, gpus={place.gpus}, resources={place.resources}).",
-        )
         need(
             place.local or bool(place.bundle()),
             f"world.{role} reserves no Ray resource, so Ray cannot place it: give it some "

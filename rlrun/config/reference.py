@@ -17,9 +17,10 @@ import json
 import tokenize
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from rlrun.config import schema
+from rlrun.config.bounds import range_of
 from rlrun.config.compose import GROUPS, composed, conf_dir, group_options
 
 COMMAND = "python -m rlrun.config.reference > docs/config-reference.md"
@@ -54,6 +55,9 @@ def source_notes() -> SourceNotes:
 def type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if origin is Annotated:  # a numeric key's range (rlrun/config/bounds.py)
+        bounds = range_of(tp)
+        return type_name(args[0]) + (f", {bounds.describe()}" if bounds is not None else "")
     if origin in (Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         name = " or ".join(type_name(a) for a in inner)
@@ -148,7 +152,7 @@ def render() -> str:
 
 
 def _section(cls: type, path: str, notes: SourceNotes, shipped: dict, title: str | None = None) -> list[str]:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = dataclasses.fields(cls)
     scalars = [f for f in fields if not dataclasses.is_dataclass(hints[f.name])]
     nested = [f for f in fields if dataclasses.is_dataclass(hints[f.name])]
@@ -186,7 +190,7 @@ def _heading(level: int, title: str, cls: type, notes: SourceNotes) -> list[str]
 def _shared_section(
     cls: type, path: str, instances: dict, notes: SourceNotes, shipped: dict, parent: dict
 ) -> list[str]:
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     names = list(instances)
     where = f"{path}.<{'|'.join(names)}>" if path else f"<{'|'.join(names)}>"
     out = _heading(min(3 + path.count("."), 4), f"`{cell(where)}`", cls, notes)

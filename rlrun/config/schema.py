@@ -5,9 +5,15 @@ means. Hydra's output becomes a `RunConfig` right after composition; `validate` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
+
+from rlrun.config.bounds import (
+    MAX_CONTEXT, Count, Fraction, Natural, NonNegative, Port, Positive, Range, Seconds, SecondsOrZero,
+)
 
 AlgoName = Literal["gspo", "grpo"]
+Seed = Annotated[int, Range(0, 2**32 - 1, why="what every seeded generator (torch, numpy, vLLM) takes")]
+Beta = Annotated[float, Range(0, 1, open_high=True)]
 
 
 @dataclass(frozen=True)
@@ -15,15 +21,15 @@ class RunSection:
     name: Optional[str] = None  # run name; default "<recipe>-<timestamp>"
     dir: Optional[str] = None  # run directory; default "<runs_root>/<name>"
     runs_root: str = "runs"  # parent of default run directories
-    seed: int = 0  # seeds the dataset order, the model build and the trainer
+    seed: Seed = 0  # seeds the dataset order, the model build and the trainer
 
 
 @dataclass(frozen=True)
 class AlgoConfig:
     name: AlgoName = "gspo"  # gspo: sequence-level ratio; grpo: token-level ratio
-    group_size: int = 8  # completions sampled per prompt; advantages are normalised in a group
-    clip_eps_low: float = 3e-4  # ratio clipped below at 1 - clip_eps_low
-    clip_eps_high: float = 4e-4  # ratio clipped above at 1 + clip_eps_high
+    group_size: Annotated[int, Range(2, 2**63 - 1, why="advantages compare the samples of a group")] = 8  # completions sampled per prompt; advantages are normalised in a group
+    clip_eps_low: Positive = 3e-4  # ratio clipped below at 1 - clip_eps_low
+    clip_eps_high: Positive = 4e-4  # ratio clipped above at 1 + clip_eps_high
     normalize_advantage_std: bool = True  # divide group-centred rewards by the group's std
 
 
@@ -34,15 +40,15 @@ class ModelConfig:
     path: Optional[str] = None  # HF folder or hub id (source path/hub); tiny builds into cache_dir
     cache_dir: str = "~/.cache/rlrun/models"  # where the tiny model is built once and reused
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weights dtype for trainer and vLLM
-    max_model_len: int = 64  # longest prompt + completion, in tokens
-    warm_start_steps: int = 40  # tiny only: supervised steps on correct sums before RL (see docs)
+    max_model_len: Annotated[int, Range(1, MAX_CONTEXT)] = 64  # longest prompt + completion, in tokens
+    warm_start_steps: Natural = 40  # tiny only: supervised steps on correct sums before RL (see docs)
 
 
 @dataclass(frozen=True)
 class DatasetConfig:
     name: Literal["arithmetic", "gsm8k"] = "arithmetic"  # arithmetic: generated; gsm8k: via `datasets`
-    max_operand: int = 9  # arithmetic: operands are drawn from 0..max_operand
-    num_problems: int = 100  # arithmetic: size of the generated problem set
+    max_operand: Natural = 9  # arithmetic: operands are drawn from 0..max_operand
+    num_problems: Natural = 100  # arithmetic: size of the generated problem set (at least 1)
     hf_path: str = "openai/gsm8k"  # gsm8k: dataset id or local path given to `datasets.load_dataset`
     hf_config: Optional[str] = "main"  # gsm8k: dataset configuration name
     split: str = "train"  # gsm8k: split to train on
@@ -51,14 +57,14 @@ class DatasetConfig:
 @dataclass(frozen=True)
 class InferenceConfig:
     backend: Literal["vllm"] = "vllm"  # the inference server; vLLM's OpenAI-compatible server is the only one
-    num_servers: int = 1  # OpenAI-compatible vLLM servers; the actor spreads groups over them
+    num_servers: Count = 1  # OpenAI-compatible vLLM servers; the actor spreads groups over them
     host: str = "127.0.0.1"  # servers listen here only
-    gpu_memory_utilization: float = 0.05  # on the CPU build: share of RAM kept for the KV cache
-    cpu_kvcache_space_gb: int = 1  # CPU build: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
-    threads: int = 1  # CPU build: OpenMP threads per server
+    gpu_memory_utilization: Fraction = 0.05  # on the CPU build: share of RAM kept for the KV cache
+    cpu_kvcache_space_gb: Count = 1  # CPU build: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
+    threads: Count = 1  # CPU build: OpenMP threads per server
     enforce_eager: bool = True  # skip graph capture/compilation: faster start for small models
     extra_args: list[str] = field(default_factory=list)  # appended to the server's command line
-    ready_timeout_s: float = 300.0  # a server not healthy by then fails the run
+    ready_timeout_s: Seconds = 300.0  # a server not healthy by then fails the run
 
 
 @dataclass(frozen=True)
@@ -81,39 +87,39 @@ class FastLlmConfig:
             "torchrun", "--nproc_per_node={nproc}", "--no_python", "fast-llm", "train", "gpt", "--config", "{config}",
         ]
     )  # launch command; placeholders: {nproc}, {config}, {data_parallel}
-    nproc_per_node: int = 1  # trainer processes (GPUs) on the node
-    docs_per_step: Optional[int] = None  # documents per optimizer step (schedule.docs_per_step); default trainer.samples_per_step
-    micro_batch_size: int = 2048  # tokens per micro-batch (data.micro_batch_size); a document must fit in one
-    data_parallel: Optional[int] = None  # data-parallel ranks; default nproc_per_node (the stand-in simulates this many)
+    nproc_per_node: Count = 1  # trainer processes (GPUs) on the node
+    docs_per_step: Optional[Count] = None  # documents per optimizer step (schedule.docs_per_step); default trainer.samples_per_step
+    micro_batch_size: Count = 2048  # tokens per micro-batch (data.micro_batch_size); a document must fit in one
+    data_parallel: Optional[Count] = None  # data-parallel ranks; default nproc_per_node (the stand-in simulates this many)
     checkpoint_format: str = "qwen2"  # Fast-LLM's HF converter for pretrained weights and the broadcast export
     stream: str = "fast_llm_streaming"  # documents, actor → Fast-LLM (XREADGROUP ... NOACK)
     consumer_group: str = "fast_llm_group"  # Fast-LLM's consumer group on `stream` (fast_llm_dp_group only in pre-merge commits of 2025-11)
     events_stream: str = "fast_llm_events"  # Fast-LLM → rlrun: weights_ready, training_finished (field `event`)
     loss_masking_span_end: Literal["exclusive", "inclusive"] = "exclusive"  # end convention of loss_masking_spans
-    timeout_s: float = 600.0  # Fast-LLM's Redis timeout: it dies when fed no document this long
-    broadcast_port: int = 0  # weight-broadcast rendezvous port; 0 picks a free one at launch
+    timeout_s: Seconds = 600.0  # Fast-LLM's Redis timeout: it dies when fed no document this long
+    broadcast_port: Port = 0  # weight-broadcast rendezvous port; 0 picks a free one at launch
     broadcast_backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: gloo when trainer.device=cpu, else nccl
     broadcast_store: Literal["auto", "trainer", "rlrun"] = "auto"  # who serves the broadcast's TCP store: Fast-LLM's rank 0, rlrun's weight follower, or auto (ask Fast-LLM's torch)
     experiment_dir_name: str = "fast_llm"  # Fast-LLM's run.experiment_dir, under the run directory
-    train_iters: Optional[int] = None  # leave unset: rlrun sets training.train_iters = trainer.max_train_steps
+    train_iters: Optional[Count] = None  # leave unset: rlrun sets training.train_iters = trainer.max_train_steps
     extra: dict[str, Any] = field(default_factory=dict)  # merged last into the generated Fast-LLM config (escape hatch)
 
 
 @dataclass(frozen=True)
 class TrainerConfig:
     backend: Literal["hf", "fast_llm"] = "hf"  # hf: rlrun's torch/transformers loop; fast_llm: external Fast-LLM
-    max_train_steps: int = 300  # optimizer steps; the run is done when the trainer has taken them
-    train_batch_size: int = 256  # samples per forward/backward pass
-    gradient_accumulation_passes: int = 1  # passes per optimizer step
-    lr: float = 3e-4  # AdamW learning rate (constant)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
-    weight_decay: float = 0.0  # AdamW weight decay
-    grad_clip: float = 1.0  # max global grad norm
-    checkpoint_every: int = 50  # steps between checkpoints (and one at the end)
-    keep_checkpoints: int = 2  # complete checkpoints kept; older ones are deleted
+    max_train_steps: Count = 300  # optimizer steps; the run is done when the trainer has taken them
+    train_batch_size: Count = 256  # samples per forward/backward pass
+    gradient_accumulation_passes: Count = 1  # passes per optimizer step
+    lr: Positive = 3e-4  # AdamW learning rate (constant)
+    betas: list[Beta] = field(default_factory=lambda: [0.9, 0.99])  # AdamW betas
+    weight_decay: NonNegative = 0.0  # AdamW weight decay
+    grad_clip: Positive = 1.0  # max global grad norm
+    checkpoint_every: Count = 50  # steps between checkpoints (and one at the end)
+    keep_checkpoints: Count = 2  # complete checkpoints kept; older ones are deleted
     device: str = "cpu"  # torch device of the trainer (nproc_per_node>1: cuda, a rank per GPU)
-    threads: int = 1  # torch CPU threads of the trainer (per rank)
-    nproc_per_node: int = 1  # hf: ranks of the trainer, data-parallel; gradient_accumulation_passes must be a multiple of it
+    threads: Count = 1  # torch CPU threads of the trainer (per rank)
+    nproc_per_node: Count = 1  # hf: ranks of the trainer, data-parallel; gradient_accumulation_passes must be a multiple of it
     sharding: Literal["auto", "fsdp2", "ddp"] = "auto"  # hf, nproc_per_node>1: auto is FSDP2 where torch has fully_shard, DDP otherwise
     mixed_precision: Literal["none", "bf16"] = "none"  # hf: bf16 compute (FSDP2 reduces gradients in fp32)
     activation_checkpointing: bool = False  # hf: recompute activations in backward (less memory, more compute)
@@ -128,17 +134,17 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class ActorConfig:
-    temperature: float = 1.0  # sampling temperature of every request to vLLM
-    max_new_tokens: int = 4  # completion budget per sample
-    min_new_tokens: int = 0  # no end-of-sequence before this many tokens (long generations for tests)
-    max_steps_ahead: int = 1  # back-pressure: groups for at most this many steps beyond the trainer (0: synchronous, generation waits for each step)
-    max_concurrent_groups: int = 16  # groups generating at once
-    request_timeout_s: float = 120.0  # one streamed vLLM request
-    max_prefix_staleness: int = 4  # a kept prefix older than this many policy versions is dropped (counted)
+    temperature: Positive = 1.0  # sampling temperature of every request to vLLM
+    max_new_tokens: Count = 4  # completion budget per sample
+    min_new_tokens: Natural = 0  # no end-of-sequence before this many tokens (long generations for tests)
+    max_steps_ahead: Natural = 1  # back-pressure: groups for at most this many steps beyond the trainer (0: synchronous, generation waits for each step)
+    max_concurrent_groups: Count = 16  # groups generating at once
+    request_timeout_s: Seconds = 120.0  # one streamed vLLM request
+    max_prefix_staleness: Natural = 4  # a kept prefix older than this many policy versions is dropped (counted)
     journal: bool = True  # token journal in Redis (off only to measure its overhead)
-    journal_flush_tokens: int = 16  # a sample's tokens are appended to the journal in batches this big
+    journal_flush_tokens: Count = 16  # a sample's tokens are appended to the journal in batches this big
     audit: bool = False  # write every journaled batch and delivered group to audit/actor.jsonl (tests)
-    num_actors: int = 1  # actor processes (actor-0, actor-1...): actor k owns prompts k, k+K, ..., its own journal and stream, and vLLM servers k, k+K, ...
+    num_actors: Count = 1  # actor processes (actor-0, actor-1...): actor k owns prompts k, k+K, ..., its own journal and stream, and vLLM servers k, k+K, ...
 
 
 @dataclass(frozen=True)
@@ -151,9 +157,9 @@ class RolePlacement:
     """
 
     local: bool = False  # true: run it on this machine, next to the supervisor, not placed by Ray
-    cpus: float = 1.0  # Ray CPUs reserved (per rank for the trainer)
-    gpus: float = 0.0  # Ray GPUs reserved (per rank for the trainer)
-    resources: Optional[dict[str, float]] = None  # custom Ray resources, e.g. {vllm_node: 1} to pick nodes (per rank for the hf trainer, once for Fast-LLM's)
+    cpus: NonNegative = 1.0  # Ray CPUs reserved (per rank for the trainer)
+    gpus: NonNegative = 0.0  # Ray GPUs reserved (per rank for the trainer)
+    resources: Optional[dict[str, NonNegative]] = None  # custom Ray resources, e.g. {vllm_node: 1} to pick nodes (per rank for the hf trainer, once for Fast-LLM's)
 
     def bundle(self) -> dict[str, float]:
         """The placement-group bundle: {} when the process runs locally."""
@@ -170,7 +176,7 @@ class WorldConfig:
     kind: Literal["local", "ray"] = "local"  # local: subprocesses of rlrun; ray: on the nodes of an existing Ray cluster
     cpu_affinity: Literal["auto", "none"] = "auto"  # local: auto gives each vLLM server CPU cores of its own (its worker's threads + 2, leaving one) and the other processes the rest (rlrun/cluster/cores.py); none: any process on any core
     address: Optional[str] = None  # ray: the cluster to join, HOST:PORT of its head or "auto" (the one this machine is in)
-    placement_timeout_s: float = 60.0  # ray: resources not reserved by then (or a lost node's not replaced): a clear stop
+    placement_timeout_s: Seconds = 60.0  # ray: resources not reserved by then (or a lost node's not replaced): a clear stop
     redis: RolePlacement = field(default_factory=lambda: RolePlacement(local=True))  # ray: Redis stays with the supervisor
     vllm: RolePlacement = field(default_factory=RolePlacement)  # ray: per vLLM server
     trainer: RolePlacement = field(default_factory=RolePlacement)  # ray: the trainer
@@ -192,21 +198,21 @@ class RoleSupervision:
     """How one role is restarted and watched (`supervisor.<role>.*`)."""
 
     restart: bool = True  # False: the first failure stops the run
-    max_restarts: int = 3  # at most this many restarts within window_s, then the run stops
-    window_s: float = 600.0  # the sliding window max_restarts is counted in
-    backoff_initial_s: float = 1.0  # delay before the first restart; doubles per consecutive failure
-    backoff_max_s: float = 30.0  # cap on that delay
-    healthy_after_s: float = 60.0  # up this long: the backoff starts again from backoff_initial_s
-    stall_timeout_s: float = 60.0  # no sign of life (heartbeat, health check) this long: a stall
+    max_restarts: Natural = 3  # at most this many restarts within window_s, then the run stops
+    window_s: Seconds = 600.0  # the sliding window max_restarts is counted in
+    backoff_initial_s: SecondsOrZero = 1.0  # delay before the first restart; doubles per consecutive failure
+    backoff_max_s: SecondsOrZero = 30.0  # cap on that delay
+    healthy_after_s: SecondsOrZero = 60.0  # up this long: the backoff starts again from backoff_initial_s
+    stall_timeout_s: Seconds = 60.0  # no sign of life (heartbeat, health check) this long: a stall
 
 
 @dataclass(frozen=True)
 class SupervisorConfig:
-    stop_grace_s: float = 10.0  # SIGTERM, then SIGKILL after this long
-    poll_interval_s: float = 0.5  # how often exits, liveness and completion are checked
-    ready_timeout_s: float = 120.0  # default readiness deadline (vLLM has its own)
+    stop_grace_s: SecondsOrZero = 10.0  # SIGTERM, then SIGKILL after this long
+    poll_interval_s: Seconds = 0.5  # how often exits, liveness and completion are checked
+    ready_timeout_s: Seconds = 120.0  # default readiness deadline (vLLM has its own)
     live_view: bool = True  # rich live table when stdout is a terminal; false: one plain line per change
-    dump_timeout_s: float = 5.0  # before a kill for a stall (or a SIGKILL after stop_grace_s): at most this long dumping stacks into diagnostics/ (0: no dump)
+    dump_timeout_s: SecondsOrZero = 5.0  # before a kill for a stall (or a SIGKILL after stop_grace_s): at most this long dumping stacks into diagnostics/ (0: no dump)
     redis: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its AOF
     vllm: RoleSupervision = field(default_factory=RoleSupervision)  # restarted alone, with the latest weights
     trainer: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its last complete checkpoint

@@ -42,6 +42,47 @@ def server_argv(
     return argv + list(inference.extra_args)
 
 
+# Flags that decide where a server listens and who may call it (`--config` can set any of them):
+# loopback and the run's key are rlrun's, never inference.extra_args'.
+LISTEN_AND_AUTH_FLAGS = ("--host", "--port", "--uds", "--grpc-port", "--api-key", "--middleware", "--root-path", "--config")
+# Where the config key for a flag rlrun passes is not plain to see from the flag.
+CONFIG_KEY_OF_FLAG = {
+    "--host": "inference.host", "--model": "model.path", "--max-model-len": "model.max_model_len", "--dtype": "model.dtype",
+    "--gpu-memory-utilization": "inference.gpu_memory_utilization", "--enforce-eager": "inference.enforce_eager",
+}  # fmt: skip
+
+
+def owned_flags() -> set[str]:
+    """Every flag rlrun sets on a server's command line itself (read off the command it builds), and
+    those that decide where it listens and who may call it."""
+    argv = server_argv(InferenceConfig(), ModelConfig(), "weights", 1, "tokenizer", 1)
+    return {arg for arg in argv if arg.startswith("--")} | set(LISTEN_AND_AUTH_FLAGS)
+
+
+def extra_args_problems(extra_args: list[str]) -> list[str]:
+    """Why `inference.extra_args` cannot be passed to vLLM: one sentence per flag that would override
+    what rlrun sets, in any spelling vLLM's parser takes (`--api_key`, `--host=...`, an abbreviation
+    such as `--hos`, `--weight-transfer-config.backend`)."""
+    owned = owned_flags()
+    out = []
+    for arg in map(str, extra_args):
+        if not arg.startswith("--") or len(arg) == 2:
+            continue
+        name = arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+        hits = sorted(flag for flag in owned if flag.startswith(f"--{name}"))  # argparse takes unique prefixes
+        if not hits:
+            continue
+        flag = f"--{name}" if f"--{name}" in hits else hits[0]
+        if flag in LISTEN_AND_AUTH_FLAGS:
+            why = "where a server listens (loopback) and who may call it (the run's key) are rlrun's to set"
+            fix = f" Use {CONFIG_KEY_OF_FLAG[flag]} for the host." if flag in CONFIG_KEY_OF_FLAG else ""
+        else:
+            why = "rlrun passes it itself, from the run's config"
+            fix = f" Set {CONFIG_KEY_OF_FLAG[flag]} instead." if flag in CONFIG_KEY_OF_FLAG else ""
+        out.append(f"inference.extra_args cannot hold {arg!r} (vLLM's {flag}): {why}.{fix} Remove it from inference.extra_args.")
+    return out
+
+
 def server_env(inference: InferenceConfig) -> dict[str, str]:
     return {
         "VLLM_SERVER_DEV_MODE": "1",  # enables the RL routes: /pause, /resume, the weight transfer

@@ -26,7 +26,7 @@ from rlrun.streams.codec import decode, encode
 from rlrun.streams.server import connect
 from rlrun.trainer import checkpoint
 from rlrun.trainer.checkpoint import TrainerState
-from rlrun.trainer.parallel import Parallel, Ranks, collective_backend
+from rlrun.trainer.parallel import Parallel, Ranks, collective_backend, usable_device
 from rlrun.trainer.step import optimizer_step
 
 if TYPE_CHECKING:
@@ -363,12 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         role = role_from_argv("rlrun::trainer", argv)
         cfg, run_dir = role.load_config(), role.run
+        # One rank unless a launcher (rlrun.trainer.rank_group, torchrun) set RANK/WORLD_SIZE.
+        ranks = Ranks.from_env(os.environ)
+        device = usable_device(ranks.device(cfg.trainer.device))  # no such device here: exit 2
         checkpoint.resume_point(run_dir.checkpoints)  # damaged checkpoints: exit 2 before any server is asked
         redis = connect(role.redis_url, run_dir.read_redis_password())
         vllm = VllmAdmin(role.vllm_urls, api_key=run_dir.read_vllm_api_key())
-        # One rank unless a launcher (rlrun.trainer.rank_group, torchrun) set RANK/WORLD_SIZE.
-        ranks = Ranks.from_env(os.environ)
-        parallel = Parallel(ranks, cfg.trainer.sharding, ranks.device(cfg.trainer.device))
+        parallel = Parallel(ranks, cfg.trainer.sharding, device)
         if cfg.trainer.weight_transfer == "broadcast" and parallel.ranks.is_main:
             from rlrun.trainer.weight_broadcast import BroadcastSync
 

@@ -19,6 +19,27 @@ POLL_S = 0.005  # a rank waiting for rank 0's batch checks this often whether it
 HEARTBEAT_S = 1.0  # and heartbeats this often meanwhile
 
 
+def usable_device(wanted: str) -> str:
+    """`wanted` (this rank's trainer.device) when torch can use it on this machine; ConfigError naming
+    trainer.device otherwise (a restart would fail the same way: the trainer exits 2, the run 5)."""
+    import torch
+
+    from rlrun.errors import ConfigError
+
+    try:
+        device = torch.device(wanted)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"trainer.device={wanted!r} is not a torch device ({' '.join(str(exc).split())}): use cpu or cuda.") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index is not None and device.index >= count):
+            raise ConfigError(
+                f"trainer.device={wanted}: torch sees {count} CUDA GPU(s) on this machine. Use trainer.device=cpu, "
+                "or run where the GPU is (a CUDA build of torch: pip install 'rlrun[gpu]')."
+            )
+    return wanted
+
+
 def collective_backend(device: str) -> str:
     """torch.distributed's backend for tensors on `device`: NCCL for CUDA, gloo otherwise."""
     return "nccl" if device.startswith("cuda") else "gloo"

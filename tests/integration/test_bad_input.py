@@ -148,7 +148,7 @@ def _gsm8k_expectation() -> tuple[int, list[str]]:
 @pytest.mark.parametrize(
     "overrides, code, fragments",
     [
-        (["dataset.num_problems=0"], 2, ["dataset.num_problems must be 1 or more", "got 0"]),
+        (["dataset.num_problems=0"], 2, ["dataset.num_problems must be at least 1", "got 0"]),
         (["dataset.max_operand=-1"], 2, ["dataset.max_operand must be 0 or more", "got -1"]),
         (["model=qwen2_5_math_1_5b", "dataset=gsm8k", "dataset.hf_path={work}/no-such-dataset"], *_gsm8k_expectation()),
     ],
@@ -196,11 +196,7 @@ def _not_empty(work: Path) -> Path:
 
 
 def _read_only(work: Path) -> Path:
-    if os.geteuid() == 0:
-        pytest.skip("root writes through chmod 0500: this case can only be shown as a regular user")
-    (work / "ro").mkdir()
-    (work / "ro").chmod(0o500)
-    return work / "ro" / "run"
+    return make_read_only(work / "ro") / "run"
 
 
 @pytest.mark.parametrize(
@@ -218,9 +214,7 @@ def test_run_directory_that_cannot_be_used(work, nothing_starts, make, fragments
     try:
         run_cli(work, ["train", f"run.dir={root}"], 4, [str(root), *fragments])
     finally:
-        for path in work.rglob("*"):
-            if path.is_dir():
-                path.chmod(0o700)  # let pytest clean up
+        undo_read_only(work / "ro")  # let pytest clean up
 
 
 def test_full_disk_is_refused_before_the_run_directory_is_made(work, nothing_starts, monkeypatch):
@@ -465,7 +459,63 @@ BATTERY = [
      ["cannot start Fast-LLM: fast-llm-nope (not found)", "trainer.fast_llm.command", NOT_DRY]),
     ("fast-llm-module-missing", ["trainer=fast_llm", 'trainer.fast_llm.command=[bash,-c,"python -m fast_llm_nope --config {config}"]'], 3,
      ["Python module fast_llm_nope", NOT_DRY]),
+    # Issue 26: values that passed preflight and failed late (or never), each refused by its key's
+    # range in the schema (rlrun/config/bounds.py) or by what this machine allows.
+    ("lr-inf", ["trainer.lr=inf"], 2, ["trainer.lr must be a finite number", "got inf"]),
+    ("temperature-inf", ["actor.temperature=inf"], 2, ["actor.temperature must be a finite number"]),
+    ("clip-inf", ["algo.clip_eps_high=inf"], 2, ["algo.clip_eps_high must be a finite number"]),
+    ("weight-decay-nan", ["trainer.weight_decay=nan"], 2, ["trainer.weight_decay must be a finite number", "got nan"]),
+    ("weight-decay-negative", ["trainer.weight_decay=-1"], 2, ["trainer.weight_decay must be 0 or more", "got -1"]),
+    ("device-bogus", ["trainer.device=bogus"], 2, ["trainer.device='bogus' is not a torch device", "cpu"]),
+    ("poll-interval-negative", ["supervisor.poll_interval_s=-1"], 2, ["supervisor.poll_interval_s must be greater than 0", "got -1"]),
+    ("max-restarts-negative", ["supervisor.trainer.max_restarts=-1"], 2, ["supervisor.trainer.max_restarts must be 0 or more", "got -1"]),
+    ("backoff-negative", ["supervisor.trainer.backoff_initial_s=-1"], 2, ["supervisor.trainer.backoff_initial_s must be 0 or more"]),
+    ("backoff-cap-below-start", ["supervisor.actor.backoff_initial_s=5", "supervisor.actor.backoff_max_s=1"], 2,
+     ["supervisor.actor.backoff_max_s (1.0) must be at least supervisor.actor.backoff_initial_s (5.0)"]),
+    ("stop-grace-negative", ["supervisor.stop_grace_s=-5"], 2, ["supervisor.stop_grace_s must be 0 or more", "got -5"]),
+    ("stall-timeout-zero", ["supervisor.vllm.stall_timeout_s=0"], 2, ["supervisor.vllm.stall_timeout_s must be greater than 0", "got 0"]),
+    ("ready-timeout-negative", ["inference.ready_timeout_s=-1"], 2, ["inference.ready_timeout_s must be greater than 0"]),
+    ("request-timeout-zero", ["actor.request_timeout_s=0"], 2, ["actor.request_timeout_s must be greater than 0"]),
+    ("timeout-beyond-the-machine", ["supervisor.ready_timeout_s=1e300"], 2, ["supervisor.ready_timeout_s must be at most"]),
+    ("inference-threads-zero", ["inference.threads=0"], 2, ["inference.threads must be at least 1", "got 0"]),
+    ("trainer-threads-negative", ["trainer.threads=-3"], 2, ["trainer.threads must be at least 1", "got -3"]),
+    ("context-beyond-any-model", ["model.max_model_len=1000000000000"], 2, ["model.max_model_len must be in [1, 1048576]"]),
+    ("kv-cache-beyond-the-machine", ["inference.cpu_kvcache_space_gb=1000000"], 2,
+     ["inference.cpu_kvcache_space_gb=1000000", "memory in all", "Lower inference.cpu_kvcache_space_gb"]),
+    ("seed-negative", ["run.seed=-1"], 2, ["run.seed must be in [0, 4294967295]"]),
+    ("beta-one", ["trainer.betas=[0.9,1.0]"], 2, ["trainer.betas[1] must be in [0, 1)", "got 1"]),
+    ("extra-args-host", ["inference.extra_args=[--host,0.0.0.0]"], 2, ["inference.extra_args cannot hold '--host'", "inference.host"]),
+    ("extra-args-abbreviated-host", ['inference.extra_args=["--hos=0.0.0.0"]'], 2, ["cannot hold '--hos=0.0.0.0'", "vLLM's --host"]),
+    ("extra-args-api-key", ["inference.extra_args=[--api_key,guess]"], 2, ["cannot hold '--api_key'", "the run's key"]),
+    ("extra-args-middleware", ["inference.extra_args=[--middleware,x.Y]"], 2, ["cannot hold '--middleware'"]),
+    ("extra-args-config-file", ["inference.extra_args=[--config,serve.yaml]"], 2, ["cannot hold '--config'"]),
+    ("extra-args-port", ['inference.extra_args=["--port=1"]'], 2, ["cannot hold '--port=1'"]),
+    ("newline-in-run-dir", ["run.dir='{work}/a\nb'"], 2, ["run.dir holds a control character", "one line"]),
+    ("read-only-model-cache", ["model.cache_dir={read_only}/models"], 3,
+     ["model.cache_dir={read_only}/models", "Set model.cache_dir to a writable folder"]),
 ]  # fmt: skip
+
+
+def make_read_only(folder: Path) -> Path:
+    """A folder nobody may write into, root included (root writes through chmod 0500: the immutable
+    attribute stops it, where the filesystem has one)."""
+    import subprocess
+
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o500)
+    elif subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("root writes through chmod 0500 and this filesystem has no immutable attribute")
+    return folder
+
+
+def undo_read_only(folder: Path) -> None:
+    import subprocess
+
+    if folder.exists():
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+        folder.chmod(0o700)
 
 
 @pytest.mark.parametrize("name, overrides, code, fragments", BATTERY, ids=[case[0] for case in BATTERY])
@@ -475,11 +525,21 @@ def test_every_bad_input_is_refused_before_anything_exists(work, nothing_starts,
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a, **k: None if n == "math_verify" else real(n, *a, **k))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")  # torchrun, python
-    wanted = [f for f in fragments if f != NOT_DRY]
-    message = run_cli(work, train(work, *overrides), code, wanted)
-    assert len(squash(message)) > 0 and message.count("error:") == 1  # one message
-    if NOT_DRY not in fragments:
-        run_cli(work, ["train", "--dry-run", f"run.dir={work / 'run'}", *overrides], code, wanted)
+    read_only = make_read_only(work / "read-only") if any("{read_only}" in o for o in overrides) else None
+
+    def placed(text: str) -> str:
+        return text.replace("{work}", str(work)).replace("{read_only}", str(read_only))
+
+    overrides = [placed(o) for o in overrides]
+    wanted = [placed(f) for f in fragments if f != NOT_DRY]
+    try:
+        message = run_cli(work, train(work, *overrides), code, wanted)
+        assert len(squash(message)) > 0 and message.count("error:") == 1  # one message
+        if NOT_DRY not in fragments:
+            run_cli(work, ["train", "--dry-run", f"run.dir={work / 'run'}", *overrides], code, wanted)
+    finally:
+        if read_only is not None:
+            undo_read_only(read_only)
 
 
 @pytest.mark.parametrize("live", [True, False])
