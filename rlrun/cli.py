@@ -89,9 +89,9 @@ def train(
         if dry_run:
             _print_dry_run(cfg, resolved, launch)
             return
-        run_dir = launch.create_run(cfg, resolved, overrides)
-        console.print(f"run directory: [bold]{run_dir.root}[/]")
-        _supervise(cfg, run_dir)
+        with launch.new_run(cfg, resolved, overrides) as run_dir:  # owned until it ends
+            console.print(f"run directory: [bold]{run_dir.root}[/]")
+            _supervise(cfg, run_dir)
 
 
 def _print_dry_run(cfg, resolved: str, launch) -> None:
@@ -144,7 +144,7 @@ def resume(
     from rlrun import resume as resuming
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(name)s: %(message)s")
-    with _errors(debug, run=True):
+    with _errors(debug, run=True), resuming.owned(run_dir.resolve()):  # exit 4 at once if another rlrun runs it
         plan = resuming.plan_resume(run_dir.resolve(), list(overrides or []))
         for key, before, after in plan.changes:
             console.print(f"change: {key}: {before!r} -> {after!r}")

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import redis
 
+from rlrun import runlock
 from rlrun.actor.partition import actor_name
 from rlrun.backends import HALF, CheckpointLayout, backend_for, checkpoint_layouts
 from rlrun.config.compose import load_resolved
@@ -339,7 +340,7 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
     else:
         if run is None:
             return None, NO_RUN_FOR_JOURNAL
-        endpoint = run_redis_endpoint(run) if run.running_supervisor() is not None else None
+        endpoint = run_redis_endpoint(run) if runlock.holder(run) is not None else None
         if endpoint is None or not ping(endpoint.url, endpoint.password):
             return None, REDIS_NOT_RUNNING
     cfg = _config(run)

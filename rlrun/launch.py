@@ -8,16 +8,18 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Optional
 
 import yaml
 
-from rlrun import preflight
+from rlrun import preflight, runlock
 from rlrun.backends import backend_for
 from rlrun.cluster.world import spawner_for
 from rlrun.config import RunConfig
-from rlrun.errors import ProcessFailed
+from rlrun.errors import ProcessFailed, RunDirError
 from rlrun.inference.server import base_url
 from rlrun.models.source import model_path
 from rlrun.progress import Progress, ProgressReader
@@ -35,14 +37,28 @@ def run_root(cfg: RunConfig) -> Path:
     return Path(cfg.run.dir).expanduser() if cfg.run.dir else Path(cfg.run.runs_root) / name
 
 
-def create_run(cfg: RunConfig, resolved_yaml: str, overrides: list[str], root: Optional[Path] = None) -> RunDir:
+@contextmanager
+def new_run(cfg: RunConfig, resolved_yaml: str, overrides: list[str], root: Optional[Path] = None) -> Iterator[RunDir]:
+    """Create the run directory and own it (rlrun/runlock.py) until the block ends: a second
+    `rlrun train` into the same new directory, or a resume of it, is refused meanwhile."""
     run_dir = RunDir((root or run_root(cfg)).resolve())
     preflight.check(cfg, run_dir.root, fresh=True)  # a run that cannot work leaves no trace
-    run_dir.create({"kind": "rlrun-run", "recipe": cfg.recipe, "created": time.time(), "overrides": overrides})
-    run_dir.config.write_text(resolved_yaml)
-    run_dir.overrides.write_text(yaml.safe_dump(list(overrides)))
-    run_dir.write_state(status="created")
-    return run_dir
+    try:
+        run_dir.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise RunDirError(f"cannot create the run directory {run_dir.root}: {exc.strerror}. Choose a writable location with run.dir=PATH.") from None
+    with runlock.acquire(run_dir):
+        run_dir.create({"kind": "rlrun-run", "recipe": cfg.recipe, "created": time.time(), "overrides": overrides})  # checks again, owned
+        run_dir.config.write_text(resolved_yaml)
+        run_dir.overrides.write_text(yaml.safe_dump(list(overrides)))
+        run_dir.write_state(status="created")
+        yield run_dir
+
+
+def create_run(cfg: RunConfig, resolved_yaml: str, overrides: list[str], root: Optional[Path] = None) -> RunDir:
+    """A new run directory, created and let go (for those that start it later)."""
+    with new_run(cfg, resolved_yaml, overrides, root) as run_dir:
+        return run_dir
 
 
 def plan_endpoints(cfg: RunConfig, pick_port: Callable[[str], int]) -> Endpoints:

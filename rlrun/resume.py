@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import yaml
 
+from rlrun import runlock
 from rlrun.config.compose import config_from_data, override_resolved
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError, RunDirError
@@ -35,14 +36,20 @@ class ResumePlan:
     already_finished: bool
 
 
+def owned(root) -> runlock.RunLock:
+    """The run at `root` owned by this process (a `with` block), before anything of it is read;
+    RunDirError (exit 4) at once when it is not a run or another process runs it."""
+    run_dir = RunDir(root)
+    run_dir.require_run()
+    return runlock.acquire(run_dir)
+
+
 def plan_resume(root, overrides: list[str]) -> ResumePlan:
+    """What resuming `root` with `overrides` means; the caller owns the run (`owned`)."""
     run_dir = RunDir(root)
     run_dir.require_run()
     if not run_dir.config.is_file():
         raise RunDirError(f"{run_dir.root} has no saved config ({run_dir.config.name}); it cannot be resumed.")
-    pid = run_dir.running_supervisor()
-    if pid is not None:
-        raise RunDirError(f"{run_dir.root} is being run right now by rlrun (pid {pid}). Stop it first (Ctrl-C or kill {pid}).")
     new, changes = override_resolved(yaml.safe_load(run_dir.config.read_text()), overrides)
     for key, _before, _after in changes:
         if not any(fnmatch.fnmatchcase(key, pattern) for pattern in ALLOWED_OVERRIDES):

@@ -15,6 +15,7 @@ from typing import Optional
 from rlrun.errors import RunDirError
 
 MARKER = "rlrun-run.json"  # present in every run directory; its absence means "not a run"
+LOCK = "run.lock"  # flock-ed by the process running the run (rlrun/runlock.py); never written
 LAUNCH_PREFIX = "launch-"  # logs/launch-<n>/: the n-th `rlrun train`/`rlrun resume` of the run
 
 
@@ -51,6 +52,10 @@ class RunDir:
     @property
     def marker(self) -> Path:
         return self.root / MARKER
+
+    @property
+    def lock_file(self) -> Path:
+        return self.root / LOCK
 
     @property
     def config(self) -> Path:
@@ -215,17 +220,32 @@ class RunDir:
             )
 
     def check_can_create(self) -> None:
-        """RunDirError unless the directory is new, or empty and not a run (creates nothing)."""
+        """RunDirError unless the directory is new, or empty (but for a lock file), not a run, this
+        user's and writable by nobody else: another user could replace the run's files (creates nothing)."""
         if self.is_run():
             raise RunDirError(
                 f"{self.root} already holds a run ({self.marker.name} is there). Use "
                 f"`rlrun resume {self.root}` to continue it, or choose another directory with "
                 f"run.dir=PATH."
             )
-        if self.root.is_dir() and any(self.root.iterdir()):
+        if not self.root.is_dir():
+            return
+        if any(entry.name != LOCK for entry in self.root.iterdir()):
             raise RunDirError(
                 f"{self.root} exists and is not empty, and it is not an rlrun run. Choose an empty "
                 f"or new directory with run.dir=PATH."
+            )
+        st = self.root.stat()
+        if st.st_uid != os.geteuid():
+            raise RunDirError(
+                f"{self.root} belongs to another user (uid {st.st_uid}), who could replace the run's files. "
+                f"Choose a directory of your own with run.dir=PATH (or a new one: rlrun creates it)."
+            )
+        if st.st_mode & 0o022:
+            raise RunDirError(
+                f"{self.root} can be written by {'every user' if st.st_mode & 0o002 else 'its group'} (mode "
+                f"{st.st_mode & 0o777:o}), who could replace the run's files. Run `chmod go-w {self.root}`, or choose "
+                f"another directory with run.dir=PATH (or a new one: rlrun creates it 0700)."
             )
 
     def create(self, info: dict) -> None:
@@ -234,6 +254,7 @@ class RunDir:
         try:
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.chmod(self.root, 0o700)
+            self.lock_file.touch(mode=0o600, exist_ok=True)
             for folder in (self.logs, self.redis_dir, self.checkpoints, self.weights):
                 folder.mkdir(exist_ok=True)
             self.secrets.mkdir(exist_ok=True, mode=0o700)
@@ -252,23 +273,6 @@ class RunDir:
         if not self.state.is_file():
             return {}
         return json.loads(self.state.read_text())
-
-    def running_supervisor(self) -> Optional[int]:
-        """The pid of the rlrun process running this run now, or None (finished, stopped, killed)."""
-        try:
-            state = self.read_state()
-        except (OSError, ValueError):
-            return None
-        pid = state.get("supervisor_pid")
-        if state.get("status") != "running" or type(pid) is not int or pid <= 0:
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass  # it exists, run by someone else
-        return pid
 
     def write_state(self, **fields) -> None:
         """Merge `fields` into state.json atomically (write a temporary file, then rename)."""

@@ -12,6 +12,7 @@ from typing import Optional
 
 import yaml
 
+from rlrun import runlock
 from rlrun.errors import RunDirError
 from rlrun.ettr import TimeSplit, split_wall_time
 from rlrun.metrics import read_metrics
@@ -77,7 +78,7 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
     events = read_jsonl(run_dir.events)
     metrics = read_metrics(run_dir.metrics)
     state = run_dir.read_state()
-    if state.get("status") == "running" and run_dir.running_supervisor() is None:
+    if state.get("status") == "running" and runlock.holder(run_dir) is None:
         state["status"] = "running (supervisor gone: rlrun was killed; use `rlrun resume`)"
     return state, replay_events(events), (metrics[-1] if metrics else None)
 
@@ -97,7 +98,7 @@ def report(run_dir: RunDir) -> dict:
     return {
         "run_dir": str(run_dir.root),
         "status": state.get("status", "unknown"),
-        "live": run_dir.running_supervisor() is not None,
+        "live": runlock.holder(run_dir) is not None,
         "processes": [asdict(row) for row in rows],
         "restarts": sum(row.restarts for row in rows),
         "last_failure": failure and {k: failure.get(k) for k in ("time", "process", "reason", "action")},
@@ -109,7 +110,7 @@ def report(run_dir: RunDir) -> dict:
 
 def time_split(run_dir: RunDir) -> TimeSplit:
     """The run's wall time split (rlrun/ettr.py); a running run is counted up to now."""
-    now = time.time() if run_dir.running_supervisor() is not None else None
+    now = time.time() if runlock.holder(run_dir) is not None else None
     return split_wall_time(read_jsonl(run_dir.events), read_metrics(run_dir.metrics), now=now)
 
 

@@ -52,6 +52,14 @@ def interrupted_twice(tmp_path_factory):
     try:
         mark = steps_done(run_dir)
         wait_for(lambda: steps_done(run_dir) >= mark + 1 and in_flight_tokens(run_dir) > 100, 600, "progress after resuming", proc)
+        # A second resume of the running run: refused at once (the run's lock), nothing touched.
+        owned = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "overrides.yaml", "state.json")}
+        launches = sorted(p.name for p in (run_dir / "logs").iterdir())
+        stops["second_resume"] = resume(run_dir, "trainer.max_train_steps=80", timeout=60)
+        stops["second_resume_changed"] = [n for n, data in owned.items() if (run_dir / n).read_bytes() != data]
+        stops["second_resume_changed"] += [] if sorted(p.name for p in (run_dir / "logs").iterdir()) == launches else ["logs/"]
+        stops["first_resume_pid"] = proc.pid
+        assert proc.poll() is None, "the running resume must not be disturbed by the refused one"
         stops["sigkill"] = time.time()
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -71,6 +79,14 @@ def test_ctrl_c_stops_in_order_and_says_how_to_continue(interrupted_twice):
     assert stops["after_ctrl_c"] == "interrupted"
     assert stops["left_after_ctrl_c"] == []
     assert stops["left_after_sigkill"] == []  # SIGKILL of rlrun took its children with it
+
+
+def test_a_second_resume_of_a_running_run_exits_4_and_changes_nothing(interrupted_twice):
+    _, stops, _ = interrupted_twice
+    second = stops["second_resume"]
+    assert second.returncode == 4, second.stderr[-2000:]
+    assert f"is being run right now by rlrun (pid {stops['first_resume_pid']})" in " ".join(second.stderr.split())
+    assert stops["second_resume_changed"] == [] and second.left_behind == []  # the first one ran on to its SIGKILL
 
 
 def test_resumed_run_completes_at_exactly_max_train_steps(interrupted_twice):

@@ -199,6 +199,23 @@ def _read_only(work: Path) -> Path:
     return make_read_only(work / "ro") / "run"
 
 
+def _another_users(work: Path) -> Path:
+    """An empty directory of another user, open to all (issue 26: they replaced config.yaml)."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a directory to another user")
+    (work / "run").chmod(0o777)
+    os.chown(work / "run", 65534, 65534)
+    return work / "run"
+
+
+def _writable_by(mode: int):
+    def make(work: Path) -> Path:
+        (work / "run").chmod(mode)
+        return work / "run"
+
+    return make
+
+
 @pytest.mark.parametrize(
     "make, fragments",
     [
@@ -206,8 +223,11 @@ def _read_only(work: Path) -> Path:
         (_holds_a_run, ["already holds a run", "rlrun resume", "run.dir=PATH"]),
         (_not_empty, ["exists and is not empty", "run.dir=PATH"]),
         (_read_only, ["is not writable", "run.dir=PATH"]),
+        (_another_users, ["belongs to another user (uid 65534)", "run.dir=PATH"]),
+        (_writable_by(0o777), ["can be written by every user (mode 777)", "chmod go-w"]),
+        (_writable_by(0o770), ["can be written by its group (mode 770)", "chmod go-w"]),
     ],
-    ids=["under-a-file", "holds-a-run", "not-empty", "read-only"],
+    ids=["under-a-file", "holds-a-run", "not-empty", "read-only", "another-users", "world-writable", "group-writable"],
 )
 def test_run_directory_that_cannot_be_used(work, nothing_starts, make, fragments):
     root = make(work)

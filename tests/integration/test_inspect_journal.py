@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from rlrun import inspection as ci
+from rlrun import runlock
 from rlrun.streams.server import connect
 from rlrun.streams.standalone import managed_server
 from tests.unit.test_inspect import invoke, make_run, resolved_yaml, write_hf  # noqa: F401 - resolved_yaml is a fixture
@@ -19,12 +20,13 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
 def running_run(tmp_path, resolved_yaml):
-    """A run whose supervisor is 'running' (this test process) with its Redis up."""
+    """A run being run (this test process owns it, as its supervisor would) with its Redis up;
+    (the run, its server, its lock)."""
     run = make_run(tmp_path / "run", resolved_yaml)
     write_hf(run.checkpoint(2), 2, samples=20, version=3)
-    with managed_server(run) as server:
+    with managed_server(run) as server, runlock.acquire(run) as lock:
         run.write_state(status="running", supervisor_pid=os.getpid())
-        yield run, server
+        yield run, server, lock
 
 
 def _fill_journal(client) -> None:
@@ -49,7 +51,7 @@ def _fill_journal(client) -> None:
 
 
 def test_journal_summary_counts_the_open_groups(running_run):
-    _, server = running_run
+    _, server, _ = running_run
     client = connect(server.url, server.password)
     try:
         _fill_journal(client)
@@ -69,7 +71,7 @@ def test_journal_summary_counts_the_open_groups(running_run):
 
 
 def test_cli_shows_the_journal_of_a_running_run(running_run):
-    run, server = running_run
+    run, server, lock = running_run
     client = connect(server.url, server.password)
     try:
         _fill_journal(client)
@@ -92,13 +94,13 @@ def test_cli_shows_the_journal_of_a_running_run(running_run):
     assert explicit["journal"]["groups_awaiting_delivery"] == 2
 
     # the supervisor gone: the journal is not read even though Redis still answers
-    run.write_state(status="stopped")
+    lock.release()
     data = json.loads(invoke(str(run.root), "--json").stdout)
     assert data["journal"] is None and data["journal_note"] == ci.REDIS_NOT_RUNNING
 
 
 def test_redis_endpoint_is_read_from_the_runs_redis_conf(running_run):
-    run, server = running_run
+    run, server, lock = running_run
     endpoint = ci.run_redis_endpoint(run)
     assert endpoint == ci.RedisEndpoint(server.url, server.password)
 
@@ -111,7 +113,7 @@ def test_with_two_actors_each_journal_is_shown_and_added_up(tmp_path):
     _, text = compose(["recipe=math_gspo", "actor.num_actors=2", "inference.num_servers=2"])
     run = make_run(tmp_path / "run", text)
     write_hf(run.checkpoint(2), 2, samples=20, version=3)
-    with managed_server(run) as server:
+    with managed_server(run) as server, runlock.acquire(run):
         run.write_state(status="running", supervisor_pid=os.getpid())
         client = connect(server.url, server.password)
         try:

@@ -1,5 +1,5 @@
 """`rlrun status --json` and `rlrun runs` on run directories written by hand: a finished run, a
-live one (its supervisor is this test process) and something that is not a run."""
+live one (owned by this test process: it holds the run's lock) and something that is not a run."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from rlrun import runlock
 from rlrun.cli import app
 from rlrun.rundir import RunDir
+
+OWNED: list[runlock.RunLock] = []  # the live runs' locks, held by this process until it ends
 
 
 def make_run(root: Path, name: str, *, status: str, steps: int, t0: float, failure: bool = False) -> RunDir:
@@ -32,6 +35,7 @@ def make_run(root: Path, name: str, *, status: str, steps: int, t0: float, failu
         run_dir.write_state(status=status)
     else:
         run_dir.write_state(status="running", supervisor_pid=os.getpid())
+        OWNED.append(runlock.acquire(run_dir))
     run_dir.events.write_text("".join(json.dumps(e) + "\n" for e in events))
     run_dir.metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
     return run_dir
