@@ -90,8 +90,8 @@ def train(
     resumed: bool = False,
 ) -> str:
     """Run the whole job, fresh or resumed (every role recovers from the run directory and Redis);
-    return why it finished. Raises ProcessFailed / KeyboardInterrupt."""
-    preflight.check(cfg, run_dir.root, fresh=False)  # packages, model, data, binary, ports, checkpoints
+    return why it finished. Raises ProcessFailed / KeyboardInterrupt. The caller owns the run and
+    has run the preflight (`new_run`, `resume.plan_resume`)."""
     run_dir = run_dir.for_new_launch()  # logs/launch-<n>/: each train/resume keeps its own logs
     if cfg.streams.url is not None:
         _use_external_redis(cfg, run_dir)

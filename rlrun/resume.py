@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import yaml
 
-from rlrun import runlock
+from rlrun import preflight, runlock
 from rlrun.config.compose import config_from_data, override_resolved
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError, RunDirError
-from rlrun.rundir import RunDir
+from rlrun.rundir import RunDir, write_atomic
 
 # What a resumed run may change: how long it trains and how it is supervised. Everything else
 # (model, data, algorithm, batch shape) would make the checkpoint and the journal mean something
@@ -34,6 +34,7 @@ class ResumePlan:
     resolved_yaml: str
     changes: list[tuple[str, object, object]]  # (key, before, after)
     already_finished: bool
+    overrides_yaml: str  # overrides.yaml with this resume's changes added
 
 
 def owned(root) -> runlock.RunLock:
@@ -45,19 +46,30 @@ def owned(root) -> runlock.RunLock:
 
 
 def plan_resume(root, overrides: list[str]) -> ResumePlan:
-    """What resuming `root` with `overrides` means; the caller owns the run (`owned`)."""
+    """What resuming `root` with `overrides` means, every check (preflight's included) run on the
+    config it would have: until `apply`, nothing of the run has changed. The caller owns the run
+    (`owned`)."""
     run_dir = RunDir(root)
     run_dir.require_run()
     if not run_dir.config.is_file():
         raise RunDirError(f"{run_dir.root} has no saved config ({run_dir.config.name}); it cannot be resumed.")
-    new, changes = override_resolved(yaml.safe_load(run_dir.config.read_text()), overrides)
+    saved = run_dir.read_yaml(run_dir.config, what="the run's resolved config")
+    if not isinstance(saved, dict):
+        raise RunDirError(
+            f"{run_dir.config}, the run's resolved config, is damaged: it holds {type(saved).__name__}, not a mapping "
+            f"of sections. Restore it from a copy (every role file, {run_dir.roles}/<name>.yaml, holds one under `config:`)."
+        )
+    new, changes = override_resolved(saved, overrides)
     for key, _before, _after in changes:
         if not any(fnmatch.fnmatchcase(key, pattern) for pattern in ALLOWED_OVERRIDES):
             raise ConfigError(
                 f"'{key}' cannot be changed when resuming: it would change what the checkpoint and the journal "
                 f"mean. Allowed: {', '.join(ALLOWED_OVERRIDES)}. Start a new run with `rlrun train` instead."
             )
-    cfg = config_from_data(new, source=str(run_dir.config))
+    try:
+        cfg = config_from_data(new, source=str(run_dir.config))
+    except ConfigError as exc:
+        raise ConfigError(f"{run_dir.config} (with the overrides given): {exc}") from None
     has_data = any(run_dir.redis_dir.rglob("*.aof")) or any(run_dir.redis_dir.rglob("*.rdb"))
     if cfg.streams.url is None and not has_data:
         raise RunDirError(
@@ -66,13 +78,18 @@ def plan_resume(root, overrides: list[str]) -> ResumePlan:
         )
     more_steps = any(k == "trainer.max_train_steps" for k, _, _ in changes)
     finished = run_dir.read_state().get("status") == "finished" and not more_steps
-    return ResumePlan(run_dir, cfg, yaml.safe_dump(new, sort_keys=False), changes, finished)
+    history = run_dir.read_yaml(run_dir.overrides, what="the overrides that made the run") if run_dir.overrides.is_file() else []
+    if not isinstance(history, list):
+        raise RunDirError(f"{run_dir.overrides} is damaged: it holds {type(history).__name__}, not a list of overrides. Restore it, or write [] into it.")
+    if not finished:
+        preflight.check(cfg, run_dir.root, fresh=False)  # packages, model, data, binary, ports, checkpoints
+    history = history + [f"resume: {k}={v}" for k, _, v in changes]
+    return ResumePlan(run_dir, cfg, yaml.safe_dump(new, sort_keys=False), changes, finished, yaml.safe_dump(history))
 
 
 def apply(plan: ResumePlan) -> None:
-    """Save the (possibly changed) config and note the resume in the run's overrides."""
+    """Save the (possibly changed) config and note the resume in the run's overrides (each file
+    replaced whole: a crash leaves the old one or the new one)."""
     if plan.changes:
-        plan.run_dir.config.write_text(plan.resolved_yaml)
-        history = yaml.safe_load(plan.run_dir.overrides.read_text()) if plan.run_dir.overrides.is_file() else []
-        history = history + [f"resume: {k}={v}" for k, _, v in plan.changes]
-        plan.run_dir.overrides.write_text(yaml.safe_dump(history))
+        write_atomic(plan.run_dir.config, plan.resolved_yaml)
+        write_atomic(plan.run_dir.overrides, plan.overrides_yaml)

@@ -270,10 +270,39 @@ class RunDir:
         write_atomic(path, value, mode=0o600)
 
     def read_state(self) -> dict:
-        if not self.state.is_file():
+        """state.json ({} before the run first started); RunDirError naming it when it is damaged."""
+        if not self.state.exists():
             return {}
-        return json.loads(self.state.read_text())
+        try:
+            data = json.loads(self.state.read_text())
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            why = exc.strerror if isinstance(exc, OSError) else f"not JSON: {' '.join(str(exc).split())}"
+            data, problem = None, why
+        else:
+            problem = None if isinstance(data, dict) else f"it holds a {type(data).__name__}, not an object"
+        if problem is not None:
+            raise RunDirError(
+                f"{self.state} is damaged ({problem}). It only records the run's status: move it aside "
+                f"(mv {self.state} {self.state}.damaged) and the run reads as stopped; `rlrun resume` writes a new one."
+            )
+        return data
+
+    def read_yaml(self, path: Path, what: str):
+        """A YAML file of the run (config.yaml, overrides.yaml); RunDirError naming it when damaged."""
+        import yaml
+
+        try:
+            return yaml.safe_load(path.read_text())
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else " ".join(str(exc).split())
+            copy = f" (every role file, {self.roles}/<name>.yaml, holds a copy under `config:`)" if path == self.config else ""
+            raise RunDirError(f"{path}, {what}, cannot be read ({why}). Restore it from a copy{copy}.") from None
 
     def write_state(self, **fields) -> None:
-        """Merge `fields` into state.json atomically (write a temporary file, then rename)."""
-        write_atomic(self.state, json.dumps({**self.read_state(), **fields}, indent=2, sort_keys=True) + "\n")
+        """Merge `fields` into state.json atomically (write a temporary file, then rename); a damaged
+        one is replaced (it records the status only, which is being written now)."""
+        try:
+            known = self.read_state()
+        except RunDirError:
+            known = {}
+        write_atomic(self.state, json.dumps({**known, **fields}, indent=2, sort_keys=True) + "\n")

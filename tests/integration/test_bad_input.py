@@ -430,6 +430,49 @@ def test_a_real_checkpoint_passes_and_a_damaged_one_is_skipped_before_loading(tm
     checkpoint.load_optimizer(torch.optim.AdamW(model.parameters()), chosen, model, Parallel(Ranks()))
 
 
+def _damaged_checkpoint(run_dir, monkeypatch) -> None:
+    _truncate("model.safetensors")(write_checkpoint(run_dir.checkpoint(4)))
+
+
+def _full_disk(run_dir, monkeypatch) -> None:
+    """The disk is reported full (shutil.disk_usage faked: a real full disk cannot be made here)."""
+    real = preflight.shutil.disk_usage
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda p: real(p)._replace(free=10 << 20))
+
+
+# A resume refused by any check leaves config.yaml, overrides.yaml, state.json and logs/ as they
+# were (issue 26: the damaged-checkpoint refusal had rewritten config.yaml and overrides.yaml, and
+# max_restarts=-1 was saved, so that a plain resume then failed the same way).
+REFUSED_RESUMES = [
+    ("damaged-checkpoint", _damaged_checkpoint, ["trainer.max_train_steps=70"], 4, ["no usable checkpoint", "step_000004"]),
+    ("full-disk", _full_disk, ["trainer.max_train_steps=70"], 4, ["is full", "10 MiB free"]),
+    ("negative-restart-budget", None, ["supervisor.trainer.max_restarts=-1"], 2, ["supervisor.trainer.max_restarts must be 0 or more"]),
+    ("negative-backoff", None, ["supervisor.trainer.backoff_initial_s=-1"], 2, ["supervisor.trainer.backoff_initial_s must be 0 or more"]),
+    ("zero-steps", None, ["trainer.max_train_steps=0"], 2, ["trainer.max_train_steps must be at least 1"]),
+    ("disallowed-key", None, ["trainer.max_train_steps=70", "algo.group_size=4"], 2, ["'algo.group_size' cannot be changed when resuming"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, setup, overrides, code, fragments", REFUSED_RESUMES, ids=[c[0] for c in REFUSED_RESUMES])
+def test_a_refused_resume_changes_nothing(work, resumable_run, nothing_starts, monkeypatch, name, setup, overrides, code, fragments):
+    resumable_run.write_state(status="interrupted")
+    if setup is not None:
+        setup(resumable_run, monkeypatch)
+    run_cli(work, ["resume", str(resumable_run.root), *overrides], code, fragments)
+
+
+def test_a_damaged_state_json_or_config_yaml_is_named_on_resume(work, resumable_run, nothing_starts):
+    resumable_run.state.write_text("[1, 2]")
+    run_cli(work, ["resume", str(resumable_run.root)], 4, [f"{resumable_run.state} is damaged", "not an object", "move it aside"])
+    resumable_run.state.write_text("\x00garbage{")
+    run_cli(work, ["resume", str(resumable_run.root)], 4, [f"{resumable_run.state} is damaged", "not JSON"])
+    resumable_run.state.unlink()
+    resumable_run.config.write_text("trainer: [unclosed\n")
+    run_cli(work, ["resume", str(resumable_run.root)], 4, [f"{resumable_run.config}, the run's resolved config, cannot be read", "Restore it"])
+    resumable_run.config.write_text("- a list\n")
+    run_cli(work, ["resume", str(resumable_run.root)], 4, [f"{resumable_run.config}, the run's resolved config, is damaged", "not a mapping"])
+
+
 def test_trainer_refuses_to_start_from_damaged_checkpoints_with_exit_2(resumable_run):
     """The trainer itself (restarted mid-run) exits 2, which the supervisor never retries."""
     import subprocess
