@@ -194,6 +194,8 @@ def runs(
     if as_json:
         typer.echo(json.dumps(found, indent=2))
         return
+    damaged = [run for run in found if run["status"] == run_status.DAMAGED]
+    found = [run for run in found if run["status"] != run_status.DAMAGED]
     table = Table(title=f"runs under {root}", expand=False)
     for column in ("run", "status", "step", "reward", "ETTR", "restarts", "last event"):
         table.add_column(column, overflow="fold")
@@ -204,7 +206,9 @@ def runs(
         ettr = "-" if run["ettr"] is None else f"{run['ettr']:.2f}"
         reward = "-" if run["reward_mean"] is None else str(run["reward_mean"])
         table.add_row(Path(run["run_dir"]).name, run["status"], step, reward, ettr, str(run["restarts"]), event or "-")
-    console.print(table if found else f"no runs under {root}")
+    console.print(table if found else f"no {'other ' if damaged else ''}runs under {root}")
+    for run in damaged:
+        err_console.print(f"skipped {run['run_dir']}: {run['note']}", highlight=False, markup=False)
 
 
 @app.command()
@@ -255,7 +259,8 @@ def inspect_checkpoint(
         for item in cli_render.checkpoint_renderables(report, journal, note):
             console.print(item)
     if not report.complete:
-        _fail(RunDirError(checkpoint_inspect.HALF_WRITTEN), debug)
+        why = checkpoint_inspect.damaged_warning(report.damaged) if report.damaged else checkpoint_inspect.HALF_WRITTEN
+        _fail(RunDirError(why), debug)
 
 
 @app.command()

@@ -42,7 +42,12 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
             main.add_row(label, _text(value))
     when = "-" if report.written_at is None else time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report.written_at))
     main.add_row("written", f"{when} ({report.written_at_source})")
-    main.add_row("complete", "yes (ok marker)" if report.complete else "[bold red]NO: half-written, no ok marker[/]")
+    if report.complete:
+        main.add_row("complete", "yes (ok marker, nothing damaged)")
+    elif report.damaged:
+        main.add_row("complete", f"[bold red]NO: damaged: {escape(report.damaged)}[/]")
+    else:
+        main.add_row("complete", "[bold red]NO: half-written, no ok marker[/]")
     main.add_row("run directory", escape(report.run_dir) if report.run_dir else "- (not inside a run directory)")
     if report.config_hash or report.checkpoint_config_hash:
         recorded = f" (recorded in checkpoint: {report.checkpoint_config_hash})" if report.checkpoint_config_hash else ""

@@ -69,7 +69,7 @@ class CheckpointReport:
     policy_version: Optional[int]  # hf only: the version vLLM serves after this step
     written_at: Optional[float]  # unix time
     written_at_source: str  # "trainer_state.json" or the file whose mtime was used
-    complete: bool  # the `ok` marker is there (hf: and trainer_state.json)
+    complete: bool  # a resume would load it, by its trainer's own rule: `ok` marker there and nothing damaged
     run_dir: Optional[str]  # the run directory holding the checkpoint, if any
     selected_from_run: bool  # PATH was a run directory and this is its latest complete checkpoint
     skipped_half_written: list[str]  # run directory only: newer half-written checkpoints skipped
@@ -79,6 +79,7 @@ class CheckpointReport:
     checkpoint_config_hash: Optional[str]  # hf: the hash recorded in trainer_state.json
     files: list[FileEntry]
     warnings: list[str] = field(default_factory=list)
+    damaged: Optional[str] = None  # complete (`ok` there) but damaged: what a resume skips it for
 
     @property
     def total_bytes(self) -> int:
@@ -157,9 +158,12 @@ def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str],
     layout = layout_of(path)
     assert layout is not None  # inspect_path checked
     warnings: list[str] = []
-    complete = layout.is_complete(path)
-    if not complete:
+    why = layout.problem(path)  # the trainer's own rule, as for a run directory's checkpoints
+    complete, damage = why is None, (why if why not in (None, HALF) else None)
+    if why == HALF:
         warnings.append(HALF_WRITTEN)
+    elif damage:
+        warnings.append(damaged_warning(damage))
     fields = layout.read_fields(path, warnings)
     # the run directory a checkpoint sits in: the nearest parent holding rlrun-run.json
     run = next((RunDir(p) for p in list(path.parents)[:_RUN_SEARCH_DEPTH] if RunDir(p).is_run()), None)
@@ -199,7 +203,12 @@ def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str],
         checkpoint_config_hash=recorded or None,
         files=list_files(path),
         warnings=warnings,
+        damaged=damage,
     )
+
+
+def damaged_warning(why: str) -> str:
+    return f"damaged checkpoint ({why}): a resume skips it and loads an older one"
 
 
 def _mtime(path: Path) -> tuple[Optional[float], str]:

@@ -8,6 +8,7 @@ from typing import Optional
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress_bar import ProgressBar
+from rich.markup import escape
 from rich.table import Table
 
 from rlrun.progress import Progress
@@ -42,7 +43,8 @@ def status_table(rows) -> Table:
         table.add_column(column, overflow="fold")
     for row in rows:
         failure = row.last_failure + (f" (stacks: {row.last_dump})" if row.last_dump else "")
-        table.add_row(row.name, str(row.pid or "-"), _state(row.state), str(row.restarts), failure or "-", row.log)
+        # Recorded text is shown as written, never as markup (a reason may hold "[...]").
+        table.add_row(escape(row.name), str(row.pid or "-"), _state(row.state), str(row.restarts), escape(failure or "-"), escape(row.log))
     return table
 
 

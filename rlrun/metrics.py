@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -115,8 +116,20 @@ class MetricsWriter:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl in file order; a line cut short by a crash is skipped."""
-    return [record for record in read_jsonl(path) if isinstance(record.get("step"), int)]
+    """The records of a metrics.jsonl in file order; a line cut short by a crash, or without an integer
+    step, is skipped, and a field of FIELDS that is not a finite number (NaN, a string) is left out of
+    its record, as if not written: every reader then takes it as missing."""
+    records = []
+    for record in read_jsonl(path):
+        step = record.get("step")
+        if type(step) is not int:
+            continue
+        records.append({k: v for k, v in record.items() if k not in FIELDS or _finite_number(v)})
+    return records
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def final_records(records: list[dict]) -> list[dict]:

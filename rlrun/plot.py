@@ -9,6 +9,7 @@ the PNG is written through a temporary file, so a failure never leaves half a pi
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ from pathlib import Path
 
 from rlrun.errors import EnvironmentProblem, RunDirError
 from rlrun.metrics import final_records, read_metrics
-from rlrun.rundir import RunDir, read_jsonl
+from rlrun.rundir import RunDir
+from rlrun.supervisor.events import read_events
 
 SIZE_PX = (1000, 950)  # width, height of the PNG
 DPI = 100
@@ -91,15 +93,17 @@ def markers(events: list[dict], records: list[dict]) -> list[Marker]:
 
 
 def smoothed(values: list[float], window: int) -> list[float]:
-    """Trailing mean over the last `window` values (fewer at the start): nothing from later steps."""
+    """Trailing mean over the last `window` values (fewer at the start): nothing from later steps.
+    A missing value (NaN) is left out of the means it falls in; a window of them only is NaN."""
     if window < 1:
         raise ValueError(f"window must be 1 or more, got {window}")
-    out, total = [], 0.0
+    out, total, count = [], 0.0, 0
     for i, value in enumerate(values):
-        total += value
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
+        if not math.isnan(value):
+            total, count = total + value, count + 1
+        if i >= window and not math.isnan(values[i - window]):
+            total, count = total - values[i - window], count - 1
+        out.append(total / count if count else math.nan)
     return out
 
 
@@ -109,10 +113,13 @@ def smoothing_window(points: int) -> int:
 
 
 def band(mean: list[float], std: list[float], low: float, high: float) -> tuple[list[float], list[float]]:
-    """mean ± std per point, held inside [low, high] (the values the reward can take)."""
-    lower = [min(high, max(low, m - s)) for m, s in zip(mean, std)]
-    upper = [min(high, max(low, m + s)) for m, s in zip(mean, std)]
-    return lower, upper
+    """mean ± std per point, held inside [low, high] (the values the reward can take); NaN where the
+    mean is missing (a gap)."""
+
+    def held(value: float) -> float:
+        return value if math.isnan(value) else min(high, max(low, value))
+
+    return [held(m - s) for m, s in zip(mean, std)], [held(m + s) for m, s in zip(mean, std)]
 
 
 def run_start(records: list[dict], events: list[dict]) -> float:
@@ -131,7 +138,7 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
             f"{run_dir.root} has no metrics yet: {run_dir.metrics.name} is missing or empty (the trainer "
             f"writes one record per optimizer step). Nothing was written."
         )
-    events = read_jsonl(run_dir.events)
+    events = read_events(run_dir.events)
     marks = markers(events, records)
     target = Path(out) if out is not None else run_dir.plot
     restarts = sum(1 for m in marks if m.kind == "restart")
@@ -161,7 +168,7 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float):
         raise EnvironmentProblem("rlrun plot needs matplotlib, which is not installed: pip install 'rlrun[plot]'.") from None
 
     steps = [r["step"] for r in records]
-    mean = [float(r.get("reward_mean", 0.0)) for r in records]
+    mean = [float(r.get("reward_mean", math.nan)) for r in records]  # missing (or NaN in the file): a gap
     std = [float(r.get("reward_std", 0.0)) for r in records]
     rates = throughput(records)
     window = smoothing_window(len(mean))

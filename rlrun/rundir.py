@@ -37,7 +37,7 @@ def read_jsonl(path: Path) -> list[dict]:
     for line in path.read_text(errors="replace").splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: a line of nested brackets
             continue
         if isinstance(record, dict):
             records.append(record)

@@ -16,7 +16,10 @@ from rlrun import runlock
 from rlrun.errors import RunDirError
 from rlrun.ettr import TimeSplit, split_wall_time
 from rlrun.metrics import read_metrics
-from rlrun.rundir import RunDir, read_jsonl
+from rlrun.rundir import RunDir
+from rlrun.supervisor.events import read_events
+
+DAMAGED = "damaged"  # `rlrun runs`: a run whose files cannot be read (its entry's note says why)
 
 # The state each supervisor event leaves a process in.
 EVENT_STATES = {
@@ -75,7 +78,7 @@ def replay_events(events: list[dict]) -> list[ProcessRow]:
 def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
     """(state.json, process rows, last metrics record) of a run directory."""
     run_dir.require_run()
-    events = read_jsonl(run_dir.events)
+    events = read_events(run_dir.events)
     metrics = read_metrics(run_dir.metrics)
     state = run_dir.read_state()
     if state.get("status") == "running" and runlock.holder(run_dir) is None:
@@ -87,7 +90,7 @@ def report(run_dir: RunDir) -> dict:
     """One run as plain data (what `rlrun status --json` prints)."""
     state, rows, last = load(run_dir)
     last = last or {}
-    events = read_jsonl(run_dir.events)
+    events = read_events(run_dir.events)
     failure = next((e for e in reversed(events) if e.get("event") == "process_failed"), None)
     shown = ("time", "event", "process", "reason", "status", "file")
     progress = {
@@ -111,11 +114,12 @@ def report(run_dir: RunDir) -> dict:
 def time_split(run_dir: RunDir) -> TimeSplit:
     """The run's wall time split (rlrun/ettr.py); a running run is counted up to now."""
     now = time.time() if runlock.holder(run_dir) is not None else None
-    return split_wall_time(read_jsonl(run_dir.events), read_metrics(run_dir.metrics), now=now)
+    return split_wall_time(read_events(run_dir.events), read_metrics(run_dir.metrics), now=now)
 
 
 def list_runs(root: Path) -> list[dict]:
-    """One summary per run directly under `root` (or `root` itself), newest first."""
+    """One summary per run directly under `root` (or `root` itself), newest first; a run whose files
+    cannot be read is one entry of status "damaged" with a `note` saying which file and why."""
     root = Path(root)
     if not root.is_dir():
         raise RunDirError(f"{root} is not a directory. Give the folder your runs are in (run.runs_root, default runs/).")
@@ -127,8 +131,9 @@ def list_runs(root: Path) -> list[dict]:
             continue
         try:
             full = report(run_dir)
-        except (RunDirError, OSError, ValueError) as exc:  # one unreadable run does not hide the others
-            runs.append({"run_dir": str(path), "status": f"unreadable: {exc}", "step": None, "reward_mean": None, "ettr": None, "restarts": 0, "last_event": None, "updated": None})
+        except (RunDirError, OSError, ValueError) as exc:  # one damaged run does not hide the others
+            note = " ".join(str(exc).split()) if isinstance(exc, RunDirError) else f"{type(exc).__name__}: {exc}"
+            runs.append({"run_dir": str(path), "status": DAMAGED, "note": note, "step": None, "reward_mean": None, "ettr": None, "restarts": 0, "last_event": None, "updated": None})
             continue
         progress = full["progress"]
         files = (run_dir.events, run_dir.metrics, run_dir.state)
@@ -171,7 +176,7 @@ def latest_log(run_dir: RunDir, process: str, launch: Optional[int] = None) -> P
     """The log of `process`'s latest start attempt in launch `launch` (default: the newest launch)."""
     if launch is not None:
         return _attempt_log(run_dir, process, launch)
-    rows = {row.name: row for row in replay_events(read_jsonl(run_dir.events))}
+    rows = {row.name: row for row in replay_events(read_events(run_dir.events))}
     if process not in rows:
         known = ", ".join(rows) or "none yet"
         raise RunDirError(f"no process named '{process}' in {run_dir.root}. Processes: {known}.")

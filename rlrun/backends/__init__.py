@@ -52,6 +52,10 @@ class CheckpointLayout(Protocol):
 
     def is_complete(self, path: Path) -> bool: ...
 
+    def problem(self, path: Path) -> Optional[str]:
+        """Why a resume would skip the checkpoint at `path` (HALF, or its damage), None when it
+        would load it: the rule `candidates` applies, for one folder."""
+
     def read_fields(self, path: Path, warnings: list[str]) -> dict:
         """`step` and what else it records (samples_processed, documents_seen, policy_version,
         checkpoint_config_hash, written_at[_source]); what cannot be read goes to `warnings`."""

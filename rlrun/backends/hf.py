@@ -42,6 +42,11 @@ class HfLayout:
     def is_complete(self, path: Path) -> bool:
         return checkpoint.is_complete(path)
 
+    def problem(self, path: Path) -> Optional[str]:
+        if not (path / checkpoint.OK_MARKER).is_file():
+            return HALF
+        return checkpoint.problem(path)  # what `checkpoint.scan` skips a complete one for
+
     def read_fields(self, path: Path, warnings: list[str]) -> dict:
         def read() -> dict:
             state = checkpoint.read_state(path)

@@ -41,6 +41,16 @@ def compose(overrides: list[str]) -> tuple[RunConfig, str]:
     _check_group_choices(overrides)
     try:
         data = composed(overrides)
+    except yaml.YAMLError as exc:  # a recipe (or any file of conf/) that is not YAML
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{mark.name}, line {mark.line + 1}" if mark is not None else f"a file under {conf_dir()}"
+        raise ConfigError(
+            f"{where} is not valid YAML ({' '.join(str(getattr(exc, 'problem', None) or exc).split())}): fix that file, or "
+            f"choose another option of its group."
+        ) from None
+    except UnicodeDecodeError as exc:
+        chosen = ", ".join(o for o in overrides if o.split("=", 1)[0] in GROUPS) or "the default groups"
+        raise ConfigError(f"a file of {conf_dir()} that {chosen} chose is not UTF-8 text ({exc.reason}): fix that file.") from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_explain(exc, overrides)) from None
     cfg = config_from_data(data, source="the composed config")

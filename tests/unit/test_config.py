@@ -214,3 +214,28 @@ def test_train_with_fast_llm_missing_says_so_and_creates_nothing(tmp_path):
     assert not (tmp_path / "run").exists()
     dry = CliRunner().invoke(app, ["train", "trainer=fast_llm", "--dry-run", f"run.dir={tmp_path / 'run'}"])
     assert dry.exit_code == 0 and "fast-llm" in dry.output  # the dry run shows the command anyway
+
+
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        ("trainer:\n  lr: [1, 2\n", ["broken.yaml, line 3 is not valid YAML", "fix that file"]),
+        (b"\xff\xfe\x00bad", ["chose is not UTF-8 text", "recipe=broken"]),
+    ],
+    ids=["not-yaml", "not-text"],
+)
+def test_a_malformed_recipe_is_a_config_error_naming_it(tmp_path, monkeypatch, text, fragments):
+    """Issue 26: a recipe that is not YAML was an internal error (exit 1)."""
+    import importlib
+    import shutil
+
+    module = importlib.import_module("rlrun.config.compose")
+    conf = tmp_path / "conf"
+    shutil.copytree(module.conf_dir(), conf)
+    target = conf / "recipe" / "broken.yaml"
+    target.write_bytes(text) if isinstance(text, bytes) else target.write_text(text)
+    monkeypatch.setattr(module, "conf_dir", lambda: conf)
+    with pytest.raises(ConfigError) as refused:
+        module.compose(["recipe=broken"])
+    for fragment in fragments:
+        assert fragment in str(refused.value)

@@ -256,7 +256,7 @@ def test_cli_table_for_a_run_directory(tmp_path, resolved_yaml):
     out = plain(result.stdout)
     assert "latest complete checkpoint is" in out and "step_000010" in out
     assert "skipped half-written checkpoint checkpoints/step_000020" in out
-    for expected in ("layout hf", "samples processed 100", "policy version 11", "complete yes (ok marker)",
+    for expected in ("layout hf", "samples processed 100", "policy version 11", "complete yes (ok marker, nothing damaged)",
                      "recipe math_gspo", "max train steps 7", "model.safetensors", "optimizer.pt",
                      f"config hash {sha12(run.config)}", f"journal: {ci.REDIS_NOT_RUNNING}"):
         assert expected in out, expected
@@ -285,6 +285,43 @@ def test_cli_fast_llm_checkpoint_table_and_json(tmp_path):
     assert "layout fast_llm" in out and "documents seen 330" in out and "rank_0.safetensors" in out
     data = json.loads(invoke(str(folder), "--json").stdout)
     assert (data["layout"], data["step"], data["documents_seen"]) == ("fast_llm", 3, 330)
+
+
+def _sealed(folder: Path) -> Path:
+    """The `ok` marker as `checkpoint.save` writes it: every file's size."""
+    sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.name != "ok"}
+    (folder / "ok").write_text(json.dumps({"files": sizes}))
+    return folder
+
+
+def _garbage_state(folder: Path) -> None:
+    (folder / hf_checkpoint.STATE_FILE).write_text("{garbage")
+    _sealed(folder)  # sizes as written: only reading it tells
+
+
+CHECKPOINT_DAMAGE = [
+    ("weights-truncated", lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:60]), "model.safetensors holds 60 bytes"),
+    ("state-garbage", _garbage_state, "trainer_state.json is unreadable"),
+    ("optimizer-missing", lambda f: (f / "optimizer.pt").unlink(), "optimizer.pt is missing"),
+]
+
+
+@pytest.mark.parametrize("name, damage, why", CHECKPOINT_DAMAGE, ids=[c[0] for c in CHECKPOINT_DAMAGE])
+def test_a_damaged_checkpoint_given_itself_is_judged_as_through_its_run(tmp_path, resolved_yaml, name, damage, why):
+    """Issue 26: the folder itself was called complete ("yes") while the run directory's view, the
+    trainer's rule, skipped it as damaged; both now say damaged, and the CLI exits 4."""
+    run = make_run(tmp_path / "run", resolved_yaml)
+    write_hf(run.checkpoint(10), 10, samples=100, version=11)
+    folder = _sealed(write_hf(run.checkpoint(20), 20, samples=200, version=21))
+    damage(folder)
+    through_run = ci.inspect_path(run.root)
+    assert through_run.path == str(run.checkpoint(10)) and why in through_run.skipped_damaged[0]
+    itself = ci.inspect_path(folder)
+    assert not itself.complete and why in itself.damaged and ci.damaged_warning(itself.damaged) in itself.warnings
+    table = invoke(str(folder))
+    assert table.exit_code == 4 and "NO: damaged" in plain(table.stdout) and why in plain(table.stderr)
+    data = json.loads(invoke(str(folder), "--json").stdout)
+    assert data["complete"] is False and why in data["damaged"]
 
 
 def test_cli_half_written_checkpoint_is_shown_then_exits_4(tmp_path):

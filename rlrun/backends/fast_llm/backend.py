@@ -53,6 +53,9 @@ class FastLlmLayout:
     def is_complete(self, path: Path) -> bool:
         return fl_checkpoints.is_complete(path)
 
+    def problem(self, path: Path) -> Optional[str]:
+        return None if fl_checkpoints.is_complete(path) else HALF  # Fast-LLM's own rule: the ok marker
+
     def read_fields(self, path: Path, warnings: list[str]) -> dict:
         def read() -> dict:
             meta = fl_checkpoints.read_metadata(path)
