@@ -15,11 +15,13 @@ import os
 import shutil
 import time
 import zipfile
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 from rlrun.errors import RunDirError
+from rlrun.trainer.disk import temporary_folder
 
 log = logging.getLogger(__name__)
 
@@ -199,18 +201,20 @@ def save(model, optimizer, state: TrainerState, final: Path, keep: int, parallel
     if distributed:
         parallel.barrier()  # the folder exists before any rank writes into it
     weights = parallel.full_state_dict(model)  # every rank takes part
-    if main:
-        parallel.unwrapped(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
-    if distributed:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    with temporary_folder(tmp) if main else nullcontext():  # rank 0: removed if the write fails
+        if main:
+            parallel.unwrapped(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+        if distributed:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        # Returns on rank 0 once every rank's shard and the metadata are written.
-        dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=tmp / OPTIMIZER_DIR)
-    else:
-        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            # Returns on rank 0 once every rank's shard and the metadata are written.
+            dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=tmp / OPTIMIZER_DIR)
+        else:
+            torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        if main:
+            _seal(tmp, final, state)
     if main:
-        _seal(tmp, final, state)
         _prune(final.parent, keep)
     if distributed:
         parallel.barrier()  # no rank goes on before the checkpoint is complete

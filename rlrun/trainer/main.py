@@ -26,6 +26,7 @@ from rlrun.streams.codec import decode, encode
 from rlrun.streams.server import connect
 from rlrun.trainer import checkpoint
 from rlrun.trainer.checkpoint import TrainerState
+from rlrun.trainer.disk import DiskFull, temporary_folder
 from rlrun.trainer.parallel import Parallel, Ranks, collective_backend, usable_device
 from rlrun.trainer.step import optimizer_step
 
@@ -345,7 +346,8 @@ def write_weights(run_dir: RunDir, model, weights: dict, version: int):
     target = run_dir.weights_version(version)
     tmp = target.with_name(f".tmp-{target.name}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+    with temporary_folder(tmp):  # removed if the write fails; DiskFull when the disk is full
+        model.save_pretrained(tmp, state_dict=weights, safe_serialization=True)
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     current = run_dir.current_weights
@@ -379,9 +381,9 @@ def main(argv: list[str] | None = None) -> int:
             trainer.train()
         finally:
             trainer.close()
-    except (ConfigError, checkpoint.CorruptCheckpoint) as exc:
-        # A restart would meet the same config or checkpoints: exit 2, which the supervisor never
-        # retries (the run stops at once with exit 5, naming this log).
+    except (ConfigError, checkpoint.CorruptCheckpoint, DiskFull) as exc:
+        # A restart would meet the same config, checkpoints or full disk: exit 2, which the
+        # supervisor never retries (the run stops at once with exit 5, naming this log).
         log.error("%s", exc)
         return int(ExitCode.USAGE)
     finally:
