@@ -39,7 +39,8 @@ def _fail(exc: BaseException, debug: bool) -> None:
     if isinstance(exc, RlrunError):
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)  # 'rlrun[cpu]' is not markup
         if isinstance(exc, ProcessFailed) and exc.log_tail:
-            err_console.print(f"[dim]last lines of {exc.process}'s log:[/]\n{exc.log_tail}", highlight=False, markup=False)
+            err_console.print(f"[dim]last lines of {escape(exc.process)}'s log:[/]", highlight=False)
+            err_console.print(exc.log_tail, highlight=False, markup=False)  # the log as written, "[...]" included
         raise typer.Exit(int(exc.exit_code))
     err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))}\nRerun with --debug for the traceback and report it.")
     raise typer.Exit(int(ExitCode.INTERNAL))

@@ -148,6 +148,21 @@ class RunDir:
         suffix = "" if attempt == 0 else f".{attempt}"
         return self.launch_logs() / f"{process}{suffix}.log"
 
+    def here(self, recorded: str) -> Path:
+        """A path events.jsonl recorded (a log, a stack dump), in this run directory: a relative one
+        is under it; an absolute one written where the run was before it was copied or moved is
+        taken from its `logs/` or `diagnostics/` part on."""
+        path = Path(recorded)
+        if not path.is_absolute():
+            return self.root / path
+        if path.is_relative_to(self.root):
+            return path
+        for folder in (self.logs.name, self.diagnostics.name):
+            if folder in path.parts[:-1]:
+                at = len(path.parts) - 1 - path.parts[::-1].index(folder)
+                return self.root.joinpath(*path.parts[at:])
+        return path
+
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"

@@ -83,7 +83,11 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
     state = run_dir.read_state()
     if state.get("status") == "running" and runlock.holder(run_dir) is None:
         state["status"] = "running (supervisor gone: rlrun was killed; use `rlrun resume`)"
-    return state, replay_events(events), (metrics[-1] if metrics else None)
+    rows = replay_events(events)
+    for row in rows:  # this run directory's files, wherever the run was when they were recorded
+        row.log = str(run_dir.here(row.log)) if row.log else ""
+        row.last_dump = str(run_dir.here(row.last_dump)) if row.last_dump else ""
+    return state, rows, (metrics[-1] if metrics else None)
 
 
 def report(run_dir: RunDir) -> dict:
@@ -181,7 +185,7 @@ def latest_log(run_dir: RunDir, process: str, launch: Optional[int] = None) -> P
         known = ", ".join(rows) or "none yet"
         raise RunDirError(f"no process named '{process}' in {run_dir.root}. Processes: {known}.")
     if rows[process].log:
-        return Path(rows[process].log)
+        return run_dir.here(rows[process].log)
     launches = run_dir.launches()
     return _attempt_log(run_dir, process, launches[-1]) if launches else run_dir.log(process)
 

@@ -37,15 +37,13 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 def _well_formed(record: dict) -> bool:
+    if "event" not in record:
+        return False
     for name, types in FIELD_TYPES.items():
-        if name not in record:
-            if name in ("time", "event"):
-                return False
-            continue
-        value = record[name]
-        if isinstance(value, bool) or not isinstance(value, types):
+        value = record.get(name)
+        if name in record and (isinstance(value, bool) or not isinstance(value, types)):
             return False
-    return math.isfinite(record["time"])
+    return "time" not in record or math.isfinite(record["time"])
 
 
 class EventLog:

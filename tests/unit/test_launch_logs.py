@@ -42,3 +42,36 @@ def test_logs_default_to_the_newest_launch_and_can_name_one(tmp_path):
         latest_log(run, "trainer", launch=5)
     with pytest.raises(RunDirError, match="no log of 'actor' in launch 1"):
         latest_log(run, "actor", launch=1)
+
+
+@pytest.mark.parametrize("how", ["copied", "moved"])
+def test_logs_of_a_copied_or_moved_run_are_its_own(tmp_path, how):
+    """Issue 26: events.jsonl records absolute log paths; `rlrun logs` of a copy printed the
+    original's log. A recorded path is read in the run directory asked about."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from rlrun.cli import app
+    from rlrun.status import report
+
+    run = RunDir(tmp_path / "first")
+    run.create({"kind": "rlrun-run"})
+    log = run.for_new_launch().log("trainer", 1)
+    log.write_text("the first run's log\n")
+    dump = run.diagnostics / "trainer-1-x.txt"
+    events = [
+        {"time": 1.0, "event": "process_started", "process": "trainer", "pid": 5, "log": str(log)},
+        {"time": 2.0, "event": "stack_dump", "process": "trainer", "file": str(dump)},
+    ]
+    run.events.write_text("".join(json.dumps(e) + "\n" for e in events))
+    other = RunDir(tmp_path / "second")
+    (shutil.copytree if how == "copied" else shutil.move)(run.root, other.root)
+    own = other.logs / "launch-1" / "trainer.1.log"
+    own.write_text("the second run's log\n")
+    assert latest_log(other, "trainer") == own
+    printed = CliRunner().invoke(app, ["logs", str(other.root), "-c", "trainer"])
+    assert printed.exit_code == 0 and printed.stdout == "the second run's log\n"
+    (row,) = report(other)["processes"]
+    assert (row["log"], row["last_dump"]) == (str(own), str(other.diagnostics / "trainer-1-x.txt"))
+    assert other.here("logs/launch-1/trainer.log") == other.logs / "launch-1" / "trainer.log"  # relative: under it

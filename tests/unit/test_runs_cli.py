@@ -61,8 +61,9 @@ def test_status_text_shows_the_ettr_line_and_the_dump(tmp_path):
     run_dir = make_run(tmp_path, "done", status="finished", steps=3, t0=1000.0, failure=True)
     result = CliRunner().invoke(app, ["status", str(run_dir.root)])
     assert result.exit_code == 0, result.output
-    flat = "".join(ch for ch in result.output if ch not in "│ \n")  # the table folds long cells over lines
-    assert "(stacks:" + str(run_dir.diagnostics / "actor-0-x.txt").replace(" ", "") + ")" in flat
+    cells = [line.split("│")[5] for line in result.output.splitlines() if line.count("│") == 7]
+    failure = "".join("".join(cells).split())  # the "last failure" column, folded over lines
+    assert "(stacks:" + str(run_dir.diagnostics / "actor-0-x.txt").replace(" ", "") + ")" in failure
     assert re.search(r"ETTR 0\.\d\d of 18 s: training", result.output) and "1 failure(s): actor recovered in 11.0 s" in result.output
 
 
@@ -88,3 +89,21 @@ def test_runs_lists_live_and_finished_runs_newest_first_and_skips_other_folders(
 def test_runs_on_a_missing_folder_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(app, ["runs", str(tmp_path / "nope")])
     assert result.exit_code != 0 and "is not a directory" in result.output
+
+
+def test_a_failed_run_prints_its_log_tail_as_written_and_no_markup(capsys):
+    """Issue 26: exit 5/6 printed "[dim]last lines of ...[/]" literally; the log's own brackets
+    must stay as written."""
+    import pytest
+    import typer
+
+    from rlrun import cli
+    from rlrun.errors import ProcessFailed, RestartsExhausted
+
+    for error, code in ((ProcessFailed, 5), (RestartsExhausted, 6)):
+        with pytest.raises(typer.Exit) as ended:
+            cli._fail(error("process 'trainer' failed", process="trainer", log_tail="step [red]7[/] done\nlist[0] = 1"), debug=False)
+        err = capsys.readouterr().err
+        assert ended.value.exit_code == code
+        assert "[dim]" not in err and "[/]" not in err.replace("[red]7[/]", "")
+        assert "last lines of trainer's log:" in err and "step [red]7[/] done\nlist[0] = 1" in err
