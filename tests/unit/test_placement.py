@@ -55,8 +55,8 @@ def test_process_names_are_the_ones_the_roles_build(overrides, tmp_path):
     [
         (["world=ray", "world.address=null"], ["world.address must name the Ray cluster", "auto"]),
         ([*RAY, "world.actor.cpus=0"], ["world.actor reserves no Ray resource", "world.actor.local=true"]),
-        ([*RAY, "world.vllm.gpus=-1"], ["world.vllm: Ray resources cannot be negative"]),
-        ([*RAY, "world.placement_timeout_s=0"], ["world.placement_timeout_s must be positive"]),
+        ([*RAY, "world.vllm.gpus=-1"], ["world.vllm.gpus must be 0 or more", "got -1"]),
+        ([*RAY, "world.placement_timeout_s=0"], ["world.placement_timeout_s must be greater than 0"]),
         (["world=mars"], ["unknown world 'mars'", "local, ray"]),
     ],
 )

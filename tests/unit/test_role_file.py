@@ -84,7 +84,7 @@ def test_a_role_file_with_a_broken_config_fails_at_load_config(run):
     broken["trainer"]["lr"] = -1.0
     path = write_role_file(run_dir, Role("trainer", run_dir.root, "redis://127.0.0.1:1/0", "/m", config=broken))
     role = role_from_argv("rlrun::trainer", [str(path)])
-    with pytest.raises(ConfigError, match="trainer.lr must be positive"):
+    with pytest.raises(ConfigError, match="trainer.lr must be greater than 0"):
         role.load_config()
 
 
