@@ -301,12 +301,12 @@ def trl_worker(args, overrides: list[str]) -> int:
     t, algo = cfg.trainer, cfg.algo
     per_step = t.samples_per_step
     groups = cfg.groups_per_step * t.max_train_steps
-    order = [task.problems[problem_index(c, len(task.problems), cfg.run.seed)] for c in range(groups)]
-    dataset = Dataset.from_dict({"prompt": [p.prompt for p in order], "answer": [p.answer for p in order]})
+    order = [problem_index(c, len(task.problems), cfg.run.seed) for c in range(groups)]
+    dataset = Dataset.from_dict({"prompt": [task.problems[i].prompt for i in order], "problem": order})
     rewards: list[float] = []
 
-    def reward(prompts, completions, answer, **_):
-        scores = [task.reward(text, expected) for text, expected in zip(completions, answer)]
+    def reward(prompts, completions, problem, **_):
+        scores = [task.reward(text, task.problems[i]) for text, i in zip(completions, problem)]
         rewards.extend(scores)
         return scores
 

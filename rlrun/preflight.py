@@ -157,11 +157,19 @@ def _read_only(path: Path) -> bool:
 
 def check_model(cfg: RunConfig) -> None:
     """model.source=path names a Hugging Face model folder: config.json (a JSON object) and
-    weights. model.source=hub names a hub id, not a local path. The tiny model is built later."""
+    weights. model.source=hub names a hub id, not a local path. model.source=gguf names a GGUF file
+    that is there, and the `gguf` reader. The tiny and GGUF models are built later."""
     m = cfg.model
+    if m.source == "gguf":
+        from rlrun.models.gguf import gguf_file, require_gguf_reader
+
+        gguf_file(m.path)  # EnvironmentProblem naming the command that brings it
+        if check_model_cache(cfg):
+            require_gguf_reader()
+        return
     fix = "Point model.path at a folder saved with save_pretrained (config.json and weights), or use model=tiny."
     if m.source == "tiny":
-        check_tiny_cache(cfg)
+        check_model_cache(cfg)
         return
     if m.source == "hub":
         if m.path and (m.path.startswith(("/", "./", "../", "~")) or Path(m.path).expanduser().exists()):
@@ -196,24 +204,30 @@ def check_model(cfg: RunConfig) -> None:
             f"model.max_model_len={m.max_model_len} is longer than the model at model.path={m.path} takes "
             f"(max_position_embeddings {longest} in its config.json): set model.max_model_len={longest} or less."
         )
+    if m.chat_template:
+        from rlrun.models.chat import read_template
+
+        read_template(path)  # ConfigError when the folder has none
 
 
-def check_tiny_cache(cfg: RunConfig) -> None:
-    """The tiny model is built into model.cache_dir unless it is there already: a cache that does not
-    hold it must be a folder this user can write into (or create)."""
+def check_model_cache(cfg: RunConfig) -> bool:
+    """The tiny or GGUF model is built into model.cache_dir unless it is there already: a cache that
+    does not hold it must be a folder this user can write into (or create). True: it will be built."""
+    from rlrun.models.gguf import MARKER as GGUF_BUILT
     from rlrun.models.source import model_path
-    from rlrun.models.tiny import MARKER as BUILT
+    from rlrun.models.tiny import MARKER as TINY_BUILT
 
-    if (Path(model_path(cfg, build=False)) / BUILT).is_file():
-        return  # built: read only
+    if (Path(model_path(cfg, build=False)) / (GGUF_BUILT if cfg.model.source == "gguf" else TINY_BUILT)).is_file():
+        return False  # built: read only
     cache = Path(cfg.model.cache_dir).expanduser().absolute()
     existing = _nearest_existing(cache)
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         why = "is not a directory" if not existing.is_dir() else "does not let this user create files"
         raise EnvironmentProblem(
-            f"model.cache_dir={cfg.model.cache_dir}: the tiny model must be built there first, but {existing} {why}"
+            f"model.cache_dir={cfg.model.cache_dir}: the {cfg.model.name} model must be built there first, but {existing} {why}"
             f"{' (read-only filesystem)' if _read_only(existing) else ''}. Set model.cache_dir to a writable folder."
         )
+    return True
 
 
 def check_machine(cfg: RunConfig) -> None:

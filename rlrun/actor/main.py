@@ -17,6 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -32,6 +33,7 @@ from rlrun.data.tasks import Task, load_task, problem_index
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import Action, GroupPlan, is_stale, plan_replay
+from rlrun.models.chat import chat_renderer
 from rlrun.rollouts import Group, Sample
 from rlrun.role_file import role_from_argv
 from rlrun.streams import names
@@ -56,9 +58,10 @@ class Actor:
     def __init__(
         self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str],
         ledger: JournalLedger | MemoryLedger, run_name: str, api_key: str = "",
-        trainer: TrainerView | None = None, actor_index: int = 0,
+        trainer: TrainerView | None = None, actor_index: int = 0, render_prompt: Callable[[str], str] | None = None,
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
+        self.render_prompt = render_prompt or (lambda text: text)  # model.chat_template: the model's chat format
         self.trainer = trainer or backend_for(cfg).trainer_view(cfg, redis, actor_index)
         self.index, self.num_actors = actor_index, cfg.actor.num_actors
         self.state_key = names.actor_state(actor_index, cfg.actor.num_actors)  # its own progress hash
@@ -139,7 +142,7 @@ class Actor:
         return problem_index(position, len(self.task.problems), self.cfg.run.seed)
 
     def _prompt_ids(self, problem_index: int) -> list[int]:
-        return self.tokenizer.encode(self.task.problems[problem_index].prompt, add_special_tokens=False)
+        return self.tokenizer.encode(self.render_prompt(self.task.problems[problem_index].prompt), add_special_tokens=False)
 
     def _open_group(self) -> LiveGroup:
         h = self.ledger.open_next(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
@@ -309,9 +312,9 @@ class Actor:
         sample.reset()
 
     def _publish(self, group: LiveGroup) -> None:
-        answer = self.task.problems[group.prompt_index].answer
+        problem = self.task.problems[group.prompt_index]
         texts = [self.tokenizer.decode(s.completion_ids, skip_special_tokens=True) for s in group.samples]
-        rewards = [self.task.reward(text, answer) for text in texts]
+        rewards = [self.task.reward(text, problem) for text in texts]
         advantages = group_advantages(rewards, self.cfg.algo.normalize_advantage_std)
         message = Group(
             group_id=group.group_id,
@@ -340,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         role = role_from_argv("rlrun::actor", argv)
         cfg = role.load_config()
         task = load_task(cfg.dataset, cfg.run.seed)
+        render_prompt = chat_renderer(role.model_path) if cfg.model.chat_template else None
     except ConfigError as exc:  # a restart would fail the same way: exit 2, never retried
         log.error("%s", exc)
         return int(ExitCode.USAGE)
@@ -354,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     ledger = JournalLedger(redis, names.journal_prefix(view.stream)) if cfg.actor.journal else MemoryLedger(redis)
     actor = Actor(
         cfg, redis, tokenizer, task, role.vllm_urls, ledger, run_name=group_namespace(run_dir.root.name, k, cfg.actor.num_actors),
-        api_key=run_dir.read_vllm_api_key(), trainer=view, actor_index=k,
+        api_key=run_dir.read_vllm_api_key(), trainer=view, actor_index=k, render_prompt=render_prompt,
     )  # fmt: skip
     if cfg.actor.audit:
         run_dir.audit.mkdir(exist_ok=True)

@@ -49,7 +49,7 @@ def instantiate(cls: type, data: dict) -> Any:
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
-        inner = _unwrap_optional(hints[f.name])
+        inner = unwrap_optional(hints[f.name])
         value = data[f.name]
         kwargs[f.name] = instantiate(inner, value) if dataclasses.is_dataclass(inner) and value is not None else value
     return cls(**kwargs)
@@ -82,7 +82,7 @@ def _plain_default(value: Any) -> Any:
 def _omega_type(tp: Any) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (Union, types.UnionType):
-        return Optional[_omega_type(_unwrap_optional(tp))]
+        return Optional[_omega_type(unwrap_optional(tp))]
     if origin is Literal:
         return enum.Enum("Choice", [(choice, choice) for choice in args])
     if origin is list:
@@ -92,7 +92,7 @@ def _omega_type(tp: Any) -> Any:
     return _structured(tp) if dataclasses.is_dataclass(tp) else tp
 
 
-def _unwrap_optional(tp: Any) -> Any:
+def unwrap_optional(tp: Any) -> Any:
     if typing.get_origin(tp) in (Union, types.UnionType):
         (inner,) = [a for a in typing.get_args(tp) if a is not type(None)]
         return inner
@@ -133,7 +133,7 @@ def type_at(dotted: str) -> Any:
     """The schema type at `a.b[0].c` (Any inside a free-form mapping); None where there is no such key."""
     tp: Any = RunConfig
     for part in re.findall(r"[^.\[\]]+", dotted):
-        tp = _unwrap_optional(tp)
+        tp = unwrap_optional(tp)
         if tp is Any:
             return Any
         if dataclasses.is_dataclass(tp):
@@ -146,7 +146,7 @@ def type_at(dotted: str) -> Any:
 
 
 def _kind(tp: Any) -> Optional[str]:
-    tp = _unwrap_optional(tp)
+    tp = unwrap_optional(tp)
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
     if dataclasses.is_dataclass(tp):
@@ -230,6 +230,14 @@ def validate(cfg: RunConfig) -> None:
         cfg.model.source != "tiny" or cfg.dataset.name == "arithmetic",
         "model=tiny has a character vocabulary made for dataset=arithmetic; choose a real model for "
         f"dataset={cfg.dataset.name}.",
+    )
+    need(
+        cfg.model.source != "tiny" or not cfg.model.chat_template,
+        "model.chat_template=true: the tiny model has no chat template (it is given the sums as they are); remove it.",
+    )
+    need(
+        cfg.dataset.name != "reasoning_gym" or bool(cfg.dataset.task),
+        "dataset=reasoning_gym needs dataset.task: the library's dataset name, e.g. dataset.task=chain_sum.",
     )
     for host, key in ((cfg.inference.host, "inference.host"), (cfg.streams.host, "streams.host")):
         need(

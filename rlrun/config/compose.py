@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import copy
 import re
+import typing
 from pathlib import Path
 
 import yaml
 
-from rlrun.config.build import from_dict, omegaconf_errors, to_plain, type_at, typed, unknown_key_message, validate
+from rlrun.config.build import from_dict, omegaconf_errors, to_plain, type_at, typed, unknown_key_message, unwrap_optional, validate
 from rlrun.config.relevance import ignored_overrides, rule_for
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
@@ -107,6 +108,11 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
     key = re.search(r"Could not override '([\w.]+)'", text) or re.search(r"Key '(\w+)' is not in struct", text)
     # A real key that the chosen options leave out of the composed config (trainer.fast_llm.* with
     # trainer=hf, world.address with world=local): say why it does not apply, not "unknown".
+    append = re.search(r"To append to your config use (.+)", text)
+    mapping = _free_form_mapping(key.group(1)) if key else None
+    if append and mapping:  # new keys in a mapping of the user's own (dataset.task_args)
+        return (f"invalid override: {key.group(1)} adds keys to the mapping {mapping}, which Hydra does with a +: "
+                f"{append.group(1)} (to replace the mapping instead, clear it first: ~{mapping} {append.group(1)}).")
     rule = rule_for(key.group(1)) if key and type_at(key.group(1)) is not None else None
     if rule is not None:
         return f"invalid configuration: {key.group(1)} has no effect here: {rule[2]}."
@@ -115,6 +121,13 @@ def _explain(exc: Exception, overrides: list[str]) -> str:
     if "Could not find" in text or "Available options" in text:
         return "configuration error: " + " ".join(text.split())
     return f"invalid override ({', '.join(overrides) or 'none'}): {' '.join(text.split())}"
+
+
+def _free_form_mapping(dotted: str) -> str | None:
+    """The free-form mapping of the schema (a dict field: dataset.task_args) that `dotted` is or is inside."""
+    parts = dotted.split(".")
+    prefixes = (".".join(parts[:n]) for n in range(1, len(parts) + 1))
+    return next((p for p in prefixes if typing.get_origin(unwrap_optional(type_at(p))) is dict), None)
 
 
 def override_resolved(data: dict, overrides: list[str]) -> tuple[dict, list[tuple[str, object, object]]]:

@@ -36,19 +36,23 @@ class AlgoConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "tiny"  # label shown in logs and checkpoints
-    source: Literal["tiny", "path", "hub"] = "tiny"  # tiny: built locally; path: a local HF folder; hub: an HF id
-    path: Optional[str] = None  # HF folder or hub id (source path/hub); tiny builds into cache_dir
-    cache_dir: str = "~/.cache/rlrun/models"  # where the tiny model is built once and reused
+    source: Literal["tiny", "path", "hub", "gguf"] = "tiny"  # tiny: built locally; path: a local HF folder; hub: an HF id; gguf: a GGUF file rebuilt once as an HF folder
+    path: Optional[str] = None  # HF folder or hub id (source path/hub); a .gguf file or PACKAGE:FILE shipped by a package (gguf); tiny builds into cache_dir
+    cache_dir: str = "~/.cache/rlrun/models"  # where the tiny model and GGUF models are built once and reused
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # weights dtype for trainer and vLLM
     max_model_len: Annotated[int, Range(1, MAX_CONTEXT)] = 64  # longest prompt + completion, in tokens
     warm_start_steps: Natural = 40  # tiny only: supervised steps on correct sums before RL (see docs)
+    chat_template: bool = False  # each prompt goes to the model as a user message through the folder's chat template (chat models)
 
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    name: Literal["arithmetic", "gsm8k"] = "arithmetic"  # arithmetic: generated; gsm8k: via `datasets`
+    name: Literal["arithmetic", "gsm8k", "reasoning_gym"] = "arithmetic"  # arithmetic: generated; gsm8k: via `datasets`; reasoning_gym: a task of the reasoning-gym library, scored by its own verifier
     max_operand: Natural = 9  # arithmetic: operands are drawn from 0..max_operand
-    num_problems: Natural = 100  # arithmetic: size of the generated problem set (at least 1)
+    num_problems: Natural = 100  # arithmetic, reasoning_gym: size of the generated problem set (at least 1)
+    task: Optional[str] = None  # reasoning_gym: the library's dataset name (chain_sum, basic_arithmetic, leg_counting, ...)
+    task_args: dict[str, Any] = field(default_factory=dict)  # reasoning_gym: the task's own config (e.g. {min_terms: 2, max_terms: 2, max_digits: 2})
+    answer_format: Literal["answer_tag", "last_number"] = "answer_tag"  # reasoning_gym: answer_tag asks for <answer>...</answer> and extracts it as the library does; last_number takes the completion's last number
     hf_path: str = "openai/gsm8k"  # gsm8k: dataset id or local path given to `datasets.load_dataset`
     hf_config: Optional[str] = "main"  # gsm8k: dataset configuration name
     split: str = "train"  # gsm8k: split to train on

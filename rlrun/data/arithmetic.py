@@ -5,7 +5,8 @@ Knows nothing about tokens, models or torch: prompts and answers are plain text.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from rlrun.errors import ConfigError
 
@@ -14,6 +15,7 @@ from rlrun.errors import ConfigError
 class Problem:
     prompt: str  # what the model is given, e.g. "3+4="
     answer: str  # the exact text expected after the prompt, e.g. "7" (no end-of-sequence marker)
+    scoring: Any = field(default=None, compare=False)  # what the task's scorer needs besides the answer (reasoning_gym: the library's entry)
 
 
 def arithmetic_problems(max_operand: int, num_problems: int, seed: int) -> list[Problem]:

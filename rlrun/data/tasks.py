@@ -10,7 +10,7 @@ from rlrun.config.schema import DatasetConfig
 from rlrun.data.arithmetic import Problem, arithmetic_problems, exact_answer_reward
 from rlrun.data.gsm8k import gsm8k_problems, math_verify_reward
 
-Reward = Callable[[str, str], float]  # (completion text, reference answer) -> reward
+Reward = Callable[[str, Problem], float]  # (completion text, the problem) -> reward in [0, 1]
 
 
 @dataclass(frozen=True)
@@ -21,9 +21,15 @@ class Task:
 
 def load_task(dataset: DatasetConfig, seed: int) -> Task:
     if dataset.name == "arithmetic":
-        return Task(arithmetic_problems(dataset.max_operand, dataset.num_problems, seed), exact_answer_reward)
+        problems = arithmetic_problems(dataset.max_operand, dataset.num_problems, seed)
+        return Task(problems, lambda completion, problem: exact_answer_reward(completion, problem.answer))
     if dataset.name == "gsm8k":
-        return Task(gsm8k_problems(dataset.hf_path, dataset.hf_config, dataset.split), math_verify_reward)
+        problems = gsm8k_problems(dataset.hf_path, dataset.hf_config, dataset.split)
+        return Task(problems, lambda completion, problem: math_verify_reward(completion, problem.answer))
+    if dataset.name == "reasoning_gym":
+        from rlrun.data.reasoning_gym import reasoning_gym_task  # imports the library: only when chosen
+
+        return Task(*reasoning_gym_task(dataset.task, dataset.task_args, dataset.num_problems, seed, dataset.answer_format))
     raise ValueError(f"unknown dataset {dataset.name!r}")
 
 

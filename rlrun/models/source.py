@@ -1,4 +1,5 @@
-"""Where a run's model comes from: the tiny model rlrun builds, a local folder, or the hub."""
+"""Where a run's model comes from: the tiny model rlrun builds, a GGUF file rebuilt once, a local
+folder, or the hub."""
 
 from __future__ import annotations
 
@@ -6,17 +7,20 @@ from pathlib import Path
 
 from rlrun.config import RunConfig
 from rlrun.errors import EnvironmentProblem
+from rlrun.models.gguf import built_folder, ensure_gguf_model
 from rlrun.models.tiny import TinyBuild, ensure_tiny_model
 
 
 def model_path(cfg: RunConfig, build: bool) -> str:
-    """The folder (or hub id) vLLM and the trainer load. Builds the tiny model if asked to."""
+    """The folder (or hub id) vLLM and the trainer load. Builds the tiny or GGUF model if asked to."""
     m = cfg.model
     if m.source == "tiny":
         args = dict(seed=cfg.run.seed, warm_start_steps=m.warm_start_steps, max_operand=cfg.dataset.max_operand, max_model_len=m.max_model_len)
         if not build:
             return str(Path(m.cache_dir).expanduser() / TinyBuild(**args).folder_name())
         return str(ensure_tiny_model(Path(m.cache_dir), **args))
+    if m.source == "gguf":
+        return str(ensure_gguf_model(m.cache_dir, m.path) if build else built_folder(m.cache_dir, m.path))
     if m.source == "path":  # a Hugging Face model folder (rlrun.preflight.check_model)
         return str(Path(m.path).expanduser().resolve())
     try:  # a hub id: fetched once into the Hugging Face cache, then served from that folder

@@ -108,7 +108,7 @@ class Trainer:
             groups = self._shared(groups)  # rank 0 read them once; every rank takes its share
             waited = time.monotonic() - started
             samples = [(g.prompt_ids, s) for g in groups for s in g.samples]
-            metrics = optimizer_step(self.model, self.optimizer, samples, self.cfg, self.parallel, self.device)
+            metrics = optimizer_step(self.model, self.optimizer, samples, self.cfg, self.parallel, self.device, self.state.policy_version)
             self.state = replace(
                 self.state, step=self.state.step + 1, policy_version=self.state.policy_version + 1,
                 samples_processed=self.state.samples_processed + len(samples),

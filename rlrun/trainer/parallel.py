@@ -207,6 +207,16 @@ class Parallel:
         dist.all_reduce(tensor)
         return tensor.cpu().tolist()
 
+    def max(self, values: list[float]) -> list[float]:
+        if not self.ranks.distributed:
+            return list(values)
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor.cpu().tolist()
+
     def barrier(self) -> None:
         if self.ranks.distributed:
             import torch.distributed as dist

@@ -19,9 +19,11 @@ def micro_batches(samples: list, per_pass: int, passes: int, rank: int, world_si
     return every[rank * share : (rank + 1) * share]
 
 
-def optimizer_step(model, optimizer, samples: list, cfg, parallel: Parallel, device) -> dict:
+def optimizer_step(model, optimizer, samples: list, cfg, parallel: Parallel, device, policy_version: int = 0) -> dict:
     """Take one optimizer step on `samples` ([(prompt_ids, Sample)], the whole step's, identical
-    on every rank); returns the step's metrics (the same on every rank)."""
+    on every rank) with the weights of `policy_version`; returns the step's metrics (the same on
+    every rank), among them how far the trainer's log-probs are from vLLM's on the tokens vLLM
+    sampled with these very weights (`logprob_diff_*`: noise, unless the two disagree about them)."""
     import torch
 
     from rlrun.trainer.losses import completion_logprobs, policy_loss
@@ -32,8 +34,9 @@ def optimizer_step(model, optimizer, samples: list, cfg, parallel: Parallel, dev
     scale = world / t.gradient_accumulation_passes
     optimizer.zero_grad(set_to_none=True)
     loss_sum = clip_sum = ratio_sum = 0.0
+    diff_sum = diff_count = diff_max = 0.0
     for i, part in enumerate(mine):
-        batch = collate(part, device)
+        batch = collate(part, device, policy_version)
         with parallel.accumulating(model, sync=i == len(mine) - 1), parallel.autocast(t.mixed_precision):
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             logprobs = completion_logprobs(logits, batch["input_ids"])
@@ -42,6 +45,12 @@ def optimizer_step(model, optimizer, samples: list, cfg, parallel: Parallel, dev
                 algo.clip_eps_low, algo.clip_eps_high,
             )  # fmt: skip
             (out.loss * scale).backward()
+        with torch.no_grad():
+            same_weights = batch["mask"][:, 1:] * batch["sampled_by_current"][:, None]
+            diff = (logprobs.detach().float() - batch["old_logprobs"][:, 1:]).abs() * same_weights
+            diff_sum += diff.sum().item()
+            diff_count += same_weights.sum().item()
+            diff_max = max(diff_max, diff.max().item() if diff.numel() else 0.0)
         loss_sum += out.loss.detach().item()
         clip_sum += out.clip_fraction
         ratio_sum += out.mean_ratio
@@ -49,18 +58,24 @@ def optimizer_step(model, optimizer, samples: list, cfg, parallel: Parallel, dev
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor, already reduced over the shards
         grad_norm = grad_norm.full_tensor()
     optimizer.step()
-    loss_sum, clip_sum, ratio_sum = parallel.sum([loss_sum, clip_sum, ratio_sum])
+    loss_sum, clip_sum, ratio_sum, diff_sum, diff_count = parallel.sum([loss_sum, clip_sum, ratio_sum, diff_sum, diff_count])
+    (diff_max,) = parallel.max([diff_max])
     passes = t.gradient_accumulation_passes
     return {
         "loss": loss_sum / passes,
         "clip_fraction": clip_sum / passes,
         "mean_ratio": ratio_sum / passes,
         "grad_norm": float(grad_norm),
+        "logprob_diff_mean": diff_sum / diff_count if diff_count else None,
+        "logprob_diff_max": diff_max if diff_count else None,
+        "logprob_diff_tokens": int(diff_count),
     }
 
 
-def collate(samples, device) -> dict:
-    """Pad prompt+completion sequences; mask and old log-probs are aligned with input_ids."""
+def collate(samples, device, policy_version: int = 0) -> dict:
+    """Pad prompt+completion sequences; mask and old log-probs are aligned with input_ids;
+    `sampled_by_current` is 1 for a sample whose every token vLLM sampled with `policy_version`
+    (not one spanning an update: its later tokens saw keys and values the earlier weights computed)."""
     import torch
 
     length = max(len(p) + len(s.completion_ids) for p, s in samples)
@@ -70,6 +85,7 @@ def collate(samples, device) -> dict:
     mask = torch.zeros((n, length), dtype=torch.float32)
     old = torch.zeros((n, length), dtype=torch.float32)
     advantages = torch.zeros(n, dtype=torch.float32)
+    current = torch.zeros(n, dtype=torch.float32)
     for row, (prompt, sample) in enumerate(samples):
         seq = list(prompt) + list(sample.completion_ids)
         input_ids[row, : len(seq)] = torch.tensor(seq)
@@ -77,10 +93,12 @@ def collate(samples, device) -> dict:
         mask[row, len(prompt) : len(seq)] = 1.0
         old[row, len(prompt) : len(seq)] = torch.tensor(sample.logprobs, dtype=torch.float32)
         advantages[row] = sample.advantage
+        current[row] = float(bool(sample.versions) and all(v == policy_version for v in sample.versions))
     return {
         "input_ids": input_ids.to(device),
         "attention_mask": attention.to(device),
         "mask": mask.to(device),
         "old_logprobs": old.to(device),
         "advantages": advantages.to(device),
+        "sampled_by_current": current.to(device),
     }

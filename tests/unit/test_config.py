@@ -15,7 +15,7 @@ from rlrun.errors import ConfigError, ExitCode
 GOLDEN = Path(__file__).parent.parent / "golden"
 
 
-@pytest.mark.parametrize("recipe", ["math_gspo", "math_grpo"])
+@pytest.mark.parametrize("recipe", ["math_gspo", "math_grpo", "smollm2_grpo"])
 def test_recipes_compose_to_their_golden_files(recipe):
     cfg, resolved = compose([f"recipe={recipe}"])
     golden = GOLDEN / f"{recipe}.yaml"
@@ -51,8 +51,11 @@ def test_every_shipped_group_option_composes():
             overrides = [f"{group}={option}"]
             if group == "dataset" and option != "arithmetic":
                 overrides += ["model=qwen2_5_math_1_5b"]
+            if option == "reasoning_gym":
+                overrides += ["dataset.task=chain_sum"]
             compose(overrides)
     compose(["model=qwen2_5_math_1_5b", "dataset=gsm8k"])
+    compose(["model=smollm2_135m", "dataset=reasoning_gym", "dataset.task=leg_counting"])
 
 
 @pytest.mark.parametrize(

@@ -149,7 +149,8 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     (Path(tmp_path) / "events.jsonl").write_text(json.dumps({"time": started, "event": "run_started"}) + "\n")
     samples = [Sample(i, [1, 2, 3], [-0.1] * 3, [0, 1, 1], "stop", float(i % 2), 0.0) for i in range(4)]
     trainer._record(
-        {"loss": 0.1, "clip_fraction": 0.0, "mean_ratio": 1.0, "grad_norm": 2.0, "step_time_s": 0.9, "wait_s": 0.3, "weights_s": 0.1, "weights_update_s": 0.2,
+        {"loss": 0.1, "clip_fraction": 0.0, "mean_ratio": 1.0, "grad_norm": 2.0, "logprob_diff_mean": 1e-6, "logprob_diff_max": 3e-6,
+         "logprob_diff_tokens": 6, "step_time_s": 0.9, "wait_s": 0.3, "weights_s": 0.1, "weights_update_s": 0.2,
          "vllm_paused_s": 0.05},
         [Group("run/0", 0, [5, 6], samples)],
     )
