@@ -107,7 +107,7 @@ def test_two_ranks_take_the_one_rank_step(algo, sharding, model_path, two_ranks)
 
     one_metrics, one_weights = one_step(model_path, algo, Parallel(Ranks()))
     two_metrics, two_weights = two_ranks[(algo, sharding)]
-    for key in ("loss", "clip_fraction", "mean_ratio", "grad_norm"):
+    for key in ("loss", "clip_fraction", "mean_ratio", "grad_norm", "logprob_diff_mean", "logprob_diff_max", "logprob_diff_tokens"):
         assert two_metrics[key] == pytest.approx(one_metrics[key], rel=1e-5, abs=1e-7), key
     assert one_metrics["loss"] != 0.0 and one_metrics["mean_ratio"] != pytest.approx(1.0, abs=1e-3)
     assert set(two_weights) == set(one_weights)
