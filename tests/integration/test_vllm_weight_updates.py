@@ -58,8 +58,8 @@ def tied_copy(model_path: str, folder) -> str:
 class VllmProcess:
     """One vLLM server as a run starts it, which a test may kill and start again on its port."""
 
-    def __init__(self, model: str, folder) -> None:
-        cfg, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu"])
+    def __init__(self, model: str, folder, cfg=None) -> None:
+        cfg = cfg or compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu"])[0]
         self.model, self.port = model, pick_free_port(HOST)
         self.argv = server_argv(cfg.inference, cfg.model, model, self.port, tokenizer=model,
                                 stream_interval=cfg.actor.journal_flush_tokens)
