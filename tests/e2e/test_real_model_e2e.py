@@ -21,21 +21,27 @@ import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import BUDGET, check_exact_continuation, current_pid, in_flight_tokens, left_behind, read_jsonl, restarts, start_rlrun, trained_once, wait_for
+from .conftest import check_exact_continuation, current_pid, in_flight_tokens, left_behind, read_jsonl, restarts, start_rlrun, trained_once, wait_for
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3
-IN_FLIGHT = 64  # journaled tokens of undelivered groups when vLLM is killed
-# The trainer computes in bf16 (the recipe's trainer.mixed_precision), vLLM in float32: on tokens vLLM
-# sampled with the trainer's weights their log-probs differ by bf16 rounding, not by a policy.
-LOGPROB_TOLERANCE = 0.5
+NEW_TOKENS = 32  # per sample, at least 24 (conftest's BUDGET, 48, bounds what check_exact_continuation accepts)
+IN_FLIGHT = 48  # journaled tokens of undelivered groups when vLLM is killed
+# Both sides in float32 here (the recipe's bf16 autocast alone puts the trainer up to ~0.5 nats off
+# vLLM on a token: measured 0.47): on tokens vLLM sampled with the trainer's weights they agree to
+# ~1e-4 (tests/integration/test_real_model.py: 4.5e-5 on one sequence at a time).
+LOGPROB_TOLERANCE = 1e-2
 
 REAL_MODEL = [
     "recipe=smollm2_grpo", f"trainer.max_train_steps={STEPS}", "trainer.checkpoint_every=100",
-    f"actor.max_new_tokens={BUDGET}", f"actor.min_new_tokens={BUDGET - 8}", "actor.audit=true",
+    "trainer.train_batch_size=8", "trainer.mixed_precision=none",  # one group a step, float32
+    f"actor.max_new_tokens={NEW_TOKENS}", f"actor.min_new_tokens={NEW_TOKENS - 8}", "actor.audit=true",
     "actor.max_prefix_staleness=1000", "actor.journal_flush_tokens=4", "supervisor.stop_grace_s=5",
+    # Synchronous: every step trains on tokens vLLM sampled with the weights the trainer holds, so
+    # each step compares their log-probs (ahead, the actor samples with the previous version).
+    "actor.max_steps_ahead=0",
     "supervisor.live_view=false",
 ]  # fmt: skip
 
@@ -82,8 +88,7 @@ def test_the_real_model_survives_a_vllm_sigkill_and_completes_exactly(tmp_path):
     # the ones it pushed (through a vLLM restart from weights/current, then an update).
     compared = [(m["step"], m["logprob_diff_tokens"], m["logprob_diff_mean"], m["logprob_diff_max"]) for m in records]
     assert compared[0][1] > 0 and compared[0][3] < LOGPROB_TOLERANCE, compared
-    assert any(step > 1 and tokens > 0 for step, tokens, _, _ in compared), compared
-    assert all(tokens == 0 or worst < LOGPROB_TOLERANCE for _, tokens, _, worst in compared), compared
+    assert all(tokens > 0 and worst < LOGPROB_TOLERANCE for _, tokens, _, worst in compared), compared
     assert 0 <= records[-1]["reward_mean"] <= 1
 
     status = json.loads(rlrun("status", str(run_dir), "--json").stdout)
