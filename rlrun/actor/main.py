@@ -215,6 +215,12 @@ class Actor:
                 if failed:
                     raise failed[0]
             except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+                if refused(exc):
+                    raise ConfigError(
+                        f"vLLM refused the actor's request: {exc}. It would refuse every retry the same way: "
+                        "change the setting it names (inference.extra_args, actor.max_new_tokens, model.max_model_len, "
+                        "algo.group_size ...)."
+                    ) from exc
                 self.counters["request_errors"] += 1
                 failures += 1
                 log.warning("group %s: request to %s failed (%s); continuing from the tokens kept", group.group_id, url, exc)
@@ -336,6 +342,15 @@ class Actor:
                 handle.write(json.dumps({"time": time.time(), "pid": os.getpid(), **record}) + "\n")
 
 
+def refused(exc: BaseException) -> bool:
+    """vLLM answered 4xx: the request itself is wrong (n above --max-num-seqs, a prompt too long, a
+    bad key), not the server's state. Timeouts and rate limits (408, 429) pass with time."""
+    if not isinstance(exc, httpx.HTTPStatusError):
+        return False
+    status = exc.response.status_code
+    return 400 <= status < 500 and status not in (408, 429)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -363,7 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.actor.audit:
         run_dir.audit.mkdir(exist_ok=True)
         actor.audit_path = run_dir.audit / f"{actor_name(k, cfg.actor.num_actors)}.jsonl"
-    asyncio.run(actor.run())
+    try:
+        asyncio.run(actor.run())
+    except ConfigError as exc:  # e.g. vLLM refuses the requests this config makes: never retried
+        log.error("%s", exc)
+        return int(ExitCode.USAGE)
     return 0
 
 

@@ -13,10 +13,11 @@ import httpx
 import pytest
 
 from rlrun.actor.ledger import JournalLedger
-from rlrun.actor.main import Actor
+from rlrun.actor.main import Actor, refused
 from rlrun.actor.vllm_client import ROUTE
 from rlrun.config import compose
 from rlrun.data.tasks import load_task
+from rlrun.errors import ConfigError
 from rlrun.rollouts import Group
 from rlrun.streams.codec import decode
 
@@ -178,3 +179,31 @@ def test_a_request_cut_short_continues_each_sample_from_its_tokens_counted_once(
     assert group.samples[0].completion_ids == [20 + k for k in range(8)]  # its prefix, then its continuation
     assert (actor.counters["request_errors"], actor.counters["samples_continued"], actor.counters["tokens_reused"]) == (1, 2, 4)
     assert actor.counters["requests"] == 4
+
+
+def test_a_request_vllm_refuses_stops_the_actor_instead_of_retrying_forever(client):
+    """A 4xx (here: n above the server's --max-num-seqs) would be refused on every retry: the actor
+    stops with a configuration error quoting vLLM, after that one request."""
+    requests = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        message = "sampling_params.n must be at most the server's max_num_seqs (4), got 4."
+        return httpx.Response(400, json={"error": {"message": message, "type": "BadRequestError"}})
+
+    actor, _ = actor_with(client, Vllm(interval=2), 0, "actor.max_new_tokens=8")
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as http:
+            await actor._complete(http, actor._open_group())
+
+    with pytest.raises(ConfigError, match="max_num_seqs"):
+        asyncio.run(go())
+    assert len(requests) == 1
+
+
+@pytest.mark.parametrize("status, refused_for_good", [(400, True), (401, True), (404, True), (408, False), (429, False), (500, False), (503, False)])
+def test_only_a_4xx_other_than_timeout_or_rate_limit_is_final(status, refused_for_good):
+    response = httpx.Response(status, request=httpx.Request("POST", URL))
+    assert refused(httpx.HTTPStatusError("x", request=response.request, response=response)) is refused_for_good
+    assert refused(httpx.ReadError("the server went away")) is False
