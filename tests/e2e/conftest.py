@@ -204,9 +204,10 @@ def restarts(run_dir: Path, process: str) -> int:
 STEPS = 5
 BUDGET = 48
 
+MIN_TOKENS = 40
 LONG_GENERATIONS = [
     "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", "trainer.train_batch_size=64", "trainer.checkpoint_every=100",
-    f"actor.max_new_tokens={BUDGET}", "actor.min_new_tokens=40", "actor.audit=true", "actor.max_prefix_staleness=1000",
+    f"actor.max_new_tokens={BUDGET}", f"actor.min_new_tokens={MIN_TOKENS}", "actor.audit=true", "actor.max_prefix_staleness=1000",
     "actor.max_concurrent_groups=8", "supervisor.stop_grace_s=5",
 ]  # fmt: skip
 
@@ -222,6 +223,44 @@ def in_flight_tokens(run_dir: Path, actor: str = "actor") -> int:
     records = audit(run_dir, actor)
     delivered = {r["group_id"] for r in records if r["kind"] == "delivered"}
     return sum(len(r["token_ids"]) for r in records if r["kind"] == "journaled" and r["group"] not in delivered)
+
+
+def samples_mid_generation(run_dir: Path, actor: str = "actor") -> int:
+    """Samples of undelivered groups with some but fewer than `MIN_TOKENS` tokens journaled: none of
+    them can have finished (no end of sequence before MIN_TOKENS)."""
+    records = audit(run_dir, actor)
+    delivered = {r["group_id"] for r in records if r["kind"] == "delivered"}
+    held: dict[tuple[str, int], int] = {}
+    for r in records:
+        if r["kind"] == "journaled" and r["group"] not in delivered:
+            key = (r["group"], r["index"])
+            held[key] = max(held.get(key, 0), r["offset"] + len(r["token_ids"]))
+    return sum(1 for n in held.values() if 0 < n < MIN_TOKENS)
+
+
+def kill_mid_generation(run_dir: Path, process: str, proc: subprocess.Popen, actor: str = "actor", timeout: float = 600) -> float:
+    """SIGKILL `process` (vLLM or `actor`) while some of `actor`'s samples are mid-generation; the time.
+
+    A group of the tiny model streams out in a fraction of a second, so a kill timed by polling
+    finds nothing in flight as often as not. Frozen first (SIGSTOP), the victim sends or takes no
+    token between the check and the kill; thawed (SIGCONT) and tried again when nothing is mid-way.
+    """
+    import time
+
+    pid = current_pid(run_dir, process)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"rlrun exited ({proc.returncode}) before {process} could be killed mid-generation")
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.2)  # tokens already received reach the journal (a frozen vLLM sends no more)
+        if samples_mid_generation(run_dir, actor) > 0:
+            killed_at = time.time()
+            os.kill(pid, signal.SIGKILL)
+            return killed_at
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.3)
+    raise AssertionError(f"no sample was mid-generation within {timeout} s")
 
 
 def check_exact_continuation(run_dir: Path, killed_at: float) -> dict:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from rlrun.streams import names
 from rlrun.streams.local_cluster import local_cluster
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import LONG_GENERATIONS, STEPS, audit, current_pid, events, in_flight_tokens, left_behind, read_jsonl, start_rlrun, trained_once, wait_for
+from .conftest import LONG_GENERATIONS, STEPS, audit, events, in_flight_tokens, kill_mid_generation, left_behind, read_jsonl, start_rlrun, trained_once, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -38,9 +36,8 @@ def test_two_actors_one_killed_the_other_goes_on(tmp_path):
     run_dir = tmp_path / "run"
     proc = start_rlrun(run_dir, *LONG_GENERATIONS, *TWO, "actor.journal_flush_tokens=1", "supervisor.live_view=false")
     try:
-        wait_for(lambda: in_flight_tokens(run_dir, "actor-0") >= 100, 600, "actor-0's long generations in flight", proc)
-        killed_at = time.time()
-        os.kill(current_pid(run_dir, "actor-0"), signal.SIGKILL)
+        wait_for(lambda: in_flight_tokens(run_dir, "actor-0") > 0, 600, "actor-0's long generations in flight", proc)
+        killed_at = kill_mid_generation(run_dir, "actor-0", proc, actor="actor-0")
         proc.wait(timeout=900)
     finally:
         if proc.poll() is None:

@@ -8,16 +8,13 @@ start where the previous one ended; a duplicated delivery would show twice.
 
 from __future__ import annotations
 
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import LONG_GENERATIONS, STEPS, check_exact_continuation, current_pid, in_flight_tokens, left_behind, start_rlrun, trained_once, wait_for
+from .conftest import LONG_GENERATIONS, STEPS, check_exact_continuation, in_flight_tokens, kill_mid_generation, left_behind, start_rlrun, trained_once, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -26,9 +23,8 @@ def run_with_kill(tmp_path: Path, victim: str, *extra: str):
     run_dir = tmp_path / "run"
     proc = start_rlrun(run_dir, *LONG_GENERATIONS, *extra)
     try:
-        wait_for(lambda: in_flight_tokens(run_dir) >= 200, 600, "long generations in flight", proc)
-        killed_at = time.time()
-        os.kill(current_pid(run_dir, victim), signal.SIGKILL)
+        wait_for(lambda: in_flight_tokens(run_dir) > 0, 600, "long generations in flight", proc)
+        killed_at = kill_mid_generation(run_dir, victim, proc)
         proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
