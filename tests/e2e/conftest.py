@@ -238,8 +238,10 @@ def samples_mid_generation(run_dir: Path, actor: str = "actor") -> int:
     return sum(1 for n in held.values() if 0 < n < MIN_TOKENS)
 
 
-def kill_mid_generation(run_dir: Path, process: str, proc: subprocess.Popen, actor: str = "actor", timeout: float = 600) -> float:
-    """SIGKILL `process` (vLLM or `actor`) while some of `actor`'s samples are mid-generation; the time.
+def kill_mid_generation(run_dir: Path, process: str, proc: subprocess.Popen, actor: str = "actor", tokens: int = 100,
+                        timeout: float = 600) -> float:  # fmt: skip
+    """SIGKILL `process` (vLLM or `actor`) while some of `actor`'s samples are mid-generation and at
+    least `tokens` tokens of undelivered groups are journaled; the time.
 
     A group of the tiny model streams out in a fraction of a second, so a kill timed by polling
     finds nothing in flight as often as not. Frozen first (SIGSTOP), the victim sends or takes no
@@ -254,7 +256,7 @@ def kill_mid_generation(run_dir: Path, process: str, proc: subprocess.Popen, act
             raise AssertionError(f"rlrun exited ({proc.returncode}) before {process} could be killed mid-generation")
         os.kill(pid, signal.SIGSTOP)
         time.sleep(0.2)  # tokens already received reach the journal (a frozen vLLM sends no more)
-        if samples_mid_generation(run_dir, actor) > 0:
+        if samples_mid_generation(run_dir, actor) > 0 and in_flight_tokens(run_dir, actor) >= tokens:
             killed_at = time.time()
             os.kill(pid, signal.SIGKILL)
             return killed_at

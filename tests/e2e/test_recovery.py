@@ -24,7 +24,7 @@ def run_with_kill(tmp_path: Path, victim: str, *extra: str):
     proc = start_rlrun(run_dir, *LONG_GENERATIONS, *extra)
     try:
         wait_for(lambda: in_flight_tokens(run_dir) > 0, 600, "long generations in flight", proc)
-        killed_at = kill_mid_generation(run_dir, victim, proc)
+        killed_at = kill_mid_generation(run_dir, victim, proc, tokens=200)
         proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
