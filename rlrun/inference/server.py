@@ -89,6 +89,11 @@ def server_env(inference: InferenceConfig) -> dict[str, str]:
         "VLLM_CPU_KVCACHE_SPACE": str(inference.cpu_kvcache_space_gb),
         "OMP_NUM_THREADS": str(inference.threads),
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        # The model runs inside vLLM's engine process instead of a worker process of its own: on CPU
+        # vLLM otherwise starts one, fed through a shared-memory queue whose reader busy-polls for 1 s
+        # after every message (shm_broadcast.busy_loop_s). The HTTP server keeps its engine process
+        # (AsyncLLM always has one); with a GPU and one rank vLLM already works this way.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_LOGGING_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
     }
