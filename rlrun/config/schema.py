@@ -95,7 +95,7 @@ class FastLlmConfig:
     docs_per_step: Optional[Count] = None  # documents per optimizer step (schedule.docs_per_step); default trainer.samples_per_step
     micro_batch_size: Count = 2048  # tokens per micro-batch (data.micro_batch_size); a document must fit in one
     data_parallel: Optional[Count] = None  # data-parallel ranks; default nproc_per_node (the stand-in simulates this many)
-    checkpoint_format: str = "qwen2"  # Fast-LLM's HF converter for pretrained weights and the broadcast export
+    checkpoint_format: str = "auto"  # Fast-LLM's HF converter for pretrained weights and the broadcast export (llama, qwen2, ...); auto: the model's config.json model_type
     stream: str = "fast_llm_streaming"  # documents, actor → Fast-LLM (XREADGROUP ... NOACK)
     consumer_group: str = "fast_llm_group"  # Fast-LLM's consumer group on `stream` (fast_llm_dp_group only in pre-merge commits of 2025-11)
     events_stream: str = "fast_llm_events"  # Fast-LLM → rlrun: weights_ready, training_finished (field `event`)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import yaml
 
 from rlrun.backends.fast_llm.config import (
     broadcast_backend,
+    checkpoint_format,
     docs_per_step,
     fast_llm_config,
     launch_argv,
@@ -31,6 +33,8 @@ FIXED = dict(
 
 
 GSPO, MAIN = named("gspo"), named("main")
+# FIXED's model folder does not exist: name the converter (auto would read its config.json)
+QWEN2 = "trainer.fast_llm.checkpoint_format=qwen2"
 
 
 @pytest.mark.parametrize("revision", [r.name for r in REVISIONS])
@@ -38,7 +42,7 @@ GSPO, MAIN = named("gspo"), named("main")
 def test_generated_config_matches_golden_file(recipe, revision, tmp_path):
     """Each golden file was accepted by the real Fast-LLM of its revision (its header says which
     commit; `fast-llm train gpt --config FILE -v` with pretrained.path at the tiny model, on CPU)."""
-    cfg, _ = compose([f"recipe={recipe}", "trainer=fast_llm", "trainer.device=cpu"])
+    cfg, _ = compose([f"recipe={recipe}", "trainer=fast_llm", QWEN2, "trainer.device=cpu"])
     path = write_config(cfg, named(revision), tmp_path / "fast_llm.yaml", **FIXED)
     golden = GOLDEN / f"fast_llm_{recipe}_{revision}.yaml"
     if os.environ.get("RLRUN_UPDATE_GOLDEN"):
@@ -47,15 +51,15 @@ def test_generated_config_matches_golden_file(recipe, revision, tmp_path):
 
 
 def test_revisions_differ_only_in_docs_per_step():
-    cfg, _ = compose(["trainer=fast_llm", "trainer.train_batch_size=64"])
+    cfg, _ = compose(["trainer=fast_llm", QWEN2, "trainer.train_batch_size=64"])
     rl, main = fast_llm_config(cfg, GSPO, **FIXED), fast_llm_config(cfg, MAIN, **FIXED)
     assert rl.pop("schedule") == {"docs_per_step": 64} and "schedule" not in main
     assert rl == main
 
 
 def test_cpu_keys_and_a_single_streaming_loader():
-    cpu, _ = compose(["trainer=fast_llm", "trainer.device=cpu"])
-    gpu, _ = compose(["trainer=fast_llm", "trainer.device=cuda"])
+    cpu, _ = compose(["trainer=fast_llm", QWEN2, "trainer.device=cpu"])
+    gpu, _ = compose(["trainer=fast_llm", QWEN2, "trainer.device=cuda"])
     on_cpu, on_gpu = fast_llm_config(cpu, MAIN, **FIXED), fast_llm_config(gpu, MAIN, **FIXED)
     assert on_cpu["model"]["distributed"] == {"compute_dtype": "fp32", "use_cuda": False, "backend": "gloo"}
     assert on_cpu["data"]["gpu"] is False
@@ -66,7 +70,7 @@ def test_cpu_keys_and_a_single_streaming_loader():
 
 def test_generated_config_follows_the_run_config():
     cfg, _ = compose(
-        ["recipe=math_grpo", "trainer=fast_llm", "trainer.max_train_steps=40", "trainer.train_batch_size=64",
+        ["recipe=math_grpo", "trainer=fast_llm", QWEN2, "trainer.max_train_steps=40", "trainer.train_batch_size=64",
          "trainer.checkpoint_every=10", "inference.num_servers=3", "trainer.lr=1e-5"]
     )
     out = fast_llm_config(cfg, GSPO, **FIXED)
@@ -78,7 +82,7 @@ def test_generated_config_follows_the_run_config():
     assert (streaming["host"], streaming["port"]) == ("127.0.0.1", 6390)
     assert "password" not in yaml.safe_dump(out)
     assert streaming["broadcast"] == {"host": "127.0.0.1", "port": 29555, "backend": "nccl", "external_world_size": 3}
-    hot, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "actor.temperature=0.5"])
+    hot, _ = compose(["recipe=math_grpo", "trainer=fast_llm", QWEN2, "actor.temperature=0.5"])
     assert fast_llm_config(hot, GSPO, **FIXED)["model"]["base_model"]["head"]["losses"]["grpo"]["logits_scale_factor"] == 2.0
     loss = out["model"]["base_model"]["head"]["losses"]["grpo"]
     assert loss == {"type": "grpo", "epsilon_low": 0.2, "epsilon_high": 0.28, "logits_scale_factor": 1.0, "metrics": "none"}
@@ -89,7 +93,7 @@ def test_generated_config_follows_the_run_config():
 
 def test_explicit_docs_per_step_backend_and_extra_keys():
     cfg, _ = compose(
-        ["trainer=fast_llm", "trainer.fast_llm.docs_per_step=100", "trainer.device=cpu",
+        ["trainer=fast_llm", QWEN2, "trainer.fast_llm.docs_per_step=100", "trainer.device=cpu",
          "+trainer.fast_llm.extra.training.logs.interval=1", "+trainer.fast_llm.extra.data.micro_batch_size=128"]
     )
     out = fast_llm_config(cfg, GSPO, **FIXED)
@@ -98,6 +102,48 @@ def test_explicit_docs_per_step_backend_and_extra_keys():
     assert out["training"]["logs"] == {"interval": 1}
     assert out["training"]["train_iters"] == cfg.trainer.max_train_steps  # merged, not replaced
     assert out["data"]["micro_batch_size"] == 128 and out["data"]["datasets"]["training"]["type"] == "streaming"
+
+
+def _model_folder(tmp_path: Path, config: str) -> Path:
+    (tmp_path / "config.json").write_text(config)
+    return tmp_path
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2"])
+def test_auto_checkpoint_format_is_the_model_folders_model_type(model_type, tmp_path):
+    """SmolLM2 is a Llama and the tiny model a Qwen2: Fast-LLM's Qwen2 importer refuses a Llama
+    folder (`['LlamaForCausalLM'] != ['Qwen2ForCausalLM']`), and the broadcast exports with the
+    same converter, so both keys follow the folder."""
+    folder = _model_folder(tmp_path, json.dumps({"model_type": model_type, "architectures": ["X"]}))
+    cfg, _ = compose(["trainer=fast_llm", "trainer.device=cpu"])
+    assert cfg.trainer.fast_llm.checkpoint_format == "auto"
+    out = fast_llm_config(cfg, GSPO, **{**FIXED, "model_path": str(folder)})
+    assert out["pretrained"]["format"] == out["callbacks"]["streaming"]["export"]["format"] == model_type
+
+
+def test_an_explicit_checkpoint_format_wins_over_the_folder(tmp_path):
+    folder = _model_folder(tmp_path, json.dumps({"model_type": "llama"}))
+    cfg, _ = compose(["trainer=fast_llm", "trainer.fast_llm.checkpoint_format=mistral"])
+    assert checkpoint_format(cfg, folder) == "mistral"
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        (None, ["could not be read", "config.json", "trainer.fast_llm.checkpoint_format"]),
+        ("{not json", ["could not be read", "trainer.fast_llm.checkpoint_format"]),
+        ('{"model_type": "gpt2"}', ["model_type 'gpt2'", "llama, qwen2", "trainer.fast_llm.checkpoint_format"]),
+        ("{}", ["model_type None", "trainer.fast_llm.checkpoint_format"]),
+    ],
+)
+def test_auto_checkpoint_format_refuses_a_folder_it_cannot_read(config, expected, tmp_path):
+    folder = tmp_path if config is None else _model_folder(tmp_path, config)
+    cfg, _ = compose(["trainer=fast_llm"])
+    with pytest.raises(ConfigError) as info:
+        checkpoint_format(cfg, folder)
+    assert info.value.exit_code == ExitCode.USAGE
+    for fragment in expected:
+        assert fragment in str(info.value)
 
 
 def test_launch_argv_fills_the_command_template(tmp_path):

@@ -10,22 +10,53 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import json
+
 import yaml
 
 from rlrun.backends.fast_llm.revisions import Revision
 from rlrun.config.schema import RunConfig
+from rlrun.errors import ConfigError
 from rlrun.rundir import write_atomic
 
 # Fast-LLM's docs: "The Python hash seed must be set to 0 ... Training will fail if this isn't set."
 LAUNCH_ENV = {"PYTHONHASHSEED": "0"}
 
 _COMPUTE_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+# Fast-LLM's Hugging Face converters named after the `model_type` of the config.json they read
+# (its own `auto` maps model_type to these names; at every commit of `revisions.REVISIONS`).
+CONVERTERS = ("llama", "qwen2", "mistral", "mixtral")
 
 
 def docs_per_step(cfg: RunConfig) -> int:
     """Documents Fast-LLM is asked to take per optimizer step (it takes a few more)."""
     explicit = cfg.trainer.fast_llm.docs_per_step
     return cfg.trainer.samples_per_step if explicit is None else explicit
+
+
+def checkpoint_format(cfg: RunConfig, model_path: str | Path) -> str:
+    """Fast-LLM's converter for the model folder: trainer.fast_llm.checkpoint_format, or with `auto`
+    the folder's model_type. Resolved here, not left to Fast-LLM's own `auto`, because the weight
+    broadcast exports in this format too. ConfigError (exit 2) when `auto` cannot tell."""
+    chosen = cfg.trainer.fast_llm.checkpoint_format
+    if chosen != "auto":
+        return chosen
+    config_json = Path(model_path) / "config.json"
+    try:
+        model_type = json.loads(config_json.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError(
+            f"trainer.fast_llm.checkpoint_format=auto reads the model's config.json, and {config_json} could not be "
+            f"read ({exc}). Set trainer.fast_llm.checkpoint_format to Fast-LLM's converter for the model "
+            f"({', '.join(CONVERTERS)}, ...)."
+        ) from None
+    if model_type not in CONVERTERS:
+        raise ConfigError(
+            f"trainer.fast_llm.checkpoint_format=auto: the model's config.json ({config_json}) has model_type "
+            f"{model_type!r}, not one rlrun maps to a Fast-LLM converter ({', '.join(CONVERTERS)}). Set "
+            "trainer.fast_llm.checkpoint_format to the Fast-LLM converter that reads this model."
+        )
+    return model_type
 
 
 def data_parallel(cfg: RunConfig) -> int:
@@ -56,12 +87,13 @@ def fast_llm_config(
     t, a, f = cfg.trainer, cfg.algo, cfg.trainer.fast_llm
     timeout = float(f.timeout_s)
     on_cpu = t.device == "cpu"
+    converter = checkpoint_format(cfg, model_path)
     distributed: dict[str, Any] = {"compute_dtype": _COMPUTE_DTYPE[cfg.model.dtype]}
     if on_cpu:
         distributed.update(use_cuda=False, backend="gloo")
     generated: dict[str, Any] = {
         "run": {"experiment_dir": str(experiment_dir)},
-        "pretrained": {"format": f.checkpoint_format, "path": str(model_path), "model_weights": True},
+        "pretrained": {"format": converter, "path": str(model_path), "model_weights": True},
         "model": {
             "base_model": {
                 "head": {
@@ -112,7 +144,7 @@ def fast_llm_config(
                     # the receivers: one rank per vLLM server (Fast-LLM's rank 0 makes it +1)
                     "external_world_size": cfg.inference.num_servers,
                 },
-                "export": {"format": f.checkpoint_format},
+                "export": {"format": converter},
             }
         },
     }
