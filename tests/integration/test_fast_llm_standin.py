@@ -46,6 +46,7 @@ OVERRIDES = [
     "trainer.fast_llm.micro_batch_size=64",
     "trainer.fast_llm.data_parallel=3",
     "trainer.fast_llm.timeout_s=3",
+    "trainer.fast_llm.checkpoint_format=qwen2",  # /models/tiny does not exist: auto would read its config.json
 ]
 DOCS_PER_STEP_SEEN = 24
 
