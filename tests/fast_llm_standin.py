@@ -16,7 +16,10 @@ its "weights" after step s are the pretrained ones moved s times along a fixed s
 - Steps: each of the `--data-parallel` simulated ranks packs whole documents into micro-batches
   of `data.micro_batch_size` tokens (a document that does not fit waits for the next one); a step
   takes micro-batches from all ranks until the global document count reaches
-  `schedule.docs_per_step`, so it overshoots like `Trainer._prefetch_to_doc_target`.
+  `schedule.docs_per_step`, so it overshoots like `Trainer._prefetch_to_doc_target`. Its data
+  sampler holds `train_iters` x `schedule.depth_first_micro_batches` micro-batches per rank, as
+  the real one's (sized before training, docs_per_step or not): a run that needs more dies with
+  StopIteration.
 - Events on `fast_llm_events`, field `event`: `weights_ready` (step, documents_seen) when the run
   begins and after every step; `training_finished` when the loop ends, also after SIGTERM/SIGINT
   (the step in progress is finished first, then a checkpoint is saved), then exit 0.
@@ -302,6 +305,7 @@ class Trainer:
         # main has no docs_per_step: a step is `depth_first_micro_batches` micro-batches per rank
         self.docs_per_step = int(schedule["docs_per_step"]) if "docs_per_step" in schedule else None
         self.micro_batches = int(schedule.get("depth_first_micro_batches", 1))
+        self.rounds_left = self.train_iters * self.micro_batches  # the data sampler's (run() sets it after a resume)
         self.num_workers = int(config["training"].get("num_workers", 2))
         losses = config.get("model", {}).get("base_model", {}).get("head", {}).get("losses", {})
         # main's policy-loss metrics default to `auto`, which reads every document's reward
@@ -400,6 +404,9 @@ class Trainer:
         taken: list[dict] = []
         rounds = 0
         while (len(taken) < self.docs_per_step) if self.docs_per_step is not None else (rounds < self.micro_batches):
+            if self.rounds_left == 0:  # the sampler is spent: `next(data_iterator)` raises in the real one
+                raise StopIteration(f"the data sampler's {self.train_iters} x {self.micro_batches} micro-batches per rank are spent")
+            self.rounds_left -= 1
             for rank in self.ranks:
                 taken += rank.micro_batch(self.micro_batch_size)
             rounds += 1
@@ -419,6 +426,9 @@ class Trainer:
         if self.completed_steps >= self.train_iters:
             log.info("Training already completed, nothing to do ...")
             return
+        # Sized before training as Trainer._setup does: train_iters x depth_first_micro_batches
+        # micro-batches per rank, from the completed steps on, even when docs_per_step decides a step
+        self.rounds_left = (self.train_iters - self.completed_steps) * self.micro_batches
         with Interrupter() as interrupter:
             self.broadcast_weights(self.completed_steps)  # run_begin
             stop = False

@@ -15,6 +15,7 @@ from rlrun.backends.fast_llm.config import (
     docs_per_step,
     fast_llm_config,
     launch_argv,
+    micro_batches_per_step,
     write_config,
 )
 from rlrun.backends.fast_llm.revisions import REVISIONS, named
@@ -53,8 +54,25 @@ def test_generated_config_matches_golden_file(recipe, revision, tmp_path):
 def test_revisions_differ_only_in_docs_per_step():
     cfg, _ = compose(["trainer=fast_llm", QWEN2, "trainer.train_batch_size=64"])
     rl, main = fast_llm_config(cfg, GSPO, **FIXED), fast_llm_config(cfg, MAIN, **FIXED)
-    assert rl.pop("schedule") == {"docs_per_step": 64} and "schedule" not in main
+    assert rl.pop("schedule") == {"docs_per_step": 64, "depth_first_micro_batches": 64} and "schedule" not in main
     assert rl == main
+
+
+@pytest.mark.parametrize(
+    "overrides, docs, micro_batches",
+    [
+        ([], 256, 256),  # one rank: a micro-batch may hold a single document
+        (["trainer.fast_llm.docs_per_step=100", "trainer.fast_llm.nproc_per_node=3"], 100, 34),  # 3 ranks: ceil(100 / 3)
+        (["trainer.fast_llm.docs_per_step=8", "trainer.fast_llm.data_parallel=8"], 8, 1),
+    ],
+)
+def test_the_data_sampler_holds_the_micro_batches_every_step_may_need(overrides, docs, micro_batches):
+    """Fast-LLM's RL branches size their sampler as train_iters x depth_first_micro_batches micro-batches
+    per rank; at the default 1, steps of several micro-batches spent it and Fast-LLM died with
+    StopIteration in its first step (SmolLM2: 8 documents per step in 128-token micro-batches)."""
+    cfg, _ = compose(["trainer=fast_llm", QWEN2, *overrides])
+    assert fast_llm_config(cfg, GSPO, **FIXED)["schedule"] == {"docs_per_step": docs, "depth_first_micro_batches": micro_batches}
+    assert micro_batches_per_step(cfg) == micro_batches
 
 
 def test_cpu_keys_and_a_single_streaming_loader():

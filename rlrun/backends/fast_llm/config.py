@@ -59,6 +59,19 @@ def checkpoint_format(cfg: RunConfig, model_path: str | Path) -> str:
     return model_type
 
 
+def micro_batches_per_step(cfg: RunConfig) -> int:
+    """The most micro-batches per rank a step can take to reach docs_per_step: every micro-batch
+    holds a whole document at least, and each round adds one per data-parallel rank.
+
+    Fast-LLM's RL branches size their data sampler before training, as train_iters x
+    `schedule.depth_first_micro_batches` micro-batches per rank ("ignored when docs_per_step is
+    set", says its docs, yet it still sizes the sampler), so with the default 1, a run whose
+    steps need more than one micro-batch runs out of samples mid-run and crashes with
+    StopIteration in `_prefetch_to_doc_target` (measured: SmolLM2, 8 documents per step in
+    128-token micro-batches, in its first step). A step still takes only what reaches the target."""
+    return -(-docs_per_step(cfg) // data_parallel(cfg))
+
+
 def data_parallel(cfg: RunConfig) -> int:
     """Data-parallel ranks reading the stream (the stand-in trainer simulates this many)."""
     f = cfg.trainer.fast_llm
@@ -149,7 +162,10 @@ def fast_llm_config(
         },
     }
     if revision.docs_per_step:
-        generated["schedule"] = {"docs_per_step": docs_per_step(cfg)}
+        generated["schedule"] = {
+            "docs_per_step": docs_per_step(cfg),
+            "depth_first_micro_batches": micro_batches_per_step(cfg),
+        }
     if on_cpu:
         generated["data"]["gpu"] = False
     from omegaconf import OmegaConf
