@@ -7,10 +7,9 @@ Fast-LLM reads each one: docs/architecture.md). Redis by host and port only (no 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
-
-import json
 
 import yaml
 
