@@ -29,9 +29,6 @@ class JournalLedger(Journal):
         self._deliveries = 0
         self._cursor = self.cursor()
 
-    def opened(self, in_flight: int) -> int:
-        return self._cursor  # delivered + open: in-flight groups are in it already
-
     def open_next(self, index_for, ids_for, size, budget, run) -> GroupHeader:
         r = self.open_group(index_for, ids_for, group_size=size, max_new_tokens=budget, run=run, cursor_hint=self._cursor)
         self._cursor = r.cursor + 1
@@ -78,10 +75,6 @@ class MemoryLedger:
     def __init__(self, redis) -> None:
         self.redis = redis
         self._cursor = int((redis.hget(names.ACTOR_STATE, "cursor") or 0))
-        self._published = int((redis.hget(names.ACTOR_STATE, "groups_published") or 0))
-
-    def opened(self, in_flight: int) -> int:
-        return self._published + in_flight
 
     def open_next(self, index_for, ids_for, size, budget, run) -> GroupHeader:
         cursor = self._cursor
@@ -108,5 +101,4 @@ class MemoryLedger:
                 tx.xadd(stream, {"data": message})
             tx.hincrby(names.ACTOR_STATE, "groups_published", 1)
             stream_id = tx.execute()[-2]
-        self._published += 1
         return stream_id

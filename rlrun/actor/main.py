@@ -73,6 +73,7 @@ class Actor:
         self._failure: BaseException | None = None
         self._last_heartbeat = 0.0
         self._in_flight, self._busy_since = 0, 0.0  # requests in flight, and since when some were
+        self._held_since = 0.0  # since when back-pressure has kept it from opening a group (0: it is not)
         self.counters = {  # whole-run counts, published in ACTOR_STATE (see _continue_counters)
             "groups_published": 0,
             "tokens_generated": 0,  # streamed from vLLM
@@ -103,16 +104,18 @@ class Actor:
             for live in resumed:  # interrupted groups first, from the tokens they already have
                 launch(self._complete(client, live))
             while not self.trainer.done():
-                self._heartbeat()
+                self._heartbeat(len(running))
                 if self._failure is not None:
                     raise self._failure
                 if len(running) >= self.cfg.actor.max_concurrent_groups:
                     # Wake as soon as a slot frees up, not on a timer: groups are short.
                     await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                     continue
-                if not self.trainer.room_for_group(self.ledger.opened(len(running)), len(running)):  # back-pressure
+                if not self.trainer.window(len(running)).room:  # back-pressure
+                    self._held_since = self._held_since or time.time()
                     await asyncio.sleep(0.02)
                     continue
+                self._held_since = 0.0
                 launch(self._complete(client, self._open_group()))
             for task in running:
                 task.cancel()
@@ -131,10 +134,13 @@ class Actor:
         if not task.cancelled() and task.exception() is not None:
             self._failure = task.exception()
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, in_flight: int) -> None:
+        """Its pid, counters and, for the diagnostics of a stalled run, its groups in flight and since
+        when back-pressure has held it (0: not held)."""
         now = time.time()
         if now - self._last_heartbeat >= 1.0:
-            self.redis.hset(self.state_key, mapping={"pid": os.getpgrp(), "heartbeat": now, **self.counters})
+            waiting = {"in_flight": in_flight, "held_by_backpressure_since": self._held_since}
+            self.redis.hset(self.state_key, mapping={"pid": os.getpgrp(), "heartbeat": now, **waiting, **self.counters})
             self._last_heartbeat = now
 
     def _problem_index(self, cursor: int) -> int:

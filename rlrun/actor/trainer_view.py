@@ -1,10 +1,11 @@
 """What the actor needs to know about the trainer, per backend (`backend_for(cfg).trainer_view`):
 where a group goes, the policy version vLLM serves, whether there is room for another group
-(back-pressure) and whether training is over. Fast-LLM's is `rlrun/backends/fast_llm/view.py`.
+(back-pressure: `window`) and whether training is over. Fast-LLM's is `rlrun/backends/fast_llm/view.py`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from rlrun.actor.partition import share
@@ -14,12 +15,28 @@ from rlrun.streams import names
 from rlrun.streams.codec import encode
 
 
+@dataclass(frozen=True)
+class Window:
+    """Back-pressure, as one actor sees it: what it has handed the trainer that the trainer has not
+    trained yet (`waiting`, in flight included), against what it may (`limit`); the actor opens a
+    group while `room`. `detail`: how they were counted (diagnostics of a stalled run)."""
+
+    unit: str  # "groups" (hf) or "documents" (Fast-LLM)
+    waiting: int
+    limit: int
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def room(self) -> bool:
+        return self.waiting < self.limit
+
+
 class TrainerView(Protocol):
     stream: str  # where finished groups go; the actor's journal shares its hash tag (names.journal_prefix)
 
     def destination(self, group: Group) -> tuple[str, list[str]]: ...
     def policy_version(self) -> int: ...
-    def room_for_group(self, opened: int, in_flight: int) -> bool: ...
+    def window(self, in_flight: int) -> Window: ...
     def done(self) -> bool: ...
 
 
@@ -39,11 +56,20 @@ class HfView:
     def _state(self) -> dict:
         return self.redis.hgetall(names.TRAINER_STATE) or {}
 
-    def room_for_group(self, opened: int, in_flight: int) -> bool:
-        """Groups opened for at most `max_steps_ahead` steps beyond the trainer's next (its share of a step
-        per actor), a step counted once vLLM serves its weights (overlapped updates must not run further)."""
-        step = min(int(self._state().get("step", 0)), self.policy_version())
-        return opened < (step + 1 + self.cfg.actor.max_steps_ahead) * self.groups_per_step
+    def window(self, in_flight: int) -> Window:
+        """Derived from what the trainer trains next: the entries of this actor's stream beyond those
+        its steps have read (set back with it when it restarts from an older checkpoint), plus the
+        groups in flight, at most `1 + max_steps_ahead` steps' share, less a step whose weights vLLM
+        does not serve yet (an overlapped update must not let the actor run further)."""
+        state = self._state()
+        step = int(state.get("step", 0))
+        served = min(step, self.policy_version())
+        trained = int(state.get(names.trained_entries(self.stream), 0))
+        delivered = int(self.redis.xlen(self.stream))
+        limit = (served - step + 1 + self.cfg.actor.max_steps_ahead) * self.groups_per_step
+        detail = {"stream": self.stream, "entries": delivered, "trained_entries": trained, "in_flight": in_flight,
+                  "trainer_step": step, "policy_version": served}  # fmt: skip
+        return Window("groups", max(0, delivered - trained) + in_flight, limit, detail)
 
     def done(self) -> bool:
         return self._state().get("training_done") == "1"

@@ -15,6 +15,12 @@ ACTOR_STATE = "rlrun:actor:state"  # hash: the actor's progress (prompt cursor, 
 WEIGHTS_STATE = "rlrun:weights"  # hash: the Fast-LLM weight follower (join requests, last event, counts)
 
 
+def trained_entries(stream: str) -> str:
+    """TRAINER_STATE's field: how many entries of groups stream `stream` the trainer's steps have
+    read (its current lineage: set back when it restarts from an older checkpoint)."""
+    return f"trained:{stream}"
+
+
 def rank_heartbeat(rank: int) -> str:
     """TRAINER_STATE's field where trainer rank `rank` > 0 writes its heartbeat (rank 0: `heartbeat`)."""
     return f"heartbeat_rank{rank}"

@@ -39,6 +39,9 @@ class TrainerState:
     policy_version: int  # the version vLLM serves after this step's weight update
     written_at: float = 0.0
     config_hash: str = ""
+    # Per groups stream, what the steps taken read: [last entry id, entries up to it]
+    # (rlrun/trainer/intake.py). None: written before positions were recorded.
+    stream_positions: Optional[dict[str, list]] = None
 
 
 class CorruptCheckpoint(RunDirError):
@@ -119,6 +122,7 @@ def problem(path: Path) -> Optional[str]:
             value = getattr(recorded, name)
             if type(value) is not int or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        stream_positions(recorded)
         step = path.name.removeprefix("step_")
         if step.isdigit() and int(step) != recorded.step:
             return f"{STATE_FILE} says step {recorded.step} but the folder is {path.name}"
@@ -186,6 +190,18 @@ def _safetensors_problem(file: Path) -> Optional[str]:
 
 def read_state(path: Path) -> TrainerState:
     return TrainerState(**json.loads((path / STATE_FILE).read_text()))
+
+
+def stream_positions(state: TrainerState):
+    """The groups streams' positions the checkpoint covers ({stream: intake.Position}); None when
+    it records none (written by an older rlrun). ValueError when they are malformed."""
+    from rlrun.trainer.intake import Position
+
+    if state.stream_positions is None:
+        return None
+    if not isinstance(state.stream_positions, dict):
+        raise ValueError(f"stream_positions must be a mapping, got {state.stream_positions!r}")
+    return {stream: Position.from_json(value) for stream, value in state.stream_positions.items()}
 
 
 def save(model, optimizer, state: TrainerState, final: Path, keep: int, parallel) -> None:

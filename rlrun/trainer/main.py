@@ -27,6 +27,7 @@ from rlrun.streams.server import connect
 from rlrun.trainer import checkpoint
 from rlrun.trainer.checkpoint import TrainerState
 from rlrun.trainer.disk import DiskFull, temporary_folder
+from rlrun.trainer.intake import GroupIntake
 from rlrun.trainer.parallel import Parallel, Ranks, collective_backend, usable_device
 from rlrun.trainer.step import optimizer_step
 
@@ -66,18 +67,17 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay
         )
+        self._covered: dict | None = {}  # what the loaded checkpoint's steps read (the base model: nothing)
         if resume_from:
             checkpoint.load_optimizer(self.optimizer, resume_from, self.model, self.parallel)
             self.state = checkpoint.read_state(resume_from)
+            self._covered = checkpoint.stream_positions(self.state)
             log.info("resumed from %s at step %d", resume_from, self.state.step)
         self.bad_messages = 0
-        # Acked only once a checkpoint covers them: a trainer restarted from it reads them again.
+        # Acked once a checkpoint covers them (a restart finds its place from the checkpoint's positions).
         self.unacked: list[tuple[str, str]] = []  # (stream, message id); rank 0's only
         # One stream per actor, read one at a time: one XREADGROUP cannot span Redis Cluster slots.
-        self.streams = names.groups_streams(cfg.actor.num_actors)
-        self._turn = 0  # the stream read first next time, so no actor's groups wait behind another's
-        # Per stream, where the replay of our own pending entries is; None once new ones (">") are read.
-        self._pending_from: dict[str, str | None] = {stream: "0" for stream in self.streams}
+        self.intake = GroupIntake(redis, names.groups_streams(cfg.actor.num_actors), names.TRAINER_GROUP) if self.main else None
         # Rank 0 alone writes metrics (metrics.jsonl, TensorBoard, W&B): the others keep a writer of nothing.
         tensorboard = run_dir.tensorboard if cfg.metrics.tensorboard and self.main else None
         self.metrics = MetricsWriter(run_dir.metrics, tensorboard)
@@ -93,8 +93,9 @@ class Trainer:
     def train(self) -> None:
         t = self.cfg.trainer
         self._heartbeat()
-        if self.main:
-            self._ensure_consumer_group()
+        if self.main:  # the groups after what the checkpoint covers are read again, none twice
+            positions = self.intake.rewind(self._covered)
+            log.info("reading the groups streams after %s", {s: p.last_id for s, p in positions.items()})
         if self.state.step > 0:  # vLLM must serve the weights of the checkpoint we resumed from
             self._push_weights()
         elif self.main:  # (a push resumes them too)
@@ -144,49 +145,25 @@ class Trainer:
             self.wandb = None
 
     # --- input ---------------------------------------------------------------------------------
-    def _ensure_consumer_group(self) -> None:
-        import redis
-
-        for stream in self.streams:
-            try:
-                self.redis.xgroup_create(stream, names.TRAINER_GROUP, id="0", mkstream=True)
-            except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-
     def _next_batch(self) -> tuple[list[Group], list[tuple[str, str]]]:
         """Block until one optimizer step's worth of whole groups has arrived (from any actor)."""
         wanted = self.cfg.groups_per_step
         groups: list[Group] = []
         ids: list[tuple[str, str]] = []
-        block_ms = max(1, 1000 // len(self.streams))  # an idle round of every stream: about 1 s
         while len(groups) < wanted:
-            self._heartbeat()
-            stream = self.streams[self._turn % len(self.streams)]
-            self._turn += 1
-            # After a restart, first the groups delivered to us but not covered by a checkpoint.
-            pending = self._pending_from[stream]
-            reply = self.redis.xreadgroup(
-                names.TRAINER_GROUP, "trainer", {stream: pending or ">"}, count=wanted - len(groups), block=block_ms
-            )
-            if pending is not None and not any(messages for _s, messages in reply or []):
-                self._pending_from[stream] = None
-                continue
-            for _stream, messages in reply or []:
-                for message_id, fields in messages:
-                    ids.append((stream, message_id))
-                    if self._pending_from[stream] is not None:
-                        self._pending_from[stream] = message_id  # the next read continues after it
-                    try:
-                        group = Group.from_dict(decode(fields.get("data", "")), vocab_size=self.vocab_size)
-                        if len(group.samples) != self.cfg.algo.group_size:
-                            raise MalformedGroup(f"group {group.group_id} has {len(group.samples)} samples, "
-                                                 f"expected {self.cfg.algo.group_size}")  # fmt: skip
-                    except (MalformedGroup, ValueError) as exc:
-                        self.bad_messages += 1
-                        log.warning("rejected message %s on %s: %s", message_id, stream, exc)
-                        continue
-                    groups.append(group)
+            waiting = lambda: self._heartbeat(waiting_for=f"groups ({len(groups)} of {wanted} for step {self.state.step + 1})")  # noqa: E731
+            for stream, message_id, fields in self.intake.read(wanted - len(groups), waiting):
+                ids.append((stream, message_id))
+                try:
+                    group = Group.from_dict(decode(fields.get("data", "")), vocab_size=self.vocab_size)
+                    if len(group.samples) != self.cfg.algo.group_size:
+                        raise MalformedGroup(f"group {group.group_id} has {len(group.samples)} samples, "
+                                             f"expected {self.cfg.algo.group_size}")  # fmt: skip
+                except (MalformedGroup, ValueError) as exc:
+                    self.bad_messages += 1
+                    log.warning("rejected message %s on %s: %s", message_id, stream, exc)
+                    continue
+                groups.append(group)
         return groups, ids
 
     def _shared(self, groups: list[Group]) -> list[Group]:
@@ -264,7 +241,7 @@ class Trainer:
                 if time.monotonic() > deadline:
                     raise
                 log.warning("weight update waits for vLLM: %s", exc)
-                self._heartbeat()
+                self._heartbeat(waiting_for=f"a vLLM server for the weight update ({exc})")
                 time.sleep(2.0)
 
     # --- progress, checkpoints -----------------------------------------------------------------
@@ -305,17 +282,22 @@ class Trainer:
             record["reward_mean"], record["loss"], record["clip_fraction"], record["step_time_s"],
         )  # fmt: skip
 
-    def _heartbeat(self) -> None:
-        """Rank 0 writes `pid` and `heartbeat`; rank r>0 `heartbeat_rank<r>` (the watchdog reads every rank)."""
+    def _heartbeat(self, waiting_for: str = "") -> None:
+        """Rank 0 writes `pid`, `heartbeat` and what it waits for (diagnostics of a stalled run); rank
+        r>0 `heartbeat_rank<r>` (the watchdog reads every rank)."""
         if self.main:
-            self.redis.hset(names.TRAINER_STATE, mapping={"pid": os.getpgrp(), "heartbeat": time.time()})
+            self.redis.hset(names.TRAINER_STATE, mapping={"pid": os.getpgrp(), "heartbeat": time.time(), "waiting_for": waiting_for})
         else:
             self.redis.hset(names.TRAINER_STATE, names.rank_heartbeat(self.parallel.ranks.rank), time.time())
 
     def _publish_state(self, **extra) -> None:
+        """Progress, and per stream the entries the steps taken read: the actors' back-pressure
+        counts what is beyond them (rlrun/actor/trainer_view.py)."""
+        trained = {names.trained_entries(s): p.entries_read for s, p in self.intake.positions.items()}
         self.redis.hset(
             names.TRAINER_STATE,
             mapping={
+                **trained,
                 "step": self.state.step,
                 "samples_processed": self.state.samples_processed,
                 "policy_version": self.state.policy_version,
@@ -328,13 +310,12 @@ class Trainer:
 
     def _save_checkpoint(self) -> None:
         path = self.run_dir.checkpoint(self.state.step)
+        if self.main:  # what a trainer restarted from this checkpoint reads again comes after these
+            self.state = replace(self.state, stream_positions={s: p.to_json() for s, p in self.intake.positions.items()})
         checkpoint.save(self.model, self.optimizer, self.state, path, keep=self.cfg.trainer.keep_checkpoints, parallel=self.parallel)
         if not self.main:
             return
-        for stream in self.streams:  # the checkpoint now covers these groups
-            acked = [message_id for s, message_id in self.unacked if s == stream]
-            if acked:
-                self.redis.xack(stream, names.TRAINER_GROUP, *acked)
+        self.intake.ack(self.unacked)  # the checkpoint now covers these groups
         self.unacked = []
         self._publish_state(last_checkpoint_step=self.state.step)
         log.info("checkpoint %s", path)

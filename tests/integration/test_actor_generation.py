@@ -91,8 +91,10 @@ class View:
 
         return self.stream, [encode(group.to_dict())]
 
-    def room_for_group(self, opened: int, in_flight: int) -> bool:
-        return True
+    def window(self, in_flight: int):
+        from rlrun.actor.trainer_view import Window
+
+        return Window("groups", in_flight, in_flight + 1)  # always room
 
     def done(self) -> bool:
         return False

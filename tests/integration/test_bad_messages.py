@@ -80,7 +80,7 @@ def test_trainer_rejects_counts_and_acks_every_malformed_group(client, caplog, t
     cfg, resolved = compose(["recipe=math_grpo", "trainer.train_batch_size=16"])  # 2 groups of 8 per step
     run_dir = launch.create_run(cfg, resolved, [], root=tmp_path / "run")
     trainer = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None)  # its input path only
-    trainer._ensure_consumer_group()
+    trainer.intake.rewind(trainer._covered)  # as train() does first
     bad_ids = [client.xadd(names.GROUPS_STREAM, fields) for _, fields in BAD_GROUPS[:7]]
     first = client.xadd(names.GROUPS_STREAM, {"data": encode(group_message("run/0"))})
     bad_ids += [client.xadd(names.GROUPS_STREAM, fields) for _, fields in BAD_GROUPS[7:]]
@@ -106,7 +106,7 @@ def test_with_two_actors_the_trainer_reads_both_streams_and_acks_each(client, tm
     cfg, resolved = compose(["recipe=math_grpo", "trainer.train_batch_size=32", "actor.num_actors=2", "inference.num_servers=2"])
     run_dir = launch.create_run(cfg, resolved, [], root=tmp_path / "run")
     trainer = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None)  # its input path only
-    trainer._ensure_consumer_group()
+    trainer.intake.rewind(trainer._covered)  # as train() does first
     streams = names.groups_streams(2)
     sent = [(s, client.xadd(s, {"data": encode(group_message(f"run/a{k}/{c}"))})) for c in range(2) for k, s in enumerate(streams)]
     groups, ids = trainer._next_batch()  # 4 groups a step: both actors' two
@@ -116,6 +116,7 @@ def test_with_two_actors_the_trainer_reads_both_streams_and_acks_each(client, tm
     for stream in streams:  # read, not acked until a checkpoint covers them
         assert client.xpending(stream, names.TRAINER_GROUP)["pending"] == 2
     restarted = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None)  # a restart reads them again
+    restarted.intake.rewind(restarted._covered)
     again, _ = restarted._next_batch()
     assert sorted(g.group_id for g in again) == sorted(g.group_id for g in groups)
     trainer._save_checkpoint()

@@ -106,9 +106,9 @@ def test_the_actor_ledger_follows_the_cursor_itself_and_recovers_from_a_second_w
 
     first, second = JournalLedger(client), JournalLedger(client)
     opened = [first.open_next(lambda c: c, lambda p: [p], 1, 2, "run").cursor for _ in range(3)]
-    assert opened == [0, 1, 2] and first.opened(0) == 3
+    assert opened == [0, 1, 2] and first._cursor == 3
     assert second.open_next(lambda c: c, lambda p: [p], 1, 2, "run").cursor == 3  # its hint (0) was stale
-    assert second.opened(0) == 4 and first.cursor() == 4
+    assert second._cursor == 4 and first.cursor() == 4
 
 
 def test_cursor_persists_across_a_restart(server, journal):

@@ -163,6 +163,7 @@ def test_under_fast_llm_the_actor_is_held_back_by_the_documents_fast_llm_has_not
     redis = Redis()
     view = backend_for(cfg).trainer_view(cfg, redis)
     assert view.policy_version() == 7 and view.done() is False  # never decides the end itself
-    assert view.room_for_group(opened=0, in_flight=0)
+    assert view.window(in_flight=0).room
     redis.lag = (1 + cfg.actor.max_steps_ahead) * view.docs_per_step  # a full window unread
-    assert not view.room_for_group(opened=0, in_flight=0)
+    window = view.window(in_flight=0)
+    assert not window.room and window.unit == "documents" and window.detail["unread_documents"] == redis.lag

@@ -5,6 +5,7 @@ serves; back-pressure counts Fast-LLM's unread documents.
 
 from __future__ import annotations
 
+from rlrun.actor.trainer_view import Window
 from rlrun.backends.fast_llm.config import docs_per_step
 from rlrun.backends.fast_llm.protocol import encode_group
 from rlrun.config import RunConfig
@@ -29,9 +30,11 @@ class FastLlmView:
         """The step whose weights vLLM serves (set by the weight follower once they are loaded)."""
         return int(self.redis.get(names.POLICY_VERSION) or 0)
 
-    def room_for_group(self, opened: int, in_flight: int) -> bool:
+    def window(self, in_flight: int) -> Window:
         unread = self._unread_documents()
-        return unread + in_flight * self.cfg.algo.group_size < (1 + self.cfg.actor.max_steps_ahead) * self.docs_per_step
+        limit = (1 + self.cfg.actor.max_steps_ahead) * self.docs_per_step
+        detail = {"stream": self.f.stream, "unread_documents": unread, "in_flight_groups": in_flight, "docs_per_step": self.docs_per_step}
+        return Window("documents", unread + in_flight * self.cfg.algo.group_size, limit, detail)
 
     def _unread_documents(self) -> int:
         try:
