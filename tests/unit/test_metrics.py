@@ -135,6 +135,7 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     from rlrun.rollouts import Group, Sample
     from rlrun.rundir import RunDir
     from rlrun.trainer.checkpoint import TrainerState
+    from rlrun.trainer.intake import GroupIntake
     from rlrun.trainer.main import Trainer
 
     cfg, _ = compose(["trainer.max_train_steps=3"])
@@ -145,6 +146,7 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     trainer.state = TrainerState(step=2, samples_processed=4, policy_version=2)
     trainer.metrics = MetricsWriter(trainer.run_dir.metrics)
     trainer.history, trainer.wandb = [], None
+    trainer.intake = GroupIntake(trainer.redis, ["rlrun:groups"], "rlrun:trainer")
     started = time.time() - 10  # the run started 10 s ago, and its only step took 0.5 s of optimizer work
     (Path(tmp_path) / "events.jsonl").write_text(json.dumps({"time": started, "event": "run_started"}) + "\n")
     samples = [Sample(i, [1, 2, 3], [-0.1] * 3, [0, 1, 1], "stop", float(i % 2), 0.0) for i in range(4)]
