@@ -49,3 +49,22 @@ def still_alive(seen: Iterable[tuple[int, float]], grace_s: float = 0.0) -> list
     while alive() and time.time() < deadline:
         time.sleep(0.2)
     return alive()
+
+
+def listening_sockets(pids: Iterable[int]) -> dict[tuple[str, int], str]:
+    """Every TCP socket the processes `pids` listen on, as {(address, port): "pid command"}."""
+    found = {}
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found[(conn.laddr.ip, conn.laddr.port)] = f"{pid} {' '.join(proc.cmdline())[:100]}"
+        except psutil.Error:
+            pass
+    return found
+
+
+def off_loopback(sockets: dict[tuple[str, int], str]) -> dict[tuple[str, int], str]:
+    """Of `listening_sockets`, those another machine could reach: any address but 127.0.0.0/8 and ::1."""
+    return {(ip, port): who for (ip, port), who in sockets.items() if not (ip.startswith("127.") or ip == "::1")}

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from rlrun.cluster.listen import run_prefix
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin, in_thread
@@ -352,11 +353,13 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint.resume_point(run_dir.checkpoints)  # damaged checkpoints: exit 2 before any server is asked
         redis = connect(role.redis_url, run_dir.read_redis_password())
         vllm = VllmAdmin(role.vllm_urls, api_key=run_dir.read_vllm_api_key())
-        parallel = Parallel(ranks, cfg.trainer.sharding, device)
+        store_prefix = run_prefix(run_dir.read_vllm_api_key()) if ranks.distributed else ""  # keys of the ranks' store
+        parallel = Parallel(ranks, cfg.trainer.sharding, device, store_prefix)
         if cfg.trainer.weight_transfer == "broadcast" and parallel.ranks.is_main:
             from rlrun.trainer.weight_broadcast import BroadcastSync
 
-            broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, collective_backend(cfg.trainer.device))
+            broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, collective_backend(cfg.trainer.device),
+                                      prefix=run_prefix(run_dir.read_vllm_api_key()))  # fmt: skip
         trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast)
         try:
             trainer.train()

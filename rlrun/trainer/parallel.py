@@ -77,10 +77,25 @@ class Ranks:
         return wanted
 
 
+def _rendezvous_store(ranks: Ranks, timeout_s: float):
+    """The ranks' TCP store: rank 0 serves it on MASTER_ADDR only (torch's own would listen on every
+    interface: rlrun/cluster/listen.py), the others are its clients."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if ranks.is_main:
+        from rlrun.cluster import listen
+
+        return listen.serve_store(ranks.master_addr, ranks.master_port, ranks.world_size, timeout_s)
+    return dist.TCPStore(ranks.master_addr, ranks.master_port, ranks.world_size, is_master=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
+
+
 class Parallel:
     """The loop's view of its ranks. Built once per trainer process; `close()` at exit."""
 
-    def __init__(self, ranks: Ranks, sharding: str = "auto", device: str = "cpu") -> None:
+    def __init__(self, ranks: Ranks, sharding: str = "auto", device: str = "cpu", store_prefix: str = "") -> None:
         self.ranks = ranks
         self.sharding, self.device = "none", device
         if ranks.distributed:
@@ -101,9 +116,9 @@ class Parallel:
                 import torch
 
                 torch.cuda.set_device(device)
-            address = f"tcp://{ranks.master_addr}:{ranks.master_port}"
             timeout = datetime.timedelta(seconds=1800)
-            dist.init_process_group(backend, init_method=address, rank=ranks.rank, world_size=ranks.world_size, timeout=timeout)
+            store = dist.PrefixStore(store_prefix, _rendezvous_store(ranks, timeout.total_seconds()))
+            dist.init_process_group(backend, store=store, rank=ranks.rank, world_size=ranks.world_size, timeout=timeout)
             log.info("rank %d of %d joined (%s, %s)", ranks.rank, ranks.world_size, backend, self.sharding)
 
     # --- the model -----------------------------------------------------------------------------

@@ -20,6 +20,9 @@ import subprocess
 import sys
 import time
 
+from rlrun.cluster import LOOPBACK
+from rlrun.cluster.listen import interface_of
+
 POLL_S = 0.1
 STOP_GRACE_S = 10.0  # a rank told to stop (SIGTERM) is SIGKILLed after this long
 PR_SET_PDEATHSIG = 1
@@ -37,11 +40,14 @@ def rank_env(
 ) -> dict[str, str]:
     """torchrun's variables for local rank `rank` of the `nproc` ranks on this node, which are
     global ranks `first_rank`.. of `world_size` (default: a single-node group of `nproc`)."""
-    return {
+    env = {
         "RANK": str(first_rank + rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size or nproc),
         "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": str(node_rank), "GROUP_WORLD_SIZE": str(nnodes),
         "MASTER_ADDR": host, "MASTER_PORT": str(port),
     }  # fmt: skip
+    if host in LOOPBACK and (interface := interface_of(host)):  # gloo's pairs listen there too, not on every interface
+        env["GLOO_SOCKET_IFNAME"] = interface
+    return env
 
 
 def _die_with_parent() -> None:  # in the child, between fork and exec

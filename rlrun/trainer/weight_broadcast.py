@@ -79,10 +79,12 @@ def needs_new_group(current: Membership | None, servers: list[str], reported: di
 
 class BroadcastSync:
     """The hf trainer's rank 0 side of trainer.weight_transfer=broadcast. `admin`: the vLLM
-    servers' VllmAdmin; `host:port`: where rank 0 serves the group's store."""
+    servers' VllmAdmin; `host:port`: where rank 0 serves the group's store (on that interface
+    only); `prefix`: the run's prefix of its keys (`listen.run_prefix`)."""
 
-    def __init__(self, admin, host: str, port: int, transport: str = "gloo", timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(self, admin, host: str, port: int, transport: str = "gloo", timeout_s: float = TIMEOUT_S, prefix: str = "") -> None:
         self.admin, self.host, self.port, self.transport, self.timeout_s = admin, host, port, transport, timeout_s
+        self.prefix = prefix
         self.membership: Membership | None = None
         self.sender: WeightBroadcaster | None = None
         # One store for every formation, each under a namespace of its own: a store served anew
@@ -124,7 +126,7 @@ class BroadcastSync:
         if self._store is None:
             self._store = serve_store(self.host, self.port, len(servers) + 1, self.timeout_s)
         self.formations += 1
-        namespace, store = f"formation-{self.formations}/", self._store
+        namespace, store = f"{self.prefix}formation-{self.formations}/", self._store
         log.info("forming the weight broadcast group at %s:%d (%s) with %s", self.host, self.port, namespace, ", ".join(servers))
         for rank, url in enumerate(servers, start=1):  # each answers at once and joins in the background
             self.admin.join_broadcast(url, self.host, self.port, rank, len(servers) + 1, self.transport, self.timeout_s,

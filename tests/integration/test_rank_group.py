@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rlrun.cluster.listen import interface_of
 from rlrun.trainer.rank_group import first_failure, rank_env
 
 RANK = """
@@ -119,4 +120,36 @@ def test_the_group_exit_status_rules():
     assert first_failure([None, -9, 3]) == -9
     assert rank_env(1, 2, "127.0.0.1", 555) == {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
                                                 "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                                                "MASTER_PORT": "555"}  # fmt: skip
+                                                "MASTER_PORT": "555", "GLOO_SOCKET_IFNAME": interface_of("127.0.0.1")}  # fmt: skip
+    assert interface_of("127.0.0.1") is not None and "GLOO_SOCKET_IFNAME" not in rank_env(1, 2, "10.1.2.3", 555)
+
+
+PARALLEL = """
+import json, os, sys
+import psutil, torch, torch.distributed as dist
+from rlrun.trainer.parallel import Parallel, Ranks
+parallel = Parallel(Ranks.from_env(os.environ), "ddp", "cpu", store_prefix="run-test/")
+total = torch.ones(1)
+dist.all_reduce(total)
+listening = [[c.laddr.ip, c.laddr.port] for c in psutil.Process().net_connections("inet") if c.status == "LISTEN"]
+with open(f"{sys.argv[1]}/rank{os.environ['RANK']}.json", "w") as f:
+    json.dump({"sum": total.item(), "listening": listening, "MASTER_PORT": os.environ["MASTER_PORT"]}, f)
+dist.barrier()
+parallel.close()
+"""
+
+
+def test_the_ranks_store_and_gloo_pairs_listen_on_loopback_only(tmp_path):
+    """torch's own rendezvous store would listen on every interface, and gloo's default device is
+    the host name's: rank 0 serves the store on MASTER_ADDR and the ranks' gloo pairs use its
+    interface (GLOO_SOCKET_IFNAME)."""
+    group = subprocess.Popen(
+        [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", "2", "--", sys.executable, "-c", PARALLEL, str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, start_new_session=True,
+    )  # fmt: skip
+    assert group.wait(timeout=120) == 0
+    ranks = ranks_written(tmp_path, 2)
+    assert [r["sum"] for r in ranks] == [2.0, 2.0]
+    assert ["127.0.0.1", int(ranks[0]["MASTER_PORT"])] in ranks[0]["listening"]  # rank 0 serves the store
+    for rank in ranks:
+        assert rank["listening"] and all(ip == "127.0.0.1" for ip, _port in rank["listening"]), rank

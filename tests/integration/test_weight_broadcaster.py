@@ -6,6 +6,7 @@ formed again on the same store after a member was killed."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from rlrun.backends.fast_llm import broadcast
 from rlrun.streams.server import pick_free_port
 from rlrun.trainer.weight_broadcast import WeightBroadcaster
+from tests.processes import listening_sockets, off_loopback
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,6 +50,9 @@ def test_receivers_get_exactly_what_the_trainer_sends():
     for child in children:
         child.start()
     sender = WeightBroadcaster(HOST, port, receivers=2, timeout_s=60)
+    # The store (torch's own would listen on "::") and every gloo pair, on loopback only.
+    sockets = listening_sockets([os.getpid(), *(child.pid for child in children)])
+    assert (HOST, port) in sockets and off_loopback(sockets) == {}, sockets
     for step in (1, 2):
         sent = sender.send(weights(step))
         assert sent == sum(t.numel() * t.element_size() for t in weights(step).values())
@@ -85,3 +90,23 @@ def test_a_group_formed_again_after_a_member_was_killed_does_not_read_its_keys()
         assert all(torch.equal(got[name], tensor) for name, tensor in weights(formation).items()), formation
         member.kill()  # after its broadcast: its address stays in the store
         member.join(30)
+
+
+def test_torchs_own_store_listens_everywhere_and_lets_any_client_list_its_keys_ours_listens_on_the_host_only():
+    """What rlrun/cluster/listen.py is for, measured on the installed torch: its TCPStore server
+    ignores the host it is given, and a client that reaches it reads every key (so a key prefix is
+    no secret); the store rlrun serves takes the same clients on loopback alone."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from rlrun.cluster.listen import serve_store
+
+    theirs = dist.TCPStore(HOST, 0, 2, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10))
+    ours = serve_store(HOST, 0, 2, timeout_s=10)
+    sockets = listening_sockets([os.getpid()])
+    assert {ip for ip, port in sockets if port == theirs.port} <= {"::", "0.0.0.0"}  # every interface
+    assert {ip for ip, port in sockets if port == ours.port} == {HOST}
+    ours.set("run-1234/formation-1/key", "value")
+    client = dist.TCPStore(HOST, ours.port, 2, is_master=False, timeout=datetime.timedelta(seconds=10))
+    assert "run-1234/formation-1/key" in client.list_keys() and client.get("run-1234/formation-1/key") == b"value"
