@@ -96,7 +96,7 @@ def train(
 
 
 def _print_dry_run(cfg, resolved: str, launch) -> None:
-    from rlrun import preflight
+    from rlrun import preflight, sockets
     from rlrun.actor.partition import ownership
 
     run_dir = RunDir(launch.run_root(cfg))
@@ -116,6 +116,12 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
     for k, (actor, servers) in enumerate(ownership(k_all, cfg.inference.num_servers).items()):
         owners.add_row(actor, ", ".join(servers), f"{k}, {k + k_all}, {k + 2 * k_all}, ..." if k_all > 1 else "all")
     console.print(owners)
+    listening = Table(title="sockets the run will listen on (docs/operations.md, \"What a run listens on\")")
+    for column in ("process", "what", "host", "port", "a client needs"):
+        listening.add_column(column, overflow="fold")
+    for listener in sockets.planned(cfg):
+        listening.add_row(listener.process, listener.what, listener.host, listener.port, listener.secret)
+    console.print(listening)
     if cfg.world.kind == "local":
         from rlrun.cluster.world import local_cores
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from rlrun.progress import ProgressReader
     from rlrun.role_parts import Endpoints, RedisProbe
     from rlrun.rundir import RunDir
+    from rlrun.sockets import Listener
     from rlrun.supervisor import ProcessSpec, RunVerdict
 
 # name -> "module:attribute" of its TrainerBackend (config validation lists these names)
@@ -74,6 +75,9 @@ class TrainerBackend(Protocol):
     ranks_span_nodes: bool
 
     def broadcast_port(self, cfg: "RunConfig", pick_port: Callable[[str], int]) -> int: ...  # 0: none
+
+    def listeners(self, cfg: "RunConfig") -> list["Listener"]:
+        """The sockets its processes listen on (rlrun/sockets.py; --dry-run lists them)."""
 
     def explicit_ports(self, cfg: "RunConfig") -> list[tuple[str, str, int]]:
         """(config key, host, port) of every port its config fixes (preflight checks they are free)."""

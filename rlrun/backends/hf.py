@@ -84,6 +84,24 @@ class HfBackend:
     def explicit_ports(self, cfg: RunConfig) -> list[tuple[str, str, int]]:
         return []
 
+    def listeners(self, cfg: RunConfig) -> list:
+        from rlrun import sockets
+
+        out = []
+        t, ranks_host = cfg.trainer, "127.0.0.1" if cfg.world.kind == "local" else "rank 0's node"
+        if t.nproc_per_node > 1:
+            out.append(sockets.tcp_store("trainer", "the trainer's ranks (rank 0 serves it)", ranks_host))
+            if t.device.startswith("cuda"):
+                out.append(sockets.Listener("trainer", "NCCL bootstrap of the trainer's ranks", ranks_host, sockets.EPHEMERAL,
+                                            "nothing: NCCL has no authentication"))  # fmt: skip
+            else:
+                out.append(sockets.gloo_pairs("trainer (each rank)", ranks_host))
+        if t.weight_transfer == "broadcast":
+            host = cfg.inference.host
+            out.append(sockets.tcp_store("trainer", "the weight broadcast (rank 0 serves it)", host))
+            out.append(sockets.gloo_pairs("trainer, every vllm-N (the weight broadcast)", host))
+        return out
+
     def redis_default_user(self, cfg: RunConfig) -> str:
         from rlrun.streams.server import DEFAULT_USER_OFF
 

@@ -18,6 +18,8 @@ import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
+from tests.processes import off_loopback
+
 from .conftest import leaked_secrets, read_jsonl, run_cli
 
 pytestmark = pytest.mark.e2e
@@ -70,6 +72,14 @@ def test_processes_started_in_order_and_nothing_is_left(short_run):
     assert at["process_started", "actor"] >= max(at["process_ready", "vllm-0"], at["process_ready", "trainer"])
     assert events[-1] == {**events[-1], "event": "run_stopped", "status": "finished"}
     assert result.left_behind == []
+
+
+def test_every_socket_the_run_listened_on_was_on_loopback(short_run):
+    """trainer.weight_transfer=disk (the default); the broadcast's are checked in test_trainer_ranks_e2e.py."""
+    result, _ = short_run
+    owners = " ".join(result.listening.values())
+    assert "valkey-server" in owners and "vllm.entrypoints.openai.api_server" in owners, result.listening  # it did look
+    assert off_loopback(result.listening) == {}, result.listening
 
 
 def test_run_directory_holds_logs_config_and_private_secrets(short_run):

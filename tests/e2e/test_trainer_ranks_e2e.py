@@ -14,10 +14,13 @@ import signal
 
 import psutil
 import pytest
+import yaml
 
 from rlrun.trainer.checkpoint import OPTIMIZER_DIR, latest_complete, read_state
 
-from .conftest import left_behind, read_jsonl, restarts, start_rlrun, steps_done, wait_for
+from tests.processes import off_loopback
+
+from .conftest import left_behind, read_jsonl, restarts, start_rlrun, steps_done, summary, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -52,6 +55,14 @@ def test_two_ranks_two_servers_a_killed_rank_restarts_the_group_and_the_run_ends
             proc.kill()
     assert proc.returncode == 0, (tmp_path / "rlrun.out").read_text()[-3000:]
     assert left_behind(proc) == []
+    # Every socket the run listened on, the broadcast's TCPStore (torch's own listens on ::) and
+    # the ranks' store and gloo pairs included, was on loopback.
+    listening = proc.run_processes.listening
+    store = yaml.safe_load((run_dir / "roles" / "trainer.yaml").read_text())["broadcast_port"]
+    assert ("127.0.0.1", store) in listening and "rlrun:trainer" in listening[("127.0.0.1", store)], listening
+    assert off_loopback(listening) == {}, listening
+    summary("sockets a broadcast run listened on (address:port  pid command)",
+            [f"{ip}:{port}  {who}" for (ip, port), who in sorted(listening.items())])
     assert restarts(run_dir, "trainer") == 1  # the group, once
     last = latest_complete(run_dir / "checkpoints")
     assert read_state(last).step == STEPS and (last / OPTIMIZER_DIR / "__1_0.distcp").is_file()

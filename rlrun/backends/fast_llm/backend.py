@@ -83,6 +83,28 @@ class FastLlmBackend:
         port = cfg.trainer.fast_llm.broadcast_port
         return [("trainer.fast_llm.broadcast_port", cfg.inference.host, port)] if port else []
 
+    def listeners(self, cfg: RunConfig) -> list:
+        """The weight broadcast's store is the weight follower's (rlrun binds it) or Fast-LLM's rank 0's:
+        torch's TCPStore, on every interface; rlrun cannot bind it (trainer.fast_llm.broadcast_store)."""
+        from rlrun import sockets
+
+        host, f = cfg.inference.host, cfg.trainer.fast_llm
+        port = str(f.broadcast_port) if f.broadcast_port else sockets.PICKED
+        store = {
+            "rlrun": sockets.tcp_store("weights", "Fast-LLM's weight broadcast (the weight follower serves it)", host, port),
+            "trainer": sockets.Listener("trainer", "torch TCPStore: Fast-LLM's weight broadcast (Fast-LLM's rank 0 serves it)",
+                                        ":: (every interface: torch's own; trainer.fast_llm.broadcast_store=rlrun keeps it on "
+                                        f"{host} where Fast-LLM's torch lets its rank 0 be a client)", port,
+                                        "nothing: TCPStore has no authentication"),
+            "auto": sockets.Listener("trainer or weights", "torch TCPStore: Fast-LLM's weight broadcast (whoever "
+                                     "trainer.fast_llm.broadcast_store=auto finds at start)", f"{host} (the weight follower) or :: "
+                                     "(Fast-LLM's rank 0)", port, "nothing: TCPStore has no authentication"),
+        }[f.broadcast_store]
+        pairs = sockets.gloo_pairs("every vllm-N (the weight broadcast)", host)
+        own = sockets.Listener("trainer", "Fast-LLM's own (torchrun's rendezvous, its ranks' and its broadcast's gloo or NCCL)",
+                               "Fast-LLM's and torch's choice", sockets.EPHEMERAL, "Fast-LLM's")  # fmt: skip
+        return [store, pairs, own]
+
     def redis_default_user(self, cfg: RunConfig) -> str:
         """Fast-LLM's clients connect without a password: the `default` user may touch its streams
         and nothing else (rlrun's own user is written by the server module)."""
