@@ -111,37 +111,46 @@ SCHEMA = {
 
 
 def unknown_keys(config: dict, revision: str) -> list[str]:
-    """Fast-LLM's "Unknown field" lines for `config` on `revision`."""
+    """Fast-LLM's validation lines for `config` on `revision`, nested as its fast_llm/config.py
+    nests them: one `Validation failed for field` line per level, two spaces deeper each, down to
+    its `Unknown field` lines."""
     schema = json.loads(json.dumps(SCHEMA))
     if revision != "main":
         schema["schedule"]["docs_per_step"] = None
-    found: list[str] = []
 
-    def walk(value, allowed, path):
+    def walk(value, allowed, cls: str, indent: str) -> list[str]:
         if allowed == "losses":
+            found = []
             for name, loss in (value or {}).items():
-                if isinstance(loss, dict):
-                    walk(loss, LOSS_KEYS, f"{path}[{name}]")
-                    if loss.get("type") not in ("grpo", "gspo", "label"):
-                        found.append(f"Unknown type `{loss.get('type')}` in {path}[{name}]")
-            return
+                if not isinstance(loss, dict):
+                    continue
+                inner = walk(loss, LOSS_KEYS, "LanguageModelLossConfig", indent + "  ")
+                if loss.get("type") not in ("grpo", "gspo", "label"):
+                    inner.append(f"{indent}  Unknown type `{loss.get('type')}` in class LanguageModelLossConfig")
+                if inner:
+                    found += [f"{indent}Validation failed for field `losses[{name}]`:", *inner]
+            return found
         if not isinstance(value, dict) or allowed is None:
-            return
+            return []
+        found = []
         for key, sub in value.items():
             if key not in allowed:
-                found.append(f"Unknown field `!!! {key}` in {path or 'config'}")
-            else:
-                walk(sub, allowed[key], f"{path}.{key}" if path else key)
+                found.append(f"{indent}Unknown field `!!! {key}` in class {cls}")
+                continue
+            kind = "losses" if allowed[key] == "losses" else key.title().replace("_", "") + "Config"
+            inner = walk(sub, allowed[key], kind, indent + "  ")
+            if inner:
+                found += [f"{indent}Validation failed for field `{key}` of type `{kind}` in class {cls}:", *inner]
+        return found
 
-    walk(config, schema, "")
-    return found
+    return walk(config, schema, "fast_llm.models.gpt.config.GPTTrainerConfig", "")
 
 
 def refusal(config: dict, revision: str) -> str | None:
     """Why the real Fast-LLM of `revision` would refuse to start on `config` (None: it starts)."""
     unknown = unknown_keys(config, revision)
     if unknown:
-        return "fast_llm.config.NestedValidationError: Validation failed for field `config`:\n" + "\n".join(unknown)
+        return "fast_llm.config.NestedValidationError: " + "\n".join(unknown)
     hf_config = pathlib.Path(config["pretrained"]["path"]) / "config.json"
     if hf_config.is_file() and "head_dim" in json.loads(hf_config.read_text()):
         return "ValueError: Qwen2BaseModelConverter: HF config has unknown key 'head_dim'"

@@ -311,7 +311,7 @@ def test_preflight_asks_the_trainer_which_revision_it_is(tmp_path, revision, ove
     if accepted is None:
         with pytest.raises(ConfigError) as info:
             choose_revision(cfg, "/models/tiny", tmp_path / "fast_llm")
-        assert "schedule" in str(info.value) and "docs_per_step" in str(info.value) and "'gspo'" in str(info.value)
+        assert "`schedule.docs_per_step`: unknown key" in str(info.value) and "'gspo'" in str(info.value)  # the key by its path
     elif accepted == "broken":
         with pytest.raises(ConfigError, match="IndexError.*recipe=math_grpo"):
             choose_revision(cfg, "/models/tiny", tmp_path / "fast_llm")

@@ -33,13 +33,40 @@ def test_the_program_is_what_torchrun_runs():
     assert program_argv(standin) == standin
 
 
-def test_a_refusal_names_the_unknown_keys_and_where_they_are():
-    summary = refusal_summary(REAL_REFUSAL)
-    assert "Unknown field `policy_loss`" in summary and "Unknown field `temperature`" in summary
-    assert "losses[grpo]" in summary and "!!!" not in summary
+# The same validation error for keys of `training`, as Fast-LLM's fast_llm/config.py writes it: a
+# failure with a message; and an unexpected exception (its message, then the stack trace's last line).
+TRAINING_REFUSAL = """\
+Traceback (most recent call last):
+  File "/fast-llm/fast_llm/engine/config_utils/runnable.py", line 87, in parse_and_run
+fast_llm.config.NestedValidationError: Validation failed for field `training` of type `TrainingConfig` in class fast_llm.models.gpt.config.GPTTrainerConfig:
+  Validation failed for field `checkpoint` of type `TrainingCheckpointConfig` in class TrainingConfig:
+    Validation failed for field `interval` in class TrainingCheckpointConfig: \n
+====================== stack trace ========================
+Traceback (most recent call last):
+  File "/fast-llm/fast_llm/config.py", line 412, in _validate_nested
+    value = value if valid_fn is None else valid_fn(value)
+AssertionError: -1 >= 0
+===========================================================
+
+  Validation failed for field `train_iters` of type `int` in class TrainingConfig: Unexpected type `str`
+"""
+
+
+def test_a_refusal_names_each_key_by_its_whole_path():
+    assert refusal_summary(REAL_REFUSAL) == (
+        "`model.base_model.head.losses[grpo].policy_loss`: unknown key (in LanguageModelGRPOLossConfig) | "
+        "`model.base_model.head.losses[grpo].temperature`: unknown key (in LanguageModelGRPOLossConfig)"
+    )
+    # The summary used to keep the innermost line only: `training` (and `checkpoint`) were dropped.
+    assert refusal_summary(TRAINING_REFUSAL) == (
+        "`training.checkpoint.interval`: AssertionError: -1 >= 0 | `training.train_iters`: Unexpected type `str`"
+    )
     assert refusal_summary("ValueError: Qwen2BaseModelConverter: HF config has unknown key 'head_dim'\n") == (
         "ValueError: Qwen2BaseModelConverter: HF config has unknown key 'head_dim'"
     )
+    many = "\n".join(["fast_llm.config.NestedValidationError: Validation failed for field `run` of type `RunConfig` in class C:"]
+                     + [f"  Unknown field `!!! k{i}` in class RunConfig" for i in range(8)])  # fmt: skip
+    assert refusal_summary(many).endswith("`run.k5`: unknown key (in RunConfig) | (and 2 more)")
 
 
 def test_the_python_of_a_script_is_read_from_its_first_line(tmp_path):

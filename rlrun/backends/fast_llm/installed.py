@@ -99,18 +99,62 @@ def _refusal(argv: tuple[str, ...], config_text: str) -> Optional[str]:
     return refusal_summary(done.stdout + done.stderr) or f"its validation exited {done.returncode}"
 
 
-_WHY = re.compile(r"(Unknown field .*|Validation failed for field .*|\w*Error: .*)")
+_ERROR = re.compile(r"\w*(?:Error|Exception): .*")
+_FIELD = re.compile(r"(?P<kind>Validation failed for field|Unknown field) `(?:!!! )?(?P<name>[^`]+)`(?P<rest>.*)")
 
 
 def refusal_summary(output: str, limit: int = 6) -> str:
-    """The lines of Fast-LLM's output that say what is wrong: its `Unknown field` and `Validation
-    failed for field` lines (which name the key's path), else the last exception line."""
-    found = [m.group(1).strip() for m in map(_WHY.search, output.splitlines()) if m]
-    unknown = [line for line in found if line.startswith("Unknown field")]
-    failed = [line for line in found if line.startswith("Validation failed")]
-    errors = [line for line in found if not line.startswith(("Unknown field", "Validation failed"))]
-    chosen = (failed[-2:] + unknown) if unknown else (failed[-1:] + errors[-1:]) if failed else errors[-1:]
-    return " | ".join(line.replace("`!!! ", "`") for line in chosen[:limit])
+    """What Fast-LLM's output says is wrong, each with the key's whole path: its validation error
+    nests one `Validation failed for field` line per level, two spaces deeper each (fast_llm/config.py
+    `_validate_nested`), down to `Unknown field` lines or a failure with its message (or, for an
+    unexpected exception, a stack trace whose last error line says it). Else its last error line."""
+    lines = output.splitlines()
+    stack: list[tuple[int, str]] = []  # (indentation, field) of the enclosing levels
+    leaves: list[str] = []
+    for number, line in enumerate(lines):
+        match = _FIELD.search(line)
+        if match is None:
+            continue
+        before = line[: match.start()]
+        indent = len(before) if not before.strip() else 0  # the first line follows the exception's name
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        name, rest = match.group("name"), match.group("rest")
+        path = _key_path([field for _, field in stack] + [name])
+        if match.group("kind") == "Unknown field":
+            leaves.append(f"`{path}`: unknown key ({_short_class(rest)})")
+            continue
+        if rest.strip() == ":" or (" of type " in rest and rest.rstrip().endswith(":")):  # a level: its failures follow, deeper
+            stack.append((indent, name))
+            continue
+        message = rest.split(":", 1)[1].strip() if ":" in rest else ""
+        if not message:  # an unexpected exception: the last error line of the stack trace that follows
+            trace = next((i for i in range(number + 1, len(lines)) if _FIELD.search(lines[i])), len(lines))
+            errors = [m.group(0) for m in map(_ERROR.search, lines[number + 1 : trace]) if m]
+            message = errors[-1] if errors else "invalid"
+        leaves.append(f"`{path}`: {message}")
+    if leaves:
+        return " | ".join(leaves[:limit]) + (f" | (and {len(leaves) - limit} more)" if len(leaves) > limit else "")
+    errors = [m.group(0).strip() for m in map(_ERROR.search, lines) if m]
+    return errors[-1] if errors else ""
+
+
+def _key_path(fields: list[str]) -> str:
+    """`model`, `losses`, `losses[grpo]`, `policy_loss` -> model.losses[grpo].policy_loss (a dict's
+    entry is a level of its own in Fast-LLM's message, named after the dict)."""
+    path: list[str] = []
+    for field in fields:
+        if path and field.startswith(path[-1] + "["):
+            path[-1] = field
+        else:
+            path.append(field)
+    return ".".join(path)
+
+
+def _short_class(rest: str) -> str:
+    """' in class fast_llm.x.y.LossConfig' -> 'in LossConfig'."""
+    words = rest.split()
+    return f"in {words[-1].rsplit('.', 1)[-1]}" if len(words) >= 3 and words[-2] == "class" else rest.strip()
 
 
 # --- who hosts the broadcast's store ------------------------------------------------------------------
