@@ -27,7 +27,7 @@ from rlrun.role_parts import Endpoints
 from rlrun.roles import build_specs
 from rlrun.rundir import RunDir
 from rlrun.streams import server as redis_server
-from rlrun.supervisor import EventLog, ProcessSpec, ProcessStatus, Supervisor
+from rlrun.supervisor import EventLog, ProcessSpec, ProcessStatus, ProgressWatch, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def train(
                     raise
                 events.emit("port_taken", process=exc.process, attempt=attempt)
                 supervisor.stop_all()
-        reason = supervisor.watch(backend_for(cfg).completion_check(cfg, progress))
+        reason = supervisor.watch(backend_for(cfg).completion_check(cfg, progress), progress_watch(cfg, run_dir, progress))
         status = "finished"
         return reason
     except KeyboardInterrupt:
@@ -151,6 +151,23 @@ def train(
             spawner.close()  # world=ray: the agents and the placement group go
         run_dir.write_state(status=status, stopped_at=time.time())
         events.emit("run_stopped", status=status, malformed_events=progress.malformed_events if progress else 0)
+
+
+def progress_watch(cfg: RunConfig, run_dir: RunDir, progress: ProgressReader) -> ProgressWatch:
+    """The run's progress is the trainer's step: none for supervisor.progress_timeout_s while every
+    process is alive is a stall of the run; what each process waits for goes to diagnostics/, then
+    the trainer and the actors are dumped and restarted (rlrun/supervisor/stall.py)."""
+    from rlrun.actor.partition import actor_name
+    from rlrun.supervisor.diagnostics import write_report
+
+    k_all = cfg.actor.num_actors
+    return ProgressWatch(
+        marker=lambda: progress.read(cfg).step,
+        timeout_s=cfg.supervisor.progress_timeout_s,
+        suspects=("trainer", *(actor_name(k, k_all) for k in range(k_all))),
+        report=lambda why: write_report(run_dir.diagnostics, "run-stalled", why, progress.stall_state(cfg)),
+        setting="supervisor.progress_timeout_s",
+    )
 
 
 def diagnoser_for(cfg: RunConfig, run_dir: RunDir):

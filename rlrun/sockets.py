@@ -30,18 +30,20 @@ def planned(cfg: RunConfig) -> list[Listener]:
     """The sockets a run of `cfg` will listen on, in start order."""
     from rlrun.backends import backend_for
 
-    out = []
+    from rlrun.streams.server import DEFAULT_USER_OFF
+
+    out, backend = [], backend_for(cfg)
     if cfg.streams.url is None:
         redis_auth = "the run's password (ACL user; the `default` user is off)"
-        if cfg.trainer.backend == "fast_llm":
-            redis_auth = "the run's password; without one only Fast-LLM's two streams (Fast-LLM's clients have no password)"
+        if backend.redis_default_user(cfg) != DEFAULT_USER_OFF:
+            redis_auth = "the run's password; without one only what the trainer's passwordless `default` user may touch"
         out.append(Listener("redis", "Redis (valkey)", cfg.streams.host, PICKED, redis_auth))
     for i in range(cfg.inference.num_servers):
         name = f"vllm-{i}"
         out.append(Listener(name, "vLLM OpenAI server", cfg.inference.host, PICKED, "the run's API key (every route but /health)"))
         out.append(Listener(name, "vLLM's internal sockets (engine and worker)", "127.0.0.1 (vLLM's own; measured with vLLM 0.32)",
                             EPHEMERAL, "none: vLLM's internals"))  # fmt: skip
-    return out + backend_for(cfg).listeners(cfg)
+    return out + backend.listeners(cfg)
 
 
 def gloo_pairs(processes: str, host: str) -> Listener:

@@ -76,7 +76,8 @@ def replay_events(events: list[dict]) -> list[ProcessRow]:
 
 
 def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
-    """(state.json, process rows, last metrics record) of a run directory."""
+    """(state.json, process rows, last metrics record — or, for a trainer that writes none, its
+    last announced step) of a run directory."""
     run_dir.require_run()
     events = read_events(run_dir.events)
     metrics = read_metrics(run_dir.metrics)
@@ -87,7 +88,7 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
     for row in rows:  # this run directory's files, wherever the run was when they were recorded
         row.log = str(run_dir.here(row.log)) if row.log else ""
         row.last_dump = str(run_dir.here(row.last_dump)) if row.last_dump else ""
-    return state, rows, (metrics[-1] if metrics else None)
+    return state, rows, (metrics[-1] if metrics else announced_step(events))
 
 
 def report(run_dir: RunDir) -> dict:
@@ -113,6 +114,16 @@ def report(run_dir: RunDir) -> dict:
         "ettr": time_split(run_dir).to_dict(),
         "last_event": {k: v for k, v in events[-1].items() if k in shown} if events else None,
     }
+
+
+def announced_step(events: list[dict]) -> Optional[dict]:
+    """The last step a trainer without metrics.jsonl (Fast-LLM) announced, as the supervisor
+    recorded it (`trainer_step` events: its `weights_ready` step and documents seen); None if none."""
+    event = next((e for e in reversed(events) if e.get("event") == "trainer_step"), None)
+    if event is None:
+        return None
+    return {"step": event.get("step", 0), "samples": event.get("samples") or 0, "policy_version": event.get("step"),
+            "time": event.get("time")}  # fmt: skip
 
 
 def time_split(run_dir: RunDir) -> TimeSplit:

@@ -217,6 +217,7 @@ class SupervisorConfig:
     ready_timeout_s: Seconds = 120.0  # default readiness deadline (vLLM has its own)
     live_view: bool = True  # rich live table when stdout is a terminal; false: one plain line per change
     dump_timeout_s: SecondsOrZero = 5.0  # before a kill for a stall (or a SIGKILL after stop_grace_s): at most this long dumping stacks into diagnostics/ (0: no dump)
+    progress_timeout_s: Seconds = 1800.0  # no optimizer step this long while every process is alive and ready: the run has stalled (the back-pressure state and the stacks of the trainer and actors go to diagnostics/, then they are restarted within their restart budgets; exit 6 once spent). Counted from when all are ready, again after any restart: it covers a first step, a checkpoint or a weight update (up to 600 s) of a large model
     redis: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its AOF
     vllm: RoleSupervision = field(default_factory=RoleSupervision)  # restarted alone, with the latest weights
     trainer: RoleSupervision = field(default_factory=RoleSupervision)  # restarted from its last complete checkpoint

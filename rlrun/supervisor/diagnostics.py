@@ -19,6 +19,25 @@ from typing import Optional
 
 from rlrun.supervisor.supervisor import log_tail
 
+
+def write_report(folder: Path, name: str, reason: str, state: dict, clock=time.time) -> Optional[Path]:
+    """`diagnostics/<name>-<time>.txt`: why, and `state` (plain data, as YAML); None when it could
+    not be written. For what no process's stack shows (a stalled run's back-pressure)."""
+    import yaml
+
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock()))
+    text = f"# rlrun diagnostics: {name}\nreason: {reason}\ntime: {stamp}\n\n" + yaml.safe_dump(state, sort_keys=False, default_flow_style=False)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path, n = folder / f"{name}-{stamp}.txt", 1
+        while path.exists():
+            n += 1
+            path = folder / f"{name}-{stamp}-{n}.txt"
+        path.write_text(text)
+    except OSError:
+        return None
+    return path
+
 LOG_LINES = 40
 CPU_SAMPLE_S = 0.2
 

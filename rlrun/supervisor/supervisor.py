@@ -26,6 +26,7 @@ from rlrun.supervisor.events import EventLog
 from rlrun.supervisor.local import Handle, LocalSpawner, Spawner, kill_pids
 from rlrun.supervisor.policy import ExitInfo, ExitKind, RestartTracker, classify_exit
 from rlrun.supervisor.spec import ProcessSpec, ProcessState
+from rlrun.supervisor.stall import ProgressClock, ProgressWatch
 
 log = logging.getLogger(__name__)
 
@@ -133,13 +134,21 @@ class Supervisor:
     def _may_start(self, proc: ProcessStatus) -> bool:
         return all(self.status(name).state in (ProcessState.READY, ProcessState.EXITED) for name in self._after[proc.name])
 
-    def watch(self, is_finished: CompletionCheck) -> str:
-        """Watch and restart until the completion check says done. ProcessFailed when a failure is
-        not restarted, RestartsExhausted past a restart budget."""
+    def watch(self, is_finished: CompletionCheck, progress: Optional[ProgressWatch] = None) -> str:
+        """Watch and restart until the completion check says done; with `progress`, a run that
+        makes none for its timeout while every process is alive has stalled (`_run_stalled`).
+        ProcessFailed when a failure is not restarted, RestartsExhausted past a restart budget."""
+        clock = ProgressClock(progress.timeout_s, self._clock()) if progress is not None else None
         while True:
             now = self._clock()
             for proc in self.processes:
                 self._advance(proc, now)
+            if clock is not None:
+                quiet = clock.observe(progress.marker(), self._all_alive(now), now)
+                if quiet is not None:
+                    self._run_stalled(progress, clock.last, quiet, now)
+                    clock.restart(self._clock())
+                    continue
             done = {p.name: p.exit_code if p.state is ProcessState.EXITED else None for p in self.processes}
             verdict = is_finished(done)
             if verdict.reject is not None:  # treated as a failure: restarted per its policy
@@ -152,6 +161,25 @@ class Supervisor:
                 return verdict.reason
             self._on_tick(self.processes)
             self._sleep(self._poll)
+
+    def _all_alive(self, now: float) -> bool:
+        """Every process ready (its liveness probe passed at this poll) or done."""
+        return all(
+            p.state is ProcessState.EXITED or (p.state is ProcessState.READY and (p.spec.alive is None or p.last_alive == now))
+            for p in self.processes
+        )
+
+    def _run_stalled(self, watch: ProgressWatch, marker, quiet: float, now: float) -> None:
+        """The run's state written (`watch.report`), then each suspect dumped and restarted as for a
+        stall of its own, within its restart budget: RestartsExhausted (exit 6) once that is spent."""
+        why = f"the run made no progress for {quiet:.0f} s while every process was alive ({watch.setting}={watch.timeout_s:g})"
+        report = watch.report(why)
+        suspects = [self.status(name) for name in watch.suspects if self.status(name).state is ProcessState.READY]
+        self._events.emit("run_stalled", quiet_s=round(quiet, 1), progress=str(marker), report=str(report) if report else None,
+                          restarting=[p.name for p in suspects])  # fmt: skip
+        log.error("%s; restarting %s (state: %s)", why, ", ".join(p.name for p in suspects) or "nothing", report)
+        for proc in suspects:
+            self._kill_stuck(proc, ExitInfo(ExitKind.STALLED, None, f"stalled: {why}"), now)
 
     def stop_all(self) -> None:
         """Stop everything in reverse start order, those marked `stop_first` before the rest;

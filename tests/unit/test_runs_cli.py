@@ -107,3 +107,22 @@ def test_a_failed_run_prints_its_log_tail_as_written_and_no_markup(capsys):
         assert ended.value.exit_code == code
         assert "[dim]" not in err and "[/]" not in err.replace("[red]7[/]", "")
         assert "last lines of trainer's log:" in err and "step [red]7[/] done\nlist[0] = 1" in err
+
+
+def test_a_fast_llm_run_reports_the_steps_and_documents_its_events_announced(tmp_path):
+    """trainer=fast_llm writes no metrics.jsonl: status, status --json and runs read the step and
+    documents of its weights_ready events, as the supervisor recorded them (trainer_step)."""
+    run_dir = make_run(tmp_path, "fl", status="finished", steps=0, t0=1000.0)
+    run_dir.metrics.unlink()
+    announced = [{"time": 1010.0 + s, "event": "trainer_step", "step": s, "samples": 263 * s} for s in range(7)]
+    lines = run_dir.events.read_text().splitlines()
+    run_dir.events.write_text("\n".join(lines[:-1] + [json.dumps(e) for e in announced] + lines[-1:]) + "\n")
+
+    report = json.loads(CliRunner().invoke(app, ["status", str(run_dir.root), "--json"]).output)
+    assert report["progress"] == {"step": 6, "max_train_steps": 10, "samples": 1578, "reward_mean": None, "policy_version": 6, "time": 1016.0}
+    text = CliRunner().invoke(app, ["status", str(run_dir.root)]).output
+    assert "step 6  samples 1578" in text
+    (listed,) = json.loads(CliRunner().invoke(app, ["runs", str(tmp_path), "--json"]).output)
+    assert (listed["step"], listed["max_train_steps"]) == (6, 10)
+    table = CliRunner().invoke(app, ["runs", str(tmp_path)], env={"COLUMNS": "200"}).output
+    assert "6/10" in table

@@ -374,3 +374,90 @@ def test_a_stalled_process_is_diagnosed_before_the_kill_and_the_event_names_the_
     assert calls[-1][0:2] == ("actor", 1) and "after SIGTERM" in calls[-1][4]
     assert calls[-1][5][-1] == ("signal", spawner.handles["actor"].pid, "SIGTERM")
     assert len(calls) == 2
+
+
+# --- the progress watchdog: every process alive, no progress ------------------------------------
+
+
+def watched(tmp_path, progress: dict, alive: dict | None = None, restart=RESTARTING, diagnose=None):
+    """redis, a trainer and an actor that all heartbeat; the run's progress is `progress["step"]`."""
+    from rlrun.supervisor import ProgressWatch
+
+    alive = alive if alive is not None else {}
+    reports = []
+    specs = [spec("redis", tmp_path)] + [
+        spec(name, tmp_path, restart=restart, alive=lambda pid, name=name: alive.get(name, True), stall_timeout_s=10)
+        for name in ("trainer", "actor")
+    ]
+    clock, spawner = FakeClock(), FakeSpawner()
+    events = EventLog(None, clock=clock)
+    sup = Supervisor(specs, events, spawner=spawner, clock=clock, sleep=clock.sleep, poll_interval_s=0.5, diagnose=diagnose)
+    watch = ProgressWatch(marker=lambda: progress["step"], timeout_s=30, suspects=("trainer", "actor"),
+                          report=lambda why: reports.append((clock.now, why)) or tmp_path / "run-stalled.txt")  # fmt: skip
+    return sup, spawner, events, clock, watch, reports
+
+
+def test_no_progress_while_every_process_is_alive_is_a_stall_of_the_run(tmp_path):
+    """An injected deadlock: both processes heartbeat, the step stays. The run's state is
+    reported, each suspect dumped and restarted like a stalled process, the clock starts again."""
+    dumps = []
+    progress = {"step": 7}
+    sup, spawner, events, clock, watch, reports = watched(
+        tmp_path, progress, diagnose=lambda process, attempt, pids, log_path, reason: dumps.append((process, reason)) or tmp_path / f"{process}.txt"
+    )  # fmt: skip
+    sup.start_all()
+    stuck = {name: spawner.handles[name].pid for name in ("trainer", "actor")}
+    quiet_from = clock.now
+    sup.watch(lambda exits: RunVerdict(sup.status("actor").attempt == 1 and sup.status("actor").state is ProcessState.READY, "x"), watch)
+    (stalled,) = [e for e in events.recorded if e["event"] == "run_stalled"]
+    assert 30 < stalled["time"] - quiet_from <= 31  # its timeout, within a poll
+    assert stalled["restarting"] == ["trainer", "actor"] and stalled["progress"] == "7"
+    assert stalled["report"] == str(tmp_path / "run-stalled.txt")
+    assert len(reports) == 1 and "no progress for 30 s while every process was alive (progress_timeout_s=30)" in reports[0][1]
+    assert [d[0] for d in dumps] == ["trainer", "actor"] and all("stalled: the run made no progress" in d[1] for d in dumps)
+    for name, pid in stuck.items():
+        assert ("signal", pid, "SIGKILL") in spawner.log
+    failed = [e for e in events.recorded if e["event"] == "process_failed"]
+    assert [(e["process"], e["action"]) for e in failed] == [("trainer", "restart"), ("actor", "restart")]
+    assert names_of(events, "stack_dump") == ["trainer", "actor"]
+    assert spawner.handles["redis"].poll() is None  # not a suspect: left alone
+
+
+def test_progress_resets_the_clock_and_a_process_not_alive_is_left_to_its_own_watchdog(tmp_path):
+    progress, alive = {"step": 0}, {}
+    sup, spawner, events, clock, watch, reports = watched(tmp_path, progress, alive)
+    sup.start_all()
+
+    def rule(exits):
+        if clock.now < 100:
+            progress["step"] = int(clock.now // 20)  # a step every 20 s: under the 30 s timeout
+        elif clock.now < 125:
+            alive["actor"] = sup.status("actor").attempt > 0  # frozen (SIGSTOP) until restarted: the process watchdog's case
+        return RunVerdict(clock.now > 135, "done")  # before 30 s quiet after the restart
+
+    sup.watch(rule, watch)
+    assert [e for e in events.recorded if e["event"] == "run_stalled"] == [] and reports == []
+    assert names_of(events, "process_stalled") == ["actor"]  # caught by its own watchdog
+
+
+def test_a_run_that_stalls_again_after_every_restart_stops_when_the_budget_is_spent(tmp_path):
+    progress = {"step": 3}
+    once = RestartPolicy(restart=True, max_restarts=1, window_s=1000, backoff_initial_s=1, backoff_max_s=1)
+    sup, spawner, events, clock, watch, reports = watched(tmp_path, progress, restart=once)
+    sup.start_all()
+    with pytest.raises(RestartsExhausted, match="'trainer' stalled: the run made no progress for 3[01] s.*1 restarts within 1000 s used up") as info:
+        sup.watch(lambda exits: RunVerdict(False, ""), watch)
+    assert info.value.exit_code == 6
+    assert [e["event"] for e in events.recorded].count("run_stalled") == 2 and len(reports) == 2
+
+
+def test_the_progress_clock_counts_only_while_every_process_is_alive():
+    from rlrun.supervisor.stall import ProgressClock
+
+    clock = ProgressClock(timeout_s=10, now=0)
+    assert clock.observe(1, True, 0) is None and clock.observe(1, True, 5) is None
+    assert clock.observe(1, True, 10) is None and clock.observe(1, True, 10.5) == 10.5
+    assert clock.observe(2, True, 11) is None  # progress
+    assert clock.observe(2, False, 30) is None and clock.observe(2, True, 35) is None  # a restart started it again
+    assert clock.observe(None, True, 50) is None  # cannot tell: no verdict, and no credit either
+    assert clock.observe(2, True, 60.5) == 10.5

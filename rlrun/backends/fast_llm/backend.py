@@ -150,6 +150,8 @@ class FastLlmBackend:
             except Exception:  # Redis restarting: decide on what was read so far
                 reader.pop("events", None)
             events = reader.get("events")
+            if events is not None and events.last_weights_ready_step is not None:  # `rlrun status`, the live line, the watchdog
+                progress.note_trainer_step(events.last_weights_ready_step, events.documents_seen)
             obs = completion.TrainerObservation(
                 samples_processed=(events.documents_seen or 0) if events else 0,
                 trainer_exit_code=exits.get("trainer"),
