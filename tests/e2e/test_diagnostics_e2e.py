@@ -1,6 +1,10 @@
 """A frozen actor in a live run: the watchdog fires, a stack dump names the function the actor was
 in, the run recovers and completes; `rlrun status --json` and `rlrun runs` read the run while it
-is live and after it finished, and the time the freeze cost is in the ETTR split.
+is live and after it finished, and the time the freeze cost is in the ETTR split. Later in the same
+run, a deadlock is injected (the actor held by back-pressure: the trainer's count of the entries
+it trained is set back to 0, again and again, while the trainer waits for groups): every process
+stays alive, the progress watchdog declares the run stalled, its report and the dumps name where
+each process waits, the trainer and actor are restarted and the run completes.
 
 One real-stack run (Redis, vLLM CPU, trainer, actor) serves every test here."""
 
@@ -20,8 +24,34 @@ from .conftest import current_pid, events, left_behind, read_jsonl, run_cli, sta
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 24
+STEPS = 30
 STALL_S = 10
+PROGRESS_S = 25  # supervisor.progress_timeout_s: steps take ~1 s here, a restarted actor's first batch a few
+
+
+def run_redis(run_dir):
+    """A client of the live run's Redis (its URL from a role file, its password from secrets/)."""
+    import yaml
+
+    from rlrun.streams.server import connect
+
+    url = yaml.safe_load((run_dir / "roles" / "trainer.yaml").read_text())["redis_url"]
+    return connect(url, (run_dir / "secrets" / "redis.password").read_text().strip())
+
+
+def hold_the_actor_until_the_run_stalls(run_dir, proc) -> float:
+    """Set the trainer's trained-entries count back to 0 every 0.1 s (it rewrites it at every step):
+    the actor sees its whole stream as untrained and opens nothing, the trainer drains what is left
+    and waits for groups. Stops once the supervisor says the run stalled; returns when it started."""
+    from rlrun.streams import names
+
+    client, started = run_redis(run_dir), time.time()
+    while not any(e["event"] == "run_stalled" for e in events(run_dir)):
+        assert proc.poll() is None and time.time() - started < 180, "no run_stalled event"
+        client.hset(names.TRAINER_STATE, names.trained_entries(names.GROUPS_STREAM), 0)
+        time.sleep(0.1)
+    client.close()
+    return started
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +59,7 @@ def frozen_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("frozen") / "run"
     proc = start_rlrun(
         run_dir, "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", "trainer.checkpoint_every=8",
-        f"supervisor.actor.stall_timeout_s={STALL_S}", "supervisor.stop_grace_s=5",
+        f"supervisor.actor.stall_timeout_s={STALL_S}", "supervisor.stop_grace_s=5", f"supervisor.progress_timeout_s={PROGRESS_S}",
     )  # fmt: skip
     seen = {}
     try:
@@ -38,6 +68,12 @@ def frozen_run(tmp_path_factory):
         seen["frozen_at"] = time.time()
         seen["live_status"] = run_cli(["status", str(run_dir), "--json"], timeout=120)  # live, while frozen
         seen["live_runs"] = run_cli(["runs", str(run_dir.parent), "--json"], timeout=120)
+        wait_for(lambda: any(e["event"] == "process_restarted" and e["process"] == "actor" for e in events(run_dir)), 120, "the actor restart", proc)
+        mark = steps_done(run_dir)
+        wait_for(lambda: steps_done(run_dir) >= mark + 2, 300, "progress after the actor restart", proc)
+        seen["held_at_step"] = steps_done(run_dir)
+        assert seen["held_at_step"] < STEPS - 4, "too late in the run to inject the deadlock"
+        seen["held_from"] = hold_the_actor_until_the_run_stalls(run_dir, proc)
         proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
@@ -97,7 +133,7 @@ def test_status_json_and_runs_while_live_and_after_the_end(frozen_run):
 def test_the_freeze_shows_in_the_ettr_split_metrics_and_final_summary(frozen_run):
     _, run_dir, seen = frozen_run
     split = json.loads(seen["final_status"].stdout)["ettr"]
-    (failure,) = [f for f in split["failures"] if f["process"] == "actor"]
+    failure = next(f for f in split["failures"] if f["process"] == "actor")  # the freeze (the deadlock's restart follows)
     assert failure["recovery_s"] is not None and failure["recovery_s"] > 0
     assert split["seconds"]["recovery"] >= failure["recovery_s"] - 0.01
     assert sum(split["seconds"].values()) == pytest.approx(split["wall_s"], abs=0.1)
@@ -105,3 +141,37 @@ def test_the_freeze_shows_in_the_ettr_split_metrics_and_final_summary(frozen_run
     assert all(0 <= r["ettr"] <= 1 for r in records) and all(r["wait_s"] <= r["step_time_s"] for r in records)
     assert "ETTR" in seen["output"] and "failure(s): actor recovered in" in seen["output"]
     print(f"\nfrozen-actor run: {json.dumps(split)}")
+
+
+def test_the_injected_deadlock_is_a_stall_of_the_run_reported_then_restarted(frozen_run):
+    code, run_dir, seen = frozen_run
+    assert code == 0, seen["output"][-4000:]
+    evs = events(run_dir)
+    (stalled,) = [e for e in evs if e["event"] == "run_stalled"]
+    assert stalled["restarting"] == ["trainer", "actor"]
+    assert PROGRESS_S < stalled["quiet_s"] < stalled["time"] - seen["held_from"] + 1  # quiet while held, no sooner
+    later = [e for e in evs if e["time"] >= stalled["time"]]
+    for name in ("trainer", "actor"):
+        failed = next(e for e in later if e["event"] == "process_failed" and e["process"] == name)
+        assert "stalled: the run made no progress" in failed["reason"] and failed["action"] == "restart"
+        assert any(e["event"] == "process_restarted" and e["process"] == name for e in later)
+    assert steps_done(run_dir) == STEPS  # and it completed at its exact step
+
+
+def test_the_report_and_the_dumps_name_where_each_process_waits(frozen_run):
+    import yaml
+
+    _, run_dir, seen = frozen_run
+    evs = events(run_dir)
+    stalled = next(e for e in evs if e["event"] == "run_stalled")
+    text = (run_dir / "diagnostics" / os.path.basename(stalled["report"])).read_text()
+    report = yaml.safe_load(text.split("\n\n", 1)[1])
+    assert re.fullmatch(r"groups \(\d+ of 32 for step \d+\)", report["waits"]["trainer"]), report["waits"]
+    assert report["waits"]["actor"].startswith("back-pressure for "), report["waits"]
+    window = report["actor"]["backpressure"]
+    assert window["room"] is False and window["trained_entries"] == 0 and window["waiting"] >= window["limit"]
+    dump = next(e for e in evs if e["event"] == "stack_dump" and e["process"] == "trainer" and e["time"] >= stalled["time"])
+    stacks = (run_dir / "diagnostics" / os.path.basename(dump["file"])).read_text()
+    assert re.search(r"_next_batch \(rlrun/trainer/main\.py:\d+\)", stacks), stacks[:3000]  # waiting for groups
+    assert re.search(r"read \(rlrun/trainer/intake\.py:\d+\)", stacks), stacks[:3000]
+    assert any(e["event"] == "stack_dump" and e["process"] == "actor" and e["time"] >= stalled["time"] for e in evs)

@@ -1,5 +1,7 @@
 """Supervision on the real stack: processes killed or frozen mid-run are detected and restarted,
-and the run still completes at exactly `max_train_steps`; rlrun's own death leaves nothing."""
+and the run still completes at exactly `max_train_steps`; rlrun's own death leaves nothing. The
+trainer is killed with its newest checkpoint damaged: it falls back to the one before, reads again
+the groups the damaged one had acknowledged, and the run neither freezes nor loses them (issue 26)."""
 
 from __future__ import annotations
 
@@ -13,12 +15,19 @@ import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
-from .conftest import current_pid, events, left_behind, restarts, start_rlrun, steps_done, summary, wait_for
+from .conftest import current_pid, events, left_behind, read_jsonl, restarts, start_rlrun, steps_done, summary, wait_for
 
 pytestmark = pytest.mark.e2e
 
 STEPS = 24
 MAX_STEPS_AHEAD = 1  # the default, set so the freeze below stays safe if the default changes
+CHECKPOINT_EVERY = 4
+GROUPS_PER_STEP = 256 // 8  # math_grpo: 256 samples per step, groups of 8
+
+
+def checkpoint_step(run_dir: Path) -> int:
+    newest = latest_complete(run_dir / "checkpoints")
+    return read_state(newest).step if newest is not None else 0
 
 
 def ready_count(run_dir: Path, process: str) -> int:
@@ -31,10 +40,12 @@ def chaos_run(tmp_path_factory):
 
     The actor is frozen before the trainer's kill, early in the run: the trainer cannot take more
     than MAX_STEPS_AHEAD + 1 steps past the frozen actor's last groups, so the run cannot end
-    before the watchdog has fired (a freeze near the end could lose that race)."""
+    before the watchdog has fired (a freeze near the end could lose that race). The trainer is
+    killed once two checkpoints exist, and the newest one's trainer_state.json is overwritten with
+    garbage at once (the restarted trainer scans them seconds later, after its backoff and imports)."""
     run_dir = tmp_path_factory.mktemp("chaos") / "run"
     proc = start_rlrun(
-        run_dir, "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", "trainer.checkpoint_every=4",
+        run_dir, "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", f"trainer.checkpoint_every={CHECKPOINT_EVERY}",
         f"actor.max_steps_ahead={MAX_STEPS_AHEAD}", "supervisor.actor.stall_timeout_s=10", "supervisor.stop_grace_s=5",
     )  # fmt: skip
     timeline = {}
@@ -58,9 +69,12 @@ def chaos_run(tmp_path_factory):
         timeline["actor_stopped"] = time.time()
         wait_for(lambda: restarts(run_dir, "actor") >= 2, 120, "the frozen actor's restart", proc)
 
-        wait_for(lambda: latest_complete(run_dir / "checkpoints") is not None, 300, "a first checkpoint", proc)
+        wait_for(lambda: checkpoint_step(run_dir) >= 2 * CHECKPOINT_EVERY, 300, "two checkpoints", proc)
         os.kill(current_pid(run_dir, "trainer"), signal.SIGKILL)
         timeline["trainer_killed"] = time.time()
+        newest = latest_complete(run_dir / "checkpoints")
+        (newest / "trainer_state.json").write_text("garbage, not JSON")
+        timeline["damaged_step"] = int(newest.name.removeprefix("step_"))
         # read once it is dead: what the restarted trainer resumes from, what it had recorded past it
         timeline["checkpoint_step_at_kill"] = read_state(latest_complete(run_dir / "checkpoints")).step
         timeline["step_recorded_at_kill"] = steps_done(run_dir)
@@ -96,6 +110,27 @@ def test_killed_trainer_resumes_from_its_checkpoint(chaos_run):
     _, run_dir, _, timeline, _ = chaos_run
     log = (run_dir / "logs" / "launch-1" / "trainer.1.log").read_text()
     assert "resumed from" in log and f"at step {timeline['checkpoint_step_at_kill']}" in log
+
+
+def test_a_fallback_past_a_damaged_checkpoint_trains_its_groups_again_and_each_group_once(chaos_run):
+    """The trainer restarted from the checkpoint before the damaged one: the groups the damaged
+    one had acknowledged were read again (before issue 26 they were lost, and the actor, counting
+    them as outstanding, waited for a trainer that waited for it: the run froze), and the final
+    lineage trains every step's groups once."""
+    code, run_dir, _, timeline, _ = chaos_run
+    fallback, damaged = timeline["checkpoint_step_at_kill"], timeline["damaged_step"]
+    assert code == 0 and fallback == damaged - CHECKPOINT_EVERY
+    log = (run_dir / "logs" / "launch-1" / "trainer.1.log").read_text()
+    assert f"skipping damaged checkpoint {run_dir / 'checkpoints' / f'step_{damaged:06d}'}" in log
+    first, final = {}, {}
+    for line in read_jsonl(run_dir / "trained_groups.jsonl"):
+        first.setdefault(line["step"], line["groups"])
+        final[line["step"]] = line["groups"]  # a step retaken after the restart replaces the first
+    trained = [g for groups in final.values() for g in groups]
+    assert sorted(final) == list(range(1, STEPS + 1)) and len(trained) == STEPS * GROUPS_PER_STEP
+    assert len(set(trained)) == len(trained), "a group was trained twice"
+    for step in range(fallback + 1, damaged + 1):  # acknowledged by the damaged checkpoint: read again
+        assert set(final[step]) == set(first[step]), step
 
 
 def test_killed_actor_is_restarted(chaos_run):

@@ -146,3 +146,20 @@ def test_the_final_lineage_trained_every_document_once(fast_llm_run):
     assert rewinds[1]["checkpoint_step"] == 2  # the crash in checkpoint 4: back to 2
     assert interrupted_at <= rewinds[2]["checkpoint_step"] < STEPS  # saved when SIGTERMed
     assert rewinds[1]["redelivered"] > 0  # the crash would have lost what was read after checkpoint 2
+
+
+def test_status_runs_and_the_train_line_show_the_steps_and_documents_fast_llm_announced(fast_llm_run):
+    """Fast-LLM writes no trainer state and no metrics.jsonl: what `rlrun status`, `rlrun runs` and
+    the plain `[train]` line show is read from its weights_ready events (they showed step 0)."""
+    from .conftest import run_cli
+
+    code, run_dir, fl_events, _, _, _ = fast_llm_run
+    assert code == 0
+    last = [e for e in fl_events if e["type"] == "weights_ready"][-1]
+    assert last["step"] == STEPS
+    report = json.loads(run_cli(["status", str(run_dir), "--json"], timeout=120).stdout)
+    assert (report["progress"]["step"], report["progress"]["samples"]) == (STEPS, last["documents_seen"])
+    (listed,) = json.loads(run_cli(["runs", str(run_dir.parent), "--json"], timeout=120).stdout)
+    assert (listed["step"], listed["max_train_steps"]) == (STEPS, STEPS)
+    output = (run_dir.parent / "rlrun.out").read_text()  # no terminal: plain lines
+    assert f"[train] step {STEPS}/{STEPS}  samples {last['documents_seen']}" in output, output[-3000:]
