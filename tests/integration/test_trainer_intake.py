@@ -98,3 +98,22 @@ def test_the_id_before_another():
     assert before("5-3") == "5-2"
     assert before("5-0") == f"4-{2**64 - 1}"
     assert before("0-0") == "0-0"
+
+
+def test_a_checkpoints_positions_are_read_back_and_malformed_ones_are_damage(tmp_path):
+    import pytest
+
+    from rlrun.trainer import checkpoint
+
+    state = checkpoint.TrainerState(step=2, samples_processed=8, policy_version=2, stream_positions={STREAM: ["5-1", 8]})
+    assert checkpoint.stream_positions(state) == {STREAM: Position("5-1", 8)}
+    assert checkpoint.stream_positions(checkpoint.TrainerState(step=2, samples_processed=8, policy_version=2)) is None  # an older rlrun's
+    for bad in ({STREAM: ["5-1"]}, {STREAM: ["5-1", -1]}, {STREAM: [5, 8]}, [["5-1", 8]]):
+        with pytest.raises((ValueError, TypeError)):
+            checkpoint.stream_positions(checkpoint.TrainerState(step=2, samples_processed=8, policy_version=2, stream_positions=bad))
+    from tests.integration.test_bad_input import write_checkpoint
+
+    state = {"step": 2, "samples_processed": 8, "policy_version": 2, "stream_positions": {STREAM: "x"}}
+    why = checkpoint.problem(write_checkpoint(tmp_path / "step_000002", state))
+    assert why.startswith("trainer_state.json is unreadable") and "stream position" in why  # damage: skipped, not loaded
+    assert checkpoint.problem(write_checkpoint(tmp_path / "step_000004", {**state, "step": 4, "stream_positions": {STREAM: ["5-1", 8]}})) is None
