@@ -34,10 +34,10 @@ class Position:
 
     @classmethod
     def from_json(cls, value) -> "Position":
-        last_id, entries_read = value
-        if not (isinstance(last_id, str) and type(entries_read) is int and entries_read >= 0):
-            raise ValueError(f"a stream position is [last_id, entries_read], got {value!r}")
-        return cls(last_id, entries_read)
+        ok = isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], str) and type(value[1]) is int
+        if not ok or value[1] < 0:
+            raise ValueError(f"a stream position is [last entry id, entries read >= 0], got {value!r}")
+        return cls(value[0], value[1])
 
 
 def before(stream_id: str) -> str:
