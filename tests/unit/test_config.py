@@ -242,3 +242,11 @@ def test_a_malformed_recipe_is_a_config_error_naming_it(tmp_path, monkeypatch, t
         module.compose(["recipe=broken"])
     for fragment in fragments:
         assert fragment in str(refused.value)
+
+
+def test_the_progress_timeout_is_a_key_of_its_own_and_must_be_positive():
+    cfg, _ = compose(["supervisor.progress_timeout_s=30"])
+    assert cfg.supervisor.progress_timeout_s == 30 and compose([])[0].supervisor.progress_timeout_s == 1800
+    for bad in ("0", "-5", "nan"):
+        with pytest.raises(ConfigError, match="supervisor.progress_timeout_s"):
+            compose([f"supervisor.progress_timeout_s={bad}"])
