@@ -119,11 +119,13 @@ def report(run_dir: RunDir) -> dict:
 def announced_step(events: list[dict]) -> Optional[dict]:
     """The last step a trainer without metrics.jsonl (Fast-LLM) announced, as the supervisor
     recorded it (`trainer_step` events: its `weights_ready` step and documents seen); None if none."""
-    event = next((e for e in reversed(events) if e.get("event") == "trainer_step"), None)
+    def counts(e: dict) -> bool:  # a damaged line is skipped, as read_events skips one
+        return type(e.get("step")) is int and (e.get("samples") is None or type(e.get("samples")) is int)
+
+    event = next((e for e in reversed(events) if e.get("event") == "trainer_step" and counts(e)), None)
     if event is None:
         return None
-    return {"step": event.get("step", 0), "samples": event.get("samples") or 0, "policy_version": event.get("step"),
-            "time": event.get("time")}  # fmt: skip
+    return {"step": event["step"], "samples": event.get("samples") or 0, "policy_version": event["step"], "time": event.get("time")}
 
 
 def time_split(run_dir: RunDir) -> TimeSplit:

@@ -115,6 +115,7 @@ def test_a_fast_llm_run_reports_the_steps_and_documents_its_events_announced(tmp
     run_dir = make_run(tmp_path, "fl", status="finished", steps=0, t0=1000.0)
     run_dir.metrics.unlink()
     announced = [{"time": 1010.0 + s, "event": "trainer_step", "step": s, "samples": 263 * s} for s in range(7)]
+    announced.append({"time": 1017.0, "event": "trainer_step", "step": "7", "samples": [1]})  # damaged: skipped
     lines = run_dir.events.read_text().splitlines()
     run_dir.events.write_text("\n".join(lines[:-1] + [json.dumps(e) for e in announced] + lines[-1:]) + "\n")
 
