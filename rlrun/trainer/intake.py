@@ -89,13 +89,15 @@ class GroupIntake:
         log.warning("%s: the checkpoint records no stream position; continuing after %s (%d entries)", stream, last_id, entries)
         return Position(last_id, entries)
 
-    def read(self, wanted: int, while_waiting: Callable[[], None], block_ms: int = 1000) -> list[tuple[str, str, dict]]:
+    def read(self, wanted: int, keep_waiting: Callable[[], bool], block_ms: int = 1000) -> list[tuple[str, str, dict]]:
         """Up to `wanted` messages `(stream, id, fields)`, at least one, from the streams in turn
-        (blocks, calling `while_waiting()` about every `block_ms`). Every message read is covered
-        by `positions` from now on: the caller trains it, or rejects it, in the step it is for."""
+        (blocks, calling `keep_waiting()` about every `block_ms`; [] as soon as it says False).
+        Every message read is covered by `positions` from now on: the caller trains it, or rejects
+        it, in the step it is for (or puts `positions` back)."""
         per_stream_ms = max(1, block_ms // len(self.streams))
         while True:
-            while_waiting()
+            if not keep_waiting():
+                return []
             stream = self.streams[self._turn % len(self.streams)]
             self._turn += 1
             reply = self.redis.xreadgroup(self.group, self.consumer, {stream: ">"}, count=wanted, block=per_stream_ms)

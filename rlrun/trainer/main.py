@@ -6,11 +6,13 @@ import json
 import logging
 import os
 import shutil
+import signal
 import statistics
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from rlrun.cluster.listen import run_prefix
 from rlrun.config import RunConfig
@@ -38,17 +40,22 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlrun.trainer")
 
 VLLM_WAIT_S = 600.0  # a weight update waits this long for a restarting vLLM server
+# A SLURM job's cancel signals all its processes at once, in no order: Redis may be gone a moment
+# before our own SIGTERM arrives. A lost Redis waits this long for one before it is a failure.
+STOP_RACE_S = 2.0
 
 
 class Trainer:
     def __init__(
         self, cfg: RunConfig, run_dir: RunDir, redis, model_path: str, vllm: VllmAdmin, parallel: Parallel | None = None,
-        broadcast: "BroadcastSync | None" = None,
+        broadcast: "BroadcastSync | None" = None, stop: threading.Event | None = None,
     ) -> None:
+        """`stop`: set (by SIGTERM) to stop at the next step boundary with a checkpoint there."""
         import torch
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.run_dir, self.redis, self.vllm = cfg, run_dir, redis, vllm
+        self.stop = stop if stop is not None else threading.Event()
         self.broadcast = broadcast  # None: weights go through files (trainer.weight_transfer=disk)
         self._update: Future | None = None  # the weight update in flight (trainer.overlap_weight_update)
         self.last_update_s: float | None = None  # how long the last overlapped update took
@@ -74,6 +81,7 @@ class Trainer:
             self.state = checkpoint.read_state(resume_from)
             self._covered = checkpoint.stream_positions(self.state)
             log.info("resumed from %s at step %d", resume_from, self.state.step)
+        self.saved_step = self.state.step  # the step of the newest checkpoint (0: the base model)
         self.bad_messages = 0
         # Acked once a checkpoint covers them (a restart finds its place from the checkpoint's positions).
         self.unacked: list[tuple[str, str]] = []  # (stream, message id); rank 0's only
@@ -108,6 +116,8 @@ class Trainer:
             started = time.monotonic()
             groups, message_ids = self._next_batch() if self.main else ([], [])
             groups = self._shared(groups)  # rank 0 read them once; every rank takes its share
+            if groups is None:  # rank 0 was asked to stop while it waited for them (SIGTERM)
+                break
             waited = time.monotonic() - started
             samples = [(g.prompt_ids, s) for g in groups for s in g.samples]
             metrics = optimizer_step(self.model, self.optimizer, samples, self.cfg, self.parallel, self.device, self.state.policy_version)
@@ -132,6 +142,13 @@ class Trainer:
                 self._heartbeat()
             if self.state.step % t.checkpoint_every == 0 or self.state.step >= t.max_train_steps:
                 self._save_checkpoint()
+        if self.state.step < t.max_train_steps:  # stopped on request: a checkpoint at this boundary
+            self._finish_update()
+            if self.saved_step != self.state.step:
+                self._save_checkpoint()
+            if self.main:
+                log.info("stopped on request at step %d; checkpoint %s", self.state.step, self.run_dir.checkpoint(self.state.step))
+            return
         if self.main:
             self._finish_update()  # the last version is served before the trainer says it is done
             self._publish_state(training_done=1)
@@ -146,14 +163,32 @@ class Trainer:
             self.wandb = None
 
     # --- input ---------------------------------------------------------------------------------
-    def _next_batch(self) -> tuple[list[Group], list[tuple[str, str]]]:
-        """Block until one optimizer step's worth of whole groups has arrived (from any actor)."""
+    def _next_batch(self) -> tuple[Optional[list[Group]], list[tuple[str, str]]]:
+        """Block until one optimizer step's worth of whole groups has arrived (from any actor);
+        (None, []) once asked to stop: what this batch read is given back (not covered by the
+        positions a checkpoint records, so read again after a restart)."""
+        import redis
+
         wanted = self.cfg.groups_per_step
         groups: list[Group] = []
         ids: list[tuple[str, str]] = []
+        read_before = dict(self.intake.positions)
+
+        def keep_waiting() -> bool:
+            self._heartbeat(waiting_for=f"groups ({len(groups)} of {wanted} for step {self.state.step + 1})")
+            return not self.stop.is_set()
+
         while len(groups) < wanted:
-            waiting = lambda: self._heartbeat(waiting_for=f"groups ({len(groups)} of {wanted} for step {self.state.step + 1})")  # noqa: E731
-            for stream, message_id, fields in self.intake.read(wanted - len(groups), waiting):
+            try:
+                messages = self.intake.read(wanted - len(groups), keep_waiting)
+            except redis.ConnectionError:
+                if not self._stopping():  # else Redis stopped with us (a SLURM job's cancel signals every process)
+                    raise
+                messages = []
+            if not messages:  # asked to stop
+                self.intake.positions = read_before
+                return None, []
+            for stream, message_id, fields in messages:
                 ids.append((stream, message_id))
                 try:
                     group = Group.from_dict(decode(fields.get("data", "")), vocab_size=self.vocab_size)
@@ -167,12 +202,17 @@ class Trainer:
                 groups.append(group)
         return groups, ids
 
-    def _shared(self, groups: list[Group]) -> list[Group]:
+    def _shared(self, groups: Optional[list[Group]]) -> Optional[list[Group]]:
+        """Rank 0's groups on every rank; None on every rank when rank 0 stops (the ranks decide
+        together: each got SIGTERM, but at its own moment)."""
         if not self.parallel.ranks.distributed:
             return groups
-        payload = json.dumps([g.to_dict() for g in groups]).encode() if self.main else None
+        payload = json.dumps(None if groups is None else [g.to_dict() for g in groups]).encode() if self.main else None
         data = self.parallel.share(payload, self._heartbeat)
-        return groups if self.main else [Group.from_dict(d) for d in json.loads(data)]
+        if self.main:
+            return groups
+        shared = json.loads(data)
+        return None if shared is None else [Group.from_dict(d) for d in shared]
 
     # --- weights to vLLM -----------------------------------------------------------------------
     def _push_weights(self, overlap: bool = False) -> None:
@@ -239,6 +279,9 @@ class Trainer:
             try:
                 return action()
             except (httpx.HTTPError, RuntimeError) as exc:
+                if self.stop.is_set():  # the servers stop with us: a restart hands them its checkpoint's weights
+                    log.warning("weight update given up while stopping: %s", exc)
+                    return None
                 if time.monotonic() > deadline:
                     raise
                 log.warning("weight update waits for vLLM: %s", exc)
@@ -262,7 +305,7 @@ class Trainer:
             "policy_lag_mean": round(self.state.policy_version - 1 - statistics.fmean(versions), 4) if versions else 0.0,
             "samples_spanning_update": sum(1 for g in groups for s in g.samples if len(set(s.versions)) > 1),
             "bad_messages": self.bad_messages,
-            **summed_actor_counters([self.redis.hgetall(key) for key in names.actor_states(self.cfg.actor.num_actors)]),
+            **self._redis(lambda: summed_actor_counters([self.redis.hgetall(key) for key in names.actor_states(self.cfg.actor.num_actors)]), {}),
             "time": round(time.time(), 3),
             **{k: round(v, 6) if isinstance(v, float) else v for k, v in metrics.items()},
         }
@@ -276,7 +319,7 @@ class Trainer:
         with open(self.run_dir.trained_groups, "a") as handle:  # a restarted step appears again, later
             handle.write(json.dumps({"step": self.state.step, "groups": [g.group_id for g in groups]}) + "\n")
         self._publish_state(reward_mean=record["reward_mean"])
-        self.redis.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", **record})}, maxlen=10_000)
+        self._redis(lambda: self.redis.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", **record})}, maxlen=10_000))
         log.info(
             "step %d/%d samples=%d reward=%.3f loss=%.4f clip=%.3f %.2fs",
             self.state.step, self.cfg.trainer.max_train_steps, self.state.samples_processed,
@@ -287,36 +330,55 @@ class Trainer:
         """Rank 0 writes `pid`, `heartbeat` and what it waits for (diagnostics of a stalled run); rank
         r>0 `heartbeat_rank<r>` (the watchdog reads every rank)."""
         if self.main:
-            self.redis.hset(names.TRAINER_STATE, mapping={"pid": os.getpgrp(), "heartbeat": time.time(), "waiting_for": waiting_for})
+            self._redis(lambda: self.redis.hset(names.TRAINER_STATE, mapping={"pid": os.getpgrp(), "heartbeat": time.time(), "waiting_for": waiting_for}))
         else:
-            self.redis.hset(names.TRAINER_STATE, names.rank_heartbeat(self.parallel.ranks.rank), time.time())
+            self._redis(lambda: self.redis.hset(names.TRAINER_STATE, names.rank_heartbeat(self.parallel.ranks.rank), time.time()))
 
     def _publish_state(self, **extra) -> None:
         """Progress, and per stream the entries the steps taken read: the actors' back-pressure
         counts what is beyond them (rlrun/actor/trainer_view.py)."""
         trained = {names.trained_entries(s): p.entries_read for s, p in self.intake.positions.items()}
-        self.redis.hset(
-            names.TRAINER_STATE,
-            mapping={
-                **trained,
-                "step": self.state.step,
-                "samples_processed": self.state.samples_processed,
-                "policy_version": self.state.policy_version,
-                "max_train_steps": self.cfg.trainer.max_train_steps,
-                "pid": os.getpgrp(),  # the group the supervisor started (its guard leads it)
-                "heartbeat": time.time(),
-                **extra,
-            },
-        )
+        mapping = {
+            **trained,
+            "step": self.state.step,
+            "samples_processed": self.state.samples_processed,
+            "policy_version": self.state.policy_version,
+            "max_train_steps": self.cfg.trainer.max_train_steps,
+            "pid": os.getpgrp(),  # the group the supervisor started (its guard leads it)
+            "heartbeat": time.time(),
+            **extra,
+        }
+        self._redis(lambda: self.redis.hset(names.TRAINER_STATE, mapping=mapping))
+
+    def _redis(self, action, default=None):
+        """`action()`; while stopping, Redis may be gone already (every process of a cancelled
+        SLURM job is signalled at once): then `default`, and the step is recorded in files only.
+        A lost acknowledgement costs nothing: a restart finds its place from the checkpoint's
+        stream positions."""
+        import redis
+
+        try:
+            return action()
+        except redis.ConnectionError as exc:
+            if not self._stopping():
+                raise
+            log.warning("Redis not reachable while stopping (%s): left out", exc)
+            return default
+
+    def _stopping(self) -> bool:
+        """Asked to stop, now or within STOP_RACE_S (a dependency that just vanished may be
+        stopping with us, its signal a moment ahead of ours)."""
+        return self.stop.is_set() or self.stop.wait(STOP_RACE_S)
 
     def _save_checkpoint(self) -> None:
         path = self.run_dir.checkpoint(self.state.step)
         if self.main:  # what a trainer restarted from this checkpoint reads again comes after these
             self.state = replace(self.state, stream_positions={s: p.to_json() for s, p in self.intake.positions.items()})
         checkpoint.save(self.model, self.optimizer, self.state, path, keep=self.cfg.trainer.keep_checkpoints, parallel=self.parallel)
+        self.saved_step = self.state.step
         if not self.main:
             return
-        self.intake.ack(self.unacked)  # the checkpoint now covers these groups
+        self._redis(lambda: self.intake.ack(self.unacked))  # the checkpoint now covers these groups
         self.unacked = []
         self._publish_state(last_checkpoint_step=self.state.step)
         log.info("checkpoint %s", path)
@@ -344,6 +406,8 @@ def write_weights(run_dir: RunDir, model, weights: dict, version: int):
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     vllm = parallel = broadcast = None
+    stop = threading.Event()  # SIGTERM (the supervisor's orderly stop, a SLURM job's end): stop at the next step boundary
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         role = role_from_argv("rlrun::trainer", argv)
         cfg, run_dir = role.load_config(), role.run
@@ -360,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
 
             broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, collective_backend(cfg.trainer.device),
                                       prefix=run_prefix(run_dir.read_vllm_api_key()))  # fmt: skip
-        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast)
+        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast, stop)
         try:
             trainer.train()
         finally:

@@ -23,7 +23,7 @@ def take_steps(intake: GroupIntake, steps: int, per_step: int = PER_STEP) -> lis
     for _ in range(steps):
         batch = []
         while len(batch) < per_step:
-            batch += [fields["data"] for _s, _id, fields in intake.read(per_step - len(batch), lambda: None, block_ms=50)]
+            batch += [fields["data"] for _s, _id, fields in intake.read(per_step - len(batch), lambda: True, block_ms=50)]
         taken.append(batch)
     return taken
 
@@ -31,7 +31,7 @@ def take_steps(intake: GroupIntake, steps: int, per_step: int = PER_STEP) -> lis
 def read_ids(intake: GroupIntake, count: int) -> list[tuple[str, str]]:
     out = []
     while len(out) < count:
-        out += [(s, i) for s, i, _f in intake.read(count - len(out), lambda: None, block_ms=50)]
+        out += [(s, i) for s, i, _f in intake.read(count - len(out), lambda: True, block_ms=50)]
     return out
 
 

@@ -1,7 +1,8 @@
 """Two real trainer ranks under rlrun.trainer.rank_group, fed through the run's Redis, no vLLM:
-every rank heartbeats, the checkpoint holds one optimizer shard per rank with `ok` last, and a
-SIGKILLed rank fails the group, whose restart resumes from that checkpoint and ends at the
-requested step with every group trained once in the final lineage. ~1-2 min on 2 busy cores."""
+every rank heartbeats, the checkpoint holds one optimizer shard per rank with `ok` last, a
+SIGKILLed rank fails the group, whose restart resumes from that checkpoint, a SIGTERM stops the
+ranks together at a step boundary with a checkpoint there, and the run ends at the requested step
+with every group trained once in the final lineage. ~1.5-2.5 min on 2 busy cores."""
 
 from __future__ import annotations
 
@@ -100,6 +101,15 @@ def test_a_killed_rank_restarts_the_group_from_its_sharded_checkpoint(run, serve
         assert {"optimizer/.metadata", "optimizer/__0_0.distcp", "optimizer/__1_0.distcp"} <= set(manifest)
 
         group = start(run, server, tmp_path)  # what the supervisor's restart policy does
+        wait_for(lambda: sum(r["step"] == 3 for r in trained()) == 2, "step 3 trained again", group)
+        # SIGTERM to the group (the supervisor's orderly stop) while rank 0 waits for step 4's
+        # groups: the ranks agree to stop and checkpoint step 3 (checkpoint_every=2 would not).
+        os.killpg(group.pid, signal.SIGTERM)
+        assert group.wait(timeout=60) == 0
+        assert checkpoint.latest_complete(run.checkpoints) == run.checkpoint(3)
+        assert checkpoint.problem(run.checkpoint(3)) is None
+
+        group = start(run, server, tmp_path)
         wait_for(lambda: client.hget(names.TRAINER_STATE, "ready_pid") == str(group.pid), "the restarted group's ready marker", group)
         push(6, 2)
         assert group.wait(timeout=180) == 0
@@ -107,7 +117,8 @@ def test_a_killed_rank_restarts_the_group_from_its_sharded_checkpoint(run, serve
         if group.poll() is None:
             os.killpg(group.pid, signal.SIGKILL)
     log = (tmp_path / "trainer.log").read_text()
-    assert "resumed from" in log and "at step 2" in log
+    assert "resumed from" in log and "at step 2" in log and "stopped on request at step 3" in log
+    assert f"resumed from {run.checkpoint(3)} at step 3" in log
     final = {}
     for record in trained():  # a step trained again after the restart replaces the lost one
         final[record["step"]] = record["groups"]
