@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -22,7 +23,7 @@ from rich.table import Table
 
 from rlrun import plot as plotting
 from rlrun import status as run_status
-from rlrun.errors import ExitCode, Interrupted, ProcessFailed, RlrunError, RunDirError
+from rlrun.errors import EnvironmentProblem, ExitCode, Interrupted, ProcessFailed, RestartsExhausted, RlrunError, RunDirError
 from rlrun.metrics import read_metrics
 from rlrun.rundir import RunDir
 
@@ -63,14 +64,54 @@ def _errors(debug: bool, run: bool = False) -> Iterator[None]:
 
 
 def _supervise(cfg, run_dir, resumed: bool = False) -> None:
-    """Run to the end under the live view, then report how it ended."""
+    """Run to the end under the live view, then report how it ended. In a SLURM job (world=slurm)
+    the signal before its time limit stops the run too, and the job requeues itself."""
     from rlrun import launch
+    from rlrun.cluster import slurm_job
     from rlrun.live import LiveView
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt: an orderly stop
-    with LiveView(console, live=cfg.supervisor.live_view) as view:
-        reason = launch.train(cfg, run_dir, on_tick=view.update, resumed=resumed)
+    job = slurm_job.JobEnv.from_env(os.environ) if cfg.world.kind == "slurm" else None
+    stops: list[str] = []
+    outcomes: list = []
+
+    def stop(signum, frame) -> None:  # the first one starts the orderly stop; later ones must not cut it short
+        stops.append(signal.Signals(signum).name.removeprefix("SIG"))
+        if len(stops) > 1:
+            return
+        if job is not None and stops[0] == "TERM":
+            # SLURM is ending the job (scancel, preemption, the limit): it has signalled every process
+            # and kills what is left, rlrun included, KillWait later. Say so now, then stop in order.
+            outcomes.append(slurm_job.after_stop(run_dir, job, cfg.world, "TERM", launch.checkpoint_step(cfg, run_dir)))
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    if job is not None:
+        signal.signal(getattr(signal, f"SIG{slurm_job.TIME_LIMIT_SIGNAL}"), stop)
+        slurm_job.record_start(run_dir, job, cfg.world, launch.checkpoint_step(cfg, run_dir))
+    try:
+        with LiveView(console, live=cfg.supervisor.live_view) as view:
+            reason = launch.train(cfg, run_dir, on_tick=view.update, resumed=resumed)
+    except KeyboardInterrupt:
+        if job is None:
+            raise
+        for ignored in (signal.SIGTERM, getattr(signal, f"SIG{slurm_job.TIME_LIMIT_SIGNAL}")):
+            signal.signal(ignored, signal.SIG_IGN)  # a requeue signals the batch step: the job is ours to end
+        if outcomes:  # said at the signal; the orderly stop wrote "interrupted" over it since
+            outcome = outcomes[0]
+            run_dir.write_state(status=outcome.status)
+        else:
+            outcome = slurm_job.after_stop(run_dir, job, cfg.world, stops[0] if stops else "INT", launch.checkpoint_step(cfg, run_dir))
+        if outcome.no_progress:
+            raise RestartsExhausted(outcome.message, process="slurm job") from None
+        err_console.print(f"[yellow]{outcome.status}:[/] {escape(outcome.message)}", highlight=False)
+        raise typer.Exit(int(Interrupted.exit_code)) from None
     _report_end(cfg, run_dir, reason)
+
+
+def _outside_allocation(cfg) -> bool:
+    from rlrun.cluster import slurm_job
+
+    return cfg.world.kind == "slurm" and not slurm_job.in_allocation()
 
 
 @app.command(context_settings={"allow_extra_args": False})
@@ -90,9 +131,46 @@ def train(
         if dry_run:
             _print_dry_run(cfg, resolved, launch)
             return
+        if _outside_allocation(cfg):
+            raise EnvironmentProblem(
+                "world=slurm runs inside a SLURM job: `rlrun submit ...` (same arguments) submits it as a batch job, "
+                "or start `rlrun train` within `salloc`."
+            )
         with launch.new_run(cfg, resolved, overrides) as run_dir:  # owned until it ends
             console.print(f"run directory: [bold]{run_dir.root}[/]")
             _supervise(cfg, run_dir)
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def submit(
+    overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP + " world=slurm world.nodes=4 world.time=24:00:00"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the config, the batch script and where each process goes; submit nothing."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Submit the run as a SLURM batch job (world=slurm): create its run directory, write the batch
+    script from the config, sbatch it and print the job id. The job requeues itself before its time
+    limit; `rlrun status/logs RUN` watch it, `rlrun resume RUN` submits it again after a cancel."""
+    from rlrun import launch
+    from rlrun.config import compose
+
+    overrides = list(overrides or [])
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(name)s: %(message)s")
+    with _errors(debug):
+        cfg, resolved = compose(overrides)
+        if cfg.world.kind != "slurm":
+            from rlrun.errors import ConfigError
+
+            raise ConfigError("rlrun submit sends the run to SLURM: add world=slurm (and world.nodes=..., world.time=..., world.partition=...).")
+        if dry_run:
+            _print_dry_run(cfg, resolved, launch)
+            return
+        run_dir, job = launch.submit(cfg, resolved, overrides)
+    _print_submitted(run_dir, job)
+
+
+def _print_submitted(run_dir, job: str) -> None:
+    console.print(f"submitted SLURM job [bold]{job}[/]; run directory: [bold]{run_dir.root}[/]")
+    console.print(f"watch it: rlrun status {run_dir.root}   rlrun logs {run_dir.root} -f   squeue -j {job}", highlight=False)
 
 
 def _print_dry_run(cfg, resolved: str, launch) -> None:
@@ -128,6 +206,8 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
         cores = local_cores(cfg)
         where = "; ".join(f"{name or 'the others'}: {','.join(map(str, c))}" for name, c in cores.items())
         console.print(f"CPU cores (world.cpu_affinity={cfg.world.cpu_affinity}): {where or 'any process on any core'}")
+    if cfg.world.kind == "slurm":
+        _print_slurm_plan(cfg, run_dir, launch)
     if cfg.world.kind == "ray":
         from rlrun.cluster.world import placement_rows
 
@@ -138,6 +218,41 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
             placed.add_row(*row)
         console.print(placed)
     console.print("[dim]ports marked 0 are chosen when the run starts; nothing was started.[/]")
+
+
+def _print_slurm_plan(cfg, run_dir, launch) -> None:
+    """world=slurm: the batch script, then each process's node, ranks, GPUs and srun step."""
+    from rlrun.cluster import slurm_job, slurm_plan
+    from rlrun.cluster.world import allocation_nodes, slurm_plan_for
+
+    job = slurm_job.JobEnv.from_env(os.environ)
+    if job is None:
+        nodes = slurm_plan.nodes_wanted(cfg.world)
+        where = f"the {cfg.world.nodes} node(s) the job asks for, named node0.. until SLURM names them; node0 runs the batch step"
+        console.print(Syntax(slurm_job.batch_script(cfg.world, run_dir.root, f"rlrun-{run_dir.root.name}", sys.executable, run_dir.slurm / "job-%j.out"), "bash", theme="ansi_dark", background_color="default"))
+    else:
+        nodes = allocation_nodes(cfg, job, os.environ.get("SLURMD_NODENAME"))
+        where = f"the nodes of SLURM job {job.job_id}"
+    try:
+        plan = slurm_plan_for(cfg, nodes)
+    except slurm_plan.DoesNotFit as exc:
+        from rlrun.errors import ConfigError
+
+        raise ConfigError(f"the run does not fit {where}: {exc}. Change world.nodes, world.gpus_per_node or world.<role>.gpus/cpus.") from None
+    table = Table(title=f"where the processes go (world=slurm: {where})")
+    for column in ("process", "node", "ranks", "GPUs (indices on the node)"):
+        table.add_column(column, overflow="fold")
+    for name in plan.placed:
+        table.add_row(name, *slurm_plan.describe(plan, name))
+    console.print(table)
+    console.print("srun steps (each with --overlap: rlrun divides the nodes; a local process is a subprocess of rlrun in the batch step):")
+    specs = {spec.name: spec for spec in launch.plan_specs(cfg, run_dir)}
+    for name, placed in plan.placed.items():
+        if not placed.local:
+            record = run_dir.slurm_steps / f"{name}.<id>.json"
+            argv = slurm_plan.srun_argv(plan, name, specs[name].argv, job_id=job.job_id if job else "$SLURM_JOB_ID", record=record,
+                                        log=specs[name].log_path, srun_args=list(cfg.world.srun_args))  # fmt: skip
+            console.print(f"  {name}: {' '.join(argv)}", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()
@@ -151,16 +266,25 @@ def resume(
     from rlrun import resume as resuming
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(name)s: %(message)s")
-    with _errors(debug, run=True), resuming.owned(run_dir.resolve()):  # exit 4 at once if another rlrun runs it
-        plan = resuming.plan_resume(run_dir.resolve(), list(overrides or []))
-        for key, before, after in plan.changes:
-            console.print(f"change: {key}: {before!r} -> {after!r}")
-        if plan.already_finished:
-            console.print(f"{run_dir} already finished; nothing to do.")
-            return
-        resuming.apply(plan)
-        console.print(f"resuming run directory: [bold]{plan.run_dir.root}[/]")
-        _supervise(plan.cfg, plan.run_dir, resumed=True)
+    with _errors(debug, run=True):
+        with resuming.owned(run_dir.resolve()):  # exit 4 at once if another rlrun runs it
+            plan = resuming.plan_resume(run_dir.resolve(), list(overrides or []))
+            for key, before, after in plan.changes:
+                console.print(f"change: {key}: {before!r} -> {after!r}")
+            if plan.already_finished:
+                console.print(f"{run_dir} already finished; nothing to do.")
+                return
+            as_job = _outside_allocation(plan.cfg)  # a SLURM run continues as a job: submitted again
+            if as_job:
+                resuming.check_job_gone(plan.run_dir)
+            resuming.apply(plan)
+            if not as_job:
+                console.print(f"{'starting' if plan.fresh else 'resuming'} run directory: [bold]{plan.run_dir.root}[/]")
+                _supervise(plan.cfg, plan.run_dir, resumed=not plan.fresh)
+                return
+        from rlrun import launch
+
+        _print_submitted(plan.run_dir, launch.submit_job(plan.cfg, plan.run_dir))  # let go first: the job owns the run
 
 
 @app.command()
@@ -180,6 +304,8 @@ def status(
         state, rows, last = run_status.load(run)
         split = run_status.time_split(run)
     console.print(f"run {run_dir}: [bold]{state.get('status', 'unknown')}[/]")
+    if state.get("slurm_job_id"):
+        console.print(f"SLURM job {state['slurm_job_id']}: {state.get('slurm_job_state') or 'no longer in the queue'}", highlight=False)
     console.print(status_table(rows))
     if last:
         console.print(

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,17 +63,20 @@ def create_run(cfg: RunConfig, resolved_yaml: str, overrides: list[str], root: O
         return run_dir
 
 
-def plan_endpoints(cfg: RunConfig, pick_port: Callable[[str], int]) -> Endpoints:
+def plan_endpoints(cfg: RunConfig, pick_port: Callable[[str], int], hosts: Optional[dict[str, str]] = None) -> Endpoints:
+    """Ports picked free here (on inference.host / streams.host); `hosts`: the servers that listen
+    on another address (their node's: `Spawner.server_hosts`), which their URLs then name."""
+    hosts = dict(hosts or {})
     if cfg.streams.url:
         from rlrun.streams.external import process_url
 
         redis_url, redis_port = process_url(cfg.streams.url, cfg.streams.password_file is not None), None
     else:
         redis_port = pick_port(cfg.streams.host)
-        redis_url = redis_server.redis_url(cfg.streams.host, redis_port)
-    vllm_urls = [base_url(cfg.inference.host, pick_port(cfg.inference.host)) for _ in range(cfg.inference.num_servers)]
+        redis_url = redis_server.redis_url(hosts.get("redis", cfg.streams.host), redis_port)
+    vllm_urls = [base_url(hosts.get(f"vllm-{i}", cfg.inference.host), pick_port(cfg.inference.host)) for i in range(cfg.inference.num_servers)]
     broadcast_port = backend_for(cfg).broadcast_port(cfg, pick_port)
-    return Endpoints(redis_url=redis_url, redis_port=redis_port, vllm_urls=vllm_urls, broadcast_port=broadcast_port)
+    return Endpoints(redis_url=redis_url, redis_port=redis_port, vllm_urls=vllm_urls, broadcast_port=broadcast_port, hosts=hosts)
 
 
 def plan_specs(cfg: RunConfig, run_dir: RunDir) -> list[ProcessSpec]:
@@ -110,19 +115,20 @@ def train(
     spawner = None
     progress: Optional[ProgressReader] = None
     try:
+        spawner = spawner_for(cfg, run_dir)  # one per launch: a retry keeps its placement
         for attempt in range(1, PORT_ATTEMPTS + 1):
             # Ports are picked free, but another program may bind one before our server does:
             # such a start is retried on fresh ports (nothing depends on the old ones yet).
-            endpoints = plan_endpoints(cfg, redis_server.pick_free_port)
+            endpoints = plan_endpoints(cfg, redis_server.pick_free_port, spawner.server_hosts())
             if endpoints.redis_port is not None:
                 redis_server.write_server_config(
-                    run_dir, endpoints.redis_port, cfg.streams.host, cfg.streams.appendfsync, default_user=backend_for(cfg).redis_default_user(cfg)
+                    run_dir, endpoints.redis_port, endpoints.host("redis", cfg.streams.host), cfg.streams.appendfsync,
+                    default_user=backend_for(cfg).redis_default_user(cfg),
                 )
             progress = ProgressReader(endpoints.redis_url, run_dir, events)
             tick = None
             if on_tick is not None:
                 tick = lambda processes, progress=progress: on_tick(processes, progress.read(cfg))  # noqa: E731
-            spawner = spawner or spawner_for(cfg, run_dir)  # one per launch: a retry keeps its placement
             supervisor = Supervisor(
                 build_specs(cfg, run_dir, endpoints, path), events, spawner=spawner,
                 poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick, diagnose=diagnoser_for(cfg, run_dir),
@@ -192,3 +198,41 @@ def _use_external_redis(cfg: RunConfig, run_dir: RunDir) -> None:
     elif run_dir.redis_password.exists():
         run_dir.redis_password.unlink()  # none now: an old one would be sent to a server that wants none
 
+
+def checkpoint_step(cfg: RunConfig, run_dir: RunDir) -> int:
+    """The step a restart of the trainer would resume from (0: none yet), by its backend's rule."""
+    usable = [c.step for c in backend_for(cfg).layout.candidates(run_dir) if c.skipped_because is None]
+    return max(usable, default=0)
+
+
+def submit(cfg: RunConfig, resolved_yaml: str, overrides: list[str]) -> tuple[RunDir, str]:
+    """`rlrun submit`: create the run directory (as `train` does, after the same checks), write its
+    batch script and sbatch it; (run directory, job id). A refused submission leaves no run behind."""
+    root = run_root(cfg).resolve()
+    existed = root.exists()
+    run_dir = create_run(cfg, resolved_yaml, overrides, root=root)
+    try:
+        job = submit_job(cfg, run_dir)
+    except BaseException:
+        if existed:  # an empty folder the user gave: emptied again
+            for child in run_dir.root.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        else:
+            shutil.rmtree(run_dir.root, ignore_errors=True)
+        raise
+    return run_dir, job
+
+
+def submit_job(cfg: RunConfig, run_dir: RunDir) -> str:
+    """Write the run's batch script (`<run>/slurm/job.sbatch`) from its config and sbatch it; the job
+    id, recorded in state.json and events.jsonl. Each start of the job is `rlrun resume RUN`."""
+    from rlrun.cluster import slurm_job
+
+    run_dir.slurm.mkdir(parents=True, exist_ok=True)
+    script = run_dir.slurm / "job.sbatch"
+    output = run_dir.slurm / "job-%j.out"
+    script.write_text(slurm_job.batch_script(cfg.world, run_dir.root, f"rlrun-{run_dir.root.name}", sys.executable, output))
+    job = slurm_job.submit(script)
+    run_dir.write_state(status="submitted", slurm_job_id=job, submitted_at=time.time())
+    EventLog(run_dir.events, clock=time.time).emit("slurm_submitted", job=job, script=str(script))
+    return job

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import yaml
@@ -28,6 +28,13 @@ class Endpoints:
     redis_port: int | None  # None when streams.url names an external server
     vllm_urls: list[str]
     broadcast_port: int = 0  # the trainer's weight broadcast rendezvous (0: its backend needs none)
+    # Where a server listens when its world places it on another node than the supervisor's
+    # (world=slurm spanning nodes): process ("redis", "vllm-0", "trainer" for its broadcast) → its
+    # node's address. Absent: inference.host / streams.host.
+    hosts: dict[str, str] = field(default_factory=dict)
+
+    def host(self, process: str, default: str) -> str:
+        return self.hosts.get(process, default)
 
 
 def child_env(threads: int) -> dict[str, str]:

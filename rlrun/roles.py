@@ -32,7 +32,8 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
                 cfg, run_dir, f"vllm-{i}", "vllm",
                 # Started (and restarted) from the newest weights the trainer published.
                 argv=vllm_server.server_argv(cfg.inference, cfg.model, str(run_dir.current_weights), port, tokenizer=model_path,
-                                             stream_interval=cfg.actor.journal_flush_tokens),
+                                             stream_interval=cfg.actor.journal_flush_tokens,
+                                             host=endpoints.host(f"vllm-{i}", cfg.inference.host)),
                 env=vllm_server.server_env(cfg.inference),
                 secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # every route but /health (rlrun.inference.auth)
                 ready=vllm_server.HealthCheck(url),

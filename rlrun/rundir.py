@@ -224,6 +224,19 @@ class RunDir:
     def state(self) -> Path:
         return self.root / "state.json"
 
+    @property
+    def slurm(self) -> Path:
+        """world=slurm: the batch script `rlrun submit` wrote, the job's output (one file per job id)."""
+        return self.root / "slurm"
+
+    def slurm_output(self, job_id: str) -> Path:
+        return self.slurm / f"job-{job_id}.out"
+
+    @property
+    def slurm_steps(self) -> Path:
+        """Where each srun step records its pid and node as it starts (rlrun/cluster/slurm_step.py)."""
+        return self.slurm / "steps"
+
     def is_run(self) -> bool:
         return self.marker.is_file()
 

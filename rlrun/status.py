@@ -77,13 +77,22 @@ def replay_events(events: list[dict]) -> list[ProcessRow]:
 
 def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
     """(state.json, process rows, last metrics record — or, for a trainer that writes none, its
-    last announced step) of a run directory."""
+    last announced step) of a run directory. A SLURM job's run (world=slurm) also gets
+    `slurm_job_state`: the job's state in SLURM's queue now."""
     run_dir.require_run()
     events = read_events(run_dir.events)
     metrics = read_metrics(run_dir.metrics)
     state = run_dir.read_state()
+    job = state.get("slurm_job_id")
+    if job:
+        from rlrun.cluster.slurm_job import queue_state
+
+        state["slurm_job_state"] = queue_state(str(job))
     if state.get("status") == "running" and runlock.holder(run_dir) is None:
-        state["status"] = "running (supervisor gone: rlrun was killed; use `rlrun resume`)"
+        if not job:
+            state["status"] = "running (supervisor gone: rlrun was killed; use `rlrun resume`)"
+        elif state["slurm_job_state"] not in ("RUNNING", "COMPLETING"):  # (its lock may not be seen from another node)
+            state["status"] = f"running (SLURM job {job} is not running: {state['slurm_job_state'] or 'gone'}; use `rlrun resume`)"
     rows = replay_events(events)
     for row in rows:  # this run directory's files, wherever the run was when they were recorded
         row.log = str(run_dir.here(row.log)) if row.log else ""
@@ -106,7 +115,8 @@ def report(run_dir: RunDir) -> dict:
     return {
         "run_dir": str(run_dir.root),
         "status": state.get("status", "unknown"),
-        "live": runlock.holder(run_dir) is not None,
+        "live": runlock.holder(run_dir) is not None or (state.get("status") == "running" and state.get("slurm_job_state") == "RUNNING"),
+        "slurm_job": {"id": state["slurm_job_id"], "state": state.get("slurm_job_state")} if state.get("slurm_job_id") else None,
         "processes": [asdict(row) for row in rows],
         "restarts": sum(row.restarts for row in rows),
         "last_failure": failure and {k: failure.get(k) for k in ("time", "process", "reason", "action")},

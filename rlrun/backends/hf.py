@@ -118,7 +118,7 @@ class HfBackend:
     def specs(self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> list[ProcessSpec]:
         argv, write_role_file = role_command(
             run_dir, "rlrun.trainer.main", "trainer", redis_url=endpoints.redis_url, model_path=model_path,
-            vllm_urls=endpoints.vllm_urls, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
+            vllm_urls=endpoints.vllm_urls, broadcast_host=endpoints.host("trainer", cfg.inference.host), broadcast_port=endpoints.broadcast_port,
         )  # fmt: skip
         nproc = cfg.trainer.nproc_per_node
         if nproc > 1:  # one supervised process: a rank that fails takes the group down (rank_group.py)

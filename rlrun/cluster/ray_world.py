@@ -380,6 +380,9 @@ class RaySpawner:
                 )
             time.sleep(0.5)
 
+    def server_hosts(self) -> dict[str, str]:
+        return {}  # servers listen on inference.host / streams.host: the run stays on this machine's nodes (reserve() checks)
+
     def close(self) -> None:
         """Kill what the agents still run, the agents, and release the placement group (the
         cluster does this too when rlrun exits: all are owned by its driver)."""

@@ -42,6 +42,8 @@ def local_cores(cfg: RunConfig, available: set[int] | None = None) -> dict[str, 
 def spawner_for(cfg: RunConfig, run_dir: RunDir) -> Spawner:
     if cfg.world.kind == "local":
         return LocalSpawner(local_cores(cfg))
+    if cfg.world.kind == "slurm":
+        return slurm_spawner(cfg, run_dir)
     from rlrun.cluster.ray_world import RaySpawner
 
     loopback = cfg.inference.host in LOOPBACK or (cfg.streams.url is None and cfg.streams.host in LOOPBACK)
@@ -95,3 +97,62 @@ def actor_anchors(cfg: RunConfig) -> dict[str, str]:
     """Each actor → its first vLLM server, whose node it shares under world=ray (its requests and
     token stream stay on one machine)."""
     return {actor: servers[0] for actor, servers in ownership(cfg.actor.num_actors, cfg.inference.num_servers).items()}
+
+
+def slurm_plan_for(cfg: RunConfig, nodes: list) -> "slurm_plan.Plan":
+    """world=slurm: where each process of the run goes on `nodes` (slurm_plan.Node, batch node
+    first); slurm_plan.DoesNotFit when they cannot hold it."""
+    from rlrun.cluster import slurm_plan
+
+    return slurm_plan.plan(cfg.world, process_names(cfg), process_ranks(cfg), spread_processes(cfg), actor_anchors(cfg), nodes)
+
+
+def allocation_nodes(cfg: RunConfig, job, batch_node: str | None) -> list:
+    """The nodes of the SLURM job this process runs in (`slurm_job.JobEnv`), the batch node first,
+    with the CPUs the job has on each and world.gpus_per_node GPUs."""
+    from rlrun.cluster import slurm_job, slurm_plan
+
+    names = slurm_job.expand_nodelist(job.nodelist)
+    try:
+        cpus = dict(zip(names, slurm_plan.cpus_per_node(job.cpus_per_node)))
+    except ValueError:
+        cpus = {}
+    addresses = {name: _ip(address) for name, address in slurm_job.node_addresses(names).items()}
+    if batch_node in names:
+        names = [batch_node] + [n for n in names if n != batch_node]
+    return [slurm_plan.Node(n, addresses[n], cpus.get(n), cfg.world.gpus_per_node) for n in names]
+
+
+def slurm_spawner(cfg: RunConfig, run_dir: RunDir) -> Spawner:
+    """world=slurm inside the job's allocation: its nodes asked of SLURM, the run planned on them."""
+    import os
+
+    from rlrun.cluster import slurm_job, slurm_plan
+    from rlrun.cluster.slurm_world import SlurmSpawner
+    from rlrun.errors import EnvironmentProblem
+
+    job = slurm_job.JobEnv.from_env(os.environ)  # the allocation is the world this run finds itself in
+    if job is None:
+        raise EnvironmentProblem(
+            "world=slurm runs inside a SLURM job: submit the run with `rlrun submit world=slurm ...` (or start it "
+            "within `salloc`)."
+        )
+    nodes = allocation_nodes(cfg, job, os.environ.get("SLURMD_NODENAME"))
+    try:
+        plan = slurm_plan_for(cfg, nodes)
+    except slurm_plan.DoesNotFit as exc:
+        raise EnvironmentProblem(
+            f"the SLURM job {job.job_id} cannot hold this run: {exc}. Ask for more nodes or GPUs (world.nodes, "
+            f"world.gpus_per_node) or less per role (world.<role>.cpus, world.<role>.gpus)."
+        ) from None
+    return SlurmSpawner(plan, job.job_id, run_dir.slurm_steps, srun_args=list(cfg.world.srun_args), start_timeout_s=cfg.world.placement_timeout_s)
+
+
+def _ip(address: str) -> str:
+    """A node's address as an IP (Redis binds IPs), when the name resolves here."""
+    import socket
+
+    try:
+        return socket.gethostbyname(address)
+    except OSError:
+        return address

@@ -357,6 +357,9 @@ def _validate_streams(cfg: RunConfig, need) -> None:
 
 def _validate_world(cfg: RunConfig, need) -> None:
     w = cfg.world
+    if w.kind == "slurm":
+        _validate_slurm(cfg, need)
+        return
     if w.kind != "ray":
         return
     need(
@@ -371,4 +374,45 @@ def _validate_world(cfg: RunConfig, need) -> None:
             f"world.{role} reserves no Ray resource, so Ray cannot place it: give it some "
             f"(world.{role}.cpus=1, world.{role}.gpus=1 or world.{role}.resources={{NAME: 1}}), "
             f"or run it on this machine with world.{role}.local=true.",
+        )
+
+
+def _validate_slurm(cfg: RunConfig, need) -> None:
+    from rlrun.cluster.slurm_job import own_option_problems, time_limit_s
+
+    w = cfg.world  # (each key's own range: rlrun/config/bounds.py)
+    limit = time_limit_s(w.time)
+    need(limit is not None, f"world.time={w.time!r} is not a SLURM time limit: use MM, HH:MM:SS or D-HH:MM:SS (e.g. 24:00:00).")
+    if limit is not None:
+        need(
+            w.signal_lead_s < limit,
+            f"world.signal_lead_s={w.signal_lead_s} is not shorter than world.time={w.time} ({limit} s): the job would be "
+            "signalled to stop as it starts. Shorten the lead or lengthen the time.",
+        )
+    for key, lines in (("world.sbatch_lines", w.sbatch_lines), ("world.srun_args", w.srun_args)):
+        for line in lines:
+            need(
+                str(line).startswith("-") and "\n" not in str(line),
+                f"{key}: {line!r} is not one sbatch/srun option (e.g. --qos=high): give each option as one item starting with '-'.",
+            )
+    own = own_option_problems(w.sbatch_lines)
+    need(
+        not own,
+        f"world.sbatch_lines {own} change what rlrun sets itself (the job's output file under the run directory, the "
+        f"signal before the time limit, requeueing): remove them; world.signal_lead_s and world.requeue set the last two.",
+    )
+    for role in ("redis", "vllm", "trainer", "actor"):
+        place = getattr(w, role)
+        need(
+            place.resources is None,
+            f"world.{role}.resources names Ray resources, which SLURM does not have: remove it (world.{role}.gpus and "
+            f"world.{role}.cpus place the role; world.srun_args or world.sbatch_lines pass SLURM options).",
+        )
+        need(
+            float(place.gpus).is_integer(),
+            f"world.{role}.gpus must be a whole number of GPUs under world=slurm (got {place.gpus}).",
+        )
+        need(
+            place.local or place.gpus <= w.gpus_per_node,
+            f"world.{role}.gpus={place.gpus:g} is more than a node has (world.gpus_per_node={w.gpus_per_node}).",
         )

@@ -36,11 +36,17 @@ RULES: list[Rule] = [
       for key in ("sharding", "mixed_precision", "activation_checkpointing", "weight_transfer", "overlap_weight_update")],
     ("supervisor.weights", lambda c: c.trainer.backend != "fast_llm",
      "the weight follower runs with trainer=fast_llm only: set trainer=fast_llm, or remove it"),
-    ("world.cpu_affinity", lambda c: c.world.kind != "local", "Ray places the processes: remove it, or set world=local"),
+    ("world.cpu_affinity", lambda c: c.world.kind != "local", "Ray or SLURM places the processes: remove it, or set world=local"),
     ("world.address", lambda c: c.world.kind != "ray", "it names a Ray cluster: set world=ray, or remove it"),
-    ("world.placement_timeout_s", lambda c: c.world.kind != "ray", "Ray placement only: set world=ray, or remove it"),
-    *[(f"world.{role}", lambda c: c.world.kind != "ray", "Ray placement only: set world=ray, or remove it")
+    ("world.placement_timeout_s", lambda c: c.world.kind == "local", "Ray or SLURM placement only: set world=ray or world=slurm, or remove it"),
+    *[(f"world.{role}.resources", lambda c: c.world.kind != "ray",
+       "custom Ray resources pick Ray nodes: set world=ray, or remove it (world=slurm places a role by world.<role>.gpus and .cpus)")
       for role in ("redis", "vllm", "trainer", "actor")],
+    *[(f"world.{role}", lambda c: c.world.kind == "local", "Ray or SLURM placement only: set world=ray or world=slurm, or remove it")
+      for role in ("redis", "vllm", "trainer", "actor")],
+    *[(f"world.{key}", lambda c: c.world.kind != "slurm", "a SLURM job's setting: set world=slurm, or remove it")
+      for key in ("nodes", "gpus_per_node", "cpus_per_node", "time", "partition", "account", "sbatch_lines", "srun_args",
+                  "signal_lead_s", "requeue", "max_starts_without_progress")],
     *[(f"streams.{key}", lambda c: c.streams.url is not None,
        "with streams.url rlrun uses that Redis and starts none: remove it, or unset streams.url")
       for key in ("server", "host", "appendfsync")],
@@ -49,7 +55,7 @@ RULES: list[Rule] = [
 
 
 def rule_for(key: str) -> Optional[Rule]:
-    """The rule about dotted `key` or a section above it (the rules' keys do not overlap)."""
+    """The rule about dotted `key` or a section above it (the first: a key's own rule comes before its section's)."""
     return next((rule for rule in RULES if key == rule[0] or key.startswith(rule[0] + ".")), None)
 
 

@@ -153,17 +153,18 @@ class ActorConfig:
 
 @dataclass(frozen=True)
 class RolePlacement:
-    """world=ray: the Ray resources one process of a role reserves (`world.<role>.*`).
+    """world=ray | slurm: the resources one process of a role reserves (`world.<role>.*`).
 
-    They form one placement-group bundle per process, reserved before anything starts, and decide
-    the node the process runs on (as Ray's own num_cpus / num_gpus / resources do for an actor).
-    The hf trainer has one bundle per rank, so its ranks may run on several nodes.
+    They form one bundle per process, reserved before anything starts, and decide the node the
+    process runs on (world=ray: a placement-group bundle, as Ray's own num_cpus / num_gpus /
+    resources for an actor; world=slurm: packed onto the allocation's nodes by rlrun). The hf
+    trainer has one bundle per rank, so its ranks may run on several nodes.
     """
 
-    local: bool = False  # true: run it on this machine, next to the supervisor, not placed by Ray
-    cpus: NonNegative = 1.0  # Ray CPUs reserved (per rank for the trainer)
-    gpus: NonNegative = 0.0  # Ray GPUs reserved (per rank for the trainer)
-    resources: Optional[dict[str, NonNegative]] = None  # custom Ray resources, e.g. {vllm_node: 1} to pick nodes (per rank for the hf trainer, once for Fast-LLM's)
+    local: bool = False  # true: run it on the supervisor's machine, beside it, not placed (world=slurm: in the batch step)
+    cpus: NonNegative = 1.0  # CPUs reserved (per rank for the trainer)
+    gpus: NonNegative = 0.0  # GPUs reserved (per rank for the trainer; whole GPUs under world=slurm)
+    resources: Optional[dict[str, NonNegative]] = None  # ray only: custom Ray resources, e.g. {vllm_node: 1} to pick nodes (per rank for the hf trainer, once for Fast-LLM's)
 
     def bundle(self) -> dict[str, float]:
         """The placement-group bundle: {} when the process runs locally."""
@@ -175,16 +176,27 @@ class RolePlacement:
 
 @dataclass(frozen=True)
 class WorldConfig:
-    """Where the run's processes run (`world=local` | `world=ray`); see rlrun/cluster/."""
+    """Where the run's processes run (`world=local` | `world=ray` | `world=slurm`); see rlrun/cluster/."""
 
-    kind: Literal["local", "ray"] = "local"  # local: subprocesses of rlrun; ray: on the nodes of an existing Ray cluster
+    kind: Literal["local", "ray", "slurm"] = "local"  # local: subprocesses of rlrun; ray: on the nodes of an existing Ray cluster; slurm: srun steps of a SLURM job (`rlrun submit`)
     cpu_affinity: Literal["auto", "none"] = "auto"  # local: auto gives each vLLM server CPU cores of its own (its worker's threads + 2, leaving one) and the other processes the rest (rlrun/cluster/cores.py); none: any process on any core
     address: Optional[str] = None  # ray: the cluster to join, HOST:PORT of its head or "auto" (the one this machine is in)
-    placement_timeout_s: Seconds = 60.0  # ray: resources not reserved by then (or a lost node's not replaced): a clear stop
+    placement_timeout_s: Seconds = 60.0  # ray: resources not reserved by then (or a lost node's not replaced): a clear stop; slurm: a step not started by then
     redis: RolePlacement = field(default_factory=lambda: RolePlacement(local=True))  # ray: Redis stays with the supervisor
     vllm: RolePlacement = field(default_factory=RolePlacement)  # ray: per vLLM server
     trainer: RolePlacement = field(default_factory=RolePlacement)  # ray: the trainer
     actor: RolePlacement = field(default_factory=RolePlacement)  # ray: the rollout actor
+    nodes: Count = 1  # slurm: nodes `rlrun submit` asks for (sbatch --nodes); inside an allocation its own nodes are used
+    gpus_per_node: Natural = 0  # slurm: GPUs per node asked for (--gpus-per-node), divided between the steps by world.<role>.gpus
+    cpus_per_node: Optional[Count] = None  # slurm: CPUs per node asked for (--cpus-per-task of the job's one task per node); None: whole nodes (--exclusive)
+    time: str = "01:00:00"  # slurm: the job's time limit (--time: MM, HH:MM:SS, D-HH:MM...); the job requeues itself before it
+    partition: Optional[str] = None  # slurm: --partition
+    account: Optional[str] = None  # slurm: --account
+    sbatch_lines: list[str] = field(default_factory=list)  # slurm: more sbatch options, one per #SBATCH line, e.g. [--qos=high, --constraint=h100]
+    srun_args: list[str] = field(default_factory=list)  # slurm: more options for every srun step
+    signal_lead_s: Natural = 300  # slurm: SLURM signals the job this long before its time limit (--signal=B:USR1@N): checkpoint, orderly stop, requeue
+    requeue: bool = True  # slurm: requeue the job at that signal (and let SLURM requeue it after a preemption or a node failure); false: stop there
+    max_starts_without_progress: Count = 2  # slurm: a job that ended this many starts in a row without a new checkpoint is not requeued again
 
 
 @dataclass(frozen=True)

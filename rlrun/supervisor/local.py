@@ -27,6 +27,7 @@ class Handle(Protocol):
 class Spawner(Protocol):
     def spawn(self, spec: ProcessSpec) -> Handle: ...
     def close(self) -> None: ...  # after the supervisor stopped everything: release what it holds
+    def server_hosts(self) -> dict[str, str]: ...  # server process → the address it must listen on, where not the config's
 
 
 class ProcessTree:
@@ -102,6 +103,9 @@ class LocalSpawner:
 
     def close(self) -> None:
         """Nothing to release: the supervisor's stop already reaped every child."""
+
+    def server_hosts(self) -> dict[str, str]:
+        return {}  # every server here listens where the config says
 
 
 def kill_pids(pids: list[int]) -> list[int]:

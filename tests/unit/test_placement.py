@@ -57,7 +57,7 @@ def test_process_names_are_the_ones_the_roles_build(overrides, tmp_path):
         ([*RAY, "world.actor.cpus=0"], ["world.actor reserves no Ray resource", "world.actor.local=true"]),
         ([*RAY, "world.vllm.gpus=-1"], ["world.vllm.gpus must be 0 or more", "got -1"]),
         ([*RAY, "world.placement_timeout_s=0"], ["world.placement_timeout_s must be greater than 0"]),
-        (["world=mars"], ["unknown world 'mars'", "local, ray"]),
+        (["world=mars"], ["unknown world 'mars'", "local, ray, slurm"]),
     ],
 )
 def test_bad_world_settings_are_named(overrides, expected):
@@ -253,5 +253,5 @@ def test_the_run_asks_for_pinning_by_default_and_can_turn_it_off():
 
     assert local_cores(compose([])[0], {0, 1}) == {"vllm-0": (0,), "": (1,)}
     assert local_cores(compose(["world.cpu_affinity=none"])[0], {0, 1}) == {}
-    with pytest.raises(ConfigError, match="world.cpu_affinity has no effect here: Ray places the processes"):
+    with pytest.raises(ConfigError, match="world.cpu_affinity has no effect here: Ray or SLURM places the processes"):
         compose(["world=ray", "world.cpu_affinity=none"])

@@ -219,7 +219,7 @@ def trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pa
         revision = choose_revision(cfg, model_path, experiment_dir)  # asked in preflight: remembered
         write_config(
             cfg, revision, config_path, redis_host=redis_host, redis_port=int(redis_port), experiment_dir=experiment_dir,
-            model_path=model_path, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
+            model_path=model_path, broadcast_host=endpoints.host("trainer", cfg.inference.host), broadcast_port=endpoints.broadcast_port,
         )  # fmt: skip
 
     started: dict[int, str] = {}
@@ -248,7 +248,7 @@ def follower_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, probe: 
     (rlrun/backends/fast_llm/follower.py). Started before the trainer, which waits for it."""
     argv, write_role_file = role_command(
         run_dir, "rlrun.backends.fast_llm.follower", "weights", redis_url=endpoints.redis_url, model_path="",
-        vllm_urls=endpoints.vllm_urls, broadcast_host=cfg.inference.host, broadcast_port=endpoints.broadcast_port,
+        vllm_urls=endpoints.vllm_urls, broadcast_host=endpoints.host("trainer", cfg.inference.host), broadcast_port=endpoints.broadcast_port,
     )  # fmt: skip
     return role_spec(
         cfg, run_dir, "weights", "weights",

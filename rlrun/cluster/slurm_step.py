@@ -1,0 +1,139 @@
+"""The start of every srun step of a world=slurm run, on each of its nodes:
+
+    python -m rlrun.cluster.slurm_step --record PATH [--gpus 0,1 | --layout JSON] -- CMD...
+
+It makes this task lead its process group (the probes compare a process's `os.getpgrp()` with the
+pid the supervisor tracks), narrows CUDA_VISIBLE_DEVICES to the GPUs the plan gave it (the step
+sees all the job's GPUs on its node: steps run with --overlap), and for ranks spanning nodes
+(`--layout`) turns CMD into this node's rank group (`rank_group.node_command`), meeting at the
+first node, whose task picks the port and leaves it beside the record for the others; gloo's and
+NCCL's sockets go through the interface that reaches that node (GLOO_SOCKET_IFNAME and
+NCCL_SOCKET_IFNAME, unless set: left alone, gloo takes the address of the host's name, which need
+not be one the other nodes reach). The task of the first node records its pid and node in PATH
+(the spawner waits for it), then each execs CMD. No guard: SLURM tracks every process of the step
+and kills them with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+PORT_WAIT_S = 300.0  # the other nodes wait this long for the first node's rendezvous port
+
+
+def visible_gpus(planned: list[int], slurm_visible: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for a task given GPU indices `planned` among those SLURM shows the step
+    (`slurm_visible`, its CUDA_VISIBLE_DEVICES; None: the node's own numbering)."""
+    if slurm_visible is None:
+        return ",".join(map(str, planned))
+    shown = [g for g in slurm_visible.split(",") if g != ""]
+    missing = [i for i in planned if i >= len(shown)]
+    if missing:
+        raise ValueError(
+            f"the plan gives this task GPUs {planned}, but the step sees {len(shown)} ({slurm_visible!r}): does the job "
+            f"have world.gpus_per_node GPUs on every node?"
+        )
+    return ",".join(shown[i] for i in planned)
+
+
+def for_node(layout: dict, node: str, cmd: list[str], port: int) -> list[str]:
+    """The command of node `node`'s rank group, meeting the others at the layout's master address
+    and `port` (`layout` as slurm_plan.srun_argv writes it)."""
+    from rlrun.trainer import rank_group
+
+    mine = layout["nodes"].get(node)
+    if mine is None:
+        raise ValueError(f"node {node} is not in this step's layout ({', '.join(layout['nodes'])})")
+    return rank_group.node_command(
+        cmd, nproc=mine["nproc"], first_rank=mine["first_rank"], node_rank=mine["node_rank"], nnodes=len(layout["nodes"]),
+        world_size=layout["world_size"], master_addr=layout["master_addr"], master_port=port,
+    )  # fmt: skip
+
+
+def interface_toward(address: str) -> str | None:
+    """The name of this machine's network interface that packets to `address` leave by."""
+    import psutil
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((address, 9))  # no packet is sent: the kernel only picks the route
+        local = probe.getsockname()[0]
+    return next((name for name, addrs in psutil.net_if_addrs().items() if any(a.address == local for a in addrs)), None)
+
+
+def port_file(record: Path) -> Path:
+    return record.with_name(record.name + ".port")
+
+
+def _write(path: Path, text: str) -> None:
+    from rlrun.rundir import write_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text)
+
+
+def _wait_for_port(path: Path, deadline: float) -> int:
+    while time.monotonic() < deadline:
+        try:
+            return int(path.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.2)
+    raise TimeoutError(f"no rendezvous port from the first node in {path} after {PORT_WAIT_S:g} s")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rlrun::slurm-step")
+    parser.add_argument("--record", type=Path, required=True, help="where the first node's task records its pid")
+    parser.add_argument("--gpus", default="", help="GPU indices (among the step's) of this one-node step")
+    parser.add_argument("--layout", default="", help="ranks per node of a process spanning nodes (JSON)")
+    parser.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        parser.error("need a command after --")
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    if os.getpgrp() != os.getpid():
+        os.setpgid(0, 0)
+    try:
+        planned = [int(g) for g in args.gpus.split(",") if g]
+        first = True
+        if args.layout:
+            from rlrun.trainer.rank_group import free_port
+
+            layout = json.loads(args.layout)
+            for_node(layout, node, cmd, 0)  # a node not in the layout: said now, not after the wait
+            mine = layout["nodes"][node]
+            planned, first = mine["gpus"], mine["node_rank"] == 0
+            ports = port_file(args.record)
+            if first:
+                port = free_port(layout["master_addr"])
+                _write(ports, str(port))
+            else:
+                port = _wait_for_port(ports, time.monotonic() + PORT_WAIT_S)
+            cmd = for_node(layout, node, cmd, port)
+            interface = interface_toward(socket.gethostbyname(layout["master_addr"]))
+            for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                if interface and variable not in os.environ:
+                    os.environ[variable] = interface
+        if planned:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus(planned, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if first:
+            record = {"pid": os.getpid(), "node": node, "job": os.environ.get("SLURM_JOB_ID"), "step": os.environ.get("SLURM_STEP_ID")}
+            _write(args.record, json.dumps(record) + "\n")
+    except (ValueError, KeyError) as exc:  # a plan that does not fit the job: a restart would meet it again
+        print(f"rlrun slurm step on {node}: {exc}", file=sys.stderr, flush=True)
+        return 2  # as a configuration error: the supervisor does not retry it
+    except (TimeoutError, OSError) as exc:
+        print(f"rlrun slurm step on {node}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    os.execvp(cmd[0], cmd)
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,171 @@
+"""The world=slurm spawner against a real SLURM (tests/slurm_cluster.py: slurm-wlm 22.05, one node on
+127.0.0.1), in an allocation made by `salloc --no-shell`: a placed process is an srun step whose
+pid (its own process group) and node come back from the step, signals reach it through SLURM, a
+kill leaves nothing, an exit status passes through srun, secrets stay off the command line.
+~15 s. Skipped where SLURM cannot be started (the reason is in the skip)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from rlrun.cluster import slurm_job, slurm_plan
+from rlrun.cluster.slurm_world import SlurmSpawner
+from rlrun.cluster.world import allocation_nodes, slurm_plan_for
+from rlrun.config import compose
+from rlrun.supervisor.local import LocalHandle
+from rlrun.supervisor.spec import ProcessSpec
+from tests.slurm_cluster import LocalSlurm, available
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(available() is not None, reason=str(available()))]
+
+# Reports its pid, process group, node's view of its GPUs and a secret, then waits; SIGTERM: says so, exits 0.
+PROBE = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    out = sys.argv[1]
+    def write(line):
+        with open(out, "a") as f:
+            f.write(line + "\\n")
+    signal.signal(signal.SIGTERM, lambda *_: (write("term"), sys.exit(0)))
+    write(f"{os.getpid()} {os.getpgrp()} {os.environ.get('SLURMD_NODENAME')} {os.environ.get('RLRUN_TEST_SECRET')}")
+    while True:
+        time.sleep(0.1)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def allocation(tmp_path_factory):
+    root = tmp_path_factory.mktemp("slurm_spawner")
+    with LocalSlurm(root / "cluster") as slurm:
+        granted = subprocess.run(["salloc", "--no-shell", "--exclusive", "--time=10"], capture_output=True, text=True, env=slurm.env, cwd=root)
+        job = re.search(r"Granted job allocation (\d+)", granted.stderr).group(1)
+        cfg, _ = compose(["world=slurm", "world.placement_timeout_s=30", "world.actor.cpus=0"])
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])  # the spawner's own SLURM commands find the cluster
+            nodes = allocation_nodes(cfg, slurm_job.JobEnv(job, 0, "node0", slurm.job_field(job, "NumCPUs")), "node0")
+            plan = slurm_plan_for(cfg, nodes)
+            yield slurm, job, plan, SlurmSpawner(plan, job, root / "steps", start_timeout_s=30), root
+
+
+def wait_exit(handle, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while (code := handle.poll()) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return code
+
+
+def probe_spec(root, name: str, out, **extra) -> ProcessSpec:
+    return ProcessSpec(name=name, argv=[sys.executable, "-c", PROBE, str(out)], log_path=root / "logs" / f"{name}.log", **extra)
+
+
+def test_the_allocation_is_read_from_slurm(allocation):
+    _, _, plan, _, _ = allocation
+    assert [(n.name, n.address, n.cpus) for n in plan.nodes] == [("node0", "127.0.0.1", 2)]
+    assert plan.placed["redis"].local and plan.placed["vllm-0"].nodes == ["node0"]
+    assert slurm_plan.server_hosts(plan) == {}  # one node: servers listen where the config says
+
+
+def test_a_step_reports_its_own_group_and_node_and_stops_on_sigterm_through_slurm(allocation):
+    slurm, job, _, spawner, root = allocation
+    out, secret = root / "vllm.out", root / "secret"
+    secret.write_text("s3cr3t-value\n")
+    handle = spawner.spawn(probe_spec(root, "vllm-0", out, secret_env={"RLRUN_TEST_SECRET": secret}))
+    deadline = time.monotonic() + 20
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pid, pgid, node, seen_secret = out.read_text().split()
+    assert (handle.pid, handle.node) == (int(pid), "node0") and pid == pgid  # what probes compare: it leads its group
+    assert re.fullmatch(rf"{job}\.\d+", handle.step)
+    assert seen_secret == "s3cr3t-value"
+    srun = psutil.Process(handle._srun.pid)
+    assert "s3cr3t-value" not in " ".join(srun.cmdline()) and "--overlap" in srun.cmdline()
+    handle.signal_group(signal.SIGTERM)
+    assert wait_exit(handle) == 0
+    assert out.read_text().splitlines()[-1] == "term"  # the process's own handler ran
+    assert not psutil.pid_exists(int(pid))
+
+
+def test_a_kill_leaves_nothing_and_an_exit_status_passes_through(allocation):
+    slurm, _, _, spawner, root = allocation
+    out = root / "trainer.out"
+    stubborn = ProcessSpec(name="trainer", argv=[sys.executable, "-c", "import signal, time, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                           f"open({str(out)!r}, 'w').write('up')\ntime.sleep(600)"], log_path=root / "logs" / "trainer.log")  # fmt: skip
+    handle = spawner.spawn(stubborn)
+    deadline = time.monotonic() + 20
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert psutil.pid_exists(handle.pid)
+    handle.signal_group(signal.SIGTERM)  # ignored
+    time.sleep(1)
+    assert handle.poll() is None
+    handle.signal_group(signal.SIGKILL)
+    assert wait_exit(handle) not in (None, 0)
+    assert not psutil.pid_exists(handle.pid) or psutil.Process(handle.pid).status() == psutil.STATUS_ZOMBIE
+
+    failing = ProcessSpec(name="trainer", argv=[sys.executable, "-c", "raise SystemExit(2)"], log_path=root / "logs" / "trainer.1.log")
+    assert wait_exit(spawner.spawn(failing)) == 2  # a configuration error is not retried by the supervisor
+
+
+def test_a_process_beside_the_supervisor_is_a_local_child(allocation):
+    _, _, _, spawner, root = allocation
+    handle = spawner.spawn(ProcessSpec(name="redis", argv=[sys.executable, "-c", "pass"], log_path=root / "logs" / "redis.log"))
+    assert isinstance(handle, LocalHandle) and wait_exit(handle) == 0
+
+
+# One rank of a 2-rank group: joins over gloo as rank_group set it up, all-reduces its rank + 1,
+# and reports where it ran and what it got.
+RANK = textwrap.dedent(
+    """
+    import json, os, sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    total = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(total)
+    with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as f:
+        json.dump({"node": os.environ["SLURMD_NODENAME"], "sum": total.item(), "ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+                   "master": os.environ["MASTER_ADDR"], "pgid": os.getpgrp()}, f)
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_a_trainer_spanning_two_nodes_is_one_step_whose_ranks_meet_at_the_first(tmp_path):
+    """Two nodes in network namespaces (tests/slurm_cluster.py), where this machine has them."""
+    from tests.slurm_cluster import NamespacesUnavailable
+
+    try:
+        cluster = LocalSlurm(tmp_path / "cluster", nodes=[("node0", 1), ("node1", 1)])
+        cluster.__enter__()
+    except NamespacesUnavailable as exc:
+        pytest.skip(f"two nodes need network namespaces: {exc}")
+    try:
+        granted = subprocess.run(["salloc", "--no-shell", "--nodes=2", "--exclusive", "--time=10"], capture_output=True, text=True, env=cluster.env, cwd=tmp_path)
+        job = re.search(r"Granted job allocation (\d+)", granted.stderr).group(1)
+        cfg, _ = compose(["world=slurm", "world.placement_timeout_s=60", "trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2",
+                          "world.vllm.cpus=0", "world.actor.cpus=0"])  # only the trainer is started here
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
+            plan = slurm_plan_for(cfg, allocation_nodes(cfg, slurm_job.JobEnv(job, 0, "node[0-1]", "1(x2)"), "node0"))
+            assert [(s.node, s.first_rank) for s in plan.placed["trainer"].shares] == [("node0", 0), ("node1", 1)]
+            spawner = SlurmSpawner(plan, job, tmp_path / "steps", start_timeout_s=60)
+            out = tmp_path / "ranks"
+            out.mkdir()
+            argv = [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", "2", "--", sys.executable, "-c", RANK, str(out)]
+            handle = spawner.spawn(ProcessSpec(name="trainer", argv=argv, log_path=tmp_path / "trainer.log"))
+            assert wait_exit(handle, timeout=120) == 0, (tmp_path / "trainer.log").read_text()[-2000:]
+        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+        assert [r["node"] for r in ranks] == ["node0", "node1"]
+        assert [r["sum"] for r in ranks] == [3.0, 3.0]  # 1 + 2: they met
+        assert {r["master"] for r in ranks} == {cluster.addresses["node0"]} and {r["ifname"] for r in ranks} == {"eth0"}
+        assert handle.node == "node0" and handle.pid == ranks[0]["pgid"]  # the pid the supervisor tracks: rank 0's node group
+    finally:
+        cluster.stop()
