@@ -188,9 +188,12 @@ def after_stop(run_dir: RunDir, job: JobEnv, world: WorldConfig, signal_name: st
         elif stuck >= world.max_starts_without_progress:
             status, message, no_progress = "stopped: no progress", no_progress_message(stuck, step_now, job.job_id), True
         else:
-            requeue_job(job.job_id)
-            requeued = True
-            status, message = "requeued", f"SLURM job {job.job_id} requeued itself before its time limit; its next start continues from step {step_now}."
+            try:
+                requeue_job(job.job_id)
+                requeued = True
+                status, message = "requeued", f"SLURM job {job.job_id} requeued itself before its time limit; its next start continues from step {step_now}."
+            except EnvironmentProblem as exc:  # not a batch job (salloc), or the controller said no
+                status, message = "stopped at the time limit", f"{exc}. `rlrun resume RUN` continues the run (from step {step_now})."
     elif signal_name == "INT":
         status, message = "interrupted", "interrupted: every process of the run was stopped. `rlrun resume RUN` continues it."
     else:

@@ -12,7 +12,7 @@ import pytest
 from rlrun.cluster import slurm_job, slurm_plan, slurm_step
 from rlrun.cluster.world import slurm_plan_for
 from rlrun.config import compose
-from rlrun.errors import ConfigError, RestartsExhausted
+from rlrun.errors import ConfigError, EnvironmentProblem, RestartsExhausted
 from rlrun.launch import plan_endpoints, plan_specs
 from rlrun.roles import build_specs
 from rlrun.rundir import RunDir, read_jsonl
@@ -228,6 +228,11 @@ def test_sigterm_leaves_the_job_to_slurm_and_says_why_it_stopped(tmp_path):
     assert stopped[-1]["signal"] == "TERM" and stopped[-1]["reason"] == "" and stopped[-1]["action"] == "stop"
     run.slurm_output("77").write_text("slurmstepd-node0: error: *** JOB 77 ON node0 CANCELLED AT 2026-12-03T05:29:01 DUE TO TIME LIMIT ***\n")
     assert slurm_job.after_stop(run, job, cfg.world, "TERM", step_now=5, requeue_job=requeued.append).requeued  # the limit itself: as USR1
+    def refused(job_id):
+        raise EnvironmentProblem(f"requeueing job {job_id}: Requested operation is presently disabled")
+
+    outcome = slurm_job.after_stop(run, job, cfg.world, "USR1", step_now=5, requeue_job=refused)  # an salloc, not a batch job
+    assert (outcome.status, outcome.requeued) == ("stopped at the time limit", False) and "rlrun resume RUN" in outcome.message
     cfg, run, job = _job_run(tmp_path / "b", "world.requeue=false")
     outcome = slurm_job.after_stop(run, job, cfg.world, "USR1", step_now=1, requeue_job=requeued.append)
     assert outcome.status == "stopped at the time limit" and not outcome.requeued
