@@ -10,8 +10,11 @@ first node, whose task picks the port and leaves it beside the record for the ot
 NCCL's sockets go through the interface that reaches that node (GLOO_SOCKET_IFNAME and
 NCCL_SOCKET_IFNAME, unless set: left alone, gloo takes the address of the host's name, which need
 not be one the other nodes reach). The task of the first node records its pid and node in PATH
-(the spawner waits for it), then each execs CMD. No guard: SLURM tracks every process of the step
-and kills them with it.
+(the spawner waits for it). Each then runs CMD in its group and waits; when CMD ends it writes
+its exit status beside the record (PATH.exit.<node rank>) and exits as CMD did. That file, not
+srun, tells the supervisor a process ended: once SLURM is ending the job, srun waits for the whole
+job to be done (KillWait) before it exits. No guard against a lost parent: SLURM tracks every
+process of the step and kills them with it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,6 +71,10 @@ def interface_toward(address: str) -> str | None:
     return next((name for name, addrs in psutil.net_if_addrs().items() if any(a.address == local for a in addrs)), None)
 
 
+def exit_file(record: Path, node_rank: int) -> Path:
+    return record.with_name(f"{record.name}.exit.{node_rank}")
+
+
 def port_file(record: Path) -> Path:
     return record.with_name(record.name + ".port")
 
@@ -101,14 +110,15 @@ def main(argv: list[str]) -> int:
         os.setpgid(0, 0)
     try:
         planned = [int(g) for g in args.gpus.split(",") if g]
-        first = True
+        first, node_rank = True, 0
         if args.layout:
             from rlrun.trainer.rank_group import free_port
 
             layout = json.loads(args.layout)
             for_node(layout, node, cmd, 0)  # a node not in the layout: said now, not after the wait
             mine = layout["nodes"][node]
-            planned, first = mine["gpus"], mine["node_rank"] == 0
+            planned, node_rank = mine["gpus"], mine["node_rank"]
+            first = node_rank == 0
             ports = port_file(args.record)
             if first:
                 port = free_port(layout["master_addr"])
@@ -131,8 +141,26 @@ def main(argv: list[str]) -> int:
     except (TimeoutError, OSError) as exc:
         print(f"rlrun slurm step on {node}: {exc}", file=sys.stderr, flush=True)
         return 1
-    os.execvp(cmd[0], cmd)
-    return 127  # not reached
+    return run(cmd, exit_file(args.record, node_rank))
+
+
+def run(cmd: list[str], exit_path: Path) -> int:
+    """CMD in this process's group until it ends; its status written to `exit_path`, then ours."""
+    # SLURM signals every process of the step, CMD too: this one waits for CMD's own shutdown.
+    # (Python handlers, not SIG_IGN: a child would inherit an ignored signal, not a handler.)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        code = subprocess.Popen(cmd).wait()
+    except OSError as exc:
+        print(f"rlrun slurm step: cannot start {cmd[0]}: {exc}", file=sys.stderr, flush=True)
+        code = 127
+    _write(exit_path, f"{code}\n")
+    if code < 0:  # die the way CMD died, so srun and the supervisor read the same status
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from rlrun.cluster import slurm_plan
+from rlrun.cluster import slurm_plan, slurm_step
 from rlrun.errors import EnvironmentProblem
 from rlrun.supervisor.local import Handle, LocalSpawner, Spawner
 from rlrun.supervisor.spec import ProcessSpec
@@ -36,11 +36,13 @@ SIGNAL_NAMES = {signal.SIGTERM: "TERM", signal.SIGKILL: "KILL", signal.SIGINT: "
 
 class SlurmStepHandle:
     """One srun step as the supervisor sees a process: `pid` is the step's first task's (it leads
-    its process group on its node, as a locally started process's guard does), its exit status is
-    srun's (the task's code; 128 + N for a task killed by signal N)."""
+    its process group on its node, as a locally started process's guard does). Its exit status is
+    what the step's tasks wrote as they ended (slurm_step.py; negative for a signal), as torchrun
+    reads ranks: the first failure, or 0 once every node's exited 0; else srun's own, once srun
+    exits (128 + N for a task killed by signal N), which during a job's end is only at KillWait."""
 
-    def __init__(self, srun: subprocess.Popen, job_id: str, record: Path, name: str) -> None:
-        self._srun, self._job, self._record, self._name = srun, job_id, record, name
+    def __init__(self, srun: subprocess.Popen, job_id: str, record: Path, name: str, nodes: int = 1) -> None:
+        self._srun, self._job, self._record, self._name, self._nodes = srun, job_id, record, name, nodes
         self.pid = srun.pid  # until the step records its own
         self.step: Optional[str] = None  # "JOB.STEP" once recorded
         self.node: Optional[str] = None
@@ -55,6 +57,19 @@ class SlurmStepHandle:
         return True
 
     def poll(self) -> Optional[int]:
+        from rlrun.trainer.rank_group import first_failure
+
+        codes = []
+        for rank in range(self._nodes):
+            try:
+                codes.append(int(slurm_step.exit_file(self._record, rank).read_text()))
+            except (OSError, ValueError):
+                codes.append(None)
+        failed = first_failure(codes)
+        if failed is not None:
+            return failed
+        if all(code == 0 for code in codes):
+            return 0
         return self._srun.poll()
 
     def signal_group(self, sig: int) -> None:
@@ -107,7 +122,7 @@ class SlurmSpawner:
             srun = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, cwd=spec.cwd, env=env, start_new_session=True
             )
-        handle = SlurmStepHandle(srun, self._job, record, spec.name)
+        handle = SlurmStepHandle(srun, self._job, record, spec.name, nodes=len(placed.shares))
         deadline = time.monotonic() + self._timeout
         while not handle.read_record():
             if srun.poll() is not None:  # it failed before it ran: the supervisor reads its status

@@ -158,15 +158,27 @@ def redis_url(host: str, port: int) -> str:
 
 class _RetryUnlessRefused(Retry):
     """Retries lost connections, but not refused credentials: redis-py's AuthenticationError is
-    a ConnectionError, and waiting a minute to report a wrong password helps nobody."""
+    a ConnectionError, and waiting a minute to report a wrong password helps nobody. None at all
+    once `given_up` (`stop_retrying`)."""
+
+    given_up = False
 
     def call_with_retry(self, do, fail, is_retryable=None, **kwargs):
         def retryable(error: Exception) -> bool:
-            if isinstance(error, redis.exceptions.AuthenticationError):
+            if self.given_up or isinstance(error, redis.exceptions.AuthenticationError):
                 return False
             return is_retryable(error) if is_retryable else True
 
         return super().call_with_retry(do, fail, retryable, **kwargs)
+
+
+def stop_retrying(client) -> None:
+    """From now on (a call retrying at this moment included) a lost connection of `client` fails
+    at once instead of being retried for about `reconnect_s`: a process that is stopping does not
+    wait for a Redis that stopped with it. Safe in a signal handler."""
+    retry = client.get_retry() if hasattr(client, "get_retry") else None
+    if isinstance(retry, _RetryUnlessRefused):
+        retry.given_up = True
 
 
 def connect(

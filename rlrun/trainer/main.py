@@ -26,7 +26,7 @@ from rlrun.role_file import role_from_argv
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams.codec import decode, encode
-from rlrun.streams.server import connect
+from rlrun.streams.server import connect, stop_retrying
 from rlrun.trainer import checkpoint
 from rlrun.trainer.checkpoint import TrainerState
 from rlrun.trainer.disk import DiskFull, temporary_folder
@@ -357,6 +357,8 @@ class Trainer:
         stream positions."""
         import redis
 
+        if self.stop.is_set():
+            stop_retrying(self.redis)  # (a client made after the signal)
         try:
             return action()
         except redis.ConnectionError as exc:
@@ -407,7 +409,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     vllm = parallel = broadcast = None
     stop = threading.Event()  # SIGTERM (the supervisor's orderly stop, a SLURM job's end): stop at the next step boundary
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    clients = []  # Redis clients: stopping, a Redis that stopped with us is not waited for
+
+    def on_sigterm(*_) -> None:
+        stop.set()
+        for client in clients:
+            stop_retrying(client)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         role = role_from_argv("rlrun::trainer", argv)
         cfg, run_dir = role.load_config(), role.run
@@ -416,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         device = usable_device(ranks.device(cfg.trainer.device))  # no such device here: exit 2
         checkpoint.resume_point(run_dir.checkpoints)  # damaged checkpoints: exit 2 before any server is asked
         redis = connect(role.redis_url, run_dir.read_redis_password())
+        clients.append(redis)
         vllm = VllmAdmin(role.vllm_urls, api_key=run_dir.read_vllm_api_key())
         store_prefix = run_prefix(run_dir.read_vllm_api_key()) if ranks.distributed else ""  # keys of the ranks' store
         parallel = Parallel(ranks, cfg.trainer.sharding, device, store_prefix)

@@ -84,7 +84,7 @@ def test_a_step_reports_its_own_group_and_node_and_stops_on_sigterm_through_slur
     while not out.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     pid, pgid, node, seen_secret = out.read_text().split()
-    assert (handle.pid, handle.node) == (int(pid), "node0") and pid == pgid  # what probes compare: it leads its group
+    assert (handle.pid, handle.node) == (int(pgid), "node0")  # what probes compare: the group it runs in
     assert re.fullmatch(rf"{job}\.\d+", handle.step)
     assert seen_secret == "s3cr3t-value"
     srun = psutil.Process(handle._srun.pid)
@@ -93,6 +93,7 @@ def test_a_step_reports_its_own_group_and_node_and_stops_on_sigterm_through_slur
     assert wait_exit(handle) == 0
     assert out.read_text().splitlines()[-1] == "term"  # the process's own handler ran
     assert not psutil.pid_exists(int(pid))
+    assert handle._srun.poll() is not None  # (outside a job's end srun ends with its step)
 
 
 def test_a_kill_leaves_nothing_and_an_exit_status_passes_through(allocation):
@@ -105,7 +106,7 @@ def test_a_kill_leaves_nothing_and_an_exit_status_passes_through(allocation):
     while not out.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert psutil.pid_exists(handle.pid)
-    handle.signal_group(signal.SIGTERM)  # ignored
+    handle.signal_group(signal.SIGTERM)  # ignored by the process, which the step wrapper waits for
     time.sleep(1)
     assert handle.poll() is None
     handle.signal_group(signal.SIGKILL)
@@ -120,6 +121,33 @@ def test_a_process_beside_the_supervisor_is_a_local_child(allocation):
     _, _, _, spawner, root = allocation
     handle = spawner.spawn(ProcessSpec(name="redis", argv=[sys.executable, "-c", "pass"], log_path=root / "logs" / "redis.log"))
     assert isinstance(handle, LocalHandle) and wait_exit(handle) == 0
+
+
+def test_a_job_cancel_reaches_every_step_and_each_reads_as_ended_when_its_process_is(tmp_path):
+    """scancel of the job: SLURM signals every process of every step at once (SIGKILL KillWait
+    later). Each process reads as ended with its own status as soon as it has ended, from the
+    step's own report: the srun clients in a batch step are signalled too and then may wait for
+    the whole job's end (seen in tests/e2e/test_slurm_e2e.py, where they run there)."""
+    root = tmp_path
+    with LocalSlurm(tmp_path / "cluster") as slurm, pytest.MonkeyPatch.context() as patch:
+        granted = subprocess.run(["salloc", "--no-shell", "--time=10"], capture_output=True, text=True, env=slurm.env, cwd=root)
+        job = re.search(r"Granted job allocation (\d+)", granted.stderr).group(1)
+        cfg, _ = compose(["world=slurm", "world.placement_timeout_s=30", "world.vllm.cpus=0", "world.actor.cpus=0", "world.trainer.cpus=0"])
+        patch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+        plan = slurm_plan_for(cfg, allocation_nodes(cfg, slurm_job.JobEnv(job, 0, "node0", "1"), "node0"))
+        spawner = SlurmSpawner(plan, job, root / "cancel-steps", start_timeout_s=30)
+        slow = ("import signal, sys, time\n"
+                "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(2), open(sys.argv[1], 'w').write('done'), sys.exit(0)))\n"
+                "time.sleep(600)")  # fmt: skip
+        done = root / "trainer-done"
+        trainer = spawner.spawn(ProcessSpec(name="trainer", argv=[sys.executable, "-c", slow, str(done)], log_path=root / "c-trainer.log"))
+        actor = spawner.spawn(ProcessSpec(name="actor", argv=[sys.executable, "-c", "import time; time.sleep(600)"], log_path=root / "c-actor.log"))
+        cancelled = time.monotonic()
+        slurm.run("scancel", job)
+        codes = [wait_exit(trainer, timeout=20), wait_exit(actor, timeout=20)]
+        took = time.monotonic() - cancelled
+    assert codes == [0, -signal.SIGTERM] and done.read_text() == "done"  # the trainer's stop ran to its end
+    assert took < 15  # well before KillWait (30 s)
 
 
 # One rank of a 2-rank group: joins over gloo as rank_group set it up, all-reduces its rank + 1,
@@ -166,6 +194,6 @@ def test_a_trainer_spanning_two_nodes_is_one_step_whose_ranks_meet_at_the_first(
         assert [r["node"] for r in ranks] == ["node0", "node1"]
         assert [r["sum"] for r in ranks] == [3.0, 3.0]  # 1 + 2: they met
         assert {r["master"] for r in ranks} == {cluster.addresses["node0"]} and {r["ifname"] for r in ranks} == {"eth0"}
-        assert handle.node == "node0" and handle.pid == ranks[0]["pgid"]  # the pid the supervisor tracks: rank 0's node group
+        assert handle.node == "node0" and handle.pid == ranks[0]["pgid"]  # the pid the supervisor tracks: rank 0's node's group
     finally:
         cluster.stop()

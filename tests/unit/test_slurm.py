@@ -257,16 +257,22 @@ def test_a_step_sees_only_its_gpus_among_those_slurm_gives_the_step():
         slurm_step.visible_gpus([2], "0,1")
 
 
-def test_the_step_wrapper_records_its_pid_and_execs_the_command(tmp_path):
+def test_the_step_wrapper_records_its_pid_and_the_commands_exit(tmp_path):
     import subprocess
 
     record = tmp_path / "steps" / "x.json"
-    probe = "import os; print(os.getpid(), os.getpgrp(), os.environ['CUDA_VISIBLE_DEVICES'])"
-    out = subprocess.run(
-        [sys.executable, "-m", "rlrun.cluster.slurm_step", "--record", str(record), "--gpus", "1", "--", sys.executable, "-c", probe],
-        capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n1", "SLURM_STEP_ID": "3", "SLURM_JOB_ID": "9",
-                                             "CUDA_VISIBLE_DEVICES": "6,7", "PYTHONPATH": ":".join(sys.path)}, start_new_session=True,
-    )  # fmt: skip
-    pid, pgid, gpus = out.stdout.split()
-    assert pid == pgid and gpus == "7"  # it leads its group; index 1 of the step's GPUs 6,7
-    assert json.loads(record.read_text()) == {"pid": int(pid), "node": "n1", "job": "9", "step": "3"}
+    env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n1", "SLURM_STEP_ID": "3", "SLURM_JOB_ID": "9", "CUDA_VISIBLE_DEVICES": "6,7",
+           "PYTHONPATH": ":".join(sys.path)}  # fmt: skip
+
+    def step(code: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "rlrun.cluster.slurm_step", "--record", str(record), "--gpus", "1", "--", sys.executable, "-c", code]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, start_new_session=True)
+
+    probe = step("import os; print(os.getpid(), os.getpgrp(), os.environ['CUDA_VISIBLE_DEVICES'])")
+    pid, pgid, gpus = probe.stdout.split()
+    recorded = json.loads(record.read_text())
+    assert recorded == {"pid": int(pgid), "node": "n1", "job": "9", "step": "3"} and pid != pgid  # the wrapper leads the group
+    assert gpus == "7"  # index 1 of the step's GPUs 6,7
+    assert probe.returncode == 0 and slurm_step.exit_file(record, 0).read_text() == "0\n"
+    killed = step("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert killed.returncode == -9 and slurm_step.exit_file(record, 0).read_text() == "-9\n"  # ends as its command did
