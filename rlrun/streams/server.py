@@ -8,6 +8,7 @@ supervisor's spec (and `standalone.py`'s) is built from `find_server_binary`, `w
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -159,13 +160,23 @@ def redis_url(host: str, port: int) -> str:
 class _RetryUnlessRefused(Retry):
     """Retries lost connections, but not refused credentials: redis-py's AuthenticationError is
     a ConnectionError, and waiting a minute to report a wrong password helps nobody. None at all
-    once `given_up` (`stop_retrying`)."""
+    once given up (`stop_retrying`)."""
 
-    given_up = False
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._given_up = [False]  # shared with its copies: redis-py deep-copies a client's retry into each connection
+
+    def __deepcopy__(self, memo):
+        clone = copy.copy(self)  # the given-up flag stays shared
+        clone._backoff = copy.deepcopy(self._backoff, memo)  # the backoff's state is each connection's own
+        return clone
+
+    def give_up(self) -> None:
+        self._given_up[0] = True
 
     def call_with_retry(self, do, fail, is_retryable=None, **kwargs):
         def retryable(error: Exception) -> bool:
-            if self.given_up or isinstance(error, redis.exceptions.AuthenticationError):
+            if self._given_up[0] or isinstance(error, redis.exceptions.AuthenticationError):
                 return False
             return is_retryable(error) if is_retryable else True
 
@@ -178,7 +189,7 @@ def stop_retrying(client) -> None:
     wait for a Redis that stopped with it. Safe in a signal handler."""
     retry = client.get_retry() if hasattr(client, "get_retry") else None
     if isinstance(retry, _RetryUnlessRefused):
-        retry.given_up = True
+        retry.give_up()
 
 
 def connect(

