@@ -7,7 +7,11 @@ import sys
 
 
 def name(role: str) -> None:
-    """Title this process `rlrun:<role>` followed by its arguments (which hold no secrets)."""
+    """Title this process `rlrun:<role>` followed by its arguments (which hold no secrets). Its
+    short name (the kernel's `comm`, 15 characters) is `rlrun:<role>` alone, without a space:
+    tools that read /proc/<pid>/stat word by word skip a process whose name holds one, SLURM's
+    proctrack/linuxproc among them, which then neither signals it nor kills it with its job."""
     import setproctitle
 
     setproctitle.setproctitle(" ".join([f"rlrun:{role}", *sys.argv[1:]]))
+    setproctitle.setthreadtitle(f"rlrun:{role}")  # this (main) thread's name is the process's

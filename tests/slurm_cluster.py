@@ -219,16 +219,15 @@ class LocalSlurm:
         return left
 
     def _step_daemons(self) -> list:
-        """This cluster's slurmstepd processes (they daemonize: found by their socket in its spool folder)."""
+        """This cluster's slurmstepd processes (they daemonize: found by the slurmd log of ours they
+        hold open; their sockets in its spool folder are invisible from another network namespace)."""
         import psutil
 
-        spool = str(self.root / "spool") + os.sep
+        logs = str(self.root / "log") + os.sep
         found = []
         for proc in psutil.process_iter(["name"]):
             try:
-                if (proc.info["name"] or "").startswith("slurmstepd") and any(
-                    str(c.laddr).startswith(spool) for c in proc.net_connections(kind="unix")
-                ):
+                if (proc.info["name"] or "").startswith("slurmstepd") and any(f.path.startswith(logs) for f in proc.open_files()):
                     found.append(proc)
             except psutil.Error:
                 pass

@@ -150,8 +150,12 @@ def run(cmd: list[str], exit_path: Path) -> int:
     # (Python handlers, not SIG_IGN: a child would inherit an ignored signal, not a handler.)
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)
+    from rlrun.trainer.rank_group import die_with_parent
+
     try:
-        code = subprocess.Popen(cmd).wait()
+        # Dies with this process: should SLURM miss the command when it ends the step (its
+        # tracking cannot see every process), the command still goes with the step's task.
+        code = subprocess.Popen(cmd, preexec_fn=die_with_parent).wait()
     except OSError as exc:
         print(f"rlrun slurm step: cannot start {cmd[0]}: {exc}", file=sys.stderr, flush=True)
         code = 127

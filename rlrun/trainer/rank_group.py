@@ -50,7 +50,8 @@ def rank_env(
     return env
 
 
-def _die_with_parent() -> None:  # in the child, between fork and exec
+def die_with_parent() -> None:
+    """In a child, between fork and exec (`preexec_fn`): SIGKILL when its parent dies."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the supervisor's sweep still finds the ranks
@@ -66,7 +67,7 @@ def run(cmd: list[str], nproc: int, host: str = "127.0.0.1", grace_s: float = ST
     """Run the `nproc` ranks of this node; `layout`: rank_env's multi-node keywords."""
     port = port or free_port(host)
     procs = [
-        subprocess.Popen(cmd, env={**os.environ, **rank_env(rank, nproc, host, port, **layout)}, preexec_fn=_die_with_parent)
+        subprocess.Popen(cmd, env={**os.environ, **rank_env(rank, nproc, host, port, **layout)}, preexec_fn=die_with_parent)
         for rank in range(nproc)
     ]
     # The supervisor signals the whole process group, the ranks included: they stop by themselves.

@@ -19,6 +19,7 @@ def test_a_role_is_titled_rlrun_role_with_its_arguments():
         while "rlrun:actor" not in " ".join(psutil.Process(child.pid).cmdline()) and time.time() < deadline:
             time.sleep(0.05)
         assert " ".join(psutil.Process(child.pid).cmdline()).startswith("rlrun:actor --run-dir /tmp/r")
+        assert psutil.Process(child.pid).name() == "rlrun:actor"  # no space in /proc/<pid>/stat's name field
     finally:
         child.stdin.close()
         child.wait(timeout=10)
