@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -146,6 +147,7 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     trainer.state = TrainerState(step=2, samples_processed=4, policy_version=2)
     trainer.metrics = MetricsWriter(trainer.run_dir.metrics)
     trainer.history, trainer.wandb = [], None
+    trainer.stop = threading.Event()  # not stopping
     trainer.intake = GroupIntake(trainer.redis, ["rlrun:groups"], "rlrun:trainer")
     started = time.time() - 10  # the run started 10 s ago, and its only step took 0.5 s of optimizer work
     (Path(tmp_path) / "events.jsonl").write_text(json.dumps({"time": started, "event": "run_started"}) + "\n")

@@ -128,7 +128,7 @@ def test_slurm_commands_outside_a_job_say_what_to_run(monkeypatch):
     [
         ([*SLURM, "world.time=soon"], "world.time='soon' is not a SLURM time limit"),
         ([*SLURM, "world.time=10", "world.signal_lead_s=600"], "world.signal_lead_s=600 is not shorter than world.time=10"),
-        ([*SLURM, "world.vllm.resources={vllm_node: 1}"], "world.vllm.resources has no effect here: custom Ray resources"),
+        ([*SLURM, "+world.vllm.resources={vllm_node: 1}"], "world.vllm.resources names Ray resources, which SLURM does not have"),
         ([*SLURM, "world.gpus_per_node=2", "world.trainer.gpus=0.5"], "world.trainer.gpus must be a whole number"),
         ([*SLURM, "world.vllm.gpus=1"], "world.vllm.gpus=1 is more than a node has (world.gpus_per_node=0)"),
         ([*SLURM, "world.sbatch_lines=['--output=/tmp/x']"], "world.sbatch_lines ['--output=/tmp/x'] change what rlrun sets itself"),
