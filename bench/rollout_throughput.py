@@ -257,7 +257,7 @@ async def phase_actor(cfg, redis, tokenizer, task, url: str, run_name: str, grou
         "groups": reached["groups_published"],
         "started": started_groups,
         "errors": reached["request_errors"],
-        "continued": reached["samples_continued"],
+        "continued": reached["samples_continued"] + reached["samples_continued_on_retry"],
         "ledger_s": reached["ledger_s"],
         "ledger_calls": reached["ledger_calls"],
         "ledger_methods": reached["ledger_methods"],

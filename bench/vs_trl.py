@@ -224,7 +224,11 @@ def step_split(run_dir: Path, recipe: str) -> dict | None:
 
     step, wait, weights = median(of("step_time_s")), median(of("wait_s")), median(of("weights_s"))
     groups, requests = per_step("groups_published"), per_step("requests")
+    # every continuation prefills its prompt and prefix again: after a restart (from the journal) or a failed request
     continued, reused = per_step("samples_continued"), per_step("tokens_reused")
+    if continued is not None and reused is not None:  # (records written before the two were counted apart have none on retry)
+        continued += per_step("samples_continued_on_retry") or 0
+        reused += per_step("tokens_kept_on_retry") or 0
     generating = per_step("generating_ms")
     return {
         "step_s": step, "wait_s": wait, "weights_s": weights,

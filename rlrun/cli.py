@@ -312,6 +312,9 @@ def status(
             f"step {last.get('step')}  samples {last.get('samples')}  reward {last.get('reward_mean')}  "
             f"policy v{last.get('policy_version')}"
         )
+        counts = run_status.recovery(last)
+        if counts is not None:
+            console.print(run_status.describe_recovery(counts), highlight=False, markup=False)
     console.print(run_status.describe_split(split), highlight=False, markup=False)
 
 

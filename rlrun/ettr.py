@@ -31,7 +31,8 @@ class FailureCost:
     recovery_s: Optional[float]  # failure → end of the first step after it; None: no step since
     steps_retaken: int  # steps recorded before the failure and taken again after it
     tokens_regenerated: int  # the actor's count of tokens generated again, across the recovery
-    tokens_reused: int  # the actor's count of tokens kept and continued, across the recovery
+    tokens_reused: int  # tokens the actor kept instead of generating them again, across the recovery:
+    # from the journal at its restart (tokens_reused) and after failed requests (tokens_kept_on_retry)
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ def _failures(events: list[dict], records: list[dict], launches: list[_Launch]) 
             FailureCost(
                 process=str(event.get("process", "?")), time=t, reason=str(event.get("reason", "")),
                 recovery_s=round(after["time"] - t, 3) if after is not None else None,
-                steps_retaken=retakes.get(i, 0), tokens_regenerated=delta("tokens_regenerated"), tokens_reused=delta("tokens_reused"),
+                steps_retaken=retakes.get(i, 0), tokens_regenerated=delta("tokens_regenerated"), tokens_reused=delta("tokens_reused") + delta("tokens_kept_on_retry"),
             )  # fmt: skip
         )
     return costs

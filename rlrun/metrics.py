@@ -30,12 +30,14 @@ FIELDS: dict[str, str] = {
     "policy_lag_mean": "mean over this step's tokens of how many policy versions behind the trained weights each was sampled",
     "samples_spanning_update": "this step's samples whose tokens were sampled by more than one policy version (in flight across a weight update, which keeps them; vLLM's spans say which tokens each version sampled)",
     "bad_messages": "messages on the groups stream this trainer process rejected so far (malformed, or a wrong group size)",
-    "tokens_reused": "actor, whole run: tokens kept across an interruption (a lost request, a vLLM or actor restart) and continued, not generated again; counted once per interruption",
+    "tokens_reused": "actor, whole run: tokens kept from the journal when an actor (re)started (after its crash or restart, or rlrun resume) instead of generated again: each counted once per restart that kept it",
+    "samples_continued": "actor, whole run: samples such a restart generated on from a prefix kept in the journal (once per restart)",
+    "tokens_kept_on_retry": "actor, whole run: tokens a failed request left in a sample (a vLLM server lost or restarting, a timeout) and kept for its next request: each counted once, however many retries",
+    "samples_continued_on_retry": "actor, whole run: samples a failed request left with new tokens, continued from them (once per such request)",
     "tokens_regenerated": "actor, whole run: tokens dropped (stale prefix, or a journal record unreadable) and generated again",
-    "samples_continued": "actor, whole run: samples continued from a kept prefix (once per interruption)",
     "prefixes_dropped_stale": "actor, whole run: prefixes dropped because their oldest token was older than actor.max_prefix_staleness versions",
     "groups_published": "actor, whole run: groups published to the trainer",
-    "requests": "actor, whole run: generation requests sent to vLLM (one per group, but after an interruption: one per continued sample)",
+    "requests": "actor, whole run: generation requests sent to vLLM (one per group, but after a failed request or a restart: one per continued sample)",
     "generating_ms": "actor, whole run: milliseconds of wall time with at least one generation request in flight (vLLM had work); the rest it idled, held back by actor.max_steps_ahead",
     "time": "wall-clock time (Unix seconds) when the record was written",
     "loss": "policy loss of the step (mean over its passes)",
@@ -54,7 +56,11 @@ FIELDS: dict[str, str] = {
 }
 
 # The actor's counters copied into every record, from its state hash in Redis.
-ACTOR_COUNTERS = ("tokens_reused", "tokens_regenerated", "samples_continued", "prefixes_dropped_stale", "groups_published", "requests", "generating_ms")
+RECOVERY_COUNTERS = (
+    "tokens_reused", "samples_continued", "tokens_kept_on_retry", "samples_continued_on_retry", "tokens_regenerated",
+    "prefixes_dropped_stale",
+)  # fmt: skip (`rlrun status` shows these)
+ACTOR_COUNTERS = (*RECOVERY_COUNTERS, "groups_published", "requests", "generating_ms")
 
 NOT_SCALARS = ("step", "time")  # the x axis and the wall time of a scalar, not scalars themselves
 

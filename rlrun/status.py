@@ -15,7 +15,7 @@ import yaml
 from rlrun import runlock
 from rlrun.errors import RunDirError
 from rlrun.ettr import TimeSplit, split_wall_time
-from rlrun.metrics import read_metrics
+from rlrun.metrics import RECOVERY_COUNTERS, read_metrics
 from rlrun.rundir import RunDir
 from rlrun.supervisor.events import read_events
 
@@ -122,8 +122,25 @@ def report(run_dir: RunDir) -> dict:
         "last_failure": failure and {k: failure.get(k) for k in ("time", "process", "reason", "action")},
         "progress": progress,
         "ettr": time_split(run_dir).to_dict(),
+        "recovery": recovery(last),
         "last_event": {k: v for k, v in events[-1].items() if k in shown} if events else None,
     }
+
+
+def recovery(record: dict) -> Optional[dict]:
+    """The actor's recovery counters in a metrics record (None: it has none, e.g. trainer=fast_llm)."""
+    if not any(key in record for key in RECOVERY_COUNTERS):
+        return None
+    return {key: record.get(key) if type(record.get(key)) is int else 0 for key in RECOVERY_COUNTERS}
+
+
+def describe_recovery(counts: dict) -> str:
+    """'tokens kept: 13 from the journal at actor restarts (1 sample continued), ...' for people."""
+    return (
+        f"tokens kept: {counts['tokens_reused']} from the journal at actor restarts ({counts['samples_continued']} samples continued), "
+        f"{counts['tokens_kept_on_retry']} after failed requests ({counts['samples_continued_on_retry']} samples continued); "
+        f"{counts['tokens_regenerated']} regenerated ({counts['prefixes_dropped_stale']} stale prefixes dropped)"
+    )
 
 
 def announced_step(events: list[dict]) -> Optional[dict]:

@@ -5,7 +5,7 @@ restart and exists so the journal's overhead can be measured against it (`actor.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Optional
 
@@ -66,6 +66,25 @@ class JournalLedger(Journal):
         if self._deliveries % TRIM_EVERY == 0:
             self.trim_delivered(keep_last=KEEP_DELIVERED)
         return stream_id
+
+
+@dataclass(frozen=True)
+class Flushed:
+    sample: SampleState
+    offset: int  # where its append started: the tokens the actor believed journaled
+    result: WriteResult
+
+
+def flush(ledger: "JournalLedger | MemoryLedger", group_id: str, samples: list[SampleState]) -> list[Flushed]:
+    """Append the samples' unjournaled tokens, record their finishes and relabels, in one round
+    trip. An accepted append moves the sample's marks; a refused one is left as it was: the actor's
+    view and the journal's disagree, and the caller takes the journal's (`SampleState.take_journal`)."""
+    batch = [s for s in samples if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded) or s.relabel_pending]
+    flushed = [Flushed(s, s.journaled, r) for s, r in zip(batch, ledger.append_samples(group_id, batch))]
+    for f in flushed:
+        if f.result.accepted:
+            f.sample.journaled, f.sample.finish_recorded, f.sample.relabel_pending = f.result.length, f.sample.finished, False
+    return flushed
 
 
 class MemoryLedger:

@@ -15,15 +15,15 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import httpx
 
-from rlrun.actor.ledger import JournalLedger, MemoryLedger
+from rlrun.actor.ledger import JournalLedger, MemoryLedger, flush
 from rlrun.actor.partition import actor_name, group_namespace, prompt_position
-from rlrun.actor.sampling import SampleState, close_if_spent, remaining_budget, token_versions
+from rlrun.actor.replay import resume
+from rlrun.actor.sampling import LiveGroup, SampleState, close_if_spent, count_kept, remaining_budget, token_versions
 from rlrun.actor.tokenizer import load_tokenizer
 from rlrun.actor.trainer_view import TrainerView
 from rlrun.backends import backend_for
@@ -32,7 +32,7 @@ from rlrun.config import RunConfig
 from rlrun.data.tasks import Task, load_task, problem_index
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.auth import bearer_header
-from rlrun.journal.plan import Action, GroupPlan, is_stale, plan_replay
+from rlrun.journal.plan import is_stale, plan_replay
 from rlrun.models.chat import chat_renderer
 from rlrun.rollouts import Group, Sample
 from rlrun.role_file import role_from_argv
@@ -43,15 +43,6 @@ from rlrun.advantages import group_advantages
 log = logging.getLogger("rlrun.actor")
 
 RETRY_DELAY_S = 1.0
-
-
-@dataclass
-class LiveGroup:
-    group_id: str
-    cursor: int
-    prompt_index: int
-    prompt_ids: list[int]
-    samples: list[SampleState]
 
 
 class Actor:
@@ -77,9 +68,11 @@ class Actor:
         self.counters = {  # whole-run counts, published in ACTOR_STATE (see _continue_counters)
             "groups_published": 0,
             "tokens_generated": 0,  # streamed from vLLM
-            "tokens_reused": 0,  # kept across an interruption (a lost request, a restart), not regenerated
+            "tokens_reused": 0,  # kept from the journal at a (re)start of the actor, not regenerated
+            "samples_continued": 0,  # of those, generated on from their prefix
+            "tokens_kept_on_retry": 0,  # left by a failed request and kept for the next (each token once)
+            "samples_continued_on_retry": 0,  # samples a failed request left with new tokens, continued
             "tokens_regenerated": 0,  # dropped (stale or unreadable) and generated again
-            "samples_continued": 0,
             "prefixes_dropped_stale": 0,
             "requests": 0,  # generation requests sent to vLLM (per group: 1 but after a failure or a restart)
             "generating_ms": 0,  # wall time with at least one request in flight (vLLM had work)
@@ -152,8 +145,8 @@ class Actor:
 
     def _open_group(self) -> LiveGroup:
         h = self.ledger.open_next(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
-        samples = [SampleState(index=i) for i in range(self.cfg.algo.group_size)]
-        return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), samples)
+        samples = [SampleState(index=i) for i in range(h.group_size)]
+        return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), h.max_new_tokens, samples)
 
     def _replay_plan(self) -> list[LiveGroup]:
         groups, corrupt = self.ledger.load_open_groups()
@@ -169,31 +162,23 @@ class Actor:
         self.counters["journal_corrupt_records"] += len(corrupt)
         version, staleness = self.trainer.policy_version(), self.cfg.actor.max_prefix_staleness
         plan = plan_replay(groups, current_version=version, max_prefix_staleness=staleness)
-        c = plan.counters
-        self.counters["tokens_reused"] += c.tokens_reused
-        self.counters["samples_continued"] += c.samples_continued
-        self.counters["tokens_regenerated"] += c.tokens_dropped_stale
-        self.counters["prefixes_dropped_stale"] += c.prefixes_dropped_stale
+        resumed = resume(plan)
+        for group_id, index in resumed.resets:
+            self.ledger.reset(group_id, index)
+        self.counters["tokens_reused"] += resumed.tokens_reused
+        self.counters["samples_continued"] += resumed.samples_continued
+        self.counters["tokens_regenerated"] += plan.counters.tokens_dropped_stale
+        self.counters["prefixes_dropped_stale"] += plan.counters.prefixes_dropped_stale
         if plan.groups:
-            log.info("replaying the journal: %d groups, %s", len(plan.groups), c)
-        return [self._from_plan(g) for g in plan.groups]
-
-    def _from_plan(self, plan: GroupPlan) -> LiveGroup:
-        h, samples = plan.header, []
-        for p in plan.samples:
-            sample = SampleState(p.index, list(p.prefix_token_ids), list(p.prefix_logprobs), list(p.prefix_versions))
-            sample.journaled = len(sample.completion_ids)
-            # keep: finished, and the journal knows it; finish_length: recorded by the first flush
-            sample.finish_reason = p.finish_reason
-            sample.finish_recorded = p.action is Action.KEEP
-            if p.action is Action.RESTART:
-                self.ledger.reset(h.group_id, p.index)
-            samples.append(sample)
-        return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), samples)
+            log.info(
+                "replaying the journal: %d groups, %d tokens kept, %d samples continued, %s", len(plan.groups),
+                resumed.tokens_reused, resumed.samples_continued, plan.counters,
+            )  # fmt: skip
+        return resumed.groups
 
     async def _complete(self, client: httpx.AsyncClient, group: LiveGroup) -> None:
         """Generate until every sample is finished, journaling as it goes; then publish once."""
-        budget = self.cfg.actor.max_new_tokens
+        budget = group.max_new_tokens
         failures = 0
         while True:
             # Groups spread over the servers by cursor; after a failure the group moves on to the
@@ -238,11 +223,12 @@ class Actor:
         self._publish(group)
 
     def _count_interrupted(self, samples: list[SampleState]) -> None:
-        """Samples a request left unfinished with tokens: continued next from what they hold (counted
-        once per interruption; a replay's prefixes are counted by its plan)."""
-        cut = [s for s in samples if not s.finished and s.completion_ids]
-        self.counters["samples_continued"] += len(cut)
-        self.counters["tokens_reused"] += sum(len(s.completion_ids) for s in cut)
+        """What a failed request left: samples continued next from the tokens they hold, each
+        token counted once (a retry that added nothing counts nothing; a replay's prefixes were
+        counted by the replay)."""
+        kept = [n for n in map(count_kept, samples) if n]
+        self.counters["samples_continued_on_retry"] += len(kept)
+        self.counters["tokens_kept_on_retry"] += sum(kept)
 
     async def _request(self, client, url: str, group: LiveGroup, samples: list[SampleState], version: int) -> None:
         """One request for `samples`: all starting from the prompt (n = len), or one continued
@@ -252,7 +238,7 @@ class Actor:
         start, actor = len(prefix), self.cfg.actor
         for sample in samples:
             sample.finish_reason = None  # an interrupted sample being continued
-        max_tokens = remaining_budget(samples[0], actor.max_new_tokens)
+        max_tokens = remaining_budget(samples[0], group.max_new_tokens)
         self.counters["requests"] += 1
         if self._in_flight == 0:
             self._busy_since = time.monotonic()
@@ -281,22 +267,16 @@ class Actor:
 
     def _flush(self, group: LiveGroup, samples: list[SampleState]) -> None:
         """Append the samples' unjournaled tokens and record their finishes, in one round trip."""
-        batches = [s for s in samples if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded)
-                   or s.relabel_pending]  # fmt: skip
-        results = self.ledger.append_samples(group.group_id, batches)
-        for sample, result in zip(batches, results):
-            if result.accepted:
+        for f in flush(self.ledger, group.group_id, samples):
+            if f.result.accepted:
                 self._audit(
-                    {"kind": "journaled", "group": group.group_id, "index": sample.index, "offset": sample.journaled,
-                     "token_ids": sample.completion_ids[sample.journaled : result.length],
-                     "logprobs": sample.logprobs[sample.journaled : result.length]}
+                    {"kind": "journaled", "group": group.group_id, "index": f.sample.index, "offset": f.offset,
+                     "token_ids": f.sample.completion_ids[f.offset : f.result.length],
+                     "logprobs": f.sample.logprobs[f.offset : f.result.length]}
                 )  # fmt: skip
-                sample.journaled = result.length
-                sample.finish_recorded = sample.finished
-                sample.relabel_pending = False
             else:  # our view and the journal's disagree: the journal is the truth
-                log.error("journal refused an append to %s/%d (%s): re-reading it", group.group_id, sample.index, result.reason)
-                self._resync(group, sample)
+                log.error("journal refused an append to %s/%d (%s): re-reading it", group.group_id, f.sample.index, f.result.reason)
+                self._resync(group, f.sample)
 
     def _resync(self, group: LiveGroup, sample: SampleState) -> None:
         """Take the journal's view of `sample` (damage elsewhere in the group is logged, not fatal); one that
@@ -307,14 +287,9 @@ class Actor:
         stored = next((s for s in record.samples if s.index == sample.index), None) if record else None
         lost = len(sample.completion_ids) - (len(stored.token_ids) if stored else 0)
         self.counters["tokens_regenerated"] += max(0, lost)
-        sample.reset()
+        sample.take_journal(stored)
         if stored is not None and not stored.token_ids and not stored.finished:
             self.ledger.reset(group.group_id, sample.index)
-        elif stored is not None:
-            sample.append_all(stored.token_ids, stored.logprobs, stored.versions)
-            sample.finish_reason = stored.finish_reason
-            sample.finish_recorded = stored.finished
-        sample.journaled = len(sample.completion_ids)
 
     def _drop_stale(self, group: LiveGroup, sample: SampleState) -> None:
         log.info("dropping a stale prefix of %d tokens in %s/%d", len(sample.completion_ids), group.group_id, sample.index)

@@ -1,5 +1,6 @@
-"""Pure rules of group sampling: a sample's state, its remaining budget and the policy version of
-each of its tokens (staleness: `rlrun.journal.plan.is_stale`).
+"""Pure rules of group sampling: a sample's state, its remaining budget, the policy version of
+each of its tokens (staleness: `rlrun.journal.plan.is_stale`) and what a failed request leaves
+kept (`count_kept`).
 
 A sample cut short (a server lost, a restart) is continued with prompt + the tokens it already
 has, for what is left of its budget. A weight update cuts nothing: vLLM keeps the request and
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from rlrun.journal.records import FINAL_REASONS
+from rlrun.journal.records import FINAL_REASONS, SampleRecord
 
 if TYPE_CHECKING:
     from rlrun.actor.vllm_client import VersionSpan
@@ -27,6 +28,7 @@ class SampleState:
     journaled: int = 0  # tokens already appended to the journal
     finish_recorded: bool = False  # the journal knows it is finished
     relabel_pending: bool = False  # versions of journaled tokens changed since they were appended
+    kept_counted: int = 0  # of its tokens, those already counted as kept (reused, not generated again)
 
     @property
     def finished(self) -> bool:
@@ -55,6 +57,30 @@ class SampleState:
         self.finish_recorded = False
         self.relabel_pending = False
         self.journaled = 0
+        self.kept_counted = 0
+
+    def take_journal(self, stored: Optional[SampleRecord]) -> None:
+        """Become what the journal holds of this sample (nothing when `stored` is None): its view
+        wins when the two disagree. Tokens it keeps that were counted as kept stay counted."""
+        counted = self.kept_counted
+        self.reset()
+        if stored is not None:
+            self.append_all(stored.token_ids, stored.logprobs, stored.versions)
+            self.finish_reason, self.finish_recorded = stored.finish_reason, stored.finished
+        self.journaled = len(self.completion_ids)
+        self.kept_counted = min(counted, self.journaled)
+
+
+@dataclass
+class LiveGroup:
+    """A group the actor is generating: its samples share the prompt and the budget it was opened with."""
+
+    group_id: str
+    cursor: int
+    prompt_index: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    samples: list[SampleState]
 
 
 def remaining_budget(sample: SampleState, max_new_tokens: int) -> int:
@@ -68,6 +94,16 @@ def close_if_spent(sample: SampleState, max_new_tokens: int) -> bool:
         sample.finish_reason = "length"
         return True
     return False
+
+
+def count_kept(sample: SampleState) -> int:
+    """The tokens of an unfinished sample kept for its next request (a request failed) that were
+    not counted as kept before, now counted: each kept token counts once, however many retries."""
+    if sample.finished:
+        return 0
+    new = max(0, len(sample.completion_ids) - sample.kept_counted)
+    sample.kept_counted = len(sample.completion_ids)
+    return new
 
 
 def token_versions(spans: "list[VersionSpan] | None", length: int, provisional: int) -> list[int]:

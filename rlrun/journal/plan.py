@@ -3,9 +3,9 @@
 A pure function over records (no Redis, no clock). For each open group's samples:
 
 - `keep`: finished; its tokens are used as they are.
-- `continue`: it holds a prefix, kept exactly; generated again from `prompt + prefix`, for what is
-  left of its budget (`rlrun.actor.sampling.remaining_budget`).
-- `finish_length`: its prefix spends its whole budget: finished locally as "length".
+- `continue`: unfinished, it holds a prefix that is not stale, kept exactly. What becomes of it
+  (generated on from `prompt + prefix`, or closed as "length" when it spent its budget) is the
+  actor's budget rule: `rlrun.actor.replay.resume` turns a plan into the actor's groups.
 - `restart`: no tokens, or a stale prefix (its OLDEST token from a policy older than
   `current_version - max_prefix_staleness`), dropped and counted: generated from the prompt alone.
 """
@@ -22,7 +22,6 @@ from rlrun.journal.records import GroupHeader, GroupRecord, SampleRecord
 class Action(StrEnum):
     KEEP = "keep"
     CONTINUE = "continue"
-    FINISH_LENGTH = "finish_length"
     RESTART = "restart"
 
 
@@ -33,7 +32,7 @@ class SamplePlan:
     prefix_token_ids: list[int] = field(default_factory=list)  # tokens kept (all but for restart: none)
     prefix_logprobs: list[float] = field(default_factory=list)
     prefix_versions: list[int] = field(default_factory=list)
-    finish_reason: Optional[str] = None  # keep: the recorded reason; finish_length: "length"
+    finish_reason: Optional[str] = None  # keep: the recorded reason
     dropped_tokens: int = 0  # restart: tokens of a stale prefix that were dropped
 
 
@@ -45,12 +44,10 @@ class GroupPlan:
 
 @dataclass
 class ReplayCounters:
-    """What the actor adds to its recovery counters (the actions themselves are in the plan)."""
+    """What the plan drops (what it keeps the actor counts, once it knows what it continues)."""
 
     prefixes_dropped_stale: int = 0
-    tokens_reused: int = 0  # tokens kept by keep, continue and finish_length
     tokens_dropped_stale: int = 0
-    samples_continued: int = 0  # continue actions: generated on from their prefix
 
 
 @dataclass(frozen=True)
@@ -74,35 +71,24 @@ def plan_replay(
     counters = ReplayCounters()
     planned = []
     for group in sorted(groups, key=lambda g: g.cursor):
-        samples = [_plan_sample(s, group.max_new_tokens, current_version, max_prefix_staleness, counters) for s in group.samples]
+        samples = [_plan_sample(s, current_version, max_prefix_staleness, counters) for s in group.samples]
         planned.append(GroupPlan(group.header, samples))
     return ReplayPlan(groups=planned, counters=counters)
 
 
-def _plan_sample(sample: SampleRecord, budget: int, version: int, staleness: int, counters: ReplayCounters) -> SamplePlan:
+def _plan_sample(sample: SampleRecord, version: int, staleness: int, counters: ReplayCounters) -> SamplePlan:
     held = len(sample.token_ids)
-
-    def kept(action: Action, finish_reason: Optional[str]) -> SamplePlan:
-        counters.tokens_reused += held
-        return SamplePlan(
-            index=sample.index,
-            action=action,
-            prefix_token_ids=list(sample.token_ids),
-            prefix_logprobs=list(sample.logprobs),
-            prefix_versions=list(sample.versions),
-            finish_reason=finish_reason,
-        )
-
-    if sample.state == "finished":
-        return kept(Action.KEEP, sample.finish_reason)
-    dropped = 0
     if is_stale(sample, version, staleness):
         counters.prefixes_dropped_stale += 1
         counters.tokens_dropped_stale += held
-        dropped = held
-    elif held and held >= budget:
-        return kept(Action.FINISH_LENGTH, "length")
-    elif held:
-        counters.samples_continued += 1
-        return kept(Action.CONTINUE, None)
-    return SamplePlan(sample.index, Action.RESTART, dropped_tokens=dropped)
+        return SamplePlan(sample.index, Action.RESTART, dropped_tokens=held)
+    if not sample.finished and not held:
+        return SamplePlan(sample.index, Action.RESTART)
+    return SamplePlan(
+        index=sample.index,
+        action=Action.KEEP if sample.finished else Action.CONTINUE,
+        prefix_token_ids=list(sample.token_ids),
+        prefix_logprobs=list(sample.logprobs),
+        prefix_versions=list(sample.versions),
+        finish_reason=sample.finish_reason if sample.finished else None,
+    )

@@ -30,10 +30,11 @@ PROMPT = [12, 14, 13, 17]
 class Vllm:
     """What the actor sends, and vLLM's answers: choice i's token k is 20 + i + k; its log-prob -0.5.
     `spans(n_tokens)` gives each choice's weight_versions on its last chunk; `cut_after` chunks
-    into a request, its stream breaks (a server lost mid-generation)."""
+    into each of the first `cut_requests` requests, its stream breaks (a server lost mid-generation);
+    the requests numbered in `down` (from 1) find no server."""
 
-    def __init__(self, interval: int, spans=None, cut_after: int | None = None) -> None:
-        self.interval, self.cut_after = interval, cut_after
+    def __init__(self, interval: int, spans=None, cut_after: int | None = None, cut_requests: int = 1, down=()) -> None:
+        self.interval, self.cut_after, self.cut_requests, self.down = interval, cut_after, cut_requests, set(down)
         self.spans = spans or (lambda n: [{"version": "default", "start": 0, "end": n}])
         self.requests: list[dict] = []
 
@@ -41,6 +42,8 @@ class Vllm:
         assert request.url.path == ROUTE and request.headers["authorization"] == "Bearer key"
         body = json.loads(request.content)
         self.requests.append(body)
+        if len(self.requests) in self.down:  # the server is gone (being restarted)
+            raise httpx.ConnectError("connection refused")
         params = body["sampling_params"]
         start = len(body["token_ids"]) - len(PROMPT)  # a continued sample's prompt holds its prefix
         outputs = [[20 + i + start + k for k in range(params["max_tokens"])] for i in range(params["n"])]
@@ -54,7 +57,7 @@ class Vllm:
                 piece = tokens[at : at + self.interval]
                 chunks.append(self._choice(i, piece, "length" if last else None, self.spans(len(tokens)) if last else None))
         lines = [f"data: {json.dumps({'choices': [c]})}\n\n".encode() for c in chunks] + [b"data: [DONE]\n\n"]
-        cut = self.cut_after if len(self.requests) == 1 else None  # only the first request breaks
+        cut = self.cut_after if len(self.requests) <= self.cut_requests else None  # the first requests break
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Stream(lines, cut))
 
     @staticmethod
@@ -140,7 +143,7 @@ def test_a_group_is_one_request_and_its_versions_are_vllms_spans(client):
     assert request["sampling_params"]["n"] == 4 and request["stream"] is False and request["cache_salt"] == "v5"
     group = published(client)
     assert [s.versions for s in group.samples] == [[5, 6, 6, 6]] * 4
-    assert actor.counters["requests"] == 1 and actor.counters["samples_continued"] == 0
+    assert actor.counters["requests"] == 1 and actor.counters["samples_continued_on_retry"] == 0
 
 
 def test_tokens_journaled_before_the_spans_came_are_relabelled_in_the_journal(client):
@@ -179,8 +182,45 @@ def test_a_request_cut_short_continues_each_sample_from_its_tokens_counted_once(
     group = published(client)
     assert all(len(s.completion_ids) == 8 for s in group.samples)
     assert group.samples[0].completion_ids == [20 + k for k in range(8)]  # its prefix, then its continuation
-    assert (actor.counters["request_errors"], actor.counters["samples_continued"], actor.counters["tokens_reused"]) == (1, 2, 4)
+    assert (actor.counters["request_errors"], actor.counters["samples_continued_on_retry"], actor.counters["tokens_kept_on_retry"]) == (1, 2, 4)
+    assert (actor.counters["samples_continued"], actor.counters["tokens_reused"]) == (0, 0)  # no restart: nothing from the journal
     assert actor.counters["requests"] == 4
+
+
+def test_a_scripted_replay_counts_each_kept_token_once_crash_reuse_apart_from_retries(client):
+    """A restarted actor finds one group in the journal: sample 0 finished (3 tokens), 1 cut at 2
+    tokens, 2 cut with its whole budget (8), 3 cut with 2 tokens of a stale policy. Its replay keeps
+    13 tokens and continues sample 1; sample 3 starts over. Then its two requests (sample 1 from its
+    prefix, sample 3 from the prompt) break after 2 tokens each, the retries find no server, the
+    next ones finish. Exact counts: the journal's tokens once as crash reuse, the 4 tokens the
+    broken requests left once as kept on retry, nothing for the retries that added nothing."""
+    from rlrun.journal.store import Append
+
+    vllm = Vllm(interval=2, cut_after=1, cut_requests=2, down=(3, 4))
+    actor, ledger = actor_with(client, vllm, 5, "actor.max_new_tokens=8", "actor.journal_flush_tokens=1", "actor.max_prefix_staleness=1")
+    group = ledger.open_group(lambda c: c, lambda p: list(PROMPT), group_size=4, max_new_tokens=8, run="run").header
+    ledger.append_many([
+        Append(group.group_id, 0, 0, [1, 2, 3], [-0.1] * 3, 5, "stop"),
+        Append(group.group_id, 1, 0, [4, 5], [-0.2] * 2, 5),
+        Append(group.group_id, 2, 0, list(range(30, 38)), [-0.3] * 8, 4),
+        Append(group.group_id, 3, 0, [6, 7], [-0.4] * 2, 3),  # 3 < 5 - 1: stale
+    ])  # fmt: skip
+
+    (live,) = actor._replay_plan()
+    complete(actor, vllm, live)
+
+    counts = ("tokens_reused", "samples_continued", "tokens_kept_on_retry", "samples_continued_on_retry",
+              "tokens_regenerated", "prefixes_dropped_stale", "request_errors", "requests")  # fmt: skip
+    assert {k: actor.counters.get(k) for k in counts} == {
+        "tokens_reused": 3 + 2 + 8, "samples_continued": 1,  # from the journal, at the restart
+        "tokens_kept_on_retry": 2 + 2, "samples_continued_on_retry": 2,  # left by the broken requests
+        "tokens_regenerated": 2, "prefixes_dropped_stale": 1, "request_errors": 2, "requests": 6,
+    }
+    done = published(client)
+    assert [s.completion_ids for s in done.samples] == [
+        [1, 2, 3], [4, 5, 22, 23, 24, 25, 26, 27], list(range(30, 38)), [20, 21, 22, 23, 24, 25, 26, 27]
+    ]
+    assert [s.finish_reason for s in done.samples] == ["stop", "length", "length", "length"]
 
 
 def test_a_request_vllm_refuses_stops_the_actor_instead_of_retrying_forever(client):

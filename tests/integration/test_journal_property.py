@@ -7,9 +7,10 @@ acknowledgements), deliveries, policy updates and actor crashes, against a real 
 - every group handed out reaches the stream exactly once in the end, holding what was generated.
 
 The actor's journal calls go through the real `JournalLedger` (its runs split by policy version,
-a finish carried by the last append), with the actor's own `SampleState` and sampling rules; only
-the model is fake (deterministic, never repeated tokens). A crash drops the actor's memory and its
-ledger; a new ledger rebuilds it from `load_open_groups` + `plan_replay`.
+a finish carried by the last append) and the actor's own code: `flush` (a refusal re-read with
+`SampleState.take_journal`), its sampling rules; only the model is fake (deterministic, never
+repeated tokens). A crash drops the actor's memory and its ledger; a new ledger rebuilds it from
+`load_open_groups` + `plan_replay` + `resume`, as the actor does.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from rlrun.actor.ledger import JournalLedger
+from rlrun.actor.ledger import JournalLedger, flush
+from rlrun.actor.replay import resume
 from rlrun.actor.sampling import SampleState, close_if_spent
 from rlrun.journal.plan import Action, plan_replay
 from rlrun.journal.store import NotFinished
@@ -104,18 +106,14 @@ def make_machine(client):
                 self.truth_finish[gid][sample.index] = sample.finish_reason
 
         def _flush(self, gid, samples):
-            """As the actor flushes: one ledger call; a refusal makes it re-read the journal."""
-            batch = [s for s in samples if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded)]
-            results = self.ledger.append_samples(gid, batch)
-            assert len(results) == len(batch)
-            for sample, result in zip(batch, results):
-                if result.accepted:
-                    assert result.length == len(sample.completion_ids)
-                    self._acknowledged(gid, sample, result.length)
-                    sample.journaled, sample.finish_recorded = result.length, sample.finished
+            """As the actor flushes (`flush`); a refusal makes it re-read the journal."""
+            for f in flush(self.ledger, gid, samples):
+                if f.result.accepted:
+                    assert f.result.length == len(f.sample.completion_ids)
+                    self._acknowledged(gid, f.sample, f.result.length)
                 else:  # only after a lost acknowledgement: the journal is ahead of the actor
-                    assert result.reason in ("duplicate", "gap", "finished"), result
-                    self._resync(gid, sample)
+                    assert f.result.reason in ("duplicate", "gap", "finished"), f.result
+                    self._resync(gid, f.sample)
             self._check_journal(gid)
 
         def _resync(self, gid, sample):
@@ -131,10 +129,8 @@ def make_machine(client):
             assert (stored.token_ids, stored.logprobs, stored.versions) == (sample.completion_ids[:n], sample.logprobs[:n], sample.versions[:n])
             self._acknowledged(gid, sample, n)
             self.truth_finish[gid][sample.index] = stored.finish_reason if stored.finished else None
-            sample.reset()
-            sample.append_all(stored.token_ids, stored.logprobs, stored.versions)
-            sample.finish_reason, sample.finish_recorded = stored.finish_reason, stored.finished
-            sample.journaled = len(sample.completion_ids)
+            sample.take_journal(stored)
+            assert (sample.completion_ids, sample.journaled, sample.finish_recorded) == (stored.token_ids, n, stored.finished)
 
         def _check_journal(self, gid):
             """The journal holds exactly what it acknowledged: tokens, logprobs, versions, finish."""
@@ -144,36 +140,35 @@ def make_machine(client):
                 assert (stored.token_ids, stored.logprobs, stored.versions) == self.truth[gid][stored.index]
                 assert (stored.finish_reason if stored.finished else None) == self.truth_finish[gid][stored.index]
 
-        def _adopt(self, plan):
-            """Check a group's plan against what the journal acknowledged, and act on it."""
+        def _check_plan(self, plan, live):
+            """Check a group's plan, and the actor's group made of it, against what the journal
+            acknowledged."""
             gid = plan.header.group_id
-            samples = []
-            for s in plan.samples:
+            assert [s.index for s in live.samples] == [s.index for s in plan.samples]
+            for s, sample in zip(plan.samples, live.samples):
                 truth_tokens, truth_lp, truth_v = self.truth[gid][s.index]
-                sample = SampleState(s.index, list(s.prefix_token_ids), list(s.prefix_logprobs), list(s.prefix_versions))
-                sample.journaled = len(sample.completion_ids)
-                samples.append(sample)
+                assert sample.journaled == len(sample.completion_ids)
                 if s.action == Action.RESTART:
                     if truth_tokens:  # a prefix is dropped only when its oldest token is stale
                         assert min(truth_v) < self.version - STALENESS
                         assert s.dropped_tokens == len(truth_tokens)
-                    self.ledger.reset(gid, s.index)
-                    self.truth[gid][s.index] = ([], [], [])
-                    self.truth_finish[gid][s.index] = None
+                    assert sample.completion_ids == [] and not sample.finished
                     continue
-                # keep, continue, finish_length: the prefix is exactly what was acknowledged
+                # keep, continue: the prefix is exactly what was acknowledged
                 if s.action != Action.KEEP and truth_v:  # and an unfinished one is not stale
                     assert min(truth_v) >= self.version - STALENESS
                 assert (s.prefix_token_ids, s.prefix_logprobs, s.prefix_versions) == (truth_tokens, truth_lp, truth_v)
+                assert (sample.completion_ids, sample.logprobs, sample.versions) == (truth_tokens, truth_lp, truth_v)
                 if s.action == Action.KEEP:
-                    assert s.finish_reason == self.truth_finish[gid][s.index] is not None
-                    sample.finish_reason, sample.finish_recorded = s.finish_reason, True
-                else:
-                    assert self.truth_finish[gid][s.index] is None
-                if s.action == Action.FINISH_LENGTH:
-                    assert len(truth_tokens) >= self.budget[gid]
-                    sample.finish_reason = "length"  # as the actor: recorded by the next flush
-            self.actor[gid] = samples
+                    assert s.finish_reason == sample.finish_reason == self.truth_finish[gid][s.index] is not None
+                    assert sample.finish_recorded
+                else:  # continued, or closed as "length" when its budget is spent (recorded by the next flush)
+                    assert self.truth_finish[gid][s.index] is None and not sample.finish_recorded
+                    assert sample.finish_reason == ("length" if len(truth_tokens) >= self.budget[gid] else None)
+
+        def _forget(self, gid, index):
+            self.truth[gid][index] = ([], [], [])
+            self.truth_finish[gid][index] = None
 
         def _message(self, gid) -> str:
             samples = [[s.completion_ids, s.logprobs, s.versions, s.finish_reason] for s in self.actor[gid]]
@@ -323,8 +318,17 @@ def make_machine(client):
             plan = plan_replay(groups, current_version=self.version, max_prefix_staleness=STALENESS)
             # every group handed out and not delivered comes back, and nothing else
             assert [g.header.group_id for g in plan.groups] == [g for g in self.truth if g not in self.delivered]
-            for group_plan in plan.groups:
-                self._adopt(group_plan)
+            resumed = resume(plan)
+            for group_plan, live in zip(plan.groups, resumed.groups, strict=True):
+                self._check_plan(group_plan, live)
+                self.actor[live.group_id] = live.samples
+            for gid, index in resumed.resets:  # as the actor: the journal forgets restarted samples
+                self.ledger.reset(gid, index)
+                self._forget(gid, index)
+            assert sorted(resumed.resets) == sorted((p.header.group_id, s.index) for p in plan.groups for s in p.samples if s.action == Action.RESTART)
+            kept = [s for g in resumed.groups for s in g.samples]
+            assert resumed.tokens_reused == sum(len(s.completion_ids) for s in kept)  # each kept token once
+            assert resumed.samples_continued == sum(1 for s in kept if s.completion_ids and not s.finished)
 
         @invariant()
         def each_delivered_group_is_on_the_stream_once(self):

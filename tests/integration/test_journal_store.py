@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from rlrun.actor.replay import resume
 from rlrun.journal.plan import plan_replay
 from rlrun.journal.records import GroupRecord, SampleRecord
 from rlrun.journal.store import Append, Journal, NotFinished, UnknownGroup, WriteResult
@@ -279,7 +280,7 @@ def test_replay_plan_from_a_loaded_journal(journal):
     assert [(s.action, len(s.prefix_token_ids)) for s in in_flight.samples] == [("continue", 3), ("keep", 1), ("restart", 0)]
     assert in_flight.samples[0].prefix_logprobs == [-0.5, -1 / 3, -2.0]
     assert in_flight.samples[0].prefix_versions == [0, 0, 1]
-    assert plan.counters.tokens_reused == 4
+    assert resume(plan).tokens_reused == 4  # what the actor counts as kept from the journal
 
 
 # --- corrupt records ---------------------------------------------------------------------------

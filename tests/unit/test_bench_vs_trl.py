@@ -75,15 +75,16 @@ def test_rounds_are_reported_as_their_median_and_spread_and_async_is_judged_agai
 def test_the_split_of_a_step_comes_from_the_runs_metrics(tmp_path, monkeypatch):
     monkeypatch.setattr(vs_trl, "mean_prompt_tokens", lambda recipe: 5.0)
     rows = []
-    for step in range(1, 12):  # 10 steps after the first: 16 groups each, 2 of them continued once (3 tokens each)
+    for step in range(1, 12):  # 10 steps after the first: 16 groups each, 2 samples continued from the journal (3 tokens each), 1 on a retry (4)
         rows.append({"step": step, "samples": 256 * step, "reward_mean": 0.5, "time": 100.0 + step, "step_time_s": 0.4,
                      "wait_s": 0.05, "weights_s": 0.1, "vllm_paused_s": 0.02 + 0.001 * step, "groups_published": 16 * step,
                      "requests": 18 * step, "samples_continued": 2 * step, "tokens_reused": 6 * step,
+                     "samples_continued_on_retry": step, "tokens_kept_on_retry": 4 * step,
                      "generating_ms": 300 * step, "samples_spanning_update": 3, "ettr": 0.6})  # fmt: skip
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     split = vs_trl.step_split(tmp_path, "math_gspo")
     assert split["step_s"] == 0.4 and split["train_s"] == pytest.approx(0.25) and split["generating_s"] == pytest.approx(0.3)
-    assert split["requests_per_group"] == pytest.approx(18 / 16) and split["prefilled_again_per_step"] == pytest.approx(6 + 2 * 5)
+    assert split["requests_per_group"] == pytest.approx(18 / 16) and split["prefilled_again_per_step"] == pytest.approx(6 + 4 + (2 + 1) * 5)
     assert split["paused_s"] == pytest.approx(0.0265) and split["paused_p90_s"] == pytest.approx(0.0301)
     assert split["spanning_per_step"] == 3 and split["ettr"] == 0.6
 

@@ -26,8 +26,8 @@ def test_a_trainer_failure_costs_its_recovery_and_the_step_taken_again():
     ]
     records = [
         rec(20, 1, 10, wait=6, weights=1, tokens_regenerated=0, tokens_reused=0),  # begins at 10
-        rec(25, 2, 5, wait=1, weights=1, tokens_regenerated=100, tokens_reused=7),  # lost: taken again
-        rec(40, 2, 4, wait=2, weights=0.5, tokens_regenerated=130, tokens_reused=9),
+        rec(25, 2, 5, wait=1, weights=1, tokens_regenerated=100, tokens_reused=7, tokens_kept_on_retry=3),  # lost: taken again
+        rec(40, 2, 4, wait=2, weights=0.5, tokens_regenerated=130, tokens_reused=9, tokens_kept_on_retry=8),
         rec(45, 3, 5, tokens_regenerated=130, tokens_reused=9),
     ]
     split = split_wall_time(events, records)
@@ -43,7 +43,7 @@ def test_a_trainer_failure_costs_its_recovery_and_the_step_taken_again():
     assert split.ettr == pytest.approx(8 / 50)
     (failure,) = split.failures
     assert (failure.process, failure.recovery_s, failure.steps_retaken) == ("trainer", 13, 1)
-    assert (failure.tokens_regenerated, failure.tokens_reused) == (30, 2)
+    assert (failure.tokens_regenerated, failure.tokens_reused) == (30, 2 + 5)  # kept from the journal, and on retries
     assert split.to_dict()["steps_retaken"] == 1 and split.to_dict()["ettr"] == 0.16
 
 

@@ -1,10 +1,12 @@
-"""The replay plan: every sample state, budget arithmetic, staleness, counters. Pure, no Redis."""
+"""The replay plan: every sample state, staleness, counters; and `resume`, the one rule that turns
+a plan into the actor's groups (its budget rule, what it counts as kept). Pure, no Redis."""
 
 from __future__ import annotations
 
 import pytest
 
-from rlrun.actor.sampling import SampleState, remaining_budget
+from rlrun.actor.replay import resume
+from rlrun.actor.sampling import remaining_budget
 from rlrun.journal.plan import Action, ReplayCounters, plan_replay
 from rlrun.journal.records import GroupRecord, SampleRecord
 
@@ -40,7 +42,7 @@ def test_pending_sample_without_tokens_restarts_with_the_whole_budget():
     assert s.action == Action.RESTART
     assert (s.prefix_token_ids, s.prefix_logprobs, s.prefix_versions) == ([], [], [])
     assert s.dropped_tokens == 0
-    assert counters.prefixes_dropped_stale == counters.tokens_dropped_stale == counters.tokens_reused == 0
+    assert counters.prefixes_dropped_stale == counters.tokens_dropped_stale == 0
 
 
 def test_generating_sample_continues_from_its_exact_prefix_with_what_is_left_of_the_budget():
@@ -53,7 +55,7 @@ def test_generating_sample_continues_from_its_exact_prefix_with_what_is_left_of_
     assert s.prefix_logprobs == source.logprobs == [-0.125, -0.25, -0.375]
     assert s.prefix_versions == [4, 5, 5]
     assert s.finish_reason is None
-    assert plan.counters.tokens_reused == 3
+    assert resume(plan).tokens_reused == 3
 
 
 def test_the_plan_does_not_share_lists_with_the_records():
@@ -64,13 +66,15 @@ def test_the_plan_does_not_share_lists_with_the_records():
 
 
 def test_finished_sample_is_kept_with_its_reason():
-    (stop, length), counters = plan_one(
-        [{"state": "finished", "n": 3, "finish": "stop"}, {"state": "finished", "n": BUDGET, "finish": "length"}]
-    )
+    plan = plan_replay([group([{"state": "finished", "n": 3, "finish": "stop"}, {"state": "finished", "n": BUDGET, "finish": "length"}])],
+                       current_version=5, max_prefix_staleness=2)  # fmt: skip
+    stop, length = plan.groups[0].samples
     assert stop.action == length.action == Action.KEEP
     assert (stop.finish_reason, length.finish_reason) == ("stop", "length")
     assert stop.prefix_token_ids == [0, 1, 2]
-    assert counters.tokens_reused == 3 + BUDGET
+    resumed = resume(plan)
+    assert [(s.finish_reason, s.finish_recorded) for s in resumed.groups[0].samples] == [("stop", True), ("length", True)]
+    assert (resumed.tokens_reused, resumed.samples_continued) == (3 + BUDGET, 0)
 
 
 def test_finished_sample_is_kept_even_when_its_tokens_are_old():
@@ -80,25 +84,30 @@ def test_finished_sample_is_kept_even_when_its_tokens_are_old():
 
 @pytest.mark.parametrize("held", [BUDGET, BUDGET + 3])
 def test_unfinished_sample_with_its_budget_spent_is_finished_locally_as_length(held):
-    (s,), counters = plan_one([{"state": "generating", "n": held}])
-    assert s.action == Action.FINISH_LENGTH
-    assert s.finish_reason == "length"
-    assert len(s.prefix_token_ids) == held  # kept exactly, never truncated
-    assert counters.tokens_reused == held
+    plan = plan_replay([group([{"state": "generating", "n": held}])], current_version=5, max_prefix_staleness=2)
+    assert plan.groups[0].samples[0].action == Action.CONTINUE  # the plan has no budget rule: the actor's closes it
+    resumed = resume(plan)
+    (s,) = resumed.groups[0].samples
+    assert (s.finish_reason, s.finish_recorded) == ("length", False)  # recorded by the actor's first flush
+    assert len(s.completion_ids) == s.journaled == held  # kept exactly, never truncated
+    assert (resumed.tokens_reused, resumed.samples_continued) == (held, 0)
 
 
 @pytest.mark.parametrize("held, left", [(1, BUDGET - 1), (BUDGET - 1, 1), (BUDGET, 0)])
 def test_budget_arithmetic(held, left):
-    (s,), _ = plan_one([{"state": "generating", "n": held}])
-    assert s.action == (Action.CONTINUE if left else Action.FINISH_LENGTH)
-    continued = SampleState(s.index, list(s.prefix_token_ids))  # what the actor rebuilds from the plan
-    assert remaining_budget(continued, BUDGET) == left
+    resumed = resume(plan_replay([group([{"state": "generating", "n": held}])], current_version=5, max_prefix_staleness=2))
+    (s,) = resumed.groups[0].samples
+    assert remaining_budget(s, resumed.groups[0].max_new_tokens) == left
+    assert s.finished == (left == 0) and resumed.samples_continued == (1 if left else 0)
 
 
 def test_budget_of_one_token():
-    (fresh, spent), _ = plan_one([{}, {"state": "generating", "n": 1}], budget=1)
+    plan = plan_replay([group([{}, {"state": "generating", "n": 1}], budget=1)], current_version=5, max_prefix_staleness=2)
+    fresh, spent = plan.groups[0].samples
     assert (fresh.action, fresh.prefix_token_ids) == (Action.RESTART, [])
-    assert (spent.action, len(spent.prefix_token_ids)) == (Action.FINISH_LENGTH, 1)
+    assert (spent.action, len(spent.prefix_token_ids)) == (Action.CONTINUE, 1)
+    live = resume(plan).groups[0].samples
+    assert [(s.completion_ids, s.finish_reason) for s in live] == [([], None), ([100], "length")]
 
 
 def test_stale_prefix_is_dropped_counted_and_restarted():
@@ -106,7 +115,6 @@ def test_stale_prefix_is_dropped_counted_and_restarted():
     assert s.action == Action.RESTART
     assert s.prefix_token_ids == [] and s.dropped_tokens == 3
     assert counters.prefixes_dropped_stale == 1 and counters.tokens_dropped_stale == 3
-    assert counters.tokens_reused == 0
 
 
 def test_prefix_at_the_staleness_bound_is_kept():
@@ -144,16 +152,26 @@ def test_a_mixed_group_and_all_counters():
         {},  # restart
         {"state": "generating", "n": 3},  # continue
         {"state": "finished", "n": 4, "finish": "stop"},  # keep
-        {"state": "generating", "n": BUDGET},  # finish_length
+        {"state": "generating", "n": BUDGET},  # continue: closed as length by the actor's budget rule
         {"state": "generating", "versions": [1, 5]},  # stale: restart
     ]
-    samples, counters = plan_one(spec, current_version=5, staleness=1)
+    plan = plan_replay([group(spec, cursor=3)], current_version=5, max_prefix_staleness=1)
+    samples, counters = plan.groups[0].samples, plan.counters
     assert [s.action for s in samples] == [
-        Action.RESTART, Action.CONTINUE, Action.KEEP, Action.FINISH_LENGTH, Action.RESTART,
+        Action.RESTART, Action.CONTINUE, Action.KEEP, Action.CONTINUE, Action.RESTART,
     ]
     assert [s.index for s in samples] == [0, 1, 2, 3, 4]
     assert [len(s.prefix_token_ids) for s in samples] == [0, 3, 4, BUDGET, 0]
-    assert (counters.prefixes_dropped_stale, counters.tokens_reused, counters.tokens_dropped_stale) == (1, 3 + 4 + BUDGET, 2)
+    assert (counters.prefixes_dropped_stale, counters.tokens_dropped_stale) == (1, 2)
+    resumed = resume(plan)
+    (live,) = resumed.groups
+    assert (live.group_id, live.cursor, live.prompt_index, live.prompt_ids, live.max_new_tokens) == ("run/3", 3, 43, [1, 2, 3], BUDGET)
+    assert [(len(s.completion_ids), s.journaled, s.finish_reason, s.finish_recorded) for s in live.samples] == [
+        (0, 0, None, False), (3, 3, None, False), (4, 4, "stop", True), (BUDGET, BUDGET, "length", False), (0, 0, None, False),
+    ]  # fmt: skip
+    assert resumed.resets == [("run/3", 0), ("run/3", 4)]  # the journal forgets what starts over
+    assert (resumed.tokens_reused, resumed.samples_continued) == (3 + 4 + BUDGET, 1)  # each kept token once
+    assert [s.kept_counted for s in live.samples] == [0, 3, 4, BUDGET, 0]  # a later failed request adds only new ones
 
 
 def test_groups_come_back_in_cursor_order_with_their_prompt():

@@ -56,9 +56,11 @@ def test_a_step_retaken_after_a_trainer_restart_replaces_the_first_record():
 
 
 def test_actor_counters_come_from_the_published_hashes_added_up_and_default_to_zero():
-    published = {"tokens_reused": "120", "samples_continued": "7", "pid": "42", "heartbeat": "1.5", "prefixes_dropped_stale": "bad"}
-    assert summed_actor_counters([published]) == {"tokens_reused": 120, "tokens_regenerated": 0, "samples_continued": 7, "prefixes_dropped_stale": 0,
-                                                  "groups_published": 0, "requests": 0, "generating_ms": 0}
+    published = {"tokens_reused": "120", "samples_continued": "7", "tokens_kept_on_retry": "9", "pid": "42", "heartbeat": "1.5",
+                 "prefixes_dropped_stale": "bad"}  # fmt: skip
+    assert summed_actor_counters([published]) == {"tokens_reused": 120, "samples_continued": 7, "tokens_kept_on_retry": 9,
+                                                  "samples_continued_on_retry": 0, "tokens_regenerated": 0, "prefixes_dropped_stale": 0,
+                                                  "groups_published": 0, "requests": 0, "generating_ms": 0}  # fmt: skip
     assert summed_actor_counters([published, {"tokens_reused": "3"}])["tokens_reused"] == 123
     assert summed_actor_counters([{}]) == dict.fromkeys(ACTOR_COUNTERS, 0)
 
@@ -142,7 +144,8 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     cfg, _ = compose(["trainer.max_train_steps=3"])
     trainer = Trainer.__new__(Trainer)
     trainer.cfg, trainer.run_dir = cfg, RunDir(Path(tmp_path))
-    trainer.redis = FakeRedis({"tokens_reused": "40", "tokens_regenerated": "3", "samples_continued": "5", "prefixes_dropped_stale": "1", "pid": "9"})
+    trainer.redis = FakeRedis({"tokens_reused": "40", "tokens_regenerated": "3", "samples_continued": "5", "prefixes_dropped_stale": "1", "pid": "9",
+                               "tokens_kept_on_retry": "6", "samples_continued_on_retry": "2"})  # fmt: skip
     trainer.bad_messages = 0
     trainer.state = TrainerState(step=2, samples_processed=4, policy_version=2)
     trainer.metrics = MetricsWriter(trainer.run_dir.metrics)
@@ -162,6 +165,7 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     assert list(written) == list(FIELDS), "metrics.jsonl fields and rlrun.metrics.FIELDS (docs) disagree"
     assert written["ettr"] == pytest.approx(0.5 / 10, abs=0.01)
     assert (written["tokens_reused"], written["tokens_regenerated"], written["samples_continued"], written["prefixes_dropped_stale"]) == (40, 3, 5, 1)
+    assert (written["tokens_kept_on_retry"], written["samples_continued_on_retry"]) == (6, 2)
     assert (written["reward_mean"], written["reward_std"], written["tokens"], written["policy_lag_max"]) == (0.5, 0.5, 12, 1)
     # versions [0, 1, 1] against the step's trained weights (policy_version 2 - 1): lags 1, 0, 0
     assert (written["policy_lag_mean"], written["samples_spanning_update"]) == (pytest.approx(1 / 3, abs=1e-4), 4)

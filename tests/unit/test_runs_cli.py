@@ -14,6 +14,8 @@ from rlrun import runlock
 from rlrun.cli import app
 from rlrun.rundir import RunDir
 
+RECOVERED = {"tokens_reused": 13, "samples_continued": 1, "tokens_kept_on_retry": 4, "samples_continued_on_retry": 2,
+             "tokens_regenerated": 2, "prefixes_dropped_stale": 1}  # the actor's counters, as the trainer copies them  # fmt: skip
 OWNED: list[runlock.RunLock] = []  # the live runs' locks, held by this process until it ends
 
 
@@ -29,7 +31,8 @@ def make_run(root: Path, name: str, *, status: str, steps: int, t0: float, failu
             {"time": t0 + 13, "event": "process_failed", "process": "actor", "reason": "stalled: no progress for 11 s", "action": "restart"},
             {"time": t0 + 14, "event": "process_restarted", "process": "actor", "pid": 8, "attempt": 1, "log": "logs/actor.1.log"},
         ]
-    records = [{"time": t0 + 10 + 2 * i, "step": i, "step_time_s": 2, "wait_s": 0.5, "weights_s": 0.5, "reward_mean": 0.1 * i, "samples": 8 * i} for i in range(1, steps + 1)]
+    records = [{"time": t0 + 10 + 2 * i, "step": i, "step_time_s": 2, "wait_s": 0.5, "weights_s": 0.5, "reward_mean": 0.1 * i, "samples": 8 * i, **RECOVERED}
+               for i in range(1, steps + 1)]  # fmt: skip
     if status != "running":
         events.append({"time": t0 + 12 + 2 * steps, "event": "run_stopped", "status": status})
         run_dir.write_state(status=status)
@@ -55,6 +58,7 @@ def test_status_json_reports_processes_restarts_last_failure_progress_and_ettr(t
     ettr = report["ettr"]
     assert ettr["wall_s"] == 32 and ettr["failures"][0]["recovery_s"] == 11.0  # quiet from 1001, step 1 recorded at 1012
     assert 0 < ettr["ettr"] < 1 and report["last_event"]["event"] == "run_stopped"
+    assert report["recovery"] == RECOVERED
 
 
 def test_status_text_shows_the_ettr_line_and_the_dump(tmp_path):
@@ -65,6 +69,8 @@ def test_status_text_shows_the_ettr_line_and_the_dump(tmp_path):
     failure = "".join("".join(cells).split())  # the "last failure" column, folded over lines
     assert "(stacks:" + str(run_dir.diagnostics / "actor-0-x.txt").replace(" ", "") + ")" in failure
     assert re.search(r"ETTR 0\.\d\d of 18 s: training", result.output) and "1 failure(s): actor recovered in 11.0 s" in result.output
+    assert ("tokens kept: 13 from the journal at actor restarts (1 samples continued), 4 after failed requests "
+            "(2 samples continued); 2 regenerated (1 stale prefixes dropped)") in " ".join(result.output.split())  # fmt: skip
 
 
 def test_runs_lists_live_and_finished_runs_newest_first_and_skips_other_folders(tmp_path):
