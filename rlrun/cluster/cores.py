@@ -2,10 +2,11 @@
 servers get cores of their own, everything else (trainer, actor, Redis, the weight follower)
 shares the rest. Pure; the guard applies it (`rlrun/supervisor/guard.py --cpus`).
 
-Why (bench/README.md, "vs_trl"): on 2 shared cores the trainer's step took 3x its time alone,
-because vLLM's engine and worker busy-wait for each other (`sched_yield` for 1 s after every
-message, vllm/distributed/device_communicators/shm_broadcast.py, no setting) on whichever core
-they find; with vLLM on a core of its own the trainer trains at full speed beside it.
+Why (bench/README.md, "In-flight weight updates again"): unpinned on 2 cores, vLLM's engine
+(its model on `inference.threads` OpenMP threads), its API server and the trainer's torch threads
+take turns on every core: the trainer's work per step took 0.289 s instead of 0.168 s pinned.
+(Before vLLM ran its model in the engine process, its engine and worker also busy-waited for
+each other on whichever core they found: shm_broadcast's `sched_yield` loop.)
 """
 
 from __future__ import annotations
