@@ -1,4 +1,5 @@
-"""What a person sees while a run is going: a live table on a terminal, plain lines otherwise."""
+"""What a person sees of a run's processes: the live table of `rlrun train` on a terminal (plain
+lines otherwise), and `rlrun status`'s table, drawn from the run's recorded events."""
 
 from __future__ import annotations
 

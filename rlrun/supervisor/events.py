@@ -50,7 +50,7 @@ class EventLog:
     def __init__(self, path: Optional[Path], clock=time.time) -> None:
         self._path = path
         self._clock = clock
-        self.recorded: list[dict[str, Any]] = []  # kept in memory too: tests and the live view read it
+        self.recorded: list[dict[str, Any]] = []  # kept in memory too, for tests: the run reads events.jsonl
 
     def emit(self, event: str, **fields: Any) -> None:
         record = {"time": round(self._clock(), 3), "event": event, **fields}
