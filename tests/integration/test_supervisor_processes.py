@@ -131,6 +131,24 @@ def test_the_shared_process_tree_finds_grandchildren_and_is_read_once_per_poll(t
         parent.wait()
 
 
+def test_parents_are_read_right_whatever_a_process_calls_itself():
+    """/proc/<pid>/stat holds the short name between parentheses, which may itself hold spaces
+    and parentheses: the parent must still be read from the right field."""
+    from rlrun.supervisor.local import parents
+
+    title = "import setproctitle, time; setproctitle.setthreadtitle('a) 1 2 (b'); print('titled', flush=True); time.sleep(600)"
+    child = subprocess.Popen([sys.executable, "-c", title], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "titled"
+        assert psutil.Process(child.pid).name() == "a) 1 2 (b"
+        found = parents()
+        assert found[child.pid] == os.getpid()
+        assert found[os.getpid()] == os.getppid()
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_the_vllm_health_probe_keeps_one_connection(tmp_path):
     import http.server
     import threading
