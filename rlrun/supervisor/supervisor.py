@@ -298,13 +298,13 @@ class Supervisor:
     def _dump(self, proc: ProcessStatus, reason: str) -> None:
         if self._diagnose is None or proc.handle is None:
             return
-        started = time.monotonic()
+        started = self._clock()
         pids = [*proc.handle.descendants(fresh=True), proc.handle.pid]  # the process itself first, its guard last
         path = self._diagnose(proc.name, proc.attempt, pids, proc.log_path, reason)
         proc.last_dump = path
         self._events.emit(
             "stack_dump", process=proc.name, pid=proc.pid, attempt=proc.attempt, reason=reason,
-            file=str(path) if path else None, took_s=round(time.monotonic() - started, 2),
+            file=str(path) if path else None, took_s=round(self._clock() - started, 2),
         )  # fmt: skip
 
     def _sweep(self, proc: ProcessStatus) -> None:

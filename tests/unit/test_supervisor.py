@@ -355,6 +355,7 @@ def test_a_stalled_process_is_diagnosed_before_the_kill_and_the_event_names_the_
     def diagnose(process, attempt, pids, log_path, reason):
         killed = [entry for entry in spawner.log if entry[0] == "signal"]
         calls.append((process, attempt, pids, log_path.name, reason, killed))
+        clock.now += 4.0  # py-spy takes its time: the event says how long, on the supervisor's clock
         return tmp_path / f"{process}-{attempt}.txt"
 
     specs = [spec("actor", tmp_path, restart=RESTARTING, alive=lambda pid: alive["value"], stall_timeout_s=10, stop_grace_s=1)]
@@ -365,7 +366,7 @@ def test_a_stalled_process_is_diagnosed_before_the_kill_and_the_event_names_the_
     run_until(sup, clock, lambda: sup.status("actor").attempt == 1)
     assert calls == [("actor", 0, [stalled_pid], "actor.log", "stalled: no progress for 10 s, killed by the watchdog", [])]  # not yet killed
     dump = next(e for e in events.recorded if e["event"] == "stack_dump")
-    assert dump["file"] == str(tmp_path / "actor-0.txt") and dump["attempt"] == 0
+    assert dump["file"] == str(tmp_path / "actor-0.txt") and dump["attempt"] == 0 and dump["took_s"] == 4.0
     assert sup.status("actor").last_dump == tmp_path / "actor-0.txt"
 
     # A stop whose SIGTERM is ignored is diagnosed before the SIGKILL; one that obeys is not.
