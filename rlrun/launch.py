@@ -82,7 +82,7 @@ def plan_endpoints(cfg: RunConfig, pick_port: Callable[[str], int], hosts: Optio
 def plan_specs(cfg: RunConfig, run_dir: RunDir) -> list[ProcessSpec]:
     """The specs `train` would start (for --dry-run): ports are placeholders, nothing is built."""
     endpoints = plan_endpoints(cfg, pick_port=lambda host: 0)
-    return build_specs(cfg, run_dir, endpoints, model_path(cfg, build=False))
+    return build_specs(cfg, run_dir, endpoints, model_path(cfg, build=False), EventLog(None))  # nothing runs: nothing recorded
 
 
 PORT_ATTEMPTS = 3  # a service losing its port to another process at start gets new ports
@@ -130,7 +130,7 @@ def train(
             if on_tick is not None:
                 tick = lambda processes, progress=progress: on_tick(processes, progress.read(cfg))  # noqa: E731
             supervisor = Supervisor(
-                build_specs(cfg, run_dir, endpoints, path), events, spawner=spawner,
+                build_specs(cfg, run_dir, endpoints, path, events), events, spawner=spawner,
                 poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick, diagnose=diagnoser_for(cfg, run_dir),
             )  # fmt: skip
             try:

@@ -15,10 +15,12 @@ from rlrun.role_parts import Endpoints, RedisProbe, child_env, role_command, rol
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server
-from rlrun.supervisor import ProcessSpec
+from rlrun.supervisor import EventLog, ProcessSpec
 
 
-def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str) -> list[ProcessSpec]:
+def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, events: EventLog) -> list[ProcessSpec]:
+    """The run's processes in start order; their hooks record what they do in `events`, the
+    supervisor's log."""
     probe = RedisProbe(endpoints.redis_url, run_dir)
     specs: list[ProcessSpec] = []
     if endpoints.redis_port is not None:
@@ -41,7 +43,7 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
                 ready_timeout_s=cfg.inference.ready_timeout_s,
             )  # fmt: skip
         )
-    specs += backend_for(cfg).specs(cfg, run_dir, endpoints, model_path, probe)  # the trainer and what serves it
+    specs += backend_for(cfg).specs(cfg, run_dir, endpoints, model_path, probe, events)  # the trainer and what serves it
     k_all = cfg.actor.num_actors
     for k in range(k_all):  # each with its own servers, prompts, journal and state (rlrun/actor/partition.py)
         urls = [endpoints.vllm_urls[i] for i in servers_of(k, k_all, len(endpoints.vllm_urls))]

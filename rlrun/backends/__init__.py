@@ -1,7 +1,7 @@
 """Trainer backends: everything rlrun must know about one trainer, behind one interface.
 
     backend = backend_for(cfg)                       # by cfg.trainer.backend
-    backend.specs(cfg, run_dir, endpoints, model_path, probe)   # its processes, in start order
+    backend.specs(cfg, run_dir, endpoints, model_path, probe, events)   # its processes, in start order
     backend.completion_check(cfg, progress)          # the supervisor's RunVerdict per poll
     for layout in checkpoint_layouts(): ...          # inspect-checkpoint reads any backend's
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from rlrun.role_parts import Endpoints, RedisProbe
     from rlrun.rundir import RunDir
     from rlrun.sockets import Listener
-    from rlrun.supervisor import ProcessSpec, RunVerdict
+    from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict
 
 # name -> "module:attribute" of its TrainerBackend (config validation lists these names)
 _BACKENDS = {"hf": "rlrun.backends.hf:BACKEND", "fast_llm": "rlrun.backends.fast_llm.backend:BACKEND"}
@@ -90,8 +90,11 @@ class TrainerBackend(Protocol):
     def check_resumable(self, run_dir: "RunDir") -> None:
         """Preflight of a resume: its checkpoints leave something to resume from (RunDirError)."""
 
-    def specs(self, cfg: "RunConfig", run_dir: "RunDir", endpoints: "Endpoints", model_path: str, probe: "RedisProbe") -> list["ProcessSpec"]:
-        """Its processes (the trainer, and what serves it), in start order."""
+    def specs(
+        self, cfg: "RunConfig", run_dir: "RunDir", endpoints: "Endpoints", model_path: str, probe: "RedisProbe", events: "EventLog"
+    ) -> list["ProcessSpec"]:
+        """Its processes (the trainer, and what serves it), in start order; what their hooks do
+        goes to `events`, the supervisor's own log (events.jsonl has that one writer)."""
 
     def completion_check(self, cfg: "RunConfig", progress: "ProgressReader") -> Callable[[dict[str, Optional[int]]], "RunVerdict"]:
         """The supervisor's check, called with the exit codes of the processes that finish."""

@@ -15,7 +15,7 @@ from rlrun.config import RunConfig
 from rlrun.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
 from rlrun.streams import names
-from rlrun.supervisor import ProcessSpec, RunVerdict
+from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict
 from rlrun.trainer import checkpoint
 
 _STEP_NAME = re.compile(r"step_(\d+)")
@@ -115,7 +115,9 @@ class HfBackend:
         ones above a good one are only warned about (the trainer falls back)."""
         checkpoint.resume_point(run_dir.checkpoints)
 
-    def specs(self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> list[ProcessSpec]:
+    def specs(
+        self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe, events: EventLog
+    ) -> list[ProcessSpec]:
         argv, write_role_file = role_command(
             run_dir, "rlrun.trainer.main", "trainer", redis_url=endpoints.redis_url, model_path=model_path,
             vllm_urls=endpoints.vllm_urls, broadcast_host=endpoints.host("trainer", cfg.inference.host), broadcast_port=endpoints.broadcast_port,

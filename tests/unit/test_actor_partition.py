@@ -14,6 +14,7 @@ from rlrun.role_parts import Endpoints
 from rlrun.roles import build_specs
 from rlrun.rundir import RunDir
 from rlrun.streams import names
+from rlrun.supervisor import EventLog
 
 
 @pytest.mark.parametrize("k_all", [1, 2, 3, 5])
@@ -64,7 +65,8 @@ def test_each_actor_process_gets_its_index_and_only_its_servers_in_its_role_file
     run_dir.create({"kind": "rlrun-run"})
     run_dir.config.write_text(resolved)
     servers = ["http://127.0.0.1:8000", "http://127.0.0.1:8001", "http://127.0.0.1:8002"]
-    specs = {spec.name: spec for spec in build_specs(cfg, run_dir, Endpoints("redis://127.0.0.1:7000/0", 7000, servers), "/models/tiny")}
+    endpoints = Endpoints("redis://127.0.0.1:7000/0", 7000, servers)
+    specs = {spec.name: spec for spec in build_specs(cfg, run_dir, endpoints, "/models/tiny", EventLog(None))}
     assert [n for n in specs if n.startswith("actor")] == ["actor-0", "actor-1"]
     for k, owned in ((0, [0, 2]), (1, [1])):
         spec = specs[f"actor-{k}"]

@@ -16,6 +16,7 @@ from rlrun.errors import ConfigError, EnvironmentProblem, RestartsExhausted
 from rlrun.launch import plan_endpoints, plan_specs
 from rlrun.roles import build_specs
 from rlrun.rundir import RunDir, read_jsonl
+from rlrun.supervisor import EventLog
 
 SLURM = ["world=slurm"]
 # 4 nodes of 8 GPUs: vLLM (tensor-parallel 8) on 2 nodes, the hf trainer's 16 ranks on the 2 others.
@@ -49,7 +50,7 @@ def test_the_plan_of_4_nodes_of_8_gpus_puts_vllm_on_two_and_16_trainer_ranks_on_
     endpoints = plan_endpoints(cfg, lambda host: 7000, hosts)
     assert endpoints.redis_url == "redis://10.1.0.1:7000/0" and endpoints.vllm_urls == ["http://10.1.0.1:7000", "http://10.1.0.2:7000"]
     run = RunDir(tmp_path / "run")
-    specs = {spec.name: spec for spec in build_specs(cfg, run, endpoints, "/models/m")}
+    specs = {spec.name: spec for spec in build_specs(cfg, run, endpoints, "/models/m", EventLog(None))}
     assert specs["vllm-1"].argv[specs["vllm-1"].argv.index("--host") + 1] == "10.1.0.2"
     record = tmp_path / "trainer.json"
     log = tmp_path / "trainer.log"

@@ -126,8 +126,10 @@ class FastLlmBackend:
     def check_resumable(self, run_dir: RunDir) -> None:
         return None  # half-written checkpoints are moved aside before every start; none at all means step 0
 
-    def specs(self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> list[ProcessSpec]:
-        return [follower_spec(cfg, run_dir, endpoints, probe), trainer_spec(cfg, run_dir, endpoints, model_path, probe)]
+    def specs(
+        self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe, events: EventLog
+    ) -> list[ProcessSpec]:
+        return [follower_spec(cfg, run_dir, endpoints, probe), trainer_spec(cfg, run_dir, endpoints, model_path, probe, events)]
 
     def completion_check(self, cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
         """`completion.fast_llm_finished` over what the trainer announced; an exit 0 before the last
@@ -178,15 +180,15 @@ class FastLlmBackend:
 BACKEND = FastLlmBackend()
 
 
-def trainer_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe) -> ProcessSpec:
+def trainer_spec(
+    cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe, events: EventLog
+) -> ProcessSpec:
     """Fast-LLM from the config rlrun generates, tidied before every (re)start; ready at its first
     `weights_ready`. No heartbeat: it has none (it times out by itself after `fast_llm.timeout_s`)."""
     sup, f = cfg.supervisor, cfg.trainer.fast_llm
     experiment_dir = experiment_dir_of(cfg, run_dir.root)
     config_path = run_dir.root / "fast_llm.yaml"
     redis_host, _, redis_port = endpoints.redis_url.split("://", 1)[1].split("/", 1)[0].rpartition(":")
-
-    events = EventLog(run_dir.events)
 
     def rewind_documents() -> None:
         """The documents read after the checkpoint the trainer restarts from are delivered again."""
