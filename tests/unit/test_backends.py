@@ -45,25 +45,31 @@ def test_each_backend_builds_the_processes_it_names(overrides, roles, tmp_path):
     cfg, _ = compose(overrides)
     backend = backend_for(cfg)
     endpoints = Endpoints("redis://127.0.0.1:1/0", 1, ["http://127.0.0.1:2"], broadcast_port=3)
-    specs = backend.specs(cfg, RunDir(tmp_path), endpoints, str(tmp_path / "model"), RedisProbe(endpoints.redis_url, RunDir(tmp_path)), EventLog(None))
+    probe = RedisProbe(endpoints.redis_url, RunDir(tmp_path))
+    specs = backend.specs(cfg, RunDir(tmp_path), endpoints, str(tmp_path / "model"), probe, EventLog(None))
     assert [spec.name for spec in specs] == roles == backend.roles(cfg)
     trainer = specs[-1]
     assert trainer.finishes  # the completion rule reads its exit code
 
 
-def test_a_fresh_hf_trainer_starts_beside_vllm_and_a_resuming_one_after_it(tmp_path, monkeypatch):
-    from rlrun.trainer import checkpoint
+def test_a_fresh_hf_trainer_starts_beside_vllm_and_a_resuming_one_after_it(tmp_path):
+    from tests.unit.test_inspect import write_hf
 
     cfg, _ = compose([])
     run_dir = RunDir(tmp_path)
     endpoints = Endpoints("redis://127.0.0.1:1/0", 1, ["http://127.0.0.1:2"])
-    trainer_after = lambda: backend_for(cfg).specs(cfg, run_dir, endpoints, "m", RedisProbe(endpoints.redis_url, run_dir), EventLog(None))[-1].after  # noqa: E731
-    assert trainer_after() == ("redis",)
-    monkeypatch.setattr(checkpoint, "latest_complete", lambda path: path / "step_000002")
-    assert trainer_after() is None  # it pushes the checkpoint's weights to vLLM first: after everything before it
     no_redis = Endpoints("redis://10.0.0.1:6379/0", None, ["http://127.0.0.1:2"])  # a Redis rlrun does not start
-    monkeypatch.setattr(checkpoint, "latest_complete", lambda path: None)
-    assert backend_for(cfg).specs(cfg, run_dir, no_redis, "m", RedisProbe(no_redis.redis_url, run_dir), EventLog(None))[-1].after == ()
+
+    def trainer_after(endpoints: Endpoints):
+        specs = backend_for(cfg).specs(cfg, run_dir, endpoints, "m", RedisProbe(endpoints.redis_url, run_dir), EventLog(None))
+        return specs[-1].after
+
+    assert trainer_after(endpoints) == ("redis",)
+    assert trainer_after(no_redis) == ()
+    write_hf(run_dir.checkpoint(2), 2, samples=64, version=2, ok=False)  # half-written: still a fresh start
+    assert trainer_after(endpoints) == ("redis",)
+    write_hf(run_dir.checkpoint(3), 3, samples=96, version=3)
+    assert trainer_after(endpoints) is None  # it pushes the checkpoint's weights to vLLM first: after everything before it
 
 
 def test_only_fast_llm_and_a_broadcasting_hf_trainer_have_a_broadcast_port_and_only_fast_llm_a_passwordless_redis_user():
