@@ -21,6 +21,8 @@ from rlrun.supervisor import EventLog
 
 log = logging.getLogger(__name__)
 
+_TIME = "return redis.call('TIME')"
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -35,14 +37,13 @@ class Progress:
 
 
 class ProgressReader:
-    def __init__(self, url: str, run_dir: RunDir, events: Optional[EventLog] = None) -> None:
+    def __init__(self, url: str, run_dir: RunDir, events: Optional[EventLog] = None, clock=time.monotonic) -> None:
         self._url = url
         self.run_dir = run_dir
         self._client = None
         self._events = events
-        # This launch's events only: a resumed run's stream still holds the previous launch's.
-        # Stream ids start with the server's time in ms: read from this millisecond on.
-        self._trainer_events = StreamTail(names.TRAINER_EVENTS, "event", start_id=f"{int(time.time() * 1000) - 1}-{2**64 - 1}")
+        self._clock, self._made_at = clock, clock()
+        self._trainer_events: Optional[StreamTail] = None  # from this reader's making on: `_launch_start`
         self.training_done_seen = False
         self.malformed_events = 0
         self._last: dict[str, dict] = {}  # the last value read of each hash
@@ -51,7 +52,10 @@ class ProgressReader:
     def poll_trainer_events(self) -> bool:
         """Read the trainer's new events (malformed ones counted); True once `training_done` was seen."""
         try:
-            polled = self._trainer_events.poll(self.redis())
+            client = self.redis()
+            if self._trainer_events is None:
+                self._trainer_events = StreamTail(names.TRAINER_EVENTS, "event", start_id=self._launch_start(client))
+            polled = self._trainer_events.poll(client)
         except Exception:  # Redis not up yet, or restarting: read on from the same id next time
             self._client = None
             return self.training_done_seen
@@ -61,6 +65,16 @@ class ProgressReader:
         if any(message.get("type") == "training_done" for _id, message in polled.messages):
             self.training_done_seen = True
         return self.training_done_seen
+
+    def _launch_start(self, client) -> str:
+        """The stream id this launch's events follow: a resumed run's stream still holds the previous
+        launch's. Ids start with the Redis server's time in ms, which may differ from ours (an
+        external Redis): the moment this reader was made is put on the server's clock (TIME, less
+        the time since), one millisecond early so that nothing of this launch is skipped. TIME runs
+        in a script given the stream's key: on a Redis Cluster, the clock of the node holding it."""
+        seconds, micros = (int(part) for part in client.eval(_TIME, 1, names.TRAINER_EVENTS))
+        since_made_ms = (self._clock() - self._made_at) * 1000
+        return f"{int(seconds * 1000 + micros / 1000 - since_made_ms) - 1}-{2**64 - 1}"
 
     def note_rejected_event(self, stream: str, message_id: str, why: str) -> None:
         """An event that is malformed or does not fit the run: counted, recorded, never acted on."""

@@ -22,6 +22,7 @@ from rlrun.journal.store import KEY_PREFIX, Append
 from rlrun.streams import names
 from rlrun.streams.codec import encode
 from rlrun.supervisor import EventLog, RunVerdict
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -137,8 +138,8 @@ BAD_EVENTS = [
 
 def test_supervisor_reads_the_events_stream_and_counts_malformed_events(server, client, tmp_path, caplog):
     cfg, _ = compose(["trainer.max_train_steps=4"])
-    client.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "training_done", "step": 2})})  # a previous launch's
-    time.sleep(0.01)
+    previous = client.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "training_done", "step": 2})})  # a previous launch's
+    wait_until(lambda: redis_ms(client) > int(previous.split("-")[0]) + 1, what="Redis's clock to pass the previous launch")
     events = EventLog(tmp_path / "events.jsonl")
     reader = ProgressReader(server.url, server.run_dir, events)
     check = backend_for(cfg).completion_check(cfg, reader)
@@ -165,6 +166,53 @@ def test_supervisor_reads_the_events_stream_and_counts_malformed_events(server, 
     assert reader.malformed_events == len(BAD_EVENTS) + 1  # nothing read twice, nothing skipped
     verdict = check({"trainer": 0})
     assert verdict.finished and verdict.reject is None and "training_done" in verdict.reason
+
+
+def redis_ms(client) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
+
+
+class AheadRedis:
+    """The run's real Redis as one whose clock is an hour ahead of ours (an external Redis on
+    another machine): TIME says so (in a script too), and so do the ids of the entries its
+    clients add."""
+
+    SKEW_S = 3600
+
+    def __init__(self, client) -> None:
+        self._client = client
+
+    def time(self):
+        seconds, micros = self._client.time()
+        return seconds + self.SKEW_S, micros
+
+    def eval(self, script: str, numkeys: int, *keys_and_args):
+        reply = self._client.eval(script, numkeys, *keys_and_args)
+        if "TIME" in script:
+            return [int(reply[0]) + self.SKEW_S, reply[1]]
+        return reply
+
+    def xadd_at(self, stream: str, fields: dict, ms: int) -> str:
+        return self._client.xadd(stream, fields, id=f"{ms}-*")
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+
+def test_this_launchs_trainer_events_are_told_apart_by_the_redis_clock_not_ours(server, client, tmp_path, monkeypatch):
+    from rlrun import progress
+
+    ahead = AheadRedis(client)
+    monkeypatch.setattr(progress.redis_server, "connect", lambda *args, **kwargs: ahead)
+    reader = ProgressReader(server.url, server.run_dir, EventLog(None))
+    made_at_ms = redis_ms(ahead)  # on the server's clock, an hour after ours
+    # A previous launch said it was done 5 s before this reader was made; this one has not yet.
+    ahead.xadd_at(names.TRAINER_EVENTS, {"event": encode({"type": "training_done", "step": 2})}, made_at_ms - 5_000)
+    ahead.xadd_at(names.TRAINER_EVENTS, {"event": encode({"type": "step", "step": 1})}, made_at_ms + 10)
+    assert reader.poll_trainer_events() is False
+    ahead.xadd_at(names.TRAINER_EVENTS, {"event": encode({"type": "training_done", "step": 4})}, made_at_ms + 20)
+    assert reader.poll_trainer_events() is True
 
 
 # --- the token journal, replayed by a restarted actor -------------------------------------------

@@ -163,3 +163,23 @@ def test_a_server_down_during_an_update_fails_that_update_only(client):
     f.step()  # does not raise: the follower keeps running
     assert admin.routes(1)[-2:] == ["pause", "resume"]  # asked to receive nothing alone: resumed at once
     assert client.hget(names.WEIGHTS_STATE, "broadcasts_failed") == "1" and client.get(names.POLICY_VERSION) is None
+
+
+def test_the_trainer_is_ready_at_a_weights_ready_newer_than_the_stream_held_at_its_start(server, client, tmp_path):
+    """Told by the stream's own ids, never by our clock: a Redis whose clock is an hour ahead of
+    ours (an external one) holds a gone trainer's weights_ready with an id "in our future"."""
+    from rlrun.backends.fast_llm.backend import trainer_spec
+    from rlrun.role_parts import Endpoints, RedisProbe
+    from rlrun.supervisor import EventLog
+
+    cfg, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu"])
+    stream = cfg.trainer.fast_llm.events_stream
+    endpoints = Endpoints(server.url, server.port, ["http://127.0.0.1:2"], broadcast_port=3)
+    spec = trainer_spec(cfg, server.run_dir, endpoints, "m", RedisProbe(server.url, server.run_dir), EventLog(None))
+    seconds, _ = client.time()
+    hour_ahead_ms = (seconds + 3600) * 1000
+    ready = {"event": json.dumps({"type": "weights_ready", "step": 0, "documents_seen": 0})}
+    client.xadd(stream, ready, id=f"{hour_ahead_ms}-*")  # the gone trainer's
+    assert spec.ready(4242) is False
+    client.xadd(stream, ready, id=f"{hour_ahead_ms + 1000}-*")  # this attempt's
+    assert spec.ready(4242) is True

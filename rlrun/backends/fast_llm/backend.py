@@ -6,7 +6,6 @@ each piece means, this one puts them behind `rlrun.backends.TrainerBackend`.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
@@ -15,7 +14,7 @@ from rlrun import completion
 from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
 from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
 from rlrun.backends.fast_llm.config import LAUNCH_ENV, launch_argv, write_config
-from rlrun.backends.fast_llm.follower import request_join
+from rlrun.backends.fast_llm.follower import last_id, request_join
 from rlrun.backends.fast_llm.installed import choose_revision
 from rlrun.backends.fast_llm.rewind import rewind_group
 from rlrun.config import RunConfig
@@ -208,13 +207,18 @@ def trainer_spec(
         if not probe.call(rewind):
             log.warning("documents not rewound: Redis unreachable")
 
+    # The events stream's newest id before the current attempt started: a weights_ready after it is
+    # that attempt's (the stream's own ids, not a clock: an external Redis's may differ from ours).
+    attempt_after: dict[str, Optional[str]] = {"id": None}
+
     def before_start() -> None:
+        attempt_after["id"] = None
         moved = fl_checkpoints.move_aside_incomplete(experiment_dir)
         for path in moved:
             log.warning("moved a half-written Fast-LLM checkpoint aside: %s", path)
         # The new trainer opens its broadcast group at start and waits there for the vLLM servers.
         start_step = fl_checkpoints.latest_complete_step(experiment_dir) or 0  # what it resumes from
-        if not probe.call(lambda client: request_join(client, f.events_stream, start_step)):
+        if not probe.call(lambda client: attempt_after.update(id=request_join(client, f.events_stream, start_step))):
             log.warning("could not ask the weight follower to join the trainer's broadcast (Redis unreachable); "
                         "the trainer waits for it up to trainer.fast_llm.timeout_s, then is restarted")  # fmt: skip
         rewind_documents()
@@ -227,8 +231,13 @@ def trainer_spec(
     started: dict[int, str] = {}
 
     def ready(pid: int) -> bool:  # a weights_ready event published after this attempt started
-        since = started.setdefault(pid, f"{int(time.time() * 1000)}-0")
-        return probe.stream_has_event_after(f.events_stream, since, '"weights_ready"')
+        if pid not in started:
+            if attempt_after["id"] is None:  # Redis was unreachable before the start: what it holds now
+                probe.call(lambda client: attempt_after.update(id=last_id(client, f.events_stream)))
+            if attempt_after["id"] is None:
+                return False
+            started[pid] = attempt_after["id"]
+        return probe.stream_has_event_after(f.events_stream, started[pid], '"weights_ready"')
 
     return role_spec(
         cfg, run_dir, "trainer", "trainer",

@@ -30,11 +30,17 @@ BLOCK_MS = 500  # how long one read of the events stream waits (the heartbeat be
 JOIN_CALL_TIMEOUT_S = 30.0  # a join only starts a thread in the worker: it answers at once
 
 
+def last_id(redis, stream: str) -> str:
+    """The id of `stream`'s newest entry ("0-0": none): what is read after it is newer, by the
+    server's own ids (never by a clock of ours, which may differ from an external Redis's)."""
+    last = redis.xrevrange(stream, count=1)
+    return last[0][0] if last else "0-0"
+
+
 def request_join(redis, events_stream: str, start_step: int | None = None) -> str:
     """Before (re)starting Fast-LLM: ask the follower for a new join (`start_step`: the step the new
     trainer resumes from, None: unknown). Returns `join_after`: what follows it is the new trainer's."""
-    last = redis.xrevrange(events_stream, count=1)
-    after = last[0][0] if last else "0-0"
+    after = last_id(redis, events_stream)
     with redis.pipeline(transaction=True) as tx:
         tx.hincrby(names.WEIGHTS_STATE, "join_request", 1)
         tx.hset(names.WEIGHTS_STATE, "join_after", after)
