@@ -3,7 +3,6 @@ cursor, survival across Redis restarts (AOF), corrupt records, trimming."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -11,6 +10,7 @@ from rlrun.actor.replay import resume
 from rlrun.journal.plan import plan_replay
 from rlrun.journal.records import GroupRecord, SampleRecord
 from rlrun.journal.store import Append, Journal, NotFinished, UnknownGroup, WriteResult
+from tests.waiting import aof_written, wait_until
 
 
 def finish(journal: Journal, group_id: str, index: int, reason: str, expected_length: int) -> WriteResult:
@@ -263,7 +263,7 @@ def test_journal_contents_are_identical_after_a_redis_restart_from_the_aof(serve
     before, loaded_before = _dump(client), journal.load_open_groups()
     assert len(loaded_before.groups) == 2
     if how == "kill":
-        time.sleep(1.5)  # appendfsync everysec: let one fsync happen
+        wait_until(lambda: aof_written(client), what="the AOF to hold the journal")
         server.kill()
     server.restart()
     assert _dump(client) == before

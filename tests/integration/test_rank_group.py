@@ -16,6 +16,7 @@ import pytest
 
 from rlrun.cluster.listen import interface_of
 from rlrun.trainer.rank_group import first_failure, rank_env
+from tests.waiting import wait_until
 
 RANK = """
 import json, os, sys, time
@@ -43,14 +44,13 @@ def launch(tmp_path: Path, action: str, nproc: int = 3, options: tuple[str, ...]
 
 
 def ranks_written(tmp_path: Path, nproc: int, timeout: float = 30.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        files = [tmp_path / f"rank{r}.json" for r in range(nproc)]
-        if all(f.is_file() and f.stat().st_size for f in files):
-            time.sleep(0.1)
-            return [json.loads(f.read_text()) for f in files]
-        time.sleep(0.05)
-    raise AssertionError("the ranks did not start")
+    def written() -> list[dict] | None:
+        try:
+            return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nproc)]
+        except (FileNotFoundError, json.JSONDecodeError):  # not yet started, or its file half-written
+            return None
+
+    return wait_until(written, timeout, "the ranks to start")
 
 
 def gone(pid: int, timeout: float = 15.0) -> bool:

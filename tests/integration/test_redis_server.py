@@ -25,6 +25,7 @@ from rlrun.streams.server import (
     write_server_config,
 )
 from rlrun.streams.standalone import managed_server
+from tests.waiting import aof_written, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -124,8 +125,9 @@ def test_password_is_generated_once_and_kept(run_dir):
 
 def test_data_survives_kill_9_and_restart_from_the_aof(run_dir):
     with managed_server(run_dir, appendfsync="everysec") as srv:
-        entry_id = _write_sample_data(connect(srv.url, srv.password))
-        time.sleep(1.5)  # everysec: let one fsync happen
+        client = connect(srv.url, srv.password)
+        entry_id = _write_sample_data(client)
+        wait_until(lambda: aof_written(client), what="the AOF to hold the data")
         old_pid, port, password = srv.server_pid(), srv.port, srv.password
         srv.kill()
         assert srv.exit_code == -9

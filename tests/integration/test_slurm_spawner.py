@@ -24,6 +24,7 @@ from rlrun.config import compose
 from rlrun.supervisor.local import LocalHandle
 from rlrun.supervisor.spec import ProcessSpec
 from tests.slurm_cluster import LocalSlurm, available
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.skipif(available() is not None, reason=str(available()))]
 
@@ -97,16 +98,15 @@ def test_a_step_reports_its_own_group_and_node_and_stops_on_sigterm_through_slur
 
 def test_a_kill_leaves_nothing_and_an_exit_status_passes_through(allocation):
     slurm, _, _, spawner, root = allocation
-    out = root / "trainer.out"
-    stubborn = ProcessSpec(name="trainer", argv=[sys.executable, "-c", "import signal, time, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                           f"open({str(out)!r}, 'w').write('up')\ntime.sleep(600)"], log_path=root / "logs" / "trainer.log")  # fmt: skip
+    out, termed = root / "trainer.out", root / "trainer.term"
+    stubborn = ProcessSpec(name="trainer", argv=[sys.executable, "-c", "import signal, time, sys\n"
+                           f"signal.signal(signal.SIGTERM, lambda *_: open({str(termed)!r}, 'w').write('term'))\n"
+                           f"open({str(out)!r}, 'w').write('up')\nwhile True: time.sleep(600)"], log_path=root / "logs" / "trainer.log")  # fmt: skip
     handle = spawner.spawn(stubborn)
-    deadline = time.monotonic() + 20
-    while not out.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(out.exists, 20, "the trainer to start")
     assert psutil.pid_exists(handle.pid)
-    handle.signal_group(signal.SIGTERM)  # ignored by the process, which the step wrapper waits for
-    time.sleep(1)
+    handle.signal_group(signal.SIGTERM)  # passed over by the process, which the step wrapper waits for
+    wait_until(termed.exists, 20, "the trainer to be sent SIGTERM")
     assert handle.poll() is None
     handle.signal_group(signal.SIGKILL)
     assert wait_exit(handle) not in (None, 0)

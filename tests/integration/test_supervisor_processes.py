@@ -16,6 +16,7 @@ import pytest
 from rlrun.errors import ProcessFailed
 from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict, Supervisor
 from tests.processes import ESCAPING_PARENT, alive
+from tests.waiting import wait_until
 
 # A process that starts a grandchild in a *new session* (as some servers do), then sleeps.
 def test_children_get_their_own_group_log_to_file_and_are_all_stopped(tmp_path):
@@ -36,8 +37,7 @@ def test_children_get_their_own_group_log_to_file_and_are_all_stopped(tmp_path):
     sup.watch(lambda exits: RunVerdict(True, "done"))  # one poll records the descendants
     pids = [p.pid for p in sup.processes]
     sup.stop_all()
-    time.sleep(0.2)
-    assert not [pid for pid in pids + [grandchild] if alive(pid)], (pids, grandchild)
+    wait_until(lambda: not [pid for pid in pids + [grandchild] if alive(pid)], 5, f"{pids} and {grandchild} to be gone")
     assert "hello" in (tmp_path / "sleeper.log").read_text()
     events = (tmp_path / "events.jsonl").read_text()
     assert '"descendants_swept"' in events and str(grandchild) in events
