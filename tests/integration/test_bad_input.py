@@ -612,29 +612,34 @@ def test_every_bad_input_is_refused_before_anything_exists(work, nothing_starts,
 
 @pytest.mark.parametrize("live", [True, False])
 def test_supervisor_live_view_is_read(live, monkeypatch, tmp_path):
-    """A documented key is used, not ignored: the CLI passes it to the live view."""
-    from rlrun import cli, launch, live as live_module
+    """A documented key is used, not ignored: on a terminal `rlrun train` draws the live table, or
+    plain lines with supervisor.live_view=false (the CLI's own view; only the run is stood in for)."""
+    import io
+    import signal
+
+    from rich.console import Console
+
+    from rlrun import cli, launch
     from rlrun.config import compose
+    from rlrun.progress import Progress
+    from rlrun.rundir import RunDir
 
-    seen = []
+    def one_tick_of_a_run(cfg, run_dir, on_tick, resumed):
+        on_tick([], Progress(step=3, max_train_steps=4, samples=768))
+        return "done"
 
-    class Recording:
-        def __init__(self, console, live):
-            seen.append(live)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def update(self, processes):
-            pass
-
-    monkeypatch.setattr(live_module, "LiveView", Recording)
-    monkeypatch.setattr(launch, "train", lambda cfg, run_dir, on_tick, resumed: "done")
-    monkeypatch.setattr(cli, "_report_end", lambda cfg, run_dir, reason: None)
-    monkeypatch.setattr(cli.signal, "signal", lambda *a: None)
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=200)
+    monkeypatch.setattr(cli, "console", terminal)
+    monkeypatch.setattr(launch, "train", one_tick_of_a_run)
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.create({"name": "run"})
     cfg, _ = compose([f"supervisor.live_view={str(live).lower()}"])
-    cli._supervise(cfg, tmp_path)
-    assert seen == [live]
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        cli._supervise(cfg, run_dir)
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # _supervise stops the run on SIGTERM: not the tests' runner
+    shown = terminal.file.getvalue()
+    assert "finished:" in shown and "ETTR" in shown  # the run's end reported as for any run
+    assert ("[train] step 3/4" in shown) is not live
+    assert ("\x1b[?25l" in shown) is live  # rich's Live hides the cursor while it draws
