@@ -162,7 +162,6 @@ def test_the_fault_matrix_reports_ettr_and_the_work_lost_per_failure(chaos_run):
     assert [(f.process, next((r for _, r in injected if r in f.reason), f.reason)) for f in split.failures] == injected
     for f in split.failures:
         assert f.recovery_s is not None and 0 < f.recovery_s < 300, f
-        assert f.steps_retaken >= 0 and f.tokens_regenerated >= 0 and f.tokens_reused >= 0, f
     vllm, killed_actor, stalled_actor, trainer = split.failures
     assert vllm.time == pytest.approx(timeline["vllm_killed"], abs=2)  # noticed within a poll or two
     assert trainer.time == pytest.approx(timeline["trainer_killed"], abs=2)

@@ -69,18 +69,15 @@ TRAIN_ITERS, DOCS_PER_STEP, OBSERVED_DOCS_PER_STEP = 400, 1024, 1043
 
 def test_fast_llm_overshoot_does_not_finish_early():
     # the sample-counting rule's target: 400 * 1024 * 1 = 409_600 documents;
-    # at 1043 docs/step it is crossed at step ceil(409_600 / 1043) = ceil(392.7) = 393:
-    # 392 * 1043 = 408_856 < 409_600 ≤ 393 * 1043 = 409_899
+    # at 1043 docs/step it is crossed at step ceil(409_600 / 1043) = ceil(392.7) = 393
     naive = HfTarget(TRAIN_ITERS, DOCS_PER_STEP, 1)
     assert naive.samples_target == 409_600
-    at_392 = obs(392 * OBSERVED_DOCS_PER_STEP, None, step=392, ready=392)
     at_393 = obs(393 * OBSERVED_DOCS_PER_STEP, None, step=393, ready=393)
-    # the naive rule fires at step 393
-    assert at_392.samples_processed < naive.samples_target <= at_393.samples_processed
-    v = fast_llm_finished(TRAIN_ITERS, at_393)
-    assert not v.finished
-    # even if the trainer stopped there and said training_finished (as it does after SIGTERM)
-    stopped = obs(409_899, 0, step=393, seen=True, ckpt=350, ready=393)
+    assert not fast_llm_finished(TRAIN_ITERS, at_393).finished
+    # the trainer stopped there and said training_finished (as it does after SIGTERM), exit 0
+    stopped = obs(393 * OBSERVED_DOCS_PER_STEP, 0, step=393, seen=True, ckpt=350, ready=393)
+    stopped_a_step_earlier = obs(392 * OBSERVED_DOCS_PER_STEP, 0, step=392, seen=True, ckpt=350, ready=392)
+    assert hf_finished(naive, stopped).finished and not hf_finished(naive, stopped_a_step_earlier).finished  # counting would stop here
     v = fast_llm_finished(TRAIN_ITERS, stopped)
     assert not v.finished
     assert v.reason == "interrupted at step 393 of 400"
