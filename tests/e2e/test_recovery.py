@@ -36,7 +36,11 @@ def actor_counters(run_dir: Path) -> dict:
     """The counters of the last actor process, from its closing log line."""
     import ast
 
-    logs = sorted((run_dir / "logs").rglob("actor*.log"))
+    def order(log: Path) -> tuple[int, int]:  # logs/launch-<n>/actor.log, then actor.<restart>.log
+        restart = log.name.split(".")[1] if log.name.count(".") == 2 else "0"
+        return int(log.parent.name.removeprefix("launch-")), int(restart)
+
+    logs = sorted((run_dir / "logs").rglob("actor*.log"), key=order)
     last = [line for line in logs[-1].read_text().splitlines() if "actor stops (" in line][-1]
     return ast.literal_eval(last.split("actor stops (", 1)[1].rstrip(")"))
 

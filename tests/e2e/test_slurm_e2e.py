@@ -38,7 +38,7 @@ from .conftest import check_exact_continuation, events, read_jsonl, steps_done, 
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 36  # long enough that the time-limit signal (≤ 30 s after it is due) finds the run mid-way
+STEPS = 100  # the time-limit signal comes up to 30 s after it is due: at ~0.75 s a step, ~40 steps later; it must find the run mid-way
 LEAD_S = 150  # --signal=B:USR1@150: with the limit brought to <= 150 s away, SLURM signals at its next check
 CONFIG = [
     "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", "trainer.checkpoint_every=1000",
@@ -134,7 +134,10 @@ def slurm_run(tmp_path_factory):
 
             # 3. the requeued job continues to the end
             mark = time.monotonic()
-            slurm.run("scontrol", "update", f"JobId={job_b}", "StartTime=now")  # no 2-minute hold in a test
+            # The job's limit back to world.time (a requeued job keeps the limit of its last start: the
+            # one brought near would signal the new start again before it had trained a step) and no
+            # 2-minute hold in a test.
+            slurm.run("scontrol", "update", f"JobId={job_b}", "TimeLimit=30", "StartTime=now")
             wait_for(lambda: slurm.job_state(job_b) not in ACTIVE, 900, "the requeued job B to finish")
             facts["timing"]["B requeued"] = time.monotonic() - mark
             facts["restarts"] = slurm.job_field(job_b, "Restarts")
@@ -204,7 +207,8 @@ def test_on_two_nodes_each_process_runs_where_the_plan_puts_it_and_servers_liste
 
     assert nodes_of("rlrun:trainer-rank0") == {"node0"} and nodes_of("rlrun:trainer-rank1") == {"node1"}  # ranks meet across nodes
     assert nodes_of("rlrun:actor") == {"node1"}  # beside its vLLM server
-    assert {node for cmdline, node in placed if "vllm.entrypoints.openai.api_server" in cmdline} == {"node1"}
+    # (the batch node's srun of each step names the step's command too: the process itself is what counts)
+    assert {node for cmdline, node in placed if cmdline.split()[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]} == {"node1"}
     assert {node for cmdline, node in placed if "rlrun resume" in cmdline} == {"node0"}  # the batch step: rlrun, and Redis beside it
     assert {node for cmdline, node in placed if "redis.conf" in cmdline} == {"node0"}
     actor_role = (run_dir / "roles" / "actor.yaml").read_text()
