@@ -48,10 +48,6 @@ def results(futures: list[Future], while_waiting: Callable[[], None]) -> list:
     return [future.result() for future in futures]
 
 
-# vLLM 0.32's refusal of /start_weight_update while a session is open (gpu_worker._start_weight_update)
-ABANDONED_UPDATE = "while a weight update is already active"
-
-
 def version_label(version: int) -> str:
     """The weight version as vLLM stores it (and reports it in `weight_versions` spans)."""
     return str(int(version))
@@ -106,22 +102,10 @@ class VllmAdmin:
         """One weight update of server `url` through its weight-transfer engine: `update_info`
         `{"path": folder}` or `{"timeout_s": t}` (receive a broadcast), then `version` as its label."""
         extra = {"timeout": timeout_s + 30.0} if timeout_s is not None else {}
-        self._start_update(url)
+        self._post(f"{url}/start_weight_update")
         # A failed update ends vLLM's update session itself (the next start works) and labels nothing.
         self._post(f"{url}/update_weights", json={"update_info": update_info}, **extra)
         self._post(f"{url}/finish_weight_update", json={"weight_version": version_label(version)})
-
-    def _start_update(self, url: str) -> None:
-        """/start_weight_update; a session left open by a trainer that died between its start and
-        its finish (vLLM refuses every new start until it is finished) is finished first, under the
-        label the server serves now: what this update loads next replaces whatever it got."""
-        try:
-            self._post(f"{url}/start_weight_update")
-        except RuntimeError as exc:
-            if ABANDONED_UPDATE not in str(exc):
-                raise
-            self._post(f"{url}/finish_weight_update", json={"weight_version": self.weight_version(url)})
-            self._post(f"{url}/start_weight_update")
 
     def join_broadcast(self, url: str, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
                        namespace: str = "") -> None:  # fmt: skip
