@@ -102,10 +102,27 @@ class VllmAdmin:
         """One weight update of server `url` through its weight-transfer engine: `update_info`
         `{"path": folder}` or `{"timeout_s": t}` (receive a broadcast), then `version` as its label."""
         extra = {"timeout": timeout_s + 30.0} if timeout_s is not None else {}
-        self._post(f"{url}/start_weight_update")
+        self._start_update(url)
         # A failed update ends vLLM's update session itself (the next start works) and labels nothing.
         self._post(f"{url}/update_weights", json={"update_info": update_info}, **extra)
         self._post(f"{url}/finish_weight_update", json={"weight_version": version_label(version)})
+
+    def _start_update(self, url: str) -> None:
+        """/start_weight_update. A trainer that died between its start and its finish left vLLM's
+        update session open, and vLLM refuses every later start until it is finished; so a failed
+        start is met by finishing the session under the label the server serves now, then starting
+        again: what this update loads next replaces whatever the dead trainer sent. When finishing
+        fails too, the start's own failure is raised. The start goes on a connection of its own:
+        vLLM's server breaks the connection it refused on, and the next request there would fail."""
+        try:
+            self._post(f"{url}/start_weight_update", headers={"Connection": "close"})
+            return
+        except (RuntimeError, httpx.ReadError, httpx.RemoteProtocolError) as refused:
+            try:
+                self._post(f"{url}/finish_weight_update", json={"weight_version": self.weight_version(url)})
+            except (RuntimeError, httpx.HTTPError):
+                raise refused from None
+        self._post(f"{url}/start_weight_update", headers={"Connection": "close"})
 
     def join_broadcast(self, url: str, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
                        namespace: str = "") -> None:  # fmt: skip

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -51,9 +50,7 @@ TWO_NODES = ([("node0", 1), ("node1", 3)], ["world.nodes=2", "trainer.nproc_per_
 ONE_NODE = ([("node0", 2)], ["trainer.train_batch_size=64", "world.actor.cpus=0"])  # 2 CPUs: vLLM's, the trainer's
 ACTIVE = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED")
 
-# Opt-in until it has passed whole on this machine: its first CI run (2026-12-03) showed the timing
-# faults fixed here (the run too short for the signal, the requeued job's limit) untested since.
-REASON = available() or ("" if os.environ.get("RLRUN_SLURM_E2E") else "set RLRUN_SLURM_E2E=1 to run it (opt-in until it has passed once whole)")
+REASON = available()
 if REASON:
     summary("SLURM end-to-end tests skipped", [REASON])
 

@@ -284,6 +284,28 @@ ADMIN_ROUTES = [
 ]
 
 
+def test_an_update_session_left_open_by_a_dead_trainer_does_not_block_the_next_update(server, tmp_path):
+    """A trainer killed between /start_weight_update and /finish_weight_update leaves vLLM's session
+    open, and vLLM refuses every later start (seen in CI: a killed trainer rank, then its restarted
+    group refused until the restart budget was spent, exit 6). The next update finishes it and goes on."""
+    url, model = server.url, server.model
+    with httpx.Client(base_url=url, timeout=120, headers=bearer_header(KEY)) as dead_trainer:
+        served = dead_trainer.get("/weight_info").json()["weight_version"]
+        assert dead_trainer.post("/start_weight_update").status_code == 200  # its last call
+        try:
+            refused = dead_trainer.post("/start_weight_update").status_code
+        except httpx.HTTPError:  # vLLM may answer the refusal by closing the connection
+            refused = None
+        assert refused != 200, "vLLM started a second update session while one was open"
+    folder = tied_folder(model, weights_at(load_file(os.path.join(model, "model.safetensors")), 31), tmp_path / "step-31")
+    admin = VllmAdmin([url], api_key=KEY)
+    try:
+        assert admin.update_from_folder(folder, 31, publish=lambda: None) == []
+        assert admin.weight_version(url) == "31" != served
+    finally:
+        admin.close()
+
+
 def test_every_admin_route_needs_the_runs_key(server):
     """A local process without the key can neither freeze generation nor swap the policy; the key
     opens every route; /health stays open for the probe; the key is in no log."""
