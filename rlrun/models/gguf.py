@@ -19,20 +19,16 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import re
-import shutil
 import time
 from pathlib import Path
 
-from filelock import FileLock
-
 from rlrun.errors import EnvironmentProblem
+from rlrun.models.cache import MARKER, built_once
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1  # bump when the build changes what the folder holds: new folder names
-MARKER = "rlrun-model.json"  # written last; a folder without it is not a finished build
 PACKAGE_FILE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):([^/\\:]+)$")
 # config.json keys transformers writes that name nothing the model computes, and that Fast-LLM's
 # HF importer refuses as unknown ("HF config has unknown key ..."): where the GGUF came from,
@@ -108,29 +104,7 @@ def ensure_gguf_model(cache_dir: str | Path, path: str) -> Path:
     runs and tests wait for one build), into a temporary sibling renamed into place with its
     marker, so a crashed build never looks finished."""
     file = gguf_file(path)
-    cache_dir = Path(cache_dir).expanduser()
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    name = folder_name(file)
-    final = cache_dir / name
-    if (final / MARKER).is_file():
-        return final
-    require_gguf_reader()
-    with FileLock(cache_dir / f".{name}.lock"):
-        if (final / MARKER).is_file():  # another caller built it while we waited
-            return final
-        for stale in cache_dir.glob(f".{name}.tmp-*"):  # left by a crashed build
-            shutil.rmtree(stale, ignore_errors=True)
-        if final.exists():  # no marker: not ours to trust
-            shutil.rmtree(final)
-        tmp = cache_dir / f".{name}.tmp-{os.getpid()}"
-        tmp.mkdir()
-        try:
-            _build(file, tmp)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return final
+    return built_once(cache_dir, folder_name(file), lambda folder: _build(file, folder), before_build=require_gguf_reader)
 
 
 def _build(file: Path, folder: Path) -> None:

@@ -13,21 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
 import string
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from filelock import FileLock
-
 from rlrun.data.arithmetic import Problem, arithmetic_problems
+from rlrun.models.cache import MARKER, built_once
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 4  # bump when the architecture, tokenizer or warm start changes: new folder names
-MARKER = "rlrun-model.json"  # written last; a folder without it is not a finished build
 
 HIDDEN = 128
 HEADS = 2  # head_dim = HIDDEN / HEADS = 64: vLLM's CPU attention rejects head dims below 64
@@ -69,27 +65,7 @@ def ensure_tiny_model(cache_dir: Path, seed: int, warm_start_steps: int, max_ope
     """The folder of the tiny model for these parameters, built first if needed (once, under a lock,
     into a temporary sibling renamed into place marker and all: a crash never looks finished)."""
     build = TinyBuild(seed=seed, warm_start_steps=warm_start_steps, max_operand=max_operand, max_model_len=max_model_len)
-    cache_dir = Path(cache_dir).expanduser()
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    final = cache_dir / build.folder_name()
-    if (final / MARKER).is_file():
-        return final
-    with FileLock(cache_dir / f".{build.folder_name()}.lock"):  # one build per folder, across processes
-        if (final / MARKER).is_file():  # another caller built it while we waited
-            return final
-        for stale in cache_dir.glob(f".{build.folder_name()}.tmp-*"):  # left by a crashed build
-            shutil.rmtree(stale, ignore_errors=True)
-        if final.exists():  # no marker: not ours to trust
-            shutil.rmtree(final)
-        tmp = cache_dir / f".{build.folder_name()}.tmp-{os.getpid()}"
-        tmp.mkdir()
-        try:
-            _build(build, tmp)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return final
+    return built_once(cache_dir, build.folder_name(), lambda folder: _build(build, folder))
 
 
 def longest_sequence(max_operand: int) -> int:
