@@ -4,6 +4,7 @@ time (so a recycled pid is never mistaken for ours), looked up again after a gra
 from __future__ import annotations
 
 import textwrap
+import threading
 import time
 from collections.abc import Iterable
 
@@ -49,6 +50,37 @@ def still_alive(seen: Iterable[tuple[int, float]], grace_s: float = 0.0) -> list
     while alive() and time.time() < deadline:
         time.sleep(0.2)
     return alive()
+
+
+class ProcessCollector:
+    """Processes recorded by a background thread while something runs, as (pid, start time), so
+    that "none is left" is checked exactly and is unaffected by anything else on the machine.
+    A subclass says what one look sees (`_look`, which records into `seen` and returns False when
+    there is nothing left to look at) and how long `alive` waits by default (GRACE_S). Its own
+    fields are set before `super().__init__()`, which starts the thread."""
+
+    GRACE_S = 0.0
+    EVERY_S = 0.3
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[int, float]] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._collect, daemon=True)
+        self._thread.start()
+
+    def _look(self) -> bool:
+        raise NotImplementedError
+
+    def _collect(self) -> None:
+        while not self._stop.is_set() and self._look() is not False:
+            self._stop.wait(self.EVERY_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def alive(self, grace_s: float | None = None) -> list[str]:
+        return still_alive(self.seen, self.GRACE_S if grace_s is None else grace_s)
 
 
 def listening_sockets(pids: Iterable[int]) -> dict[tuple[str, int], str]:

@@ -27,6 +27,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.processes import ProcessCollector
+
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel", "sinfo")
 
 
@@ -234,43 +236,29 @@ class LocalSlurm:
         return found
 
 
-class JobProcesses:
+class JobProcesses(ProcessCollector):
     """Every process of a cluster's jobs (step daemons and all they start), collected while the
-    jobs run, so that "none is left" is checked by pid and start time."""
+    jobs run."""
 
     def __init__(self, slurm: LocalSlurm) -> None:
-        import threading
-
-        self.slurm, self.seen = slurm, set()
+        self.slurm = slurm
         self.cmdlines: set[str] = set()
         self.placed: set[tuple[str, str | None]] = set()  # (command line, the node it ran on)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._collect, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _collect(self) -> None:
+    def _look(self) -> bool:
         import psutil
 
-        while not self._stop.is_set():
-            for stepd in self.slurm._step_daemons():
-                try:
-                    for p in [stepd, *stepd.children(recursive=True)]:
-                        self.seen.add((p.pid, p.create_time()))
-                        cmdline = " ".join(p.cmdline())
-                        self.cmdlines.add(cmdline)
-                        self.placed.add((cmdline, self.slurm.node_of(p.pid)))
-                except psutil.Error:
-                    pass
-            self._stop.wait(0.3)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def alive(self, grace_s: float = 0.0) -> list[str]:
-        from tests.processes import still_alive
-
-        return still_alive(self.seen, grace_s)
+        for stepd in self.slurm._step_daemons():
+            try:
+                for p in [stepd, *stepd.children(recursive=True)]:
+                    self.seen.add((p.pid, p.create_time()))
+                    cmdline = " ".join(p.cmdline())
+                    self.cmdlines.add(cmdline)
+                    self.placed.add((cmdline, self.slurm.node_of(p.pid)))
+            except psutil.Error:
+                pass
+        return True
 
 
 class _Network:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.processes import listening_sockets, still_alive
+from tests.processes import ProcessCollector, listening_sockets
 
 E2E_DIR = Path(__file__).parent
 
@@ -27,53 +27,37 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
-class RunProcesses:
+class RunProcesses(ProcessCollector):
     """Every process that descends from one `rlrun` process, collected while it runs.
-
-    "No process of the run is left" is checked against this set (pid + start time), so the check
-    is exact and unaffected by anything else running on the machine. `listening`: every TCP socket
-    they were seen listening on (sampled every LISTEN_EVERY_S: listeners live as long as a run).
-    """
+    `listening`: every TCP socket they were seen listening on (sampled every LISTEN_EVERY_S:
+    listeners live as long as a run)."""
 
     LISTEN_EVERY_S = 2.0
 
     def __init__(self, root_pid: int) -> None:
-        import threading
-
-        self.seen: set[tuple[int, float]] = set()
         self.cmdlines: set[tuple[str, ...]] = set()  # every command line `ps` showed, while they ran
         self.listening: dict[tuple[str, int], str] = {}
         self._listened_at = 0.0
         self._root = root_pid
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._collect, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _collect(self) -> None:
+    def _look(self) -> bool:
         import time
 
-        while not self._stop.is_set():
+        try:
+            children = psutil.Process(self._root).children(recursive=True)
+        except psutil.Error:
+            return False
+        for proc in children:
             try:
-                children = psutil.Process(self._root).children(recursive=True)
+                self.seen.add((proc.pid, proc.create_time()))
+                self.cmdlines.add(tuple(proc.cmdline()))
             except psutil.Error:
-                return
-            for proc in children:
-                try:
-                    self.seen.add((proc.pid, proc.create_time()))
-                    self.cmdlines.add(tuple(proc.cmdline()))
-                except psutil.Error:
-                    pass
-            if time.monotonic() - self._listened_at >= self.LISTEN_EVERY_S:
-                self.listening.update(listening_sockets([self._root, *(proc.pid for proc in children)]))
-                self._listened_at = time.monotonic()
-            self._stop.wait(0.3)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def alive(self, grace_s: float = 0.0) -> list[str]:
-        return still_alive(self.seen, grace_s)
+                pass
+        if time.monotonic() - self._listened_at >= self.LISTEN_EVERY_S:
+            self.listening.update(listening_sockets([self._root, *(proc.pid for proc in children)]))
+            self._listened_at = time.monotonic()
+        return True
 
 
 def run_cli(args: list[str], timeout: float) -> subprocess.CompletedProcess:

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import re
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import psutil
 import pytest
 
 from rlrun.trainer.checkpoint import latest_complete, read_state
-from tests.processes import still_alive
+from tests.processes import ProcessCollector
 from tests.ray_node import LocalRayCluster
 
 from .conftest import RunProcesses, events, read_jsonl, steps_done, wait_for
@@ -58,38 +57,30 @@ def process_under(pid: int) -> psutil.Process:
     return proc
 
 
-class NodeProcesses:
+class NodeProcesses(ProcessCollector):
     """The run's processes on the cluster's nodes (agents, guards and below), collected while
-    the run goes, so that "none is left" is checked by pid and start time."""
+    the run goes."""
+
+    GRACE_S = 15.0
 
     def __init__(self, cluster: LocalRayCluster) -> None:
-        self.cluster, self.seen = cluster, set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._collect, daemon=True)
-        self._thread.start()
+        self.cluster = cluster
+        super().__init__()
 
-    def _collect(self) -> None:
-        while not self._stop.is_set():
-            for node in list(self.cluster.nodes.values()):
-                try:
-                    for p in psutil.Process(node.pid).children(recursive=True):
-                        try:
-                            if any(m in " ".join(p.cmdline()) for m in RUN_MARKERS):
-                                for q in [p, *p.children(recursive=True)]:
-                                    self.seen.add((q.pid, q.create_time()))
-                        except psutil.Error:
-                            pass
-                except psutil.Error:
-                    pass
-            self.cluster.record()
-            self._stop.wait(0.3)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def alive(self, grace_s: float = 15.0) -> list[str]:
-        return still_alive(self.seen, grace_s)
+    def _look(self) -> bool:
+        for node in list(self.cluster.nodes.values()):
+            try:
+                for p in psutil.Process(node.pid).children(recursive=True):
+                    try:
+                        if any(m in " ".join(p.cmdline()) for m in RUN_MARKERS):
+                            for q in [p, *p.children(recursive=True)]:
+                                self.seen.add((q.pid, q.create_time()))
+                    except psutil.Error:
+                        pass
+            except psutil.Error:
+                pass
+        self.cluster.record()
+        return True
 
 
 @pytest.fixture(scope="module")

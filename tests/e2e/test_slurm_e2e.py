@@ -199,7 +199,7 @@ def test_every_process_was_a_step_of_the_job_and_none_is_left(slurm_run):
 def test_on_two_nodes_each_process_runs_where_the_plan_puts_it_and_servers_listen_there(slurm_run):
     run_dir, facts = slurm_run
     if len(facts["nodes"]) < 2:
-        pytest.skip("one node here: no network namespaces (see the session's summary)")
+        pytest.skip("one node here: this machine cannot make network namespaces (tests/slurm_cluster.py)")
     placed = facts["placed"]
 
     def nodes_of(marker: str) -> set:

@@ -410,17 +410,13 @@ def test_a_real_checkpoint_passes_and_a_damaged_one_is_skipped_before_loading(tm
     """`checkpoint.save` of a real (tiny) transformers model passes the checks, and the trainer's
     loader gets the previous one once the newer one is damaged."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import AutoModelForCausalLM
 
     from rlrun.trainer import checkpoint
     from rlrun.trainer.parallel import Parallel, Ranks
+    from tests.models import stepped_qwen2
 
-    config = Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
-    model = AutoModelForCausalLM.from_config(config)
-    optimizer = torch.optim.AdamW(model.parameters())
-    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
-    optimizer.step()
+    model, optimizer = stepped_qwen2()
     for step in (2, 4):
         state = checkpoint.TrainerState(step=step, samples_processed=step * 8, policy_version=step)
         path = tmp_path / f"step_{step:06d}"

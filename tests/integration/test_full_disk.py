@@ -35,16 +35,9 @@ def full_disk(tmp_path) -> Path:
 @pytest.fixture(scope="module")
 def model_and_optimizer():
     """A real transformers model of ~130 KB of weights: more than the disk holds."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from tests.models import stepped_qwen2
 
-    config = Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
-    model = AutoModelForCausalLM.from_config(config)
-    optimizer = torch.optim.AdamW(model.parameters())
-    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
-    optimizer.step()
-    return model, optimizer
+    return stepped_qwen2()
 
 
 def test_weights_for_vllm_on_a_full_disk(full_disk, model_and_optimizer):
