@@ -10,7 +10,7 @@ math_gspo with `trainer.max_train_steps` large enough that the run lasts), and a
 minutes after its start (up to `--minutes`) SIGKILLs the process of one role drawn at random
 (seeded; each role once before any twice): the vLLM API server (one of them, with several servers), the actor, the trainer, or
 Redis (`--roles ...,redis`). At `--minutes` it stops the run with SIGTERM (rlrun stops its
-processes in order) and reads the run's records with rlrun/ettr.py, the reader `rlrun status`
+processes in order) and reads the run's records with rlrun/telemetry/ettr.py, the reader `rlrun status`
 uses. Printed:
 
   - per kill: the role, the step at the kill, the recovery (failure -> the end of the first step
@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         run.stop()
 
-    from rlrun.ettr import split_wall_time
-    from rlrun.metrics import read_metrics
+    from rlrun.telemetry.ettr import split_wall_time
+    from rlrun.telemetry.metrics import read_metrics
 
     events = run.events()
     split = split_wall_time(events, read_metrics(run.run_dir / "metrics.jsonl"))

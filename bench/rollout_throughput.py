@@ -66,7 +66,7 @@ from rlrun.data.tasks import load_task
 from rlrun.inference.auth import bearer_header
 from rlrun.inference.server import HealthCheck, base_url, server_argv, server_env
 from rlrun.journal.store import KEY_PREFIX
-from rlrun.launch import create_run, model_path
+from rlrun.run.launch import create_run, model_path
 from rlrun.streams import names
 from rlrun.streams.server import connect, pick_free_port
 from rlrun.streams.standalone import managed_server

@@ -166,7 +166,7 @@ def run_capped(command: list[str], log: Path, budget_s: float, cwd: Path = REPO,
 
 
 def rlrun_points(run_dir: Path, launched: float) -> tuple[list[Point], float]:
-    from rlrun.metrics import final_records, read_metrics
+    from rlrun.telemetry.metrics import final_records, read_metrics
 
     records = final_records(read_metrics(run_dir / "metrics.jsonl")) if (run_dir / "metrics.jsonl").is_file() else []
     points = [Point(r["time"] - launched, r["step"], r["samples"], float(r["reward_mean"])) for r in records]
@@ -196,7 +196,7 @@ def mean_prompt_tokens(recipe: str) -> float:
     from rlrun.actor.tokenizer import load_tokenizer
     from rlrun.config import compose
     from rlrun.data.tasks import load_task
-    from rlrun.launch import model_path
+    from rlrun.run.launch import model_path
 
     cfg, _ = compose([f"recipe={recipe}"])
     tokenizer, task = load_tokenizer(model_path(cfg, build=True)), load_task(cfg.dataset, cfg.run.seed)
@@ -205,7 +205,7 @@ def mean_prompt_tokens(recipe: str) -> float:
 
 def step_split(run_dir: Path, recipe: str) -> dict | None:
     """Where an rlrun step's time went (module docstring), from the run's metrics.jsonl."""
-    from rlrun.metrics import final_records, read_metrics
+    from rlrun.telemetry.metrics import final_records, read_metrics
 
     path = run_dir / "metrics.jsonl"
     records = [r for r in final_records(read_metrics(path)) if r["step"] > 1] if path.is_file() else []
@@ -296,7 +296,7 @@ def trl_worker(args, overrides: list[str]) -> int:
 
     from rlrun.config import compose
     from rlrun.data.tasks import load_task, problem_index
-    from rlrun.launch import model_path
+    from rlrun.run.launch import model_path
 
     torch.set_num_threads(args.trl_threads)
     cfg, _ = compose(overrides)

@@ -137,7 +137,7 @@ def weight_table(sizes: list[str], repeats: int) -> None:
 
 # --- 2. step time ---------------------------------------------------------------------------------
 def samples(seed: int = 0) -> list:
-    from rlrun.rollouts import Sample
+    from rlrun.streams.rollouts import Sample
 
     rng = random.Random(seed)
     out = []

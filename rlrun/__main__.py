@@ -1,3 +1,3 @@
-from rlrun.cli import app
+from rlrun.cli.app import app
 
 app()

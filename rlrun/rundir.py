@@ -15,7 +15,7 @@ from typing import Optional
 from rlrun.errors import RunDirError
 
 MARKER = "rlrun-run.json"  # present in every run directory; its absence means "not a run"
-LOCK = "run.lock"  # flock-ed by the process running the run (rlrun/runlock.py); never written
+LOCK = "run.lock"  # flock-ed by the process running the run (rlrun/run/runlock.py); never written
 LAUNCH_PREFIX = "launch-"  # logs/launch-<n>/: the n-th `rlrun train`/`rlrun resume` of the run
 
 
@@ -71,7 +71,7 @@ class RunDir:
 
     @property
     def roles(self) -> Path:
-        """One file per child process: what it needs to start (rlrun/role_file.py)."""
+        """One file per child process: what it needs to start (rlrun/parts/role_file.py)."""
         return self.root / "roles"
 
     def role_file(self, name: str) -> Path:

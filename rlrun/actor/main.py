@@ -34,11 +34,11 @@ from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import is_stale, plan_replay
 from rlrun.models.chat import chat_renderer
-from rlrun.rollouts import Group, Sample
-from rlrun.role_file import role_from_argv
+from rlrun.streams.rollouts import Group, Sample
+from rlrun.parts.role_file import role_from_argv
 from rlrun.streams import names
 from rlrun.streams.server import connect
-from rlrun.advantages import group_advantages
+from rlrun.rules.advantages import group_advantages
 
 log = logging.getLogger("rlrun.actor")
 
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rlrun import proctitle, stackdump
+    from rlrun.telemetry import proctitle, stackdump
 
     proctitle.name("actor")  # `ps` shows rlrun:actor
     stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)

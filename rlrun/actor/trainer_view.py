@@ -10,7 +10,7 @@ from typing import Protocol
 
 from rlrun.actor.partition import share
 from rlrun.config import RunConfig
-from rlrun.rollouts import Group
+from rlrun.streams.rollouts import Group
 from rlrun.streams import names
 from rlrun.streams.codec import encode
 

@@ -6,7 +6,7 @@
     for layout in checkpoint_layouts(): ...          # inspect-checkpoint reads any backend's
 
 Nothing else names a backend: a new trainer is one new module, registered in `_BACKENDS` (imported
-on first use). Completion rules stay pure, in `rlrun.completion`.
+on first use). Completion rules stay pure, in `rlrun.rules.completion`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from rlrun.actor.trainer_view import TrainerView
-    from rlrun.completion import Verdict
+    from rlrun.rules.completion import Verdict
     from rlrun.config import RunConfig
-    from rlrun.progress import ProgressReader
-    from rlrun.role_parts import Endpoints, RedisProbe
+    from rlrun.parts.progress import ProgressReader
+    from rlrun.parts.role_parts import Endpoints, RedisProbe
     from rlrun.rundir import RunDir
-    from rlrun.sockets import Listener
+    from rlrun.parts.sockets import Listener
     from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict
 
 # name -> "module:attribute" of its TrainerBackend (config validation lists these names)
@@ -77,7 +77,7 @@ class TrainerBackend(Protocol):
     def broadcast_port(self, cfg: "RunConfig", pick_port: Callable[[str], int]) -> int: ...  # 0: none
 
     def listeners(self, cfg: "RunConfig") -> list["Listener"]:
-        """The sockets its processes listen on (rlrun/sockets.py; --dry-run lists them)."""
+        """The sockets its processes listen on (rlrun/parts/sockets.py; --dry-run lists them)."""
 
     def explicit_ports(self, cfg: "RunConfig") -> list[tuple[str, str, int]]:
         """(config key, host, port) of every port its config fixes (preflight checks they are free)."""

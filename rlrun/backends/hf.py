@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from rlrun import completion
+from rlrun.rules import completion
 from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
 from rlrun.config import RunConfig
-from rlrun.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
+from rlrun.parts.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict
@@ -85,7 +85,7 @@ class HfBackend:
         return []
 
     def listeners(self, cfg: RunConfig) -> list:
-        from rlrun import sockets
+        from rlrun.parts import sockets
 
         out = []
         t, ranks_host = cfg.trainer, "127.0.0.1" if cfg.world.kind == "local" else "rank 0's node"

@@ -21,7 +21,7 @@ def model_path(cfg: RunConfig, build: bool) -> str:
         return str(ensure_tiny_model(Path(m.cache_dir), **args))
     if m.source == "gguf":
         return str(ensure_gguf_model(m.cache_dir, m.path) if build else built_folder(m.cache_dir, m.path))
-    if m.source == "path":  # a Hugging Face model folder (rlrun.preflight.check_model)
+    if m.source == "path":  # a Hugging Face model folder (rlrun.run.preflight.check_model)
         return str(Path(m.path).expanduser().resolve())
     try:  # a hub id: fetched once into the Hugging Face cache, then served from that folder
         from huggingface_hub import snapshot_download

@@ -143,7 +143,7 @@ def _signal_dumps(pids: list[int], log_path: Optional[Path], deadline: float, li
     asked = []
     for pid in pids:
         # Only a process that catches SIGUSR1 is sent it (its default action ends the process):
-        # rlrun's roles do, through `rlrun.stackdump.enable`; the guards do not.
+        # rlrun's roles do, through `rlrun.telemetry.stackdump.enable`; the guards do not.
         if catches(pid, signal.SIGUSR1):
             try:
                 os.kill(pid, signal.SIGUSR1)

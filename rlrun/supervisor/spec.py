@@ -1,6 +1,6 @@
 """What the supervisor is given: process specs, and the states a process goes through.
 
-A spec is built by the roles (`rlrun/roles.py`; the trainer's processes by its backend,
+A spec is built by the roles (`rlrun/run/roles.py`; the trainer's processes by its backend,
 `rlrun/backends/`): plain data, plus the probes and hooks the supervisor calls. The supervisor
 knows nothing about what a process does — only how to start it, when it is ready, and how to
 stop it.

@@ -18,11 +18,11 @@ from rlrun.cluster.listen import run_prefix
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin, in_thread
-from rlrun.ettr import split_wall_time
-from rlrun.metrics import MetricsWriter, read_metrics, summed_actor_counters
+from rlrun.telemetry.ettr import split_wall_time
+from rlrun.telemetry.metrics import MetricsWriter, read_metrics, summed_actor_counters
 from rlrun.supervisor.events import read_events
-from rlrun.rollouts import Group, MalformedGroup
-from rlrun.role_file import role_from_argv
+from rlrun.streams.rollouts import Group, MalformedGroup
+from rlrun.parts.role_file import role_from_argv
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams.codec import decode, encode
@@ -93,7 +93,7 @@ class Trainer:
         self.history = read_metrics(run_dir.metrics)  # every record so far, this run's earlier launches too: for ETTR
         self.wandb = None
         if cfg.metrics.wandb and self.main:  # the same W&B run for every trainer attempt and every launch of this run
-            from rlrun.wandb_sink import WandbSink
+            from rlrun.telemetry.wandb_sink import WandbSink
 
             last = self.history[-1]["time"] if self.history else None
             self.wandb = WandbSink(run_dir, cfg.metrics.wandb_project, cfg.metrics.wandb_mode, last_step_time=last)
@@ -311,7 +311,7 @@ class Trainer:
         }
         self.history.append(record)
         events = read_events(self.run_dir.events)
-        ratio = split_wall_time(events, self.history, now=record["time"]).ettr  # rlrun/ettr.py
+        ratio = split_wall_time(events, self.history, now=record["time"]).ettr  # rlrun/telemetry/ettr.py
         record["ettr"] = round(ratio, 4) if ratio is not None else None
         self.metrics.write(record)
         if self.wandb is not None:
@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rlrun import proctitle, stackdump
+    from rlrun.telemetry import proctitle, stackdump
 
     rank = os.environ.get("RANK") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
     proctitle.name(f"trainer-rank{rank}" if rank else "trainer")  # `ps` shows rlrun:trainer (-rank1...)

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rlrun import proctitle
+    from rlrun.telemetry import proctitle
 
     proctitle.name("trainer-ranks")
     sys.exit(main())

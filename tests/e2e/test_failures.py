@@ -149,8 +149,8 @@ def test_a_frozen_process_is_reported_as_stalled_and_recovered(chaos_run):
 
 
 def test_the_fault_matrix_reports_ettr_and_the_work_lost_per_failure(chaos_run):
-    from rlrun.ettr import split_wall_time
-    from rlrun.metrics import read_metrics
+    from rlrun.telemetry.ettr import split_wall_time
+    from rlrun.telemetry.metrics import read_metrics
 
     _, run_dir, _, timeline, _ = chaos_run
     evs, records = events(run_dir), read_metrics(run_dir / "metrics.jsonl")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlrun import completion
+from rlrun.rules import completion
 from rlrun.backends.fast_llm.checkpoints import latest_complete_step
 from rlrun.rundir import RunDir
 from rlrun.streams import names

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlrun import completion
+from rlrun.rules import completion
 from rlrun.backends.fast_llm.checkpoints import latest_complete_step, read_metadata
 from rlrun.rundir import RunDir
 from rlrun.streams.server import connect

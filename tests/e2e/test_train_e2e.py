@@ -122,13 +122,13 @@ def test_no_secret_on_a_command_line_or_in_a_log(short_run):
 
 
 def test_metrics_have_one_record_per_step_with_the_documented_fields(short_run):
-    from rlrun.metrics import ACTOR_COUNTERS, FIELDS
+    from rlrun.telemetry.metrics import ACTOR_COUNTERS, FIELDS
 
     _, run_dir = short_run
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     for record in metrics:
-        assert list(record) == list(FIELDS), "metrics.jsonl fields differ from those documented (rlrun.metrics.FIELDS)"
+        assert list(record) == list(FIELDS), "metrics.jsonl fields differ from those documented (rlrun.telemetry.metrics.FIELDS)"
         assert all(isinstance(record[k], int) and record[k] >= 0 for k in ACTOR_COUNTERS)
     for key in ACTOR_COUNTERS:  # whole-run counts: they never go down
         counts = [m[key] for m in metrics]
@@ -138,7 +138,7 @@ def test_metrics_have_one_record_per_step_with_the_documented_fields(short_run):
 def test_the_plot_is_written_at_the_end_and_rlrun_plot_writes_a_valid_png(short_run, tmp_path):
     import matplotlib.image
 
-    from rlrun.plot import SIZE_PX
+    from rlrun.cli.plot import SIZE_PX
 
     result, run_dir = short_run
     assert f"plot:    {run_dir / 'plot.png'}" in result.stdout

@@ -18,7 +18,7 @@ from rlrun.actor.vllm_client import ROUTE
 from rlrun.config import compose
 from rlrun.data.tasks import load_task
 from rlrun.errors import ConfigError
-from rlrun.rollouts import Group
+from rlrun.streams.rollouts import Group
 from rlrun.streams.codec import decode
 
 pytestmark = pytest.mark.timeout(60)

@@ -21,8 +21,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from rlrun import launch, preflight
-from rlrun.cli import app
+from rlrun.run import launch, preflight
+from rlrun.cli.app import app
 from rlrun.config import compose
 
 pytestmark = pytest.mark.timeout(120)
@@ -479,7 +479,7 @@ def test_trainer_refuses_to_start_from_damaged_checkpoints_with_exit_2(resumable
     import subprocess
     import sys
 
-    from rlrun.role_file import Role, write_role_file
+    from rlrun.parts.role_file import Role, write_role_file
 
     write_checkpoint(resumable_run.checkpoint(4))
     _truncate("model.safetensors")(resumable_run.checkpoint(4))
@@ -615,9 +615,10 @@ def test_supervisor_live_view_is_read(live, monkeypatch, tmp_path):
 
     from rich.console import Console
 
-    from rlrun import cli, launch
+    from rlrun.cli import app as cli
+    from rlrun.run import launch
     from rlrun.config import compose
-    from rlrun.progress import Progress
+    from rlrun.parts.progress import Progress
     from rlrun.rundir import RunDir
 
     def one_tick_of_a_run(cfg, run_dir, on_tick, resumed):

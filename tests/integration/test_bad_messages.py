@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from rlrun import launch
+from rlrun.run import launch
 from rlrun.actor.ledger import JournalLedger
 from rlrun.actor.main import Actor
 from rlrun.backends import backend_for
 from rlrun.config import compose
-from rlrun.progress import ProgressReader
+from rlrun.parts.progress import ProgressReader
 from rlrun.journal.store import KEY_PREFIX, Append
 from rlrun.streams import names
 from rlrun.streams.codec import encode
@@ -201,7 +201,7 @@ class AheadRedis:
 
 
 def test_this_launchs_trainer_events_are_told_apart_by_the_redis_clock_not_ours(server, client, tmp_path, monkeypatch):
-    from rlrun import progress
+    from rlrun.parts import progress
 
     ahead = AheadRedis(client)
     monkeypatch.setattr(progress.redis_server, "connect", lambda *args, **kwargs: ahead)

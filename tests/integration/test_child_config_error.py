@@ -12,8 +12,8 @@ import yaml
 
 from rlrun.config import compose
 from rlrun.errors import ExitCode, ProcessFailed, RestartsExhausted
-from rlrun.role_parts import Endpoints
-from rlrun.roles import build_specs
+from rlrun.parts.role_parts import Endpoints
+from rlrun.run.roles import build_specs
 from rlrun.rundir import RunDir
 from rlrun.supervisor import EventLog, RunVerdict, Supervisor
 

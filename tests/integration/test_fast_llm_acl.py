@@ -175,7 +175,7 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
     is refused every command it could damage the run with; the events it may append, forged,
     are counted and ignored: the follower loads nothing for them, the verdict stays the same."""
     from rlrun.backends import backend_for
-    from rlrun.progress import ProgressReader
+    from rlrun.parts.progress import ProgressReader
     from rlrun.backends.fast_llm.follower import WeightFollower, request_join
     from rlrun.config import compose
     from rlrun.streams import names

@@ -22,10 +22,10 @@ from rlrun.backends.fast_llm.installed import choose_revision
 from rlrun.backends.fast_llm.revisions import named
 from rlrun.backends.fast_llm.rewind import rewind_group
 from rlrun.backends.fast_llm.protocol import TrainingFinished, WeightsReady, encode_group, parse_event
-from rlrun.completion import HfTarget, TrainerObservation, fast_llm_finished, hf_finished
+from rlrun.rules.completion import HfTarget, TrainerObservation, fast_llm_finished, hf_finished
 from rlrun.config import compose
 from rlrun.errors import ConfigError
-from rlrun.rollouts import Group, Sample
+from rlrun.streams.rollouts import Group, Sample
 from tests.integration.test_fast_llm_acl import PASSWORD, acl_server
 
 pytestmark = pytest.mark.timeout(120)

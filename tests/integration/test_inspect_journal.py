@@ -8,8 +8,8 @@ import os
 import pytest
 import yaml
 
-from rlrun import inspection as ci
-from rlrun import runlock
+from rlrun.cli import inspection as ci
+from rlrun.run import runlock
 from rlrun.streams.server import connect
 from rlrun.streams.standalone import managed_server
 from tests.unit.test_inspect import invoke, make_run, resolved_yaml, write_hf  # noqa: F401 - resolved_yaml is a fixture

@@ -16,7 +16,7 @@ from rlrun.errors import EnvironmentProblem
 from rlrun.journal.plan import plan_replay
 from rlrun.journal.store import Append, Journal
 from rlrun.journal.store import KEY_PREFIX
-from rlrun.roles import RedisProbe
+from rlrun.run.roles import RedisProbe
 from rlrun.rundir import RunDir
 from rlrun.streams import external, names
 from rlrun.streams.local_cluster import local_cluster, slot_ranges

@@ -1,4 +1,4 @@
-"""One run, one owner (rlrun/runlock.py), with real processes: a second `rlrun resume` (or `train`)
+"""One run, one owner (rlrun/run/runlock.py), with real processes: a second `rlrun resume` (or `train`)
 of a run another process owns exits 4 at once and changes no file; the kernel frees the run when
 its owner dies, even by SIGKILL and with a child of it still alive; a pid in state.json that now
 belongs to some other process neither blocks a resume nor makes `status` say running."""
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlrun import launch, runlock
+from rlrun.run import launch, runlock
 from rlrun.config import compose
 from rlrun.rundir import RunDir
 
@@ -30,7 +30,7 @@ OWNER = textwrap.dedent(
     """
     import subprocess, sys, time
     from pathlib import Path
-    from rlrun import runlock
+    from rlrun.run import runlock
     from rlrun.rundir import RunDir
     lock = runlock.acquire(RunDir(Path(sys.argv[1])))
     child = subprocess.Popen(["sleep", "300"], close_fds=False)
@@ -134,8 +134,8 @@ def test_the_kernel_frees_the_run_when_its_owner_is_killed_even_with_a_child_ali
 def test_a_reused_pid_in_state_json_neither_blocks_resume_nor_reads_as_running(resumable, pid):
     """state.json says running, with the pid of a live process that is not rlrun (pid reuse after a
     crash or a reboot): nobody holds the run's lock, so it is not running."""
-    from rlrun import resume as resuming
-    from rlrun import status as run_status
+    from rlrun.run import resume as resuming
+    from rlrun.cli import status as run_status
 
     config = yaml.safe_load(resumable.config.read_text())
     config["streams"]["server"] = "auto"

@@ -142,7 +142,7 @@ def test_a_job_cancel_reaches_every_step_and_each_reads_as_ended_when_its_proces
         trainer = spawner.spawn(ProcessSpec(name="trainer", argv=[sys.executable, "-c", slow, str(done)], log_path=root / "c-trainer.log"))
         # Titled as rlrun's roles are: SLURM's proctrack/linuxproc skipped a process whose short
         # name held a space (`rlrun:actor /tm`): it was never signalled, nor killed with the job.
-        titled = "from rlrun import proctitle; proctitle.name('actor'); import time; time.sleep(600)"
+        titled = "from rlrun.telemetry import proctitle; proctitle.name('actor'); import time; time.sleep(600)"
         actor = spawner.spawn(ProcessSpec(name="actor", argv=[sys.executable, "-c", titled, "/run/roles/actor.yaml"], log_path=root / "c-actor.log"))
         cancelled = time.monotonic()
         slurm.run("scancel", job)

@@ -22,7 +22,7 @@ from rlrun.supervisor.policy import RestartPolicy
 HANGING_ROLE = textwrap.dedent(
     """
     import signal, sys, time
-    from rlrun import stackdump
+    from rlrun.telemetry import stackdump
     stackdump.enable()
     signal.signal(signal.SIGTERM, lambda *_: None)  # a stop has to escalate to SIGKILL
     def waiting_for_a_lock_that_never_comes():

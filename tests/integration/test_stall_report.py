@@ -10,7 +10,7 @@ import time
 import yaml
 
 from rlrun.config import compose
-from rlrun.progress import ProgressReader
+from rlrun.parts.progress import ProgressReader
 from rlrun.streams import names
 from rlrun.supervisor import EventLog
 from rlrun.supervisor.diagnostics import write_report

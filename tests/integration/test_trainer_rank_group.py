@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from rlrun import launch
+from rlrun.run import launch
 from rlrun.config import compose
 from rlrun.streams import names
 from rlrun.streams.codec import encode
@@ -49,7 +49,7 @@ def run(server, client, tmp_path):
 
 
 def start(run_dir, server, tmp_path) -> subprocess.Popen:
-    from rlrun.role_parts import role_command
+    from rlrun.parts.role_parts import role_command
 
     argv, write_role_file = role_command(run_dir, "rlrun.trainer.main", "trainer", redis_url=server.url, model_path=str(tmp_path / "model"))
     write_role_file()  # as the supervisor does before every (re)start

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rlrun.config import compose
-from rlrun.rollouts import Group, Sample
+from rlrun.streams.rollouts import Group, Sample
 
 CASES = [(algo, sharding) for algo in ("grpo", "gspo") for sharding in ("fsdp2", "ddp")]
 GROUP_SIZE = 4

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from rlrun import launch
+from rlrun.run import launch
 from rlrun.config import compose
 from rlrun.streams import names
 from rlrun.streams.codec import encode

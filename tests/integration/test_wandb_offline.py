@@ -49,7 +49,7 @@ def history(run_file: Path) -> list[dict]:
 
 
 def test_offline_files_hold_the_scalars_the_events_and_the_config_and_a_resume_continues_the_run(tmp_path, monkeypatch):
-    from rlrun.wandb_sink import WandbSink
+    from rlrun.telemetry.wandb_sink import WandbSink
 
     monkeypatch.setenv("WANDB_SILENT", "true")
     run_dir = RunDir(tmp_path / "run")

@@ -169,7 +169,7 @@ def test_the_trainer_is_ready_at_a_weights_ready_newer_than_the_stream_held_at_i
     """Told by the stream's own ids, never by our clock: a Redis whose clock is an hour ahead of
     ours (an external one) holds a gone trainer's weights_ready with an id "in our future"."""
     from rlrun.backends.fast_llm.backend import trainer_spec
-    from rlrun.role_parts import Endpoints, RedisProbe
+    from rlrun.parts.role_parts import Endpoints, RedisProbe
     from rlrun.supervisor import EventLog
 
     cfg, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu"])

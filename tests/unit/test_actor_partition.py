@@ -9,9 +9,9 @@ from rlrun.actor.partition import actor_name, group_namespace, prompt_position, 
 from rlrun.actor.trainer_view import HfView
 from rlrun.config import compose
 from rlrun.errors import ConfigError
-from rlrun.role_file import read_role_file
-from rlrun.role_parts import Endpoints
-from rlrun.roles import build_specs
+from rlrun.parts.role_file import read_role_file
+from rlrun.parts.role_parts import Endpoints
+from rlrun.run.roles import build_specs
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.supervisor import EventLog
@@ -101,7 +101,7 @@ def test_configs_that_cannot_work_are_refused(overrides, fragment):
 def test_dry_run_shows_which_actor_owns_which_servers_and_prompts(tmp_path):
     from typer.testing import CliRunner
 
-    from rlrun.cli import app
+    from rlrun.cli.app import app
 
     dry = CliRunner().invoke(
         app, ["train", "--dry-run", "actor.num_actors=2", "inference.num_servers=3", f"run.dir={tmp_path / 'run'}"],
@@ -115,7 +115,7 @@ def test_dry_run_shows_which_actor_owns_which_servers_and_prompts(tmp_path):
 
 
 def test_the_journal_summaries_of_several_actors_add_up():
-    from rlrun.inspection import combined_summary
+    from rlrun.cli.inspection import combined_summary
 
     one = {"prompt_cursor": 3, "tokens_saved": 5, "policy_version": 4, "max_prefix_lag": 1, "max_prefix_staleness": 2, "stale_prefixes": None}
     two = {"prompt_cursor": 4, "tokens_saved": 0, "policy_version": 4, "max_prefix_lag": None, "max_prefix_staleness": 2, "stale_prefixes": None}

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlrun.advantages import group_advantages
+from rlrun.rules.advantages import group_advantages
 
 
 def test_centred_without_std():

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from rlrun.backends import HALF, backend_for, checkpoint_layouts, run_verdict
-from rlrun.completion import Verdict
+from rlrun.rules.completion import Verdict
 from rlrun.config import compose
-from rlrun.role_parts import Endpoints, RedisProbe
+from rlrun.parts.role_parts import Endpoints, RedisProbe
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams.server import DEFAULT_USER_OFF

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlrun.ettr import FailureCost
+from rlrun.telemetry.ettr import FailureCost
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import faults  # noqa: E402 - bench/ is not a package

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from rlrun import inspection
+from rlrun.cli import inspection
 from rlrun.trainer import checkpoint
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlrun.completion import (
+from rlrun.rules.completion import (
     HfTarget,
     TrainerObservation,
     Verdict,

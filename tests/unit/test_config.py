@@ -89,8 +89,8 @@ def test_saved_resolved_config_loads_back_identically(tmp_path):
 
 
 def test_resume_allows_only_the_allow_listed_overrides_and_reports_the_change(tmp_path):
-    from rlrun.launch import create_run
-    from rlrun.resume import plan_resume
+    from rlrun.run.launch import create_run
+    from rlrun.run.resume import plan_resume
 
     cfg, resolved = compose(["trainer.max_train_steps=5"])
     run_dir = create_run(cfg, resolved, [], root=tmp_path / "run")
@@ -106,8 +106,8 @@ def test_resume_allows_only_the_allow_listed_overrides_and_reports_the_change(tm
 
 def test_resume_refuses_a_run_whose_redis_data_is_gone(tmp_path):
     from rlrun.errors import RunDirError
-    from rlrun.launch import create_run
-    from rlrun.resume import plan_resume
+    from rlrun.run.launch import create_run
+    from rlrun.run.resume import plan_resume
 
     cfg, resolved = compose([])
     run_dir = create_run(cfg, resolved, [], root=tmp_path / "run")
@@ -117,7 +117,7 @@ def test_resume_refuses_a_run_whose_redis_data_is_gone(tmp_path):
 
 @pytest.fixture
 def resumable(tmp_path):
-    from rlrun.launch import create_run
+    from rlrun.run.launch import create_run
 
     cfg, resolved = compose(["trainer.max_train_steps=5"])
     run_dir = create_run(cfg, resolved, [], root=tmp_path / "run")
@@ -137,7 +137,7 @@ def resumable(tmp_path):
     ],
 )
 def test_train_and_resume_read_overrides_in_one_grammar_with_the_same_errors(resumable, override, fragment):
-    from rlrun.resume import plan_resume
+    from rlrun.run.resume import plan_resume
 
     for attempt in (lambda: compose([override]), lambda: plan_resume(resumable.root, [override])):
         with pytest.raises(ConfigError) as info:
@@ -147,7 +147,7 @@ def test_train_and_resume_read_overrides_in_one_grammar_with_the_same_errors(res
 
 
 def test_resume_takes_hydra_values_and_saves_them_typed_leaving_the_rest_of_the_file_as_it_was(resumable):
-    from rlrun.resume import apply, plan_resume
+    from rlrun.run.resume import apply, plan_resume
 
     saved = yaml.safe_load(resumable.config.read_text())
     del saved["metrics"]  # a run saved before the metrics section existed
@@ -166,7 +166,7 @@ def test_resume_takes_hydra_values_and_saves_them_typed_leaving_the_rest_of_the_
 
 @pytest.mark.parametrize("override", ["+trainer.lr=1", "~trainer.lr", "trainer.max_train_steps=5,6"])
 def test_resume_refuses_adding_deleting_and_sweeping(resumable, override):
-    from rlrun.resume import plan_resume
+    from rlrun.run.resume import plan_resume
 
     with pytest.raises(ConfigError, match="only key=value changes an existing key"):
         plan_resume(resumable.root, [override])
@@ -209,7 +209,7 @@ def test_defaults_left_out_of_a_saved_config_come_from_the_schema(tmp_path):
 def test_train_with_fast_llm_missing_says_so_and_creates_nothing(tmp_path):
     from typer.testing import CliRunner
 
-    from rlrun.cli import app
+    from rlrun.cli.app import app
 
     result = CliRunner().invoke(app, ["train", "trainer=fast_llm", f"run.dir={tmp_path / 'run'}"])
     assert result.exit_code == 3

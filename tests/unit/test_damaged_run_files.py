@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlrun.cli import app
+from rlrun.cli.app import app
 from rlrun.rundir import RunDir
 
 T0 = 1000.0
@@ -129,7 +129,7 @@ def test_status_of_a_run_with_a_5_mb_event_line(tmp_path):
 
 
 def test_the_plot_leaves_a_gap_where_a_reward_is_missing():
-    from rlrun.plot import band, smoothed
+    from rlrun.cli.plot import band, smoothed
 
     values = [0.0, 1.0, math.nan, 1.0]
     assert smoothed(values, 2)[:2] == [0.0, 0.5] and smoothed(values, 2)[2:] == [1.0, 1.0]

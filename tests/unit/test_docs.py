@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rlrun.config import schema
 from rlrun.config.reference import COMMAND, render, source_notes
-from rlrun.metrics import FIELDS
+from rlrun.telemetry.metrics import FIELDS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -51,7 +51,7 @@ def test_every_metrics_field_is_documented_in_operations_in_order():
     text = (DOCS / "operations.md").read_text()
     section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
     documented = re.findall(r"^\| `(\w+)` \|", section, re.MULTILINE)
-    assert documented == list(FIELDS), "docs/operations.md's metrics table and rlrun.metrics.FIELDS differ"
+    assert documented == list(FIELDS), "docs/operations.md's metrics table and rlrun.telemetry.metrics.FIELDS differ"
 
 
 def test_every_module_is_on_the_architecture_map():

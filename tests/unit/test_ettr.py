@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlrun.ettr import BUCKETS, split_wall_time
+from rlrun.telemetry.ettr import BUCKETS, split_wall_time
 
 
 def ev(t, kind, **fields):

@@ -15,7 +15,7 @@ from rlrun.backends.fast_llm.protocol import (
     parse_event,
     prompt_span,
 )
-from rlrun.rollouts import Group, Sample
+from rlrun.streams.rollouts import Group, Sample
 
 
 def _sample(index=0, completion=(7, 8, 9), logprobs=(-0.5, -1.0, -0.25), advantage=1.5) -> Sample:

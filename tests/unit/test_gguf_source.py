@@ -16,7 +16,7 @@ import pytest
 from rlrun.config import compose
 from rlrun.errors import EnvironmentProblem, ExitCode
 from rlrun.models import gguf
-from rlrun.preflight import check_model
+from rlrun.run.preflight import check_model
 
 
 @pytest.fixture

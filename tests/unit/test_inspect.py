@@ -16,8 +16,8 @@ import yaml
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from rlrun import inspection as ci
-from rlrun.cli import app
+from rlrun.cli import inspection as ci
+from rlrun.cli.app import app
 from rlrun.config.compose import compose
 from rlrun.errors import ExitCode, RunDirError
 from rlrun.rundir import RunDir

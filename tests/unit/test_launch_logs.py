@@ -9,7 +9,7 @@ import pytest
 
 from rlrun.errors import RunDirError
 from rlrun.rundir import RunDir
-from rlrun.status import latest_log
+from rlrun.cli.status import latest_log
 
 
 def test_each_launch_gets_the_next_folder_and_never_reuses_one(tmp_path):
@@ -52,8 +52,8 @@ def test_logs_of_a_copied_or_moved_run_are_its_own(tmp_path, how):
 
     from typer.testing import CliRunner
 
-    from rlrun.cli import app
-    from rlrun.status import report
+    from rlrun.cli.app import app
+    from rlrun.cli.status import report
 
     run = RunDir(tmp_path / "first")
     run.create({"kind": "rlrun-run"})

@@ -8,9 +8,9 @@ import io
 from rich.console import Console
 
 from rlrun.config import compose
-from rlrun import progress
-from rlrun.live import LiveView, progress_line
-from rlrun.progress import Progress, ProgressReader
+from rlrun.parts import progress
+from rlrun.cli.live import LiveView, progress_line
+from rlrun.parts.progress import Progress, ProgressReader
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlrun.config import compose
-from rlrun.rollouts import Sample
+from rlrun.streams.rollouts import Sample
 from rlrun.trainer.losses import completion_logprobs
 from rlrun.trainer.parallel import Parallel, Ranks
 from rlrun.trainer.step import optimizer_step

@@ -47,7 +47,7 @@ import pytest
 import torch
 import trl  # noqa: F401 - in the `test` extra: this test always runs, never skips
 
-from rlrun.advantages import group_advantages
+from rlrun.rules.advantages import group_advantages
 from rlrun.trainer.losses import grpo_loss, gspo_loss
 
 TOL = 1e-6

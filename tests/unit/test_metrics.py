@@ -14,7 +14,7 @@ from rlrun.config import compose
 from rlrun.config.build import from_dict
 from rlrun.config.schema import RunConfig
 from rlrun.errors import EnvironmentProblem, ExitCode
-from rlrun.metrics import (
+from rlrun.telemetry.metrics import (
     ACTOR_COUNTERS,
     FIELDS,
     MetricsWriter,
@@ -135,7 +135,7 @@ class FakeRedis:
 
 def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tmp_path):
     """Trainer._record without torch: a trainer object with only what _record touches."""
-    from rlrun.rollouts import Group, Sample
+    from rlrun.streams.rollouts import Group, Sample
     from rlrun.rundir import RunDir
     from rlrun.trainer.checkpoint import TrainerState
     from rlrun.trainer.intake import GroupIntake
@@ -162,7 +162,7 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
         [Group("run/0", 0, [5, 6], samples)],
     )
     (written,) = read_metrics(trainer.run_dir.metrics)
-    assert list(written) == list(FIELDS), "metrics.jsonl fields and rlrun.metrics.FIELDS (docs) disagree"
+    assert list(written) == list(FIELDS), "metrics.jsonl fields and rlrun.telemetry.metrics.FIELDS (docs) disagree"
     assert written["ettr"] == pytest.approx(0.5 / 10, abs=0.01)
     assert (written["tokens_reused"], written["tokens_regenerated"], written["samples_continued"], written["prefixes_dropped_stale"]) == (40, 3, 5, 1)
     assert (written["tokens_kept_on_retry"], written["samples_continued_on_retry"]) == (6, 2)

@@ -11,7 +11,7 @@ from rlrun.cluster import placement
 from rlrun.cluster.world import process_names, spawner_for
 from rlrun.config import compose
 from rlrun.errors import ConfigError
-from rlrun.launch import plan_specs
+from rlrun.run.launch import plan_specs
 from rlrun.rundir import RunDir
 from rlrun.supervisor.local import LocalSpawner
 

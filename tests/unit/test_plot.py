@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rlrun.cli import app
+from rlrun.cli.app import app
 from rlrun.errors import RunDirError
-from rlrun.plot import SIZE_PX, Marker, band, markers, plot_run, run_start, smoothed, smoothing_window, step_at, throughput
+from rlrun.cli.plot import SIZE_PX, Marker, band, markers, plot_run, run_start, smoothed, smoothing_window, step_at, throughput
 from rlrun.rundir import RunDir
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -158,7 +158,7 @@ def test_run_start_is_the_first_supervisor_event_else_the_first_steps_start():
 
 
 def test_the_figure_has_a_wall_clock_panel_and_its_band_stays_in_0_1():
-    from rlrun.plot import figure
+    from rlrun.cli.plot import figure
 
     recs = [{"step": s, "time": T0 + 2.0 * s, "step_time_s": 2.0, "tokens": 10, "samples": 256 * s,
              "reward_mean": 0.95, "reward_std": 0.3} for s in range(1, 11)]  # fmt: skip

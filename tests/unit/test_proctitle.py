@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-SCRIPT = "from rlrun import proctitle; proctitle.name('actor'); import sys; print('named', flush=True); sys.stdin.read()"
+SCRIPT = "from rlrun.telemetry import proctitle; proctitle.name('actor'); import sys; print('named', flush=True); sys.stdin.read()"
 
 
 def test_a_role_is_titled_rlrun_role_with_its_arguments():

@@ -9,9 +9,9 @@ import yaml
 
 from rlrun.config import compose
 from rlrun.errors import ConfigError
-from rlrun.role_file import Role, read_role_file, role_from_argv, write_role_file
-from rlrun.role_parts import Endpoints
-from rlrun.roles import build_specs
+from rlrun.parts.role_file import Role, read_role_file, role_from_argv, write_role_file
+from rlrun.parts.role_parts import Endpoints
+from rlrun.run.roles import build_specs
 from rlrun.rundir import RunDir
 from rlrun.supervisor import EventLog
 

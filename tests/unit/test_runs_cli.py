@@ -10,8 +10,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from rlrun import runlock
-from rlrun.cli import app
+from rlrun.run import runlock
+from rlrun.cli.app import app
 from rlrun.rundir import RunDir
 
 RECOVERED = {"tokens_reused": 13, "samples_continued": 1, "tokens_kept_on_retry": 4, "samples_continued_on_retry": 2,
@@ -103,7 +103,7 @@ def test_a_failed_run_prints_its_log_tail_as_written_and_no_markup(capsys):
     import pytest
     import typer
 
-    from rlrun import cli
+    from rlrun.cli import app as cli
     from rlrun.errors import ProcessFailed, RestartsExhausted
 
     for error, code in ((ProcessFailed, 5), (RestartsExhausted, 6)):

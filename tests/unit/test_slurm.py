@@ -13,8 +13,8 @@ from rlrun.cluster import slurm_job, slurm_plan, slurm_step
 from rlrun.cluster.world import slurm_plan_for
 from rlrun.config import compose
 from rlrun.errors import ConfigError, EnvironmentProblem, RestartsExhausted
-from rlrun.launch import plan_endpoints, plan_specs
-from rlrun.roles import build_specs
+from rlrun.run.launch import plan_endpoints, plan_specs
+from rlrun.run.roles import build_specs
 from rlrun.rundir import RunDir, read_jsonl
 from rlrun.supervisor import EventLog
 
@@ -103,7 +103,7 @@ def test_a_run_that_does_not_fit_names_what_and_what_is_left():
 def test_dry_run_shows_where_each_process_goes_and_its_srun_step(capsys):
     from typer.testing import CliRunner
 
-    from rlrun.cli import app
+    from rlrun.cli.app import app
 
     result = CliRunner().invoke(app, ["submit", "--dry-run", *BIG, "run.dir=/tmp/rlrun-dry-run-slurm"])
     assert result.exit_code == 0, result.output
@@ -115,7 +115,7 @@ def test_dry_run_shows_where_each_process_goes_and_its_srun_step(capsys):
 def test_slurm_commands_outside_a_job_say_what_to_run(monkeypatch):
     from typer.testing import CliRunner
 
-    from rlrun.cli import app
+    from rlrun.cli.app import app
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     result = CliRunner().invoke(app, ["train", *SLURM, "run.dir=/tmp/rlrun-never-created"])

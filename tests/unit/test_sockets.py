@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlrun import sockets
+from rlrun.parts import sockets
 from rlrun.config import compose
 
 LOOPBACK_HOSTS = ("127.0.0.1", "127.0.0.1 (vLLM's own; measured with vLLM 0.32)")
@@ -51,7 +51,7 @@ def test_fast_llm_names_who_serves_its_broadcast_store_and_where():
 def test_dry_run_lists_the_sockets(tmp_path):
     from typer.testing import CliRunner
 
-    from rlrun.cli import app
+    from rlrun.cli.app import app
 
     dry = CliRunner().invoke(app, ["train", "--dry-run", "trainer.weight_transfer=broadcast", f"run.dir={tmp_path / 'run'}"],
                              env={"COLUMNS": "250"})  # fmt: skip

@@ -1,6 +1,6 @@
 """`rlrun status` rebuilds each process's state from the recorded supervisor events."""
 
-from rlrun.status import replay_events
+from rlrun.cli.status import replay_events
 
 
 def ev(kind, process, **fields):
@@ -55,7 +55,7 @@ def test_unrelated_or_unknown_events_are_ignored():
 def test_the_last_stack_dump_of_a_process_is_kept_and_shown_next_to_its_failure():
     from rich.console import Console
 
-    from rlrun.live import status_table
+    from rlrun.cli.live import status_table
 
     rows = replay_events(
         [

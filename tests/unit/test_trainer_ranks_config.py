@@ -10,8 +10,8 @@ import pytest
 
 from rlrun.config import compose
 from rlrun.errors import ConfigError
-from rlrun.launch import plan_specs
-from rlrun.role_parts import RedisProbe
+from rlrun.run.launch import plan_specs
+from rlrun.parts.role_parts import RedisProbe
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.trainer.parallel import Ranks

@@ -15,8 +15,8 @@ from rlrun.backends import backend_for
 from rlrun.config import compose
 from rlrun.errors import ConfigError
 from rlrun.inference.admin import VllmAdmin
-from rlrun.launch import plan_specs
-from rlrun.role_file import read_role_file
+from rlrun.run.launch import plan_specs
+from rlrun.parts.role_file import read_role_file
 from rlrun.rundir import RunDir
 from rlrun.trainer import weight_broadcast
 from rlrun.trainer.parallel import collective_backend

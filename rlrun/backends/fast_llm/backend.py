@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
 
-from rlrun import completion
+from rlrun.rules import completion
 from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
 from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
 from rlrun.backends.fast_llm.config import LAUNCH_ENV, launch_argv, write_config
@@ -18,7 +18,7 @@ from rlrun.backends.fast_llm.follower import last_id, request_join
 from rlrun.backends.fast_llm.installed import choose_revision
 from rlrun.backends.fast_llm.rewind import rewind_group
 from rlrun.config import RunConfig
-from rlrun.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
+from rlrun.parts.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict
@@ -85,7 +85,7 @@ class FastLlmBackend:
     def listeners(self, cfg: RunConfig) -> list:
         """The weight broadcast's store is the weight follower's (rlrun binds it) or Fast-LLM's rank 0's:
         torch's TCPStore, on every interface; rlrun cannot bind it (trainer.fast_llm.broadcast_store)."""
-        from rlrun import sockets
+        from rlrun.parts import sockets
 
         host, f = cfg.inference.host, cfg.trainer.fast_llm
         port = str(f.broadcast_port) if f.broadcast_port else sockets.PICKED

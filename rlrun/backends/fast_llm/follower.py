@@ -20,7 +20,7 @@ from rlrun.backends.fast_llm.protocol import WeightsReady
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin, in_thread, results
-from rlrun.role_file import role_from_argv
+from rlrun.parts.role_file import role_from_argv
 from rlrun.streams import names
 from rlrun.streams.server import connect
 
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rlrun import stackdump
+    from rlrun.telemetry import stackdump
 
     stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)
     raise SystemExit(main())

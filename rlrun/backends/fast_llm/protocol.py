@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
-from rlrun.rollouts import Group, Sample
+from rlrun.streams.rollouts import Group, Sample
 from rlrun.streams.codec import excerpt, json_object
 
 EVENT_FIELD = "event"  # Fast-LLM's REDIS_TRAINING_FIELD

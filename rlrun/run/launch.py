@@ -17,16 +17,16 @@ from typing import Callable, Optional
 
 import yaml
 
-from rlrun import preflight, runlock
+from rlrun.run import preflight, runlock
 from rlrun.backends import backend_for
 from rlrun.cluster.world import spawner_for
 from rlrun.config import RunConfig
 from rlrun.errors import ProcessFailed, RunDirError
 from rlrun.inference.server import base_url
 from rlrun.models.source import model_path
-from rlrun.progress import Progress, ProgressReader
-from rlrun.role_parts import Endpoints
-from rlrun.roles import build_specs
+from rlrun.parts.progress import Progress, ProgressReader
+from rlrun.parts.role_parts import Endpoints
+from rlrun.run.roles import build_specs
 from rlrun.rundir import RunDir
 from rlrun.streams import server as redis_server
 from rlrun.supervisor import EventLog, ProcessSpec, ProcessStatus, ProgressWatch, Supervisor
@@ -41,7 +41,7 @@ def run_root(cfg: RunConfig) -> Path:
 
 @contextmanager
 def new_run(cfg: RunConfig, resolved_yaml: str, overrides: list[str], root: Optional[Path] = None) -> Iterator[RunDir]:
-    """Create the run directory and own it (rlrun/runlock.py) until the block ends: a second
+    """Create the run directory and own it (rlrun/run/runlock.py) until the block ends: a second
     `rlrun train` into the same new directory, or a resume of it, is refused meanwhile."""
     run_dir = RunDir((root or run_root(cfg)).resolve())
     preflight.check(cfg, run_dir.root, fresh=True)  # a run that cannot work leaves no trace
@@ -108,7 +108,7 @@ def train(
     if resumed:
         events.emit("run_resumed", previous_status=run_dir.read_state().get("status"), launch=run_dir.launch)
     else:
-        events.emit("run_started", launch=run_dir.launch)  # where the run's wall time begins (rlrun/ettr.py)
+        events.emit("run_started", launch=run_dir.launch)  # where the run's wall time begins (rlrun/telemetry/ettr.py)
     run_dir.write_state(status="running", supervisor_pid=os.getpid(), started_at=time.time(), model_path=path, launch=run_dir.launch)
     status = "failed"
     supervisor: Optional[Supervisor] = None

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import yaml
 
-from rlrun.metrics import require, scalars
+from rlrun.telemetry.metrics import require, scalars
 from rlrun.rundir import RunDir
 
 EVENTS_SENT = ("process_failed", "process_restarted", "process_stalled", "stack_dump")

@@ -17,7 +17,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from rlrun.errors import EnvironmentProblem, RunDirError
-from rlrun.metrics import final_records, read_metrics
+from rlrun.telemetry.metrics import final_records, read_metrics
 from rlrun.rundir import RunDir
 from rlrun.supervisor.events import read_events
 

@@ -2,7 +2,7 @@
 
 `inspect_path` takes a checkpoint of any backend's layout or a run directory (then the checkpoint
 a resume would load) and returns plain data: a half-written checkpoint is reported, not refused.
-It never prints and never loads weights (only names, sizes, metadata); `rlrun.cli_render` renders.
+It never prints and never loads weights (only names, sizes, metadata); `rlrun.cli.render` renders.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from rlrun import runlock
+from rlrun.run import runlock
 from rlrun.actor.partition import actor_name
 from rlrun.backends import HALF, CheckpointLayout, backend_for, checkpoint_layouts
 from rlrun.config.compose import load_resolved

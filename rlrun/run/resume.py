@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from rlrun import preflight, runlock
+from rlrun.run import preflight, runlock
 from rlrun.config.compose import config_from_data, override_resolved
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError, RunDirError

@@ -21,10 +21,10 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from rlrun import plot as plotting
-from rlrun import status as run_status
+from rlrun.cli import plot as plotting
+from rlrun.cli import status as run_status
 from rlrun.errors import EnvironmentProblem, ExitCode, Interrupted, ProcessFailed, RestartsExhausted, RlrunError, RunDirError
-from rlrun.metrics import read_metrics
+from rlrun.telemetry.metrics import read_metrics
 from rlrun.rundir import RunDir
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Launch and supervise asynchronous GRPO/GSPO training runs.")
@@ -66,9 +66,9 @@ def _errors(debug: bool, run: bool = False) -> Iterator[None]:
 def _supervise(cfg, run_dir, resumed: bool = False) -> None:
     """Run to the end under the live view, then report how it ended. In a SLURM job (world=slurm)
     the signal before its time limit stops the run too, and the job requeues itself."""
-    from rlrun import launch
+    from rlrun.run import launch
     from rlrun.cluster import slurm_job
-    from rlrun.live import LiveView
+    from rlrun.cli.live import LiveView
 
     job = slurm_job.JobEnv.from_env(os.environ) if cfg.world.kind == "slurm" else None
     stops: list[str] = []
@@ -121,7 +121,7 @@ def train(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Compose the config, start Redis, vLLM, the trainer and the actor, and supervise them to the end."""
-    from rlrun import launch
+    from rlrun.run import launch
     from rlrun.config import compose
 
     overrides = list(overrides or [])
@@ -150,7 +150,7 @@ def submit(
     """Submit the run as a SLURM batch job (world=slurm): create its run directory, write the batch
     script from the config, sbatch it and print the job id. The job requeues itself before its time
     limit; `rlrun status/logs RUN` watch it, `rlrun resume RUN` submits it again after a cancel."""
-    from rlrun import launch
+    from rlrun.run import launch
     from rlrun.config import compose
 
     overrides = list(overrides or [])
@@ -174,7 +174,8 @@ def _print_submitted(run_dir, job: str) -> None:
 
 
 def _print_dry_run(cfg, resolved: str, launch) -> None:
-    from rlrun import preflight, sockets
+    from rlrun.run import preflight
+    from rlrun.parts import sockets
     from rlrun.actor.partition import ownership
 
     run_dir = RunDir(launch.run_root(cfg))
@@ -263,7 +264,7 @@ def resume(
 ) -> None:
     """Continue a stopped or crashed run: Redis from its AOF, the trainer from its last complete
     checkpoint, vLLM with the current weights, the actor from its token journal."""
-    from rlrun import resume as resuming
+    from rlrun.run import resume as resuming
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(name)s: %(message)s")
     with _errors(debug, run=True):
@@ -282,7 +283,7 @@ def resume(
                 console.print(f"{'starting' if plan.fresh else 'resuming'} run directory: [bold]{plan.run_dir.root}[/]")
                 _supervise(plan.cfg, plan.run_dir, resumed=not plan.fresh)
                 return
-        from rlrun import launch
+        from rlrun.run import launch
 
         _print_submitted(plan.run_dir, launch.submit_job(plan.cfg, plan.run_dir))  # let go first: the job owns the run
 
@@ -294,7 +295,7 @@ def status(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Show the processes, progress and effective training time of a running or finished run."""
-    from rlrun.live import status_table
+    from rlrun.cli.live import status_table
 
     run = RunDir(run_dir.resolve())
     with _errors(debug):
@@ -382,8 +383,8 @@ def inspect_checkpoint(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Show a checkpoint: step, samples, policy version, completeness, config, files, and the run's token journal."""
-    from rlrun import cli_render
-    from rlrun import inspection as checkpoint_inspect
+    from rlrun.cli import render as cli_render
+    from rlrun.cli import inspection as checkpoint_inspect
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.ERROR, format="%(name)s: %(message)s")
     with _errors(debug):

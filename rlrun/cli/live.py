@@ -12,7 +12,7 @@ from rich.progress_bar import ProgressBar
 from rich.markup import escape
 from rich.table import Table
 
-from rlrun.progress import Progress
+from rlrun.parts.progress import Progress
 from rlrun.supervisor import ProcessStatus
 
 

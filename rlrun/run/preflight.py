@@ -59,11 +59,11 @@ def check_dependencies(cfg: RunConfig) -> None:
     check_vllm(installed_vllm_version(), vllm_plugin_registered())
 
     if cfg.metrics.tensorboard:
-        from rlrun.metrics import require_tensorboard
+        from rlrun.telemetry.metrics import require_tensorboard
 
         require_tensorboard()
     if cfg.metrics.wandb:
-        from rlrun.wandb_sink import require_wandb
+        from rlrun.telemetry.wandb_sink import require_wandb
 
         require_wandb()
 

@@ -12,10 +12,10 @@ from typing import Optional
 
 import yaml
 
-from rlrun import runlock
+from rlrun.run import runlock
 from rlrun.errors import RunDirError
-from rlrun.ettr import TimeSplit, split_wall_time
-from rlrun.metrics import RECOVERY_COUNTERS, read_metrics
+from rlrun.telemetry.ettr import TimeSplit, split_wall_time
+from rlrun.telemetry.metrics import RECOVERY_COUNTERS, read_metrics
 from rlrun.rundir import RunDir
 from rlrun.supervisor.events import read_events
 
@@ -156,7 +156,7 @@ def announced_step(events: list[dict]) -> Optional[dict]:
 
 
 def time_split(run_dir: RunDir) -> TimeSplit:
-    """The run's wall time split (rlrun/ettr.py); a running run is counted up to now."""
+    """The run's wall time split (rlrun/telemetry/ettr.py); a running run is counted up to now."""
     now = time.time() if runlock.holder(run_dir) is not None else None
     return split_wall_time(read_events(run_dir.events), read_metrics(run_dir.metrics), now=now)
 

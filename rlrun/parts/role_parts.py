@@ -102,7 +102,7 @@ class RedisProbe:
 def role_command(run_dir: RunDir, module: str, name: str, **settings) -> tuple[list[str], Callable[[], None]]:
     """(argv, before_start) of a child started as `python -m <module> <run>/roles/<name>.yaml`; the
     file is written before every (re)start from config.yaml and `settings` (`Role` fields)."""
-    from rlrun.role_file import Role, write_role_file
+    from rlrun.parts.role_file import Role, write_role_file
 
     def write() -> None:
         config = yaml.safe_load(run_dir.config.read_text())

@@ -2,7 +2,7 @@
 
 Each role's command line, environment, log file, readiness and liveness probes and restart
 policy are decided here from the typed config; the trainer's processes come from its backend
-(`rlrun.backends`). rlrun's own children start from their role file (`rlrun/role_file.py`).
+(`rlrun.backends`). rlrun's own children start from their role file (`rlrun/parts/role_file.py`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from rlrun.actor.partition import actor_name, servers_of
 from rlrun.backends import backend_for
 from rlrun.config import RunConfig
 from rlrun.inference import server as vllm_server
-from rlrun.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
+from rlrun.parts.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server

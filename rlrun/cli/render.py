@@ -1,4 +1,4 @@
-"""How the CLI shows what `rlrun.inspection` returns: rich renderables (rich imported when
+"""How the CLI shows what `rlrun.cli.inspection` returns: rich renderables (rich imported when
 something is rendered) and JSON documents. It reads and decides nothing.
 """
 
@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict
 from typing import Any, Optional
 
-from rlrun.inspection import CheckpointReport
+from rlrun.cli.inspection import CheckpointReport
 
 
 def human_size(size: int) -> str:

@@ -1,0 +1,1 @@
+"""The command line and what it shows: the commands, their tables, the live view, status, plots."""
