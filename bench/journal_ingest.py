@@ -45,6 +45,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: the Redis started for tests lives in tests/
+
 GROUP_SIZE = 8
 SAMPLE_BUDGET = 256  # tokens per sample before it is finished ("length")
 TARGET = dict(nodes=64, servers_per_node=8, sequences_per_server=256, tokens_per_s_per_sequence=50)
@@ -215,7 +217,7 @@ def trial(url: str, password: str, pids: list[int], actors: int, sequences: int,
 
 def single_target(root: Path):
     from rlrun.rundir import RunDir
-    from rlrun.streams.standalone import managed_server
+    from tests.standalone_redis import managed_server
 
     run_dir = RunDir(root / "single")
     run_dir.create({"kind": "rlrun-bench", "bench": "journal_ingest"})
@@ -240,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--sequences must be a multiple of the group size {GROUP_SIZE}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds the context managers: servers stopped
 
-    from rlrun.streams.local_cluster import local_cluster
+    from tests.redis_cluster import local_cluster
 
     print(f"load average at start: {'/'.join(f'{x:.2f}' for x in os.getloadavg())} (1/5/15 min), {os.cpu_count()} CPUs")
     print(f"{args.actors} actors x {args.sequences} sequences, target {args.rate:,.0f} tokens/s, {args.seconds:g} s per trial, AOF everysec")

@@ -3,7 +3,7 @@
     python bench/redis_loss.py [--trials 5] [--seconds 5] [--modes journal,rpush] [--policies everysec,always]
 
 For every policy, mode and trial: a fresh temporary run directory (rlrun.rundir.RunDir.create),
-the run's real Redis started with rlrun.streams.standalone.managed_server(run_dir, appendfsync=...)
+the run's real Redis started with tests.standalone_redis.managed_server(run_dir, appendfsync=...)
 (AOF on, loopback, password), and ONE client (no retries) that writes as fast as it can, one
 round trip at a time:
 
@@ -45,7 +45,9 @@ import redis
 from rlrun.journal.store import Append, Journal
 from rlrun.rundir import RunDir
 from rlrun.streams.server import connect
-from rlrun.streams.standalone import managed_server
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: the Redis started for tests lives in tests/
+from tests.standalone_redis import managed_server  # noqa: E402
 
 TOKENS_PER_APPEND = 4
 LIST_KEY = "bench:loss"

@@ -69,8 +69,10 @@ from rlrun.journal.store import KEY_PREFIX
 from rlrun.run.launch import create_run, model_path
 from rlrun.streams import names
 from rlrun.streams.server import connect, pick_free_port
-from rlrun.streams.standalone import managed_server
 from rlrun.supervisor import ProcessSpec, supervised
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: the Redis started for tests lives in tests/
+from tests.standalone_redis import managed_server  # noqa: E402
 
 STOP_GRACE_S = 10.0
 VLLM_READY_TIMEOUT_S = 600.0

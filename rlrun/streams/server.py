@@ -2,8 +2,8 @@
 
 One address (loopback by default), protected mode, a per-run password kept 0600 and never in argv,
 an AOF (streams and journals survive a crash), no RDB snapshots, `DISABLED_COMMANDS` off. The
-supervisor's spec (and `standalone.py`'s) is built from `find_server_binary`, `write_server_config`,
-`server_argv` and `ping`.
+supervisor's spec (and that of the tests' `tests/standalone_redis.py`) is built from
+`find_server_binary`, `write_server_config`, `server_argv` and `ping`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from rlrun.backends.fast_llm.checkpoints import latest_complete_step
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams.server import connect
-from rlrun.streams.standalone import managed_server
+from tests.standalone_redis import managed_server
 
 from .conftest import current_pid, events, left_behind, start_rlrun, wait_for
 

@@ -30,7 +30,7 @@ from rlrun.rules import completion
 from rlrun.backends.fast_llm.checkpoints import latest_complete_step, read_metadata
 from rlrun.rundir import RunDir
 from rlrun.streams.server import connect
-from rlrun.streams.standalone import managed_server
+from tests.standalone_redis import managed_server
 
 from .conftest import audit, events, left_behind, start_rlrun, wait_or_kill
 

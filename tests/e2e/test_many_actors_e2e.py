@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rlrun.streams import names
-from rlrun.streams.local_cluster import local_cluster
 from rlrun.trainer.checkpoint import latest_complete, read_state
+from tests.redis_cluster import local_cluster
 
 from .conftest import LONG_GENERATIONS, STEPS, audit, events, in_flight_tokens, kill_mid_generation, left_behind, read_jsonl, start_rlrun, trained_once, wait_for
 

@@ -6,7 +6,7 @@ import pytest
 
 from rlrun.rundir import RunDir
 from rlrun.streams.server import connect
-from rlrun.streams.standalone import managed_server
+from tests.standalone_redis import managed_server
 
 
 @pytest.fixture(scope="module")

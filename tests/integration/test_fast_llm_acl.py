@@ -14,7 +14,7 @@ import redis
 from rlrun.backends.fast_llm.acl import default_user_line
 from rlrun.rundir import RunDir
 from rlrun.streams.server import RLRUN_USER, write_server_config
-from rlrun.streams.standalone import managed_server
+from tests.standalone_redis import managed_server
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,7 @@ import yaml
 from rlrun.cli import inspection as ci
 from rlrun.run import runlock
 from rlrun.streams.server import connect
-from rlrun.streams.standalone import managed_server
+from tests.standalone_redis import managed_server
 from tests.unit.test_inspect import invoke, make_run, resolved_yaml, write_hf  # noqa: F401 - resolved_yaml is a fixture
 
 pytestmark = pytest.mark.timeout(120)

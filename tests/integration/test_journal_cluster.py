@@ -19,8 +19,8 @@ from rlrun.journal.store import KEY_PREFIX
 from rlrun.run.roles import RedisProbe
 from rlrun.rundir import RunDir
 from rlrun.streams import external, names
-from rlrun.streams.local_cluster import local_cluster, slot_ranges
 from rlrun.streams.server import connect
+from tests.redis_cluster import local_cluster, slot_ranges
 
 pytestmark = pytest.mark.timeout(120)
 

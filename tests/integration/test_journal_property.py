@@ -32,7 +32,7 @@ from rlrun.journal.store import NotFinished
 from rlrun.rundir import RunDir
 from rlrun.streams.names import journal_prefix
 from rlrun.streams.server import connect
-from rlrun.streams.standalone import managed_server
+from tests.standalone_redis import managed_server
 
 pytestmark = pytest.mark.timeout(600)
 

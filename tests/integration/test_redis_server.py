@@ -24,7 +24,7 @@ from rlrun.streams.server import (
     redis_url,
     write_server_config,
 )
-from rlrun.streams.standalone import managed_server
+from tests.standalone_redis import managed_server
 from tests.waiting import aof_written, wait_until
 
 pytestmark = pytest.mark.timeout(90)
