@@ -9,7 +9,7 @@
      a fresh folder, into the page cache, not fsynced, as the trainer does — then reading every
      tensor back into memory (what vLLM's reload reads); bytes = the folder.
    - broadcast: rank 0 of the in-memory path (rlrun/trainer/weight_broadcast.py) to one receiver
-     process running rlrun's receiver (rlrun/backends/fast_llm/broadcast.py, what each vLLM worker
+     process running rlrun's receiver (rlrun/weights/broadcast.py, what each vLLM worker
      runs), gloo on 127.0.0.1; timed from the first header sent to the receiver holding the last
      tensor; bytes = the tensors sent.
    Neither includes vLLM's own load into its model nor the pause/resume HTTP calls (the same for
@@ -90,7 +90,7 @@ def disk_once(model, root: Path) -> tuple[float, float, int]:
 
 
 def _receive(port: int, repeats: int, results) -> None:
-    from rlrun.backends.fast_llm import broadcast
+    from rlrun.weights import broadcast
 
     member = broadcast.join("127.0.0.1", port, 1, 2, "gloo", 120)
     for _ in range(repeats):

@@ -29,7 +29,7 @@ import torch
 from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
 from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
-from rlrun.backends.fast_llm import broadcast
+from rlrun.weights import broadcast
 
 log = logging.getLogger("vllm.rlrun.transfer_engine")  # under vLLM's logger: its level, its handler
 

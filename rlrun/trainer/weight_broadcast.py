@@ -1,5 +1,5 @@
 """The in-memory weight path (trainer.weight_transfer=broadcast): the hf trainer's rank 0 as rank 0
-of Fast-LLM's weight broadcast group (wire format: rlrun/backends/fast_llm/broadcast.py).
+of Fast-LLM's weight broadcast group (wire format: rlrun/weights/broadcast.py).
 
 `BroadcastSync` is one weight update (docs/architecture.md, "Weight updates"); any failure drops
 the group and raises, and a receiver loads nothing before the whole broadcast arrived.
@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from rlrun.backends.fast_llm.broadcast import SOURCE_RANK, WEIGHTS_SHARD, broadcast_tensor, member_of, serve_store
+from rlrun.weights.broadcast import SOURCE_RANK, WEIGHTS_SHARD, broadcast_tensor, member_of, serve_store
 from rlrun.inference.admin import in_thread, results, version_label
 
 log = logging.getLogger("rlrun.trainer.weights")

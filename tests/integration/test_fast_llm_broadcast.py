@@ -1,6 +1,6 @@
 """Fast-LLM's weight broadcast over a real gloo group on 127.0.0.1: the stand-in's rank 0
 (tests/fast_llm_standin.py, written from Fast-LLM's sources) sends, rlrun's receiver
-(rlrun/backends/fast_llm/broadcast.py, what each vLLM worker runs) receives."""
+(rlrun/weights/broadcast.py, what each vLLM worker runs) receives."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from rlrun.backends.fast_llm import broadcast
+from rlrun.weights import broadcast
 from rlrun.streams.server import pick_free_port
 from tests.fast_llm_standin import Broadcaster, weights_at
 

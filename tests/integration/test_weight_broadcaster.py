@@ -1,5 +1,5 @@
 """The hf trainer's weight sender (rlrun/trainer/weight_broadcast.py) against the receiver every
-vLLM worker runs (rlrun/backends/fast_llm/broadcast.py), over gloo on 127.0.0.1: what two
+vLLM worker runs (rlrun/weights/broadcast.py), over gloo on 127.0.0.1: what two
 receivers get is, tensor for tensor, what was sent, twice in a row over one group; and a group
 formed again on the same store after a member was killed."""
 
@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from rlrun.backends.fast_llm import broadcast
+from rlrun.weights import broadcast
 from rlrun.streams.server import pick_free_port
 from rlrun.trainer.weight_broadcast import WeightBroadcaster
 from tests.processes import listening_sockets, off_loopback

@@ -145,7 +145,7 @@ class WeightFollower:
         self.redis.hset(names.WEIGHTS_STATE, mapping={"joined": request, "joins": self.counters["joins"]})
 
     def _serve_store(self, host: str, port: int, world_size: int) -> None:
-        from rlrun.backends.fast_llm.broadcast import serve_store
+        from rlrun.weights.broadcast import serve_store
 
         self._store = None  # the old server stops with its last reference
         self._store = serve_store(host, port, world_size, self.broadcast[3])
