@@ -144,7 +144,7 @@ class HfBackend:
 
     def completion_check(self, cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
         t = cfg.trainer
-        target = completion.HfTarget(t.max_train_steps, t.train_batch_size, t.gradient_accumulation_passes)
+        target = completion.HfTarget(t.max_train_steps, t.samples_per_step)
 
         def check(exits: dict[str, Optional[int]]) -> RunVerdict:
             state = progress.trainer_state()

@@ -20,13 +20,12 @@ class TrainerObservation:
 @dataclass(frozen=True)
 class HfTarget:
     max_train_steps: int  # optimizer steps the run must take
-    train_batch_size: int  # samples per forward/backward pass
-    gradient_accumulation_passes: int  # passes per optimizer step
+    samples_per_step: int  # samples per optimizer step (`TrainerConfig.samples_per_step`, defined there only)
 
     @property
     def samples_target(self) -> int:
         """Samples the trainer consumes over the whole run."""
-        return self.max_train_steps * self.train_batch_size * self.gradient_accumulation_passes
+        return self.max_train_steps * self.samples_per_step
 
 
 @dataclass(frozen=True)

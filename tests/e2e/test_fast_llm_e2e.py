@@ -75,7 +75,7 @@ def test_the_sample_counting_rule_would_have_stopped_it_early(fast_llm_run):
         if event["type"] == "weights_ready" and event.get("documents_seen") is not None:
             seen[event["step"]] = event["documents_seen"]  # after a restart, steps repeat: last wins
     assert seen[STEPS] > STEPS * DOCS_PER_STEP  # Fast-LLM overshoots docs_per_step every step
-    target = completion.HfTarget(STEPS, DOCS_PER_STEP, 1)
+    target = completion.HfTarget(STEPS, DOCS_PER_STEP)
     fired = [
         step for step in sorted(seen)
         if completion.hf_finished(target, completion.TrainerObservation(seen[step], 0, False, step)).finished

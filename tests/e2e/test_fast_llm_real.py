@@ -117,7 +117,7 @@ def test_the_sample_counting_rule_would_have_stopped_the_real_one_early(tiny_run
     seen = {e["step"]: e["documents_seen"] for e in run.fl_events if e["type"] == "weights_ready" and "documents_seen" in e}
     if not seen:
         pytest.skip("this Fast-LLM revision does not report documents_seen (PR #502's head)")
-    target = completion.HfTarget(TINY_STEPS, 64, 1)
+    target = completion.HfTarget(TINY_STEPS, 64)
     fired = [s for s in sorted(seen) if completion.hf_finished(target, completion.TrainerObservation(seen[s], 0, False, s)).finished]
     print(f"documents per step: {list(documents_per_step(run.fl_events).values())}; "
           f"sample counting would have stopped at step {fired[0] if fired else None} of {TINY_STEPS}")  # fmt: skip

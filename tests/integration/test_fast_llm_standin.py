@@ -166,7 +166,7 @@ def test_seed_scenario_overshoot_exact_steps_and_the_two_completion_rules(run):
 
     # The sample-counting rule, on the counts observed after each step (as if the trainer stopped
     # there): target = steps × docs_per_step = 160 documents, reached after step 7 of 10.
-    hf_target = HfTarget(TRAIN_ITERS, run.cfg.trainer.train_batch_size, run.cfg.trainer.gradient_accumulation_passes)
+    hf_target = HfTarget(TRAIN_ITERS, run.cfg.trainer.samples_per_step)
     fired = [
         e.step for e in ready
         if hf_finished(hf_target, TrainerObservation(e.documents_seen, 0, False, e.step)).finished

@@ -10,8 +10,8 @@ from rlrun.rules.completion import (
     hf_finished,
 )
 
-# 10 steps × 8 samples per pass × 2 passes per step = 160 samples
-HF = HfTarget(max_train_steps=10, train_batch_size=8, gradient_accumulation_passes=2)
+# 10 steps × 16 samples per step (8 per pass × 2 passes) = 160 samples
+HF = HfTarget(max_train_steps=10, samples_per_step=16)
 
 
 def obs(samples, exit_code, done=False, step=10, seen=False, ckpt=None, ready=None):
@@ -26,8 +26,12 @@ def obs(samples, exit_code, done=False, step=10, seen=False, ckpt=None, ready=No
     )
 
 
-def test_hf_samples_target_is_the_product():
-    assert HF.samples_target == 160  # 10 * 8 * 2
+def test_hf_samples_target_is_steps_times_the_configs_samples_per_step():
+    from rlrun.config import compose
+
+    cfg, _ = compose(["trainer.max_train_steps=10", "trainer.train_batch_size=32", "trainer.gradient_accumulation_passes=2"])
+    target = HfTarget(cfg.trainer.max_train_steps, cfg.trainer.samples_per_step)
+    assert target.samples_target == 640  # 10 * 32 * 2: the config's definition, not one of its own
 
 
 def test_hf_one_sample_short_is_not_finished():
@@ -70,7 +74,7 @@ TRAIN_ITERS, DOCS_PER_STEP, OBSERVED_DOCS_PER_STEP = 400, 1024, 1043
 def test_fast_llm_overshoot_does_not_finish_early():
     # the sample-counting rule's target: 400 * 1024 * 1 = 409_600 documents;
     # at 1043 docs/step it is crossed at step ceil(409_600 / 1043) = ceil(392.7) = 393
-    naive = HfTarget(TRAIN_ITERS, DOCS_PER_STEP, 1)
+    naive = HfTarget(TRAIN_ITERS, DOCS_PER_STEP)
     assert naive.samples_target == 409_600
     at_393 = obs(393 * OBSERVED_DOCS_PER_STEP, None, step=393, ready=393)
     assert not fast_llm_finished(TRAIN_ITERS, at_393).finished
