@@ -72,4 +72,4 @@ class HfView:
         return Window("groups", max(0, delivered - trained) + in_flight, limit, detail)
 
     def done(self) -> bool:
-        return self._state().get("training_done") == "1"
+        return names.training_done(self._state())

@@ -151,7 +151,7 @@ class HfBackend:
             obs = completion.TrainerObservation(
                 samples_processed=int(state.get("samples_processed", 0)),
                 trainer_exit_code=exits.get("trainer"),
-                training_done_event=progress.poll_trainer_events(),  # the trainer's own training_done event
+                training_done=names.training_done(state),  # the signal the actors stop on too
                 last_step=int(state.get("step", 0)),
             )
             return run_verdict(completion.hf_finished(target, obs), exits)

@@ -1,13 +1,12 @@
-"""A run's progress as the supervisor sees it: what the trainer and the actors publish in Redis,
-and the trainer's events stream (a trainer that publishes no state of its own, Fast-LLM, has its
-steps noted from its events by its backend: `note_trainer_step`). Feeds the live view, the
-completion check and the progress watchdog (with `stall_state`, what each process waits for);
-tolerant of Redis being down or restarting (the last values read are kept).
+"""A run's progress as the supervisor sees it: what the trainer and the actors publish in Redis
+(a trainer that publishes no state of its own, Fast-LLM, has its steps noted from its events by
+its backend: `note_trainer_step`). Feeds the live view, the completion check and the progress
+watchdog (with `stall_state`, what each process waits for); tolerant of Redis being down or
+restarting (the last values read are kept).
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -16,12 +15,7 @@ from rlrun.config import RunConfig
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server
-from rlrun.streams.tail import StreamTail
 from rlrun.supervisor import EventLog
-
-log = logging.getLogger(__name__)
-
-_TIME = "return redis.call('TIME')"
 
 
 @dataclass(frozen=True)
@@ -37,44 +31,14 @@ class Progress:
 
 
 class ProgressReader:
-    def __init__(self, url: str, run_dir: RunDir, events: Optional[EventLog] = None, clock=time.monotonic) -> None:
+    def __init__(self, url: str, run_dir: RunDir, events: Optional[EventLog] = None) -> None:
         self._url = url
         self.run_dir = run_dir
         self._client = None
         self._events = events
-        self._clock, self._made_at = clock, clock()
-        self._trainer_events: Optional[StreamTail] = None  # from this reader's making on: `_launch_start`
-        self.training_done_seen = False
         self.malformed_events = 0
         self._last: dict[str, dict] = {}  # the last value read of each hash
         self.reported: Optional[tuple[int, Optional[int]]] = None  # (step, samples) noted from the trainer's events
-
-    def poll_trainer_events(self) -> bool:
-        """Read the trainer's new events (malformed ones counted); True once `training_done` was seen."""
-        try:
-            client = self.redis()
-            if self._trainer_events is None:
-                self._trainer_events = StreamTail(names.TRAINER_EVENTS, "event", start_id=self._launch_start(client))
-            polled = self._trainer_events.poll(client)
-        except Exception:  # Redis not up yet, or restarting: read on from the same id next time
-            self._client = None
-            return self.training_done_seen
-        for message_id, why in polled.malformed:
-            log.warning("rejected message %s on %s: %s", message_id, names.TRAINER_EVENTS, why)
-            self.note_rejected_event(names.TRAINER_EVENTS, message_id, why)
-        if any(message.get("type") == "training_done" for _id, message in polled.messages):
-            self.training_done_seen = True
-        return self.training_done_seen
-
-    def _launch_start(self, client) -> str:
-        """The stream id this launch's events follow: a resumed run's stream still holds the previous
-        launch's. Ids start with the Redis server's time in ms, which may differ from ours (an
-        external Redis): the moment this reader was made is put on the server's clock (TIME, less
-        the time since), one millisecond early so that nothing of this launch is skipped. TIME runs
-        in a script given the stream's key: on a Redis Cluster, the clock of the node holding it."""
-        seconds, micros = (int(part) for part in client.eval(_TIME, 1, names.TRAINER_EVENTS))
-        since_made_ms = (self._clock() - self._made_at) * 1000
-        return f"{int(seconds * 1000 + micros / 1000 - since_made_ms) - 1}-{2**64 - 1}"
 
     def note_rejected_event(self, stream: str, message_id: str, why: str) -> None:
         """An event that is malformed or does not fit the run: counted, recorded, never acted on."""

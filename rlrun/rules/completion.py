@@ -10,7 +10,7 @@ from dataclasses import dataclass
 class TrainerObservation:
     samples_processed: int  # samples the trainer has consumed so far
     trainer_exit_code: int | None  # None while the trainer is running
-    training_done_event: bool  # the hf trainer's own training_done event was seen
+    training_done: bool  # hf: the trainer's state says training_done (`names.training_done`)
     last_step: int  # last completed optimizer step the trainer reported
     training_finished_seen: bool = False  # fast_llm: `training_finished` seen on its events stream
     last_checkpoint_step: int | None = None  # fast_llm: step of the last complete (`ok`) checkpoint
@@ -44,7 +44,7 @@ def _not_exited_cleanly(obs: TrainerObservation) -> Verdict | None:
 
 
 def hf_finished(target: HfTarget, obs: TrainerObservation) -> Verdict:
-    """hf: the trainer exited 0 **and** consumed the samples target or sent `training_done`. Exit 0
+    """hf: the trainer exited 0 **and** consumed the samples target or said `training_done`. Exit 0
     is needed either way: still running, it may be saving its last checkpoint; a crash is a crash."""
     early = _not_exited_cleanly(obs)
     if early is not None:
@@ -52,9 +52,9 @@ def hf_finished(target: HfTarget, obs: TrainerObservation) -> Verdict:
     n, goal = obs.samples_processed, target.samples_target
     if n >= goal:
         return Verdict(True, f"trainer exited 0 after {n} of {goal} samples")
-    if obs.training_done_event:
+    if obs.training_done:
         return Verdict(True, f"trainer exited 0 after training_done ({n} of {goal} samples)")
-    return Verdict(False, f"trainer exited 0 after {n} of {goal} samples, no training_done event")
+    return Verdict(False, f"trainer exited 0 after {n} of {goal} samples, without training_done")
 
 
 def fast_llm_finished(train_iters: int, obs: TrainerObservation) -> Verdict:

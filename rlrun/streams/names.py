@@ -9,7 +9,7 @@ from __future__ import annotations
 GROUPS_STREAM = "rlrun:groups"  # finished groups, actor → trainer (one message per group)
 TRAINER_GROUP = "rlrun:trainer"  # the trainer's consumer group on GROUPS_STREAM
 TRAINER_STATE = "rlrun:trainer:state"  # hash: the trainer's progress (steps, samples processed)
-TRAINER_EVENTS = "rlrun:trainer:events"  # stream: trainer events (weights ready, training done)
+TRAINER_EVENTS = "rlrun:trainer:events"  # stream: each step's record, for observers outside rlrun (nothing in rlrun reads it)
 POLICY_VERSION = "rlrun:policy_version"  # string: the policy version vLLM currently serves
 ACTOR_STATE = "rlrun:actor:state"  # hash: the actor's progress (prompt cursor, groups published)
 WEIGHTS_STATE = "rlrun:weights"  # hash: the Fast-LLM weight follower (join requests, last event, counts)
@@ -19,6 +19,19 @@ def trained_entries(stream: str) -> str:
     """TRAINER_STATE's field: how many entries of groups stream `stream` the trainer's steps have
     read (its current lineage: set back when it restarts from an older checkpoint)."""
     return f"trained:{stream}"
+
+
+# TRAINER_STATE's field "1" once the hf trainer took its last step and vLLM serves it ("0" from the
+# moment a trainer is ready until then): the one "done" signal, read by the completion check and
+# by the actors. A field of a state, not an event: any reader at any time reads the same (a
+# restarted actor, a resumed supervisor, a Redis back from its AOF), writing it twice changes
+# nothing, and no reader has to find where in a stream this launch's events start.
+TRAINING_DONE = "training_done"
+
+
+def training_done(trainer_state: dict) -> bool:
+    """Whether TRAINER_STATE (as read: HGETALL) says training is done."""
+    return trainer_state.get(TRAINING_DONE) == "1"
 
 
 def rank_heartbeat(rank: int) -> str:

@@ -111,7 +111,7 @@ class Trainer:
             self.vllm.resume_answering()  # an earlier trainer may have died with the servers paused
         self.parallel.barrier()  # every rank is up (and has heartbeaten) before the group is ready
         if self.main:
-            self._publish_state(ready_pid=os.getpgrp(), training_done=0)
+            self._publish_state(ready_pid=os.getpgrp(), **{names.TRAINING_DONE: 0})  # not this launch's, not yet
         while self.state.step < t.max_train_steps:
             started = time.monotonic()
             groups, message_ids = self._next_batch() if self.main else ([], [])
@@ -151,9 +151,7 @@ class Trainer:
             return
         if self.main:
             self._finish_update()  # the last version is served before the trainer says it is done
-            self._publish_state(training_done=1)
-            done = {"type": "training_done", "step": self.state.step, "samples": self.state.samples_processed}
-            self.redis.xadd(names.TRAINER_EVENTS, {"event": encode(done)})
+            self._publish_state(**{names.TRAINING_DONE: 1})
             log.info("training done at step %d", self.state.step)
 
     def close(self) -> None:

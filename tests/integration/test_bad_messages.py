@@ -1,5 +1,5 @@
-"""Malformed messages on every stream, against a real Redis: the trainer's input (`rlrun:groups`),
-the trainer's events stream read by the supervisor, and the actor's token journal. Each bad
+"""Malformed messages on rlrun's own streams, against a real Redis: the trainer's input
+(`rlrun:groups`) and the actor's token journal (Fast-LLM's events: test_fast_llm_acl.py). Each bad
 message is rejected, counted and logged with its id (or key); none raises, none stops the good
 messages after it, none poisons a group. Plus the launcher's retry when a picked port is taken.
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import pytest
 
@@ -17,12 +16,10 @@ from rlrun.actor.ledger import JournalLedger
 from rlrun.actor.main import Actor
 from rlrun.backends import backend_for
 from rlrun.config import compose
-from rlrun.parts.progress import ProgressReader
 from rlrun.journal.store import KEY_PREFIX, Append
 from rlrun.streams import names
 from rlrun.streams.codec import encode
-from rlrun.supervisor import EventLog, RunVerdict
-from tests.waiting import wait_until
+from rlrun.supervisor import RunVerdict
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -123,96 +120,6 @@ def test_with_two_actors_the_trainer_reads_both_streams_and_acks_each(client, tm
     trainer._save_checkpoint()
     for stream in streams:
         assert client.xpending(stream, names.TRAINER_GROUP)["pending"] == 0
-
-
-# --- the trainer's events stream, read by the supervisor ----------------------------------------
-
-BAD_EVENTS = [
-    {"event": "garbage"},
-    {"event": json.dumps({"type": "step", "step": 1})},  # no schema_version
-    {"event": json.dumps({"schema_version": 99, "type": "training_done"})},
-    {"event": "[1, 2]"},
-    {"other": "field"},
-]
-
-
-def test_supervisor_reads_the_events_stream_and_counts_malformed_events(server, client, tmp_path, caplog):
-    cfg, _ = compose(["trainer.max_train_steps=4"])
-    previous = client.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "training_done", "step": 2})})  # a previous launch's
-    wait_until(lambda: redis_ms(client) > int(previous.split("-")[0]) + 1, what="Redis's clock to pass the previous launch")
-    events = EventLog(tmp_path / "events.jsonl")
-    reader = ProgressReader(server.url, server.run_dir, events)
-    check = backend_for(cfg).completion_check(cfg, reader)
-    bad_ids = [client.xadd(names.TRAINER_EVENTS, fields) for fields in BAD_EVENTS]
-    client.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", "step": 1})})
-
-    assert reader.poll_trainer_events() is False  # the previous launch's training_done is not this one's
-    assert reader.malformed_events == len(BAD_EVENTS)
-    recorded = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert [e["id"] for e in recorded if e["event"] == "malformed_message"] == bad_ids
-    assert all(e["stream"] == names.TRAINER_EVENTS and e["reason"] for e in recorded)
-    for message_id in bad_ids:
-        assert message_id in caplog.text
-    verdict = check({"trainer": 0})  # exit 0 without reaching the target or announcing it: not done
-    assert (verdict.finished, verdict.reject) == (False, "trainer") and "no training_done event" in verdict.reason
-
-    server.restart()  # Redis restarts from its AOF: the reader carries on from the id it reached
-    client.xadd(names.TRAINER_EVENTS, {"event": "still garbage"})
-    client.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "training_done", "step": 4, "samples": 1024})})
-    deadline = time.time() + 10
-    while not reader.poll_trainer_events() and time.time() < deadline:
-        time.sleep(0.1)
-    assert reader.training_done_seen
-    assert reader.malformed_events == len(BAD_EVENTS) + 1  # nothing read twice, nothing skipped
-    verdict = check({"trainer": 0})
-    assert verdict.finished and verdict.reject is None and "training_done" in verdict.reason
-
-
-def redis_ms(client) -> int:
-    seconds, micros = client.time()
-    return seconds * 1000 + micros // 1000
-
-
-class AheadRedis:
-    """The run's real Redis as one whose clock is an hour ahead of ours (an external Redis on
-    another machine): TIME says so (in a script too), and so do the ids of the entries its
-    clients add."""
-
-    SKEW_S = 3600
-
-    def __init__(self, client) -> None:
-        self._client = client
-
-    def time(self):
-        seconds, micros = self._client.time()
-        return seconds + self.SKEW_S, micros
-
-    def eval(self, script: str, numkeys: int, *keys_and_args):
-        reply = self._client.eval(script, numkeys, *keys_and_args)
-        if "TIME" in script:
-            return [int(reply[0]) + self.SKEW_S, reply[1]]
-        return reply
-
-    def xadd_at(self, stream: str, fields: dict, ms: int) -> str:
-        return self._client.xadd(stream, fields, id=f"{ms}-*")
-
-    def __getattr__(self, name):
-        return getattr(self._client, name)
-
-
-def test_this_launchs_trainer_events_are_told_apart_by_the_redis_clock_not_ours(server, client, tmp_path, monkeypatch):
-    from rlrun.parts import progress
-
-    ahead = AheadRedis(client)
-    monkeypatch.setattr(progress.redis_server, "connect", lambda *args, **kwargs: ahead)
-    reader = ProgressReader(server.url, server.run_dir, EventLog(None))
-    made_at_ms = redis_ms(ahead)  # on the server's clock, an hour after ours
-    # A previous launch said it was done 5 s before this reader was made; this one has not yet.
-    ahead.xadd_at(names.TRAINER_EVENTS, {"event": encode({"type": "training_done", "step": 2})}, made_at_ms - 5_000)
-    ahead.xadd_at(names.TRAINER_EVENTS, {"event": encode({"type": "step", "step": 1})}, made_at_ms + 10)
-    assert reader.poll_trainer_events() is False
-    ahead.xadd_at(names.TRAINER_EVENTS, {"event": encode({"type": "training_done", "step": 4})}, made_at_ms + 20)
-    assert reader.poll_trainer_events() is True
 
 
 # --- the token journal, replayed by a restarted actor -------------------------------------------

@@ -135,7 +135,7 @@ def _observation(events: list, exit_code, checkpoint_step=None) -> TrainerObserv
     return TrainerObservation(
         samples_processed=ready[-1].documents_seen if ready else 0,
         trainer_exit_code=exit_code,
-        training_done_event=False,
+        training_done=False,
         last_step=ready[-1].step if ready else 0,
         training_finished_seen=any(isinstance(e, TrainingFinished) for e in events),
         last_checkpoint_step=checkpoint_step,

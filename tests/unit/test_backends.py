@@ -97,17 +97,13 @@ def test_a_trainer_exiting_0_before_the_end_is_rejected_and_after_it_is_not():
 
 
 class FakeProgress:
-    """What the hf completion check reads: the trainer's state hash and its own done event."""
+    """What the hf completion check reads: the trainer's state hash (its done signal included)."""
 
-    def __init__(self, samples: int, step: int, done_event: bool = False) -> None:
-        self.state = {"samples_processed": str(samples), "step": str(step)}
-        self.done_event = done_event
+    def __init__(self, samples: int, step: int, done: bool = False) -> None:
+        self.state = {"samples_processed": str(samples), "step": str(step), names.TRAINING_DONE: "1" if done else "0"}
 
     def trainer_state(self) -> dict:
         return self.state
-
-    def poll_trainer_events(self) -> bool:
-        return self.done_event
 
 
 def test_the_hf_check_judges_the_samples_its_trainer_reports():
@@ -119,6 +115,8 @@ def test_the_hf_check_judges_the_samples_its_trainer_reports():
     short = backend_for(cfg).completion_check(cfg, FakeProgress(samples=target - 1, step=3))
     verdict = short({"trainer": 0})
     assert (verdict.finished, verdict.reject) == (False, "trainer")
+    said_done = backend_for(cfg).completion_check(cfg, FakeProgress(samples=target - 1, step=3, done=True))
+    assert said_done({"trainer": 0}).finished is True  # the trainer's own training_done, short of the count
 
 
 def write_hf_checkpoint(run: RunDir, step: int, ok: bool) -> Path:

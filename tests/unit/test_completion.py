@@ -18,7 +18,7 @@ def obs(samples, exit_code, done=False, step=10, seen=False, ckpt=None, ready=No
     return TrainerObservation(
         samples_processed=samples,
         trainer_exit_code=exit_code,
-        training_done_event=done,
+        training_done=done,
         last_step=step,
         training_finished_seen=seen,
         last_checkpoint_step=ckpt,
@@ -36,7 +36,7 @@ def test_hf_samples_target_is_steps_times_the_configs_samples_per_step():
 
 def test_hf_one_sample_short_is_not_finished():
     v = hf_finished(HF, obs(159, 0, step=9))
-    assert v == Verdict(False, "trainer exited 0 after 159 of 160 samples, no training_done event")
+    assert v == Verdict(False, "trainer exited 0 after 159 of 160 samples, without training_done")
 
 
 def test_hf_at_target_with_exit_0_is_finished():
@@ -57,13 +57,13 @@ def test_hf_at_target_after_a_crash_is_not_finished():
     assert "code 1" in v.reason
 
 
-def test_hf_training_done_event_with_exit_0_is_finished_before_the_count():
+def test_hf_training_done_with_exit_0_is_finished_before_the_count():
     v = hf_finished(HF, obs(100, 0, done=True, step=6))
     assert v.finished
     assert "training_done" in v.reason
 
 
-def test_hf_training_done_event_while_running_is_not_finished():
+def test_hf_training_done_while_running_is_not_finished():
     assert not hf_finished(HF, obs(100, None, done=True)).finished
 
 

@@ -156,7 +156,7 @@ class FastLlmBackend:
             obs = completion.TrainerObservation(
                 samples_processed=(events.documents_seen or 0) if events else 0,
                 trainer_exit_code=exits.get("trainer"),
-                training_done_event=False,
+                training_done=False,  # the hf trainer's signal; Fast-LLM's is training_finished
                 last_step=(events.last_weights_ready_step or 0) if events else 0,
                 training_finished_seen=bool(events and events.training_finished_seen),
                 last_checkpoint_step=fl_checkpoints.latest_complete_step(experiment_dir),
