@@ -21,7 +21,7 @@
 
 3. (--vllm; heavy: run it under the lock) A whole weight update into a real vLLM CPU server
    through the trainer's own code, per model size, --repeats updates each way, each with new
-   weights: disk = `rlrun.trainer.main.write_weights` (the folder, weights/current) then
+   weights: disk = `rlrun.trainer.weight_publisher.write_weights` (the folder, weights/current) then
    `VllmAdmin.update_weights` (pause, `rlrun_reload_weights`, reset the prefix cache, publish,
    resume); broadcast = `BroadcastSync.update` (pause, group check, receive while rank 0 sends,
    reset, publish, resume), its first update forming the group. `pause` is vLLM's: from the
@@ -257,7 +257,7 @@ def vllm_updates(size: str, repeats: int, root: Path) -> list[tuple]:
     from transformers import AutoModelForCausalLM
 
     from rlrun.rundir import RunDir
-    from rlrun.trainer.main import write_weights
+    from rlrun.trainer.weight_publisher import write_weights
     from rlrun.trainer.weight_broadcast import BroadcastSync
 
     import transformers

@@ -67,33 +67,37 @@ BAD_GROUPS = [
 ]
 
 
-def test_trainer_rejects_counts_and_acks_every_malformed_group(client, caplog, tmp_path):
-    from transformers import AutoModelForCausalLM, Qwen2Config
+def batch_reader(client, cfg):
+    """The trainer's reader of its input as the trainer builds it (one rank, the base model: it
+    reads each stream from its start), for a model of 32 tokens."""
+    from rlrun.trainer.batches import BatchReader
+    from rlrun.trainer.parallel import Parallel, Ranks
+    from rlrun.trainer.stopping import Stopping
 
-    from rlrun.trainer.main import Trainer
+    reader = BatchReader(cfg, Stopping(client), Parallel(Ranks()), vocab_size=32, covered={}, heartbeat=lambda **_: None)
+    reader.rewind()  # as the trainer does first
+    return reader
 
-    config = Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
-    cfg, resolved = compose(["recipe=math_grpo", "trainer.train_batch_size=16"])  # 2 groups of 8 per step
-    run_dir = launch.create_run(cfg, resolved, [], root=tmp_path / "run")
-    trainer = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None)  # its input path only
-    trainer.intake.rewind(trainer._covered)  # as train() does first
+
+def test_trainer_rejects_counts_and_acks_every_malformed_group(client, caplog):
+    cfg, _ = compose(["recipe=math_grpo", "trainer.train_batch_size=16"])  # 2 groups of 8 per step
+    reader = batch_reader(client, cfg)
     bad_ids = [client.xadd(names.GROUPS_STREAM, fields) for _, fields in BAD_GROUPS[:7]]
     first = client.xadd(names.GROUPS_STREAM, {"data": encode(group_message("run/0"))})
     bad_ids += [client.xadd(names.GROUPS_STREAM, fields) for _, fields in BAD_GROUPS[7:]]
     second = client.xadd(names.GROUPS_STREAM, {"data": encode(group_message("run/1"))})
 
-    groups, ids = trainer._next_batch()
+    groups = reader.take(step=1)
 
     assert [g.group_id for g in groups] == ["run/0", "run/1"]  # the good ones, untouched
-    assert trainer.bad_messages == len(BAD_GROUPS)
-    assert sorted(ids) == sorted((names.GROUPS_STREAM, i) for i in [*bad_ids, first, second])  # bad ones are acked with the step too
+    assert reader.bad_messages == len(BAD_GROUPS)
+    # the bad ones are acked with the step's at its checkpoint too
+    assert sorted(reader.unacked) == sorted((names.GROUPS_STREAM, i) for i in [*bad_ids, first, second])
     for message_id in bad_ids:
         assert f"rejected message {message_id} on {names.GROUPS_STREAM}" in caplog.text
 
 
-def test_with_two_actors_the_trainer_reads_both_streams_and_acks_each(client, tmp_path):
+def test_with_two_actors_the_trainer_reads_both_streams_and_acks_each_at_its_checkpoint(client, tmp_path):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from rlrun.trainer.main import Trainer
@@ -103,21 +107,20 @@ def test_with_two_actors_the_trainer_reads_both_streams_and_acks_each(client, tm
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
     cfg, resolved = compose(["recipe=math_grpo", "trainer.train_batch_size=32", "actor.num_actors=2", "inference.num_servers=2"])
     run_dir = launch.create_run(cfg, resolved, [], root=tmp_path / "run")
-    trainer = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None)  # its input path only
-    trainer.intake.rewind(trainer._covered)  # as train() does first
+    trainer = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None)  # its input path and checkpoints
+    trainer.batches.rewind()  # as train() does first
     streams = names.groups_streams(2)
     sent = [(s, client.xadd(s, {"data": encode(group_message(f"run/a{k}/{c}"))})) for c in range(2) for k, s in enumerate(streams)]
-    groups, ids = trainer._next_batch()  # 4 groups a step: both actors' two
+    groups = trainer.batches.take(step=1)  # 4 groups a step: both actors' two
     assert sorted(g.group_id for g in groups) == ["run/a0/0", "run/a0/1", "run/a1/0", "run/a1/1"]
-    assert sorted(ids) == sorted(sent)
-    trainer.unacked.extend(ids)
+    assert sorted(trainer.batches.unacked) == sorted(sent)
     for stream in streams:  # read, not acked until a checkpoint covers them
         assert client.xpending(stream, names.TRAINER_GROUP)["pending"] == 2
     restarted = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None)  # a restart reads them again
-    restarted.intake.rewind(restarted._covered)
-    again, _ = restarted._next_batch()
+    restarted.batches.rewind()
+    again = restarted.batches.take(step=1)
     assert sorted(g.group_id for g in again) == sorted(g.group_id for g in groups)
-    trainer._save_checkpoint()
+    trainer.save_checkpoint()
     for stream in streams:
         assert client.xpending(stream, names.TRAINER_GROUP)["pending"] == 0
 

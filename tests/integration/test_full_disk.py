@@ -41,7 +41,7 @@ def model_and_optimizer():
 
 
 def test_weights_for_vllm_on_a_full_disk(full_disk, model_and_optimizer):
-    from rlrun.trainer.main import write_weights
+    from rlrun.trainer.weight_publisher import write_weights
 
     model, _ = model_and_optimizer
     run = RunDir(full_disk / "run")

@@ -146,7 +146,7 @@ def test_vllm_log_probs_agree_with_the_trainers_before_and_after_an_update_on_ea
     each moving every tensor, the tied embedding and head included."""
     from transformers import AutoModelForCausalLM
 
-    from rlrun.trainer.main import write_weights
+    from rlrun.trainer.weight_publisher import write_weights
     from rlrun.trainer.weight_broadcast import BroadcastSync
 
     url, figures = server.url, {}

@@ -37,32 +37,32 @@ def make_trainer(client, tmp_path):
 
     def make(stop: threading.Event | None = None):
         trainer = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None, stop=stop)  # its input path and checkpoints
-        trainer.intake.rewind(trainer._covered)  # as train() does first
+        trainer.batches.rewind()  # as train() does first
         return trainer
 
     return make, run_dir
 
 
-def deliver(client, first: int, count: int) -> None:
-    for g in range(first, first + count):
-        client.xadd(names.GROUPS_STREAM, {"data": encode(group_message(f"run/{g}"))})
+def deliver(client, first: int, count: int) -> list[str]:
+    return [client.xadd(names.GROUPS_STREAM, {"data": encode(group_message(f"run/{g}"))}) for g in range(first, first + count)]
 
 
 def test_a_lost_acknowledgement_does_not_train_the_checkpointed_groups_again(client, make_trainer):
     make, run_dir = make_trainer
     trainer = make()
-    deliver(client, 0, 4)  # two steps' worth
+    ids = deliver(client, 0, 4)  # two steps' worth
 
-    groups, ids = trainer._next_batch()
+    groups = trainer.batches.take(step=1)
     assert [g.group_id for g in groups] == ["run/0", "run/1"]
     # Step 1 trains them and is checkpointed; its acknowledgement never reaches Redis.
     trainer.state = replace(trainer.state, step=1)
-    trainer._save_checkpoint()  # (nothing in trainer.unacked: the ack is the one lost)
-    assert checkpoint.read_state(run_dir.checkpoint(1)).stream_positions == {names.GROUPS_STREAM: [ids[-1][1], 2]}
+    trainer.batches.unacked = []  # the ack is the one lost
+    trainer.save_checkpoint()
+    assert checkpoint.read_state(run_dir.checkpoint(1)).stream_positions == {names.GROUPS_STREAM: [ids[1], 2]}
     assert client.xpending(names.GROUPS_STREAM, names.TRAINER_GROUP)["pending"] == 2
 
     restarted = make()  # resumes from step 1
-    again, _ = restarted._next_batch()
+    again = restarted.batches.take(step=2)
 
     assert [g.group_id for g in again] == ["run/2", "run/3"]  # not run/0 and run/1 a second time
 
@@ -73,15 +73,16 @@ def test_a_stop_while_waiting_gives_back_what_the_step_had_read(client, make_tra
     trainer = make(stop)
     deliver(client, 0, 3)  # a step and a half
 
-    first, _ = trainer._next_batch()
+    first = trainer.batches.take(step=1)
     assert [g.group_id for g in first] == ["run/0", "run/1"]
     trainer.state = replace(trainer.state, step=1)
     threading.Timer(1.5, stop.set).start()  # SIGTERM while step 2 waits for its second group
-    assert trainer._next_batch() == (None, [])
-    trainer._save_checkpoint()  # the stop's checkpoint covers step 1's groups only
+    assert trainer.batches.take(step=2) is None
+    assert len(trainer.batches.unacked) == 2  # step 1's: run/2 is given back, not acked
+    trainer.save_checkpoint()  # the stop's checkpoint covers step 1's groups only
     assert checkpoint.read_state(run_dir.checkpoint(1)).stream_positions[names.GROUPS_STREAM][1] == 2
 
     deliver(client, 3, 1)
     restarted = make()
-    again, _ = restarted._next_batch()
+    again = restarted.batches.take(step=2)
     assert [g.group_id for g in again] == ["run/2", "run/3"]  # run/2, read before the stop, is not lost

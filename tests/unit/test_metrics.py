@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -126,42 +125,37 @@ class FakeRedis:
     def hgetall(self, key):
         return dict(self.hashes.get(key, {}))
 
-    def hset(self, key, mapping):
-        self.hashes.setdefault(key, {}).update(mapping)
-
     def xadd(self, stream, fields, maxlen=None):
         self.streams.append((stream, fields))
 
 
 def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tmp_path):
-    """Trainer._record without torch: a trainer object with only what _record touches."""
+    """The trainer's StepRecorder as the trainer builds it (no torch), over a stand-in Redis."""
     from rlrun.streams.rollouts import Group, Sample
     from rlrun.rundir import RunDir
     from rlrun.trainer.checkpoint import TrainerState
-    from rlrun.trainer.intake import GroupIntake
-    from rlrun.trainer.main import Trainer
+    from rlrun.trainer.recorder import StepRecorder
+    from rlrun.trainer.stopping import Stopping
 
     cfg, _ = compose(["trainer.max_train_steps=3"])
-    trainer = Trainer.__new__(Trainer)
-    trainer.cfg, trainer.run_dir = cfg, RunDir(Path(tmp_path))
-    trainer.redis = FakeRedis({"tokens_reused": "40", "tokens_regenerated": "3", "samples_continued": "5", "prefixes_dropped_stale": "1", "pid": "9",
-                               "tokens_kept_on_retry": "6", "samples_continued_on_retry": "2"})  # fmt: skip
-    trainer.bad_messages = 0
-    trainer.state = TrainerState(step=2, samples_processed=4, policy_version=2)
-    trainer.metrics = MetricsWriter(trainer.run_dir.metrics)
-    trainer.history, trainer.wandb = [], None
-    trainer.stop = threading.Event()  # not stopping
-    trainer.intake = GroupIntake(trainer.redis, ["rlrun:groups"], "rlrun:trainer")
+    run_dir = RunDir(Path(tmp_path))
+    redis = FakeRedis({"tokens_reused": "40", "tokens_regenerated": "3", "samples_continued": "5", "prefixes_dropped_stale": "1", "pid": "9",
+                       "tokens_kept_on_retry": "6", "samples_continued_on_retry": "2"})  # fmt: skip
+    recorder = StepRecorder(cfg, run_dir, Stopping(redis))
     started = time.time() - 10  # the run started 10 s ago, and its only step took 0.5 s of optimizer work
     (Path(tmp_path) / "events.jsonl").write_text(json.dumps({"time": started, "event": "run_started"}) + "\n")
     samples = [Sample(i, [1, 2, 3], [-0.1] * 3, [0, 1, 1], "stop", float(i % 2), 0.0) for i in range(4)]
-    trainer._record(
+    returned = recorder.record(
+        TrainerState(step=2, samples_processed=4, policy_version=2),
         {"loss": 0.1, "clip_fraction": 0.0, "mean_ratio": 1.0, "grad_norm": 2.0, "logprob_diff_mean": 1e-6, "logprob_diff_max": 3e-6,
          "logprob_diff_tokens": 6, "step_time_s": 0.9, "wait_s": 0.3, "weights_s": 0.1, "weights_update_s": 0.2,
          "vllm_paused_s": 0.05},
         [Group("run/0", 0, [5, 6], samples)],
+        bad_messages=0,
     )
-    (written,) = read_metrics(trainer.run_dir.metrics)
+    (written,) = read_metrics(run_dir.metrics)
+    assert written == returned and [stream for stream, _ in redis.streams] == ["rlrun:trainer:events"]
+    assert [json.loads(line)["groups"] for line in run_dir.trained_groups.read_text().splitlines()] == [["run/0"]]
     assert list(written) == list(FIELDS), "metrics.jsonl fields and rlrun.telemetry.metrics.FIELDS (docs) disagree"
     assert written["ettr"] == pytest.approx(0.5 / 10, abs=0.01)
     assert (written["tokens_reused"], written["tokens_regenerated"], written["samples_continued"], written["prefixes_dropped_stale"]) == (40, 3, 5, 1)

@@ -1,77 +1,119 @@
 """trainer.overlap_weight_update: a step's weights go to vLLM in a thread while the next step
 trains. What it must keep: the weights sent are those of the step (a copy, not the parameters the
-next step changes), at most one update is in flight, and an update's failure is the trainer's."""
+next step changes), at most one update is in flight, and an update's failure is the trainer's.
+Driven through `WeightPublisher` as the trainer builds it (one rank, trainer.weight_transfer=
+broadcast), with a stand-in for the broadcast to vLLM and a small torch model."""
 
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
+from pathlib import Path
 
 import pytest
 import torch
 
-from rlrun.trainer.main import Trainer
+from rlrun.config.schema import TrainerConfig
+from rlrun.rundir import RunDir
+from rlrun.streams import names
+from rlrun.trainer.parallel import Parallel, Ranks
+from rlrun.trainer.weight_publisher import WeightPublisher
 
 
-def trainer_with(hand_over) -> Trainer:
-    trainer = Trainer.__new__(Trainer)  # the weight-update part only: no model, Redis or vLLM
-    trainer.main, trainer._update, trainer.last_update_s = True, None, None
-    trainer.param = torch.zeros(3)
-    trainer.state = SimpleNamespace(policy_version=1, step=1)
-    trainer.parallel = SimpleNamespace(full_state_dict=lambda model: {"w": trainer.param})
-    trainer.model = None
-    trainer._hand_over = hand_over
-    return trainer
+class Model(torch.nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(3, 1, bias=False)
+        torch.nn.init.zeros_(self.weight)
+
+    def save_pretrained(self, path, state_dict, safe_serialization):  # as a Hugging Face model writes its folder
+        from safetensors.torch import save_file
+
+        Path(path).mkdir(parents=True)
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, Path(path) / "model.safetensors")
 
 
-def test_the_update_runs_beside_the_next_step_and_sends_that_steps_weights():
+class Broadcast:
+    """Stands in for BroadcastSync: `hand_over(weights, version)` is what reaching vLLM does."""
+
+    def __init__(self, hand_over) -> None:
+        self.hand_over = hand_over
+
+    def update(self, weights, version, publish, while_waiting):
+        self.hand_over(weights, version)
+        publish()
+        return []  # no server down
+
+
+class Redis:
+    def __init__(self) -> None:
+        self.strings: dict[str, int] = {}
+
+    def set(self, key, value):
+        self.strings[key] = value
+
+
+def publisher(tmp_path, hand_over, vllm_wait_s: float = 600.0) -> tuple[WeightPublisher, Redis]:
+    redis = Redis()
+    weights = WeightPublisher(
+        TrainerConfig(weight_transfer="broadcast", overlap_weight_update=True), RunDir(Path(tmp_path)), redis, vllm=None,
+        parallel=Parallel(Ranks()), broadcast=Broadcast(hand_over), stop=threading.Event(), heartbeat=lambda **_: None,
+        vllm_wait_s=vllm_wait_s,
+    )  # fmt: skip
+    return weights, redis
+
+
+def test_the_update_runs_beside_the_next_step_and_sends_that_steps_weights(tmp_path):
     release, sent = threading.Event(), []
 
-    def hand_over(weights, version, step):
+    def hand_over(weights, version):
         release.wait(10)
-        sent.append((weights["w"].clone(), version, step))
+        sent.append((weights["weight"].clone(), version))
 
-    trainer = trainer_with(hand_over)
-    trainer._push_weights(overlap=True)  # returns while vLLM is still being updated
-    assert sent == [] and trainer._update is not None and not trainer._update.done()
-    trainer.param.add_(5.0)  # the next optimizer step changes the parameters in place
-    trainer.state = SimpleNamespace(policy_version=2, step=2)  # and the trainer's state
+    weights, redis = publisher(tmp_path, hand_over)
+    model = Model()
+    weights.push(model, version=1, step=1, overlap=True)  # returns while vLLM is still being updated
+    assert sent == [] and weights.last_update_s() is None
+    with torch.no_grad():
+        model.weight.add_(5.0)  # the next optimizer step changes the parameters in place
     release.set()
-    trainer._finish_update()
-    assert torch.equal(sent[0][0], torch.zeros(3)) and sent[0][1:] == (1, 1)  # step 1's weights, version and step
-    assert trainer.last_update_s is not None and trainer._update is None
+    weights.finish()
+    assert torch.equal(sent[0][0], torch.zeros(1, 3)) and sent[0][1] == 1  # step 1's weights and version
+    assert redis.strings[names.POLICY_VERSION] == 1  # published once the servers have it
+    assert weights.last_update_s() is not None and weights.last_update_s() is None  # taken once
 
 
-def test_a_second_update_waits_for_the_first():
+def test_a_second_update_waits_for_the_first(tmp_path):
     order, first_may_end = [], threading.Event()
 
-    def hand_over(weights, version, step):
+    def hand_over(weights, version):
         order.append(("start", version))
         if version == 1:
             first_may_end.wait(10)
         order.append(("end", version))
 
-    trainer = trainer_with(hand_over)
-    trainer._push_weights(overlap=True)
+    weights, _ = publisher(tmp_path, hand_over)
+    model = Model()
+    weights.push(model, version=1, step=1, overlap=True)
     threading.Timer(0.2, first_may_end.set).start()
-    trainer.state = SimpleNamespace(policy_version=2, step=2)
-    trainer._push_weights(overlap=True)
-    trainer._finish_update()
+    weights.push(model, version=2, step=2, overlap=True)
+    weights.finish()
     assert order == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
 
 
-def test_a_failed_update_fails_the_trainer_at_its_next_push():
-    def hand_over(weights, version, step):
+def test_a_failed_update_fails_the_trainer_at_its_next_push_and_leaves_its_weights_for_a_cold_start(tmp_path):
+    def hand_over(weights, version):
         raise RuntimeError("no vLLM server answers")
 
-    trainer = trainer_with(hand_over)
-    trainer._push_weights(overlap=True)
+    weights, redis = publisher(tmp_path, hand_over, vllm_wait_s=0.0)  # given up at once
+    weights.push(Model(), version=1, step=1, overlap=True)
     with pytest.raises(RuntimeError, match="no vLLM server answers"):
-        trainer._push_weights(overlap=True)
+        weights.push(Model(), version=2, step=2, overlap=True)
+    assert names.POLICY_VERSION not in redis.strings  # nothing published
+    run = RunDir(Path(tmp_path))
+    assert run.current_weights.resolve() == run.weights_version(1).resolve()  # a server restarting loads v1
 
 
-def test_without_overlap_the_step_waits_for_the_update():
+def test_without_overlap_the_step_waits_for_the_update(tmp_path):
     sent = []
-    trainer = trainer_with(lambda weights, version, step: sent.append(version))
-    trainer._push_weights(overlap=False)
-    assert sent == [1] and trainer._update is None
+    weights, redis = publisher(tmp_path, lambda w, version: sent.append(version))
+    weights.push(Model(), version=1, step=1, overlap=False)
+    assert sent == [1] and redis.strings[names.POLICY_VERSION] == 1

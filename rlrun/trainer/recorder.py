@@ -1,0 +1,84 @@
+"""Rank 0's record of each optimizer step: one line of metrics.jsonl carrying the run's ETTR so far
+(to TensorBoard and W&B too when they are on), the step's group ids in trained_groups.jsonl, the
+record on the trainer's events stream, and the log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+
+from rlrun.config import RunConfig
+from rlrun.telemetry.ettr import split_wall_time
+from rlrun.telemetry.metrics import MetricsWriter, read_metrics, summed_actor_counters
+from rlrun.streams.rollouts import Group
+from rlrun.rundir import RunDir
+from rlrun.streams import names
+from rlrun.streams.codec import encode
+from rlrun.supervisor.events import read_events
+from rlrun.trainer.checkpoint import TrainerState
+from rlrun.trainer.stopping import Stopping
+
+log = logging.getLogger("rlrun.trainer")
+
+
+class StepRecorder:
+    def __init__(self, cfg: RunConfig, run_dir: RunDir, stopping: Stopping) -> None:
+        self.cfg, self.run_dir, self.stopping = cfg, run_dir, stopping
+        self.metrics = MetricsWriter(run_dir.metrics, run_dir.tensorboard if cfg.metrics.tensorboard else None)
+        self.history = read_metrics(run_dir.metrics)  # every record so far, this run's earlier launches too: for ETTR
+        self.wandb = None
+        if cfg.metrics.wandb:  # the same W&B run for every trainer attempt and every launch of this run
+            from rlrun.telemetry.wandb_sink import WandbSink
+
+            last = self.history[-1]["time"] if self.history else None
+            self.wandb = WandbSink(run_dir, cfg.metrics.wandb_project, cfg.metrics.wandb_mode, last_step_time=last)
+
+    def record(self, state: TrainerState, metrics: dict, groups: list[Group], bad_messages: int) -> dict:
+        """The step `state` has just taken, from its optimizer `metrics` and the `groups` it trained;
+        returns the record written."""
+        redis = self.stopping.redis
+        rewards = [s.reward for g in groups for s in g.samples]
+        versions = [v for g in groups for s in g.samples for v in s.versions]
+        actors = names.actor_states(self.cfg.actor.num_actors)
+        record = {
+            "step": state.step,
+            "samples": state.samples_processed,
+            "policy_version": state.policy_version,
+            "reward_mean": round(sum(rewards) / len(rewards), 4),
+            "reward_std": round(statistics.pstdev(rewards), 4),
+            "tokens": sum(len(s.completion_ids) for g in groups for s in g.samples),
+            # how many versions behind the weights that trained on them the tokens were sampled
+            "policy_lag_max": (state.policy_version - 1 - min(versions)) if versions else 0,
+            "behaviour_version_max": max(versions) if versions else 0,  # newest version vLLM sampled with
+            "policy_lag_mean": round(state.policy_version - 1 - statistics.fmean(versions), 4) if versions else 0.0,
+            "samples_spanning_update": sum(1 for g in groups for s in g.samples if len(set(s.versions)) > 1),
+            "bad_messages": bad_messages,
+            **self.stopping.call(lambda: summed_actor_counters([redis.hgetall(key) for key in actors]), {}),
+            "time": round(time.time(), 3),
+            **{k: round(v, 6) if isinstance(v, float) else v for k, v in metrics.items()},
+        }
+        self.history.append(record)
+        events = read_events(self.run_dir.events)
+        ratio = split_wall_time(events, self.history, now=record["time"]).ettr  # rlrun/ettr.py
+        record["ettr"] = round(ratio, 4) if ratio is not None else None
+        self.metrics.write(record)
+        if self.wandb is not None:
+            self.wandb.log(record, events)
+        with open(self.run_dir.trained_groups, "a") as handle:  # a restarted step appears again, later
+            handle.write(json.dumps({"step": state.step, "groups": [g.group_id for g in groups]}) + "\n")
+        self.stopping.call(lambda: redis.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", **record})}, maxlen=10_000))
+        log.info(
+            "step %d/%d samples=%d reward=%.3f loss=%.4f clip=%.3f %.2fs",
+            state.step, self.cfg.trainer.max_train_steps, state.samples_processed,
+            record["reward_mean"], record["loss"], record["clip_fraction"], record["step_time_s"],
+        )  # fmt: skip
+        return record
+
+    def close(self) -> None:
+        self.metrics.close()
+        if self.wandb is not None:
+            self.wandb.close()
+            self.wandb = None
