@@ -11,7 +11,7 @@ round (A B C, B C A, C A B, ...) so that no phase always runs first or right aft
      n = group_size, max_tokens, temperature, logprobs 0, return_token_ids, streamed through
      rlrun.actor.vllm_client.stream_completion) with `actor.max_concurrent_groups` groups in
      flight; a finished group is replaced at once. Nothing else: no Redis, no scoring.
-  B  "actor + journal": rlrun.actor.main.Actor run in-process against the same server and
+  B  "actor + journal": rlrun.actor.loop.Actor run in-process against the same server and
      Redis with the JournalLedger (every token appended to the token journal in Redis, as in a
      real run), and no trainer (the trainer state hash says step=10**9, so back-pressure never
      blocks; `training_done`=1 is set once N groups are published, which stops the actor). A
@@ -59,7 +59,7 @@ from pathlib import Path
 import httpx
 
 from rlrun.actor.ledger import JournalLedger, MemoryLedger
-from rlrun.actor.main import Actor
+from rlrun.actor.loop import Actor
 from rlrun.actor.vllm_client import generate
 from rlrun.config import compose
 from rlrun.data.tasks import load_task

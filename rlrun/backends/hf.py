@@ -119,7 +119,7 @@ class HfBackend:
         self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe, events: EventLog
     ) -> list[ProcessSpec]:
         argv, write_role_file = role_command(
-            run_dir, "rlrun.trainer.main", "trainer", redis_url=endpoints.redis_url, model_path=model_path,
+            run_dir, "rlrun.entrypoints.trainer", "trainer", redis_url=endpoints.redis_url, model_path=model_path,
             vllm_urls=endpoints.vllm_urls, broadcast_host=endpoints.host("trainer", cfg.inference.host), broadcast_port=endpoints.broadcast_port,
         )  # fmt: skip
         nproc = cfg.trainer.nproc_per_node

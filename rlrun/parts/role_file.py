@@ -3,7 +3,7 @@
 `<run>/roles/<name>.yaml` (written before every start, read by the child's `main`): the run
 directory, the role's endpoints, the model path, an actor's index and the run's resolved config;
 no secret (those stay in `<run>/secrets/`). To debug a role, stop the run's copy and start
-`python -m rlrun.actor.main <run>/roles/actor.yaml` (or another role's module) by hand.
+`python -m rlrun.entrypoints.actor <run>/roles/actor.yaml` (or another role's, `rlrun/entrypoints/`) by hand.
 """
 
 from __future__ import annotations

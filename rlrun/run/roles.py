@@ -49,7 +49,7 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
         urls = [endpoints.vllm_urls[i] for i in servers_of(k, k_all, len(endpoints.vllm_urls))]
         name = actor_name(k, k_all)
         argv, write_role_file = role_command(
-            run_dir, "rlrun.actor.main", name, redis_url=endpoints.redis_url, model_path=model_path, vllm_urls=urls, actor_index=k
+            run_dir, "rlrun.entrypoints.actor", name, redis_url=endpoints.redis_url, model_path=model_path, vllm_urls=urls, actor_index=k
         )
         specs.append(
             role_spec(

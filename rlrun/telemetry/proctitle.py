@@ -1,5 +1,5 @@
 """A role's process title: `ps -ef` shows `rlrun:actor <role file>`, and `top`, `ps -e` and
-`pgrep` the short name `rlrun:actor`, instead of `python -m rlrun.actor.main <role file>`.
+`pgrep` the short name `rlrun:actor`, instead of `python -m rlrun.entrypoints.actor <role file>`.
 Called once from a role's entry point, never by library code."""
 
 from __future__ import annotations

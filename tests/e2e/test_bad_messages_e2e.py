@@ -114,5 +114,5 @@ def test_corrupt_journal_entries_are_counted_by_the_restarted_actor(poisoned_run
 
 def test_no_secret_on_a_command_line_or_in_a_file_of_the_run(poisoned_run):
     _, run_dir, _, _, output, cmdlines = poisoned_run
-    assert any("rlrun.actor.main" in " ".join(c) for c in cmdlines)  # the sampling saw the run
+    assert any("rlrun.entrypoints.actor" in " ".join(c) for c in cmdlines)  # the sampling saw the run
     assert leaked_secrets(run_dir, cmdlines, (output,)) == []

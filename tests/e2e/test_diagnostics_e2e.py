@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-import rlrun.actor.main as actor_main
+import rlrun.actor.loop as actor_loop
 
 from .conftest import current_pid, events, left_behind, read_jsonl, run_cli, start_rlrun, steps_done, wait_for
 
@@ -106,9 +106,9 @@ def test_the_dump_holds_the_actors_python_stack_naming_its_function(frozen_run):
     path = run_dir / "diagnostics" / os.path.basename(dump["file"])
     assert path.is_file() and path.name.startswith("actor-0-")
     text = path.read_text()
-    frames = re.findall(r"^\s+(\w+) \(rlrun/actor/main\.py:\d+\)", text, re.MULTILINE)
+    frames = re.findall(r"^\s+(\w+) \(rlrun/actor/loop\.py:\d+\)", text, re.MULTILINE)
     assert frames, text[:3000]
-    assert all(hasattr(actor_main, name) or hasattr(actor_main.Actor, name) for name in frames)
+    assert all(hasattr(actor_loop, name) or hasattr(actor_loop.Actor, name) for name in frames)
     assert "[stopped]" in text or "[tracing-stop]" in text  # psutil saw it frozen
     assert "rss" in text and "## last 40 lines" in text
 
@@ -172,6 +172,6 @@ def test_the_report_and_the_dumps_name_where_each_process_waits(frozen_run):
     assert window["room"] is False and window["trained_entries"] == 0 and window["waiting"] >= window["limit"]
     dump = next(e for e in evs if e["event"] == "stack_dump" and e["process"] == "trainer" and e["time"] >= stalled["time"])
     stacks = (run_dir / "diagnostics" / os.path.basename(dump["file"])).read_text()
-    assert re.search(r"_next_batch \(rlrun/trainer/main\.py:\d+\)", stacks), stacks[:3000]  # waiting for groups
+    assert re.search(r"_read_batch \(rlrun/trainer/batches\.py:\d+\)", stacks), stacks[:3000]  # waiting for groups
     assert re.search(r"read \(rlrun/trainer/intake\.py:\d+\)", stacks), stacks[:3000]
     assert any(e["event"] == "stack_dump" and e["process"] == "actor" and e["time"] >= stalled["time"] for e in evs)

@@ -115,7 +115,7 @@ def test_no_secret_on_a_command_line_or_in_a_log(short_run):
     while it ran (sampled every 0.3 s: a process living less than that may be missed), and are in
     no log, event, metric or other file of the finished run, nor in rlrun's own output."""
     result, run_dir = short_run
-    assert any("rlrun.trainer.main" in " ".join(c) for c in result.cmdlines)  # the sampling saw the run
+    assert any("rlrun.entrypoints.trainer" in " ".join(c) for c in result.cmdlines)  # the sampling saw the run
     assert any("vllm" in " ".join(c) for c in result.cmdlines)
     assert leaked_secrets(run_dir, result.cmdlines, (result.stdout, result.stderr)) == []
 

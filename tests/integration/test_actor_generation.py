@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from rlrun.actor.ledger import JournalLedger
-from rlrun.actor.main import Actor, refused
+from rlrun.actor.loop import Actor, refused
 from rlrun.actor.vllm_client import ROUTE
 from rlrun.config import compose
 from rlrun.data.tasks import load_task

@@ -487,7 +487,7 @@ def test_trainer_refuses_to_start_from_damaged_checkpoints_with_exit_2(resumable
     role = Role("trainer", resumable_run.root, "redis://127.0.0.1:1/0", "/nonexistent", ["http://127.0.0.1:1"],
                 config=yaml.safe_load(resumable_run.config.read_text()))  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "rlrun.trainer.main", str(write_role_file(resumable_run, role))],
+        [sys.executable, "-m", "rlrun.entrypoints.trainer", str(write_role_file(resumable_run, role))],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -13,7 +13,7 @@ import pytest
 
 from rlrun.run import launch
 from rlrun.actor.ledger import JournalLedger
-from rlrun.actor.main import Actor
+from rlrun.actor.loop import Actor
 from rlrun.backends import backend_for
 from rlrun.config import compose
 from rlrun.journal.store import KEY_PREFIX, Append
@@ -100,7 +100,7 @@ def test_trainer_rejects_counts_and_acks_every_malformed_group(client, caplog):
 def test_with_two_actors_the_trainer_reads_both_streams_and_acks_each_at_its_checkpoint(client, tmp_path):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from rlrun.trainer.main import Trainer
+    from rlrun.trainer.loop import Trainer
 
     config = Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip

@@ -51,7 +51,7 @@ def run(server, client, tmp_path):
 def start(run_dir, server, tmp_path) -> subprocess.Popen:
     from rlrun.parts.role_parts import role_command
 
-    argv, write_role_file = role_command(run_dir, "rlrun.trainer.main", "trainer", redis_url=server.url, model_path=str(tmp_path / "model"))
+    argv, write_role_file = role_command(run_dir, "rlrun.entrypoints.trainer", "trainer", redis_url=server.url, model_path=str(tmp_path / "model"))
     write_role_file()  # as the supervisor does before every (re)start
     log = open(tmp_path / "trainer.log", "ab")
     return subprocess.Popen(

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(120)
 def make_trainer(client, tmp_path):
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    from rlrun.trainer.main import Trainer
+    from rlrun.trainer.loop import Trainer
 
     config = Qwen2Config(vocab_size=32, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip

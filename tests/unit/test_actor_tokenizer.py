@@ -74,7 +74,7 @@ def test_fallback_is_transformers(tiny_tokenizer_dir, tmp_path):
 
 def test_actor_process_does_not_import_transformers():
     """The restarted actor's start-up: transformers (seconds of imports) stays out of it."""
-    code = "import sys, rlrun.actor.main, rlrun.actor.tokenizer; print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))"
+    code = "import sys, rlrun.entrypoints.actor, rlrun.actor.tokenizer; print(sorted(m for m in ('transformers', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

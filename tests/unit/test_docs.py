@@ -56,7 +56,7 @@ def test_every_metrics_field_is_documented_in_operations_in_order():
 
 def test_every_module_is_on_the_architecture_map():
     """docs/architecture.md names every module of rlrun/: by its path, or by its file name on a
-    line that names its package's folder (`rlrun/actor/main.py`, `ledger.py`)."""
+    line that names its package's folder (`rlrun/actor/loop.py`, `ledger.py`)."""
     package = Path(__file__).resolve().parents[2] / "rlrun"
     lines = (DOCS / "architecture.md").read_text().splitlines()
     missing = []

@@ -55,7 +55,7 @@ def test_a_missing_program_is_found_behind_its_wrappers(argv, lacking):
     [
         [PY, "tests/fast_llm_standin.py", "--config", "x"],
         ["env", "A=1", PY, "-m", "json.tool"],
-        ["nice", "-n", "5", PY, "-m", "rlrun.trainer.main"],
+        ["nice", "-n", "5", PY, "-m", "rlrun.entrypoints.trainer"],
         ["bash", "-c", f"{PY} -m json.tool"],
         ["torchrun", "--nproc_per_node=1", "--no_python", "true"],
     ],

@@ -101,7 +101,7 @@ def test_an_actors_index_round_trips_and_a_file_without_one_is_actor_0(run):
 
 
 def test_an_actor_index_outside_num_actors_exits_2_before_touching_redis(run, caplog):
-    from rlrun.actor.main import main as actor_main
+    from rlrun.entrypoints.actor import main as actor_main
     from rlrun.errors import ExitCode
 
     _cfg, run_dir = run  # actor.num_actors=1

@@ -256,9 +256,9 @@ def trainer_spec(
 
 def follower_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, probe: RedisProbe) -> ProcessSpec:
     """trainer=fast_llm: the process that has the vLLM servers load what Fast-LLM broadcasts
-    (rlrun/backends/fast_llm/follower.py). Started before the trainer, which waits for it."""
+    (rlrun/backends/fast_llm/follower.py, started by rlrun/entrypoints/weights.py). Started before the trainer, which waits for it."""
     argv, write_role_file = role_command(
-        run_dir, "rlrun.backends.fast_llm.follower", "weights", redis_url=endpoints.redis_url, model_path="",
+        run_dir, "rlrun.entrypoints.weights", "weights", redis_url=endpoints.redis_url, model_path="",
         vllm_urls=endpoints.vllm_urls, broadcast_host=endpoints.host("trainer", cfg.inference.host), broadcast_port=endpoints.broadcast_port,
     )  # fmt: skip
     return role_spec(

@@ -1,4 +1,5 @@
-"""rlrun::weights — makes the vLLM servers serve every policy Fast-LLM broadcasts (trainer=fast_llm).
+"""rlrun::weights — makes the vLLM servers serve every policy Fast-LLM broadcasts (trainer=fast_llm;
+its process: `rlrun/entrypoints/weights.py`).
 
 At each join request (before every trainer start) the servers join the new trainer's group; on
 each `weights_ready` that fits the run (`events.py`) they receive the broadcast, then the step is
@@ -15,14 +16,10 @@ import httpx
 
 from rlrun.backends.fast_llm.config import broadcast_backend
 from rlrun.backends.fast_llm.events import EventJudge, stream_id_after
-from rlrun.backends.fast_llm.installed import store_host
 from rlrun.backends.fast_llm.protocol import WeightsReady
 from rlrun.config import RunConfig
-from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin, in_thread, results
-from rlrun.parts.role_file import role_from_argv
 from rlrun.streams import names
-from rlrun.streams.server import connect
 
 log = logging.getLogger("rlrun.weights")
 
@@ -179,30 +176,3 @@ class WeightFollower:
         if now - self._last_heartbeat >= 1.0:
             self.redis.hset(names.WEIGHTS_STATE, mapping={"pid": os.getpgrp(), "heartbeat": now})
             self._last_heartbeat = now
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    try:
-        role = role_from_argv("rlrun::weights", argv)
-        cfg = role.load_config()
-    except ConfigError as exc:  # a restart would fail the same way: exit 2, never retried
-        log.error("%s", exc)
-        return int(ExitCode.USAGE)
-    run_dir = role.run
-    redis = connect(role.redis_url, run_dir.read_redis_password())
-    admin = VllmBroadcastAdmin(role.vllm_urls, receive_timeout_s=cfg.trainer.fast_llm.timeout_s, api_key=run_dir.read_vllm_api_key())
-    host_store = store_host(cfg) == "rlrun"
-    try:
-        WeightFollower(cfg, redis, admin, role.broadcast_host, role.broadcast_port, host_store).run_forever()
-    finally:
-        admin.close()
-    return 0
-
-
-if __name__ == "__main__":
-    from rlrun.telemetry import stackdump
-
-    stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)
-    raise SystemExit(main())

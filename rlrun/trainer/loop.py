@@ -1,27 +1,20 @@
-"""The hf trainer process: `python -m rlrun.trainer.main RUN/roles/trainer.yaml` (rank 0 reads every actor's stream)."""
+"""The hf trainer's optimizer loop (its process: `rlrun/entrypoints/trainer.py`, one per rank)."""
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from rlrun.cluster.listen import run_prefix
 from rlrun.config import RunConfig
-from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin
-from rlrun.parts.role_file import role_from_argv
 from rlrun.rundir import RunDir
-from rlrun.streams.server import connect, stop_retrying
 from rlrun.trainer import checkpoint
 from rlrun.trainer.batches import BatchReader
 from rlrun.trainer.checkpoint import TrainerState
-from rlrun.trainer.disk import DiskFull
-from rlrun.trainer.parallel import Parallel, Ranks, collective_backend, usable_device
+from rlrun.trainer.parallel import Parallel, Ranks
 from rlrun.trainer.published_state import StatePublisher
 from rlrun.trainer.recorder import StepRecorder
 from rlrun.trainer.step import optimizer_step
@@ -149,61 +142,3 @@ class Trainer:
     def close(self) -> None:
         if self.recorder is not None:
             self.recorder.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    vllm = parallel = broadcast = None
-    stop = threading.Event()  # SIGTERM (the supervisor's orderly stop, a SLURM job's end): stop at the next step boundary
-    clients = []  # Redis clients: stopping, a Redis that stopped with us is not waited for
-
-    def on_sigterm(*_) -> None:
-        stop.set()
-        for client in clients:
-            stop_retrying(client)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        role = role_from_argv("rlrun::trainer", argv)
-        cfg, run_dir = role.load_config(), role.run
-        # One rank unless a launcher (rlrun.trainer.rank_group, torchrun) set RANK/WORLD_SIZE.
-        ranks = Ranks.from_env(os.environ)
-        device = usable_device(ranks.device(cfg.trainer.device))  # no such device here: exit 2
-        checkpoint.resume_point(run_dir.checkpoints)  # damaged checkpoints: exit 2 before any server is asked
-        redis = connect(role.redis_url, run_dir.read_redis_password())
-        clients.append(redis)
-        vllm = VllmAdmin(role.vllm_urls, api_key=run_dir.read_vllm_api_key())
-        store_prefix = run_prefix(run_dir.read_vllm_api_key()) if ranks.distributed else ""  # keys of the ranks' store
-        parallel = Parallel(ranks, cfg.trainer.sharding, device, store_prefix)
-        if cfg.trainer.weight_transfer == "broadcast" and parallel.ranks.is_main:
-            from rlrun.trainer.weight_broadcast import BroadcastSync
-
-            broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, collective_backend(cfg.trainer.device),
-                                      prefix=run_prefix(run_dir.read_vllm_api_key()))  # fmt: skip
-        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast, stop)
-        try:
-            trainer.train()
-        finally:
-            trainer.close()
-    except (ConfigError, checkpoint.CorruptCheckpoint, DiskFull) as exc:
-        # A restart would meet the same config, checkpoints or full disk: exit 2, which the
-        # supervisor never retries (the run stops at once with exit 5, naming this log).
-        log.error("%s", exc)
-        return int(ExitCode.USAGE)
-    finally:
-        if broadcast is not None:
-            broadcast.close()
-        if vllm is not None:
-            vllm.close()
-        if parallel is not None:
-            parallel.close()
-    return 0
-
-
-if __name__ == "__main__":
-    from rlrun.telemetry import proctitle, stackdump
-
-    rank = os.environ.get("RANK") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
-    proctitle.name(f"trainer-rank{rank}" if rank else "trainer")  # `ps` shows rlrun:trainer (-rank1...)
-    stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)
-    raise SystemExit(main())

@@ -1,11 +1,12 @@
-"""The actor process: `python -m rlrun.actor.main RUN/roles/actor.yaml` (`actor-<k>.yaml`: actor k of actor.num_actors).
+"""The actor: opens groups while back-pressure allows and completes each (its process:
+`rlrun/entrypoints/actor.py`, one per actor.num_actors).
 
 It samples a group of completions per prompt from vLLM (one request per group, token ids in and
 out), scores them and publishes each finished group to the trainer's stream. Every token goes to
 the token journal as it arrives, so whatever stops a generation (a lost server, a restart) it is
 continued from the tokens already produced; a weight update stops nothing (vLLM keeps the requests
 in flight and labels each token with the weights that sampled it). It stays at most `actor.max_steps_ahead` steps
-ahead of the trainer and exits once the trainer announces `training_done`.
+ahead of the trainer and stops once the trainer says `training_done`.
 """
 
 from __future__ import annotations
@@ -21,23 +22,19 @@ from typing import Callable
 import httpx
 
 from rlrun.actor.ledger import JournalLedger, MemoryLedger, flush
-from rlrun.actor.partition import actor_name, group_namespace, prompt_position
+from rlrun.actor.partition import prompt_position
 from rlrun.actor.replay import resume
 from rlrun.actor.sampling import LiveGroup, SampleState, close_if_spent, count_kept, remaining_budget, token_versions
-from rlrun.actor.tokenizer import load_tokenizer
 from rlrun.actor.trainer_view import TrainerView
 from rlrun.backends import backend_for
 from rlrun.actor.vllm_client import generate
 from rlrun.config import RunConfig
-from rlrun.data.tasks import Task, load_task, problem_index
-from rlrun.errors import ConfigError, ExitCode
+from rlrun.data.tasks import Task, problem_index
+from rlrun.errors import ConfigError
 from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import is_stale, plan_replay
-from rlrun.models.chat import chat_renderer
 from rlrun.streams.rollouts import Group, Sample
-from rlrun.parts.role_file import role_from_argv
 from rlrun.streams import names
-from rlrun.streams.server import connect
 from rlrun.rules.advantages import group_advantages
 
 log = logging.getLogger("rlrun.actor")
@@ -112,7 +109,7 @@ class Actor:
                 launch(self._complete(client, self._open_group()))
             for task in running:
                 task.cancel()
-        log.info("trainer announced training_done; actor stops (%s)", self.counters)
+        log.info("trainer said training_done; actor stops (%s)", self.counters)
 
     def _continue_counters(self) -> None:
         """Count for the whole run: go on from what the last actor published at its last heartbeat."""
@@ -330,46 +327,3 @@ def refused(exc: BaseException) -> bool:
         return False
     status = exc.response.status_code
     return 400 <= status < 500 and status not in (408, 429)
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    try:
-        role = role_from_argv("rlrun::actor", argv)
-        cfg = role.load_config()
-        task = load_task(cfg.dataset, cfg.run.seed)
-        render_prompt = chat_renderer(role.model_path) if cfg.model.chat_template else None
-    except ConfigError as exc:  # a restart would fail the same way: exit 2, never retried
-        log.error("%s", exc)
-        return int(ExitCode.USAGE)
-    run_dir = role.run
-    k = role.actor_index
-    if not 0 <= k < cfg.actor.num_actors:
-        log.error("%s: actor_index %d is not an actor of this run (actor.num_actors=%d)", role.name, k, cfg.actor.num_actors)
-        return int(ExitCode.USAGE)
-    redis = connect(role.redis_url, run_dir.read_redis_password())
-    tokenizer = load_tokenizer(role.model_path)  # not transformers: see tokenizer.py
-    view = backend_for(cfg).trainer_view(cfg, redis, k)
-    ledger = JournalLedger(redis, names.journal_prefix(view.stream)) if cfg.actor.journal else MemoryLedger(redis)
-    actor = Actor(
-        cfg, redis, tokenizer, task, role.vllm_urls, ledger, run_name=group_namespace(run_dir.root.name, k, cfg.actor.num_actors),
-        api_key=run_dir.read_vllm_api_key(), trainer=view, actor_index=k, render_prompt=render_prompt,
-    )  # fmt: skip
-    if cfg.actor.audit:
-        run_dir.audit.mkdir(exist_ok=True)
-        actor.audit_path = run_dir.audit / f"{actor_name(k, cfg.actor.num_actors)}.jsonl"
-    try:
-        asyncio.run(actor.run())
-    except ConfigError as exc:  # e.g. vLLM refuses the requests this config makes: never retried
-        log.error("%s", exc)
-        return int(ExitCode.USAGE)
-    return 0
-
-
-if __name__ == "__main__":
-    from rlrun.telemetry import proctitle, stackdump
-
-    proctitle.name("actor")  # `ps` shows rlrun:actor
-    stackdump.enable()  # `kill -USR1` dumps the stacks into the log (the supervisor's fallback to py-spy)
-    raise SystemExit(main())

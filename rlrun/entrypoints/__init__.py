@@ -1,0 +1,33 @@
+"""Where each of rlrun's own role processes starts: `python -m rlrun.entrypoints.<role> ROLE_FILE`,
+the role file being `<run>/roles/<name>.yaml` (`rlrun/role_file.py`): rerun any role by hand with it.
+
+Each `main()` reads its role file, builds the role's objects, runs them and always closes them, and
+turns what a restart would meet again (a config, a checkpoint, a full disk) into exit 2, which the
+supervisor never retries. The library modules they build hold no `main` and read no argv. Started
+as a module, an entry point first names its process (`rlrun:<role>` in `ps`: `proctitle`) and
+arms its stack dump (`kill -USR1`: `stackdump`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, NoReturn
+
+
+def configure_logging(quiet: tuple[str, ...] = ()) -> None:
+    """A role's log lines (its stderr goes to its log file); `quiet`: loggers kept to warnings."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for name in quiet:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def run_process(main: Callable[[], int], title: str | None) -> NoReturn:
+    """`python -m rlrun.entrypoints.<role>`: the process titled `rlrun:<title>` (None: left as
+    Python names it), `kill -USR1` dumping its stacks into its log (the supervisor's fallback to
+    py-spy), then `main()`'s exit code."""
+    from rlrun.telemetry import proctitle, stackdump
+
+    if title is not None:
+        proctitle.name(title)
+    stackdump.enable()
+    raise SystemExit(main())

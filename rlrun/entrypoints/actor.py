@@ -1,0 +1,62 @@
+"""The actor process: `python -m rlrun.entrypoints.actor RUN/roles/actor.yaml` (`actor-<k>.yaml`:
+actor k of actor.num_actors). The actor itself: `rlrun/actor/loop.py`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from rlrun.actor.ledger import JournalLedger, MemoryLedger
+from rlrun.actor.loop import Actor
+from rlrun.actor.partition import actor_name, group_namespace
+from rlrun.actor.tokenizer import load_tokenizer
+from rlrun.backends import backend_for
+from rlrun.data.tasks import load_task
+from rlrun.entrypoints import configure_logging, run_process
+from rlrun.errors import ConfigError, ExitCode
+from rlrun.models.chat import chat_renderer
+from rlrun.parts.role_file import role_from_argv
+from rlrun.streams import names
+from rlrun.streams.server import connect
+
+log = logging.getLogger("rlrun.actor")
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_logging(quiet=("httpx",))
+    try:
+        role = role_from_argv("rlrun::actor", argv)
+        cfg = role.load_config()
+        task = load_task(cfg.dataset, cfg.run.seed)
+        render_prompt = chat_renderer(role.model_path) if cfg.model.chat_template else None
+    except ConfigError as exc:  # a restart would fail the same way: exit 2, never retried
+        log.error("%s", exc)
+        return int(ExitCode.USAGE)
+    run_dir, k = role.run, role.actor_index
+    if not 0 <= k < cfg.actor.num_actors:
+        log.error("%s: actor_index %d is not an actor of this run (actor.num_actors=%d)", role.name, k, cfg.actor.num_actors)
+        return int(ExitCode.USAGE)
+    redis = connect(role.redis_url, run_dir.read_redis_password())
+    try:
+        tokenizer = load_tokenizer(role.model_path)  # not transformers: see tokenizer.py
+        view = backend_for(cfg).trainer_view(cfg, redis, k)  # TODO(27 built run): the run's resolved backend
+        ledger = JournalLedger(redis, names.journal_prefix(view.stream)) if cfg.actor.journal else MemoryLedger(redis)
+        actor = Actor(
+            cfg, redis, tokenizer, task, role.vllm_urls, ledger, run_name=group_namespace(run_dir.root.name, k, cfg.actor.num_actors),
+            api_key=run_dir.read_vllm_api_key(), trainer=view, actor_index=k, render_prompt=render_prompt,
+        )  # fmt: skip
+        if cfg.actor.audit:
+            run_dir.audit.mkdir(exist_ok=True)
+            actor.audit_path = run_dir.audit / f"{actor_name(k, cfg.actor.num_actors)}.jsonl"
+        try:
+            asyncio.run(actor.run())
+        except ConfigError as exc:  # e.g. vLLM refuses the requests this config makes: never retried
+            log.error("%s", exc)
+            return int(ExitCode.USAGE)
+    finally:
+        redis.close()
+    return 0
+
+
+if __name__ == "__main__":
+    run_process(main, "actor")  # `ps` shows rlrun:actor

@@ -1,0 +1,75 @@
+"""The hf trainer process: `python -m rlrun.entrypoints.trainer RUN/roles/trainer.yaml`, one per
+rank (rank 0 reads every actor's stream). The loop itself: `rlrun/trainer/loop.py`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+from rlrun.cluster.listen import run_prefix
+from rlrun.entrypoints import configure_logging, run_process
+from rlrun.errors import ConfigError, ExitCode
+from rlrun.inference.admin import VllmAdmin
+from rlrun.parts.role_file import role_from_argv
+from rlrun.streams.server import connect, stop_retrying
+from rlrun.trainer import checkpoint
+from rlrun.trainer.disk import DiskFull
+from rlrun.trainer.loop import Trainer
+from rlrun.trainer.parallel import Parallel, Ranks, collective_backend, usable_device
+
+log = logging.getLogger("rlrun.trainer")
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_logging()
+    redis = vllm = parallel = broadcast = trainer = None
+    stop = threading.Event()  # SIGTERM (the supervisor's orderly stop, a SLURM job's end): stop at the next step boundary
+    clients = []  # Redis clients: stopping, a Redis that stopped with us is not waited for
+
+    def on_sigterm(*_) -> None:
+        stop.set()
+        for client in clients:
+            stop_retrying(client)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        role = role_from_argv("rlrun::trainer", argv)
+        cfg, run_dir = role.load_config(), role.run
+        # One rank unless a launcher (rlrun.trainer.rank_group, torchrun) set RANK/WORLD_SIZE.
+        ranks = Ranks.from_env(os.environ)
+        device = usable_device(ranks.device(cfg.trainer.device))  # no such device here: exit 2
+        checkpoint.resume_point(run_dir.checkpoints)  # damaged checkpoints: exit 2 before any server is asked
+        redis = connect(role.redis_url, run_dir.read_redis_password())
+        clients.append(redis)
+        vllm = VllmAdmin(role.vllm_urls, api_key=run_dir.read_vllm_api_key())
+        store_prefix = run_prefix(run_dir.read_vllm_api_key()) if ranks.distributed else ""  # keys of the ranks' store
+        parallel = Parallel(ranks, cfg.trainer.sharding, device, store_prefix)
+        if cfg.trainer.weight_transfer == "broadcast" and parallel.ranks.is_main:
+            from rlrun.trainer.weight_broadcast import BroadcastSync
+
+            broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, collective_backend(cfg.trainer.device),
+                                      prefix=run_prefix(run_dir.read_vllm_api_key()))  # fmt: skip
+        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast, stop)
+        trainer.train()
+    except (ConfigError, checkpoint.CorruptCheckpoint, DiskFull) as exc:
+        # A restart would meet the same config, checkpoints or full disk: exit 2, which the
+        # supervisor never retries (the run stops at once with exit 5, naming this log).
+        log.error("%s", exc)
+        return int(ExitCode.USAGE)
+    finally:
+        for part in (trainer, broadcast, vllm, parallel, redis):
+            if part is not None:
+                part.close()
+    return 0
+
+
+def _title() -> str:
+    """`trainer`, or `trainer-rank<r>` for rank r of several."""
+    rank = os.environ.get("RANK") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    return f"trainer-rank{rank}" if rank else "trainer"
+
+
+if __name__ == "__main__":
+    run_process(main, _title())  # `ps` shows rlrun:trainer (-rank1...)
