@@ -18,7 +18,7 @@ def deliver(client, first: int, count: int, stream: str = STREAM) -> None:
 
 
 def take_steps(intake: GroupIntake, steps: int, per_step: int = PER_STEP) -> list[list[str]]:
-    """What `steps` optimizer steps read, one list of groups per step (as Trainer._next_batch)."""
+    """What `steps` optimizer steps read, one list of groups per step (as BatchReader.take)."""
     taken = []
     for _ in range(steps):
         batch = []
