@@ -10,9 +10,9 @@ import logging
 from typing import Callable, Optional
 
 from rlrun.config import RunConfig
-from rlrun.streams.rollouts import Group, MalformedGroup
 from rlrun.streams import names
 from rlrun.streams.codec import decode
+from rlrun.streams.rollouts import Group, MalformedGroup
 from rlrun.trainer.intake import GroupIntake, Position
 from rlrun.trainer.parallel import Parallel
 from rlrun.trainer.stopping import Stopping

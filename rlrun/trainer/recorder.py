@@ -11,13 +11,13 @@ import statistics
 import time
 
 from rlrun.config import RunConfig
-from rlrun.telemetry.ettr import split_wall_time
-from rlrun.telemetry.metrics import MetricsWriter, read_metrics, summed_actor_counters
-from rlrun.streams.rollouts import Group
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams.codec import encode
+from rlrun.streams.rollouts import Group
 from rlrun.supervisor.events import read_events
+from rlrun.telemetry.ettr import split_wall_time
+from rlrun.telemetry.metrics import MetricsWriter, read_metrics, summed_actor_counters
 from rlrun.trainer.checkpoint import TrainerState
 from rlrun.trainer.stopping import Stopping
 
