@@ -67,6 +67,7 @@ from rlrun.inference.auth import bearer_header
 from rlrun.inference.server import HealthCheck, base_url, server_argv, server_env
 from rlrun.journal.store import KEY_PREFIX
 from rlrun.run.launch import create_run, model_path
+from rlrun.run.built import build
 from rlrun.streams import names
 from rlrun.streams.server import connect, pick_free_port
 from rlrun.supervisor import ProcessSpec, supervised
@@ -415,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(path)
     task = load_task(cfg.dataset, cfg.run.seed)
     with tempfile.TemporaryDirectory(prefix="rlrun-bench-") as tmp:
-        run_dir = create_run(cfg, resolved_yaml, list(args.overrides), root=Path(tmp) / "run")
+        run_dir = create_run(build(cfg), resolved_yaml, list(args.overrides), root=Path(tmp) / "run")
         with managed_server(run_dir, host=cfg.streams.host, appendfsync=cfg.streams.appendfsync, binary=cfg.streams.server) as server:
             redis = connect(server.url, server.password)
             try:

@@ -26,7 +26,6 @@ from rlrun.actor.partition import prompt_position
 from rlrun.actor.replay import resume
 from rlrun.actor.sampling import LiveGroup, SampleState, close_if_spent, count_kept, remaining_budget, token_versions
 from rlrun.actor.trainer_view import TrainerView
-from rlrun.backends import backend_for
 from rlrun.actor.vllm_client import generate
 from rlrun.config import RunConfig
 from rlrun.data.tasks import Task, problem_index
@@ -34,6 +33,7 @@ from rlrun.errors import ConfigError
 from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import is_stale, plan_replay
 from rlrun.streams.rollouts import Group, Sample
+from rlrun.run.built import build
 from rlrun.streams import names
 from rlrun.rules.advantages import group_advantages
 
@@ -50,7 +50,7 @@ class Actor:
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
         self.render_prompt = render_prompt or (lambda text: text)  # model.chat_template: the model's chat format
-        self.trainer = trainer or backend_for(cfg).trainer_view(cfg, redis, actor_index)
+        self.trainer = trainer or build(cfg).backend.trainer_view(redis, actor_index)
         self.index, self.num_actors = actor_index, cfg.actor.num_actors
         self.state_key = names.actor_state(actor_index, cfg.actor.num_actors)  # its own progress hash
         self.urls = server_urls

@@ -1,4 +1,4 @@
-"""What the actor needs to know about the trainer, per backend (`backend_for(cfg).trainer_view`):
+"""What the actor needs to know about the trainer, per backend (`built.backend.trainer_view`):
 where a group goes, the policy version vLLM serves, whether there is room for another group
 (back-pressure: `window`) and whether training is over. Fast-LLM's is `rlrun/backends/fast_llm/view.py`.
 """

@@ -1,12 +1,13 @@
 """Trainer backends: everything rlrun must know about one trainer, behind one interface.
 
-    backend = backend_for(cfg)                       # by cfg.trainer.backend
-    backend.specs(cfg, run_dir, endpoints, model_path, probe, events)   # its processes, in start order
-    backend.completion_check(cfg, progress)          # the supervisor's RunVerdict per poll
+    backend = backend_for(cfg)                       # by cfg.trainer.backend, bound to cfg
+    backend.specs(run_dir, endpoints, model_path, probe, events)   # its processes, in start order
+    backend.completion_check(progress)               # the supervisor's RunVerdict per poll
     for layout in checkpoint_layouts(): ...          # inspect-checkpoint reads any backend's
 
-Nothing else names a backend: a new trainer is one new module, registered in `_BACKENDS` (imported
-on first use). Completion rules stay pure, in `rlrun.rules.completion`.
+A run looks its backend up once, when it is built (`rlrun.run.built.build`), and hands the bound
+backend to whatever needs it. Nothing else names a backend: a new trainer is one new module,
+registered in `_BACKENDS` (imported on first use). Completion rules stay pure, in `rlrun.rules.completion`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from rlrun.parts.sockets import Listener
     from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict
 
-# name -> "module:attribute" of its TrainerBackend (config validation lists these names)
-_BACKENDS = {"hf": "rlrun.backends.hf:BACKEND", "fast_llm": "rlrun.backends.fast_llm.backend:BACKEND"}
+# name -> "module:class" of its TrainerBackend (config validation lists these names)
+_BACKENDS = {"hf": "rlrun.backends.hf:HfBackend", "fast_llm": "rlrun.backends.fast_llm.backend:FastLlmBackend"}
 NAMES = tuple(_BACKENDS)
 
 HALF = "half-written"  # why a checkpoint candidate is skipped (damaged ones say their damage)
@@ -63,51 +64,63 @@ class CheckpointLayout(Protocol):
 
 
 class TrainerBackend(Protocol):
+    """One trainer, bound to the run's config at construction (`backend_for(cfg)`)."""
+
     name: str
     layout: CheckpointLayout
+    cfg: "RunConfig"
 
-    def roles(self, cfg: "RunConfig") -> list[str]: ...  # its processes' names, in start order
+    def roles(self) -> list[str]: ...  # its processes' names, in start order
 
-    def trainer_ranks(self, cfg: "RunConfig") -> int: ...  # world=ray reserves world.trainer.cpus/gpus per rank
+    def trainer_ranks(self) -> int: ...  # world=ray reserves world.trainer.cpus/gpus per rank
 
     # world=ray: its ranks may run on several nodes, one bundle each (its trainer command is a
     # `rlrun.trainer.rank_group`, started once per node); False: all on one node, in one bundle.
     ranks_span_nodes: bool
 
-    def broadcast_port(self, cfg: "RunConfig", pick_port: Callable[[str], int]) -> int: ...  # 0: none
+    def config_problems(self) -> list[str]:
+        """What its own settings get wrong, one sentence each (preflight refuses them: exit 2)."""
 
-    def listeners(self, cfg: "RunConfig") -> list["Listener"]:
+    def broadcast_port(self, pick_port: Callable[[str], int]) -> int: ...  # 0: none
+
+    def listeners(self) -> list["Listener"]:
         """The sockets its processes listen on (rlrun/parts/sockets.py; --dry-run lists them)."""
 
-    def explicit_ports(self, cfg: "RunConfig") -> list[tuple[str, str, int]]:
+    def explicit_ports(self) -> list[tuple[str, str, int]]:
         """(config key, host, port) of every port its config fixes (preflight checks they are free)."""
 
-    def redis_default_user(self, cfg: "RunConfig") -> str: ...  # the ACL line of Redis's `default` user
+    def redis_default_user(self) -> str: ...  # the ACL line of Redis's `default` user
 
-    def check_launchable(self, cfg: "RunConfig", root: Path) -> None:
+    def check_launchable(self, root: Path) -> None:
         """Preflight: its program is there and takes rlrun's config (ConfigError / EnvironmentProblem)."""
 
     def check_resumable(self, run_dir: "RunDir") -> None:
         """Preflight of a resume: its checkpoints leave something to resume from (RunDirError)."""
 
     def specs(
-        self, cfg: "RunConfig", run_dir: "RunDir", endpoints: "Endpoints", model_path: str, probe: "RedisProbe", events: "EventLog"
+        self, run_dir: "RunDir", endpoints: "Endpoints", model_path: str, probe: "RedisProbe", events: "EventLog"
     ) -> list["ProcessSpec"]:
         """Its processes (the trainer, and what serves it), in start order; what their hooks do
         goes to `events`, the supervisor's own log (events.jsonl has that one writer)."""
 
-    def completion_check(self, cfg: "RunConfig", progress: "ProgressReader") -> Callable[[dict[str, Optional[int]]], "RunVerdict"]:
+    def completion_check(self, progress: "ProgressReader") -> Callable[[dict[str, Optional[int]]], "RunVerdict"]:
         """The supervisor's check, called with the exit codes of the processes that finish."""
 
-    def trainer_view(self, cfg: "RunConfig", redis, actor: int = 0) -> "TrainerView":
+    def trainer_view(self, redis, actor: int = 0) -> "TrainerView":
         """What actor `actor` needs to know about this trainer (rlrun/actor/trainer_view.py)."""
 
     def metrics_hint(self, run_dir: "RunDir") -> Optional[str]:
         """Where the training metrics are when not in metrics.jsonl (shown at the end of a run)."""
 
 
-def backend_for(cfg_or_name: "RunConfig | str") -> TrainerBackend:
-    name = cfg_or_name if isinstance(cfg_or_name, str) else cfg_or_name.trainer.backend
+def backend_for(cfg: "RunConfig") -> TrainerBackend:
+    """The backend cfg.trainer.backend names, bound to `cfg`. Called once per run, by
+    `rlrun.run.built.build`: everything else is handed the built run."""
+    return backend_class(cfg.trainer.backend)(cfg)
+
+
+def backend_class(name: str) -> type:
+    """The TrainerBackend class registered as `name` (imported on first use)."""
     try:
         module, attribute = _BACKENDS[name].split(":")
     except KeyError:
@@ -117,7 +130,7 @@ def backend_for(cfg_or_name: "RunConfig | str") -> TrainerBackend:
 
 def checkpoint_layouts() -> list[CheckpointLayout]:
     """Every backend's checkpoint layout (a checkpoint on disk does not say which run made it)."""
-    return [backend_for(name).layout for name in NAMES]
+    return [backend_class(name).layout for name in NAMES]
 
 
 def recorded_fields(

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
 
 from rlrun.rules import completion
 from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
@@ -65,29 +66,44 @@ def _step_of(path: Path) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
+@dataclass(frozen=True)
 class HfBackend:
-    name = "hf"
-    layout = HfLayout()
-    ranks_span_nodes = True  # its rank group is started per node (rlrun.trainer.rank_group)
+    """rlrun's own trainer, bound to the run's config."""
 
-    def roles(self, cfg: RunConfig) -> list[str]:
+    cfg: RunConfig
+    name: ClassVar[str] = "hf"
+    layout: ClassVar[HfLayout] = HfLayout()
+    ranks_span_nodes: ClassVar[bool] = True  # its rank group is started per node (rlrun.trainer.rank_group)
+
+    def roles(self) -> list[str]:
         return ["trainer"]
 
-    def trainer_ranks(self, cfg: RunConfig) -> int:
-        return cfg.trainer.nproc_per_node
+    def trainer_ranks(self) -> int:
+        return self.cfg.trainer.nproc_per_node
 
-    def broadcast_port(self, cfg: RunConfig, pick_port: Callable[[str], int]) -> int:
-        """trainer.weight_transfer=broadcast: where rank 0 serves its group's store (on
-        inference.host, where the servers reach it); 0 when weights go through files."""
-        return pick_port(cfg.inference.host) if cfg.trainer.weight_transfer == "broadcast" else 0
-
-    def explicit_ports(self, cfg: RunConfig) -> list[tuple[str, str, int]]:
+    def config_problems(self) -> list[str]:
+        t = self.cfg.trainer
+        if t.nproc_per_node > 1 and t.gradient_accumulation_passes % t.nproc_per_node:
+            return [
+                f"trainer.gradient_accumulation_passes ({t.gradient_accumulation_passes}) must be a multiple of "
+                f"trainer.nproc_per_node ({t.nproc_per_node}): each rank takes an equal share of the step's passes "
+                f"(e.g. trainer.gradient_accumulation_passes={t.nproc_per_node * max(1, t.gradient_accumulation_passes // t.nproc_per_node)})."
+            ]
         return []
 
-    def listeners(self, cfg: RunConfig) -> list:
+    def broadcast_port(self, pick_port: Callable[[str], int]) -> int:
+        """trainer.weight_transfer=broadcast: where rank 0 serves its group's store (on
+        inference.host, where the servers reach it); 0 when weights go through files."""
+        cfg = self.cfg
+        return pick_port(cfg.inference.host) if cfg.trainer.weight_transfer == "broadcast" else 0
+
+    def explicit_ports(self) -> list[tuple[str, str, int]]:
+        return []
+
+    def listeners(self) -> list:
         from rlrun.parts import sockets
 
-        out = []
+        cfg, out = self.cfg, []
         t, ranks_host = cfg.trainer, "127.0.0.1" if cfg.world.kind == "local" else "rank 0's node"
         if t.nproc_per_node > 1:
             out.append(sockets.tcp_store("trainer", "the trainer's ranks (rank 0 serves it)", ranks_host))
@@ -102,12 +118,12 @@ class HfBackend:
             out.append(sockets.gloo_pairs("trainer, every vllm-N (the weight broadcast)", host))
         return out
 
-    def redis_default_user(self, cfg: RunConfig) -> str:
+    def redis_default_user(self) -> str:
         from rlrun.streams.server import DEFAULT_USER_OFF
 
         return DEFAULT_USER_OFF  # every process of this backend authenticates
 
-    def check_launchable(self, cfg: RunConfig, root: Path) -> None:
+    def check_launchable(self, root: Path) -> None:
         return None  # rlrun's own trainer: check_dependencies has covered torch and transformers
 
     def check_resumable(self, run_dir: RunDir) -> None:
@@ -115,9 +131,8 @@ class HfBackend:
         ones above a good one are only warned about (the trainer falls back)."""
         checkpoint.resume_point(run_dir.checkpoints)
 
-    def specs(
-        self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe, events: EventLog
-    ) -> list[ProcessSpec]:
+    def specs(self, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe, events: EventLog) -> list[ProcessSpec]:
+        cfg = self.cfg
         argv, write_role_file = role_command(
             run_dir, "rlrun.entrypoints.trainer", "trainer", redis_url=endpoints.redis_url, model_path=model_path,
             vllm_urls=endpoints.vllm_urls, broadcast_host=endpoints.host("trainer", cfg.inference.host), broadcast_port=endpoints.broadcast_port,
@@ -142,8 +157,8 @@ class HfBackend:
         )  # fmt: skip
         return [trainer]
 
-    def completion_check(self, cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
-        t = cfg.trainer
+    def completion_check(self, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
+        t = self.cfg.trainer
         target = completion.HfTarget(t.max_train_steps, t.samples_per_step)
 
         def check(exits: dict[str, Optional[int]]) -> RunVerdict:
@@ -158,13 +173,11 @@ class HfBackend:
 
         return check
 
-    def trainer_view(self, cfg: RunConfig, redis, actor: int = 0):
+    def trainer_view(self, redis, actor: int = 0):
         from rlrun.actor.trainer_view import HfView
 
-        return HfView(cfg, redis, actor)
+        return HfView(self.cfg, redis, actor)
 
     def metrics_hint(self, run_dir: RunDir) -> Optional[str]:
         return None  # metrics.jsonl, written by the trainer
 
-
-BACKEND = HfBackend()

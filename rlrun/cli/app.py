@@ -63,13 +63,14 @@ def _errors(debug: bool, run: bool = False) -> Iterator[None]:
         _fail(exc, debug)
 
 
-def _supervise(cfg, run_dir, resumed: bool = False) -> None:
+def _supervise(built, run_dir, resumed: bool = False) -> None:
     """Run to the end under the live view, then report how it ended. In a SLURM job (world=slurm)
     the signal before its time limit stops the run too, and the job requeues itself."""
     from rlrun.run import launch
     from rlrun.cluster import slurm_job
     from rlrun.cli.live import LiveView
 
+    cfg = built.cfg
     job = slurm_job.JobEnv.from_env(os.environ) if cfg.world.kind == "slurm" else None
     stops: list[str] = []
     outcomes: list = []
@@ -81,16 +82,16 @@ def _supervise(cfg, run_dir, resumed: bool = False) -> None:
         if job is not None and stops[0] == "TERM":
             # SLURM is ending the job (scancel, preemption, the limit): it has signalled every process
             # and kills what is left, rlrun included, KillWait later. Say so now, then stop in order.
-            outcomes.append(slurm_job.after_stop(run_dir, job, cfg.world, "TERM", launch.checkpoint_step(cfg, run_dir)))
+            outcomes.append(slurm_job.after_stop(run_dir, job, cfg.world, "TERM", launch.checkpoint_step(built, run_dir)))
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
     if job is not None:
         signal.signal(getattr(signal, f"SIG{slurm_job.TIME_LIMIT_SIGNAL}"), stop)
-        slurm_job.record_start(run_dir, job, cfg.world, launch.checkpoint_step(cfg, run_dir))
+        slurm_job.record_start(run_dir, job, cfg.world, launch.checkpoint_step(built, run_dir))
     try:
         with LiveView(console, live=cfg.supervisor.live_view) as view:
-            reason = launch.train(cfg, run_dir, on_tick=view.update, resumed=resumed)
+            reason = launch.train(built, run_dir, on_tick=view.update, resumed=resumed)
     except KeyboardInterrupt:
         if job is None:
             raise
@@ -100,12 +101,12 @@ def _supervise(cfg, run_dir, resumed: bool = False) -> None:
             outcome = outcomes[0]
             run_dir.write_state(status=outcome.status)
         else:
-            outcome = slurm_job.after_stop(run_dir, job, cfg.world, stops[0] if stops else "INT", launch.checkpoint_step(cfg, run_dir))
+            outcome = slurm_job.after_stop(run_dir, job, cfg.world, stops[0] if stops else "INT", launch.checkpoint_step(built, run_dir))
         if outcome.no_progress:
             raise RestartsExhausted(outcome.message, process="slurm job") from None
         err_console.print(f"[yellow]{outcome.status}:[/] {escape(outcome.message)}", highlight=False)
         raise typer.Exit(int(Interrupted.exit_code)) from None
-    _report_end(cfg, run_dir, reason)
+    _report_end(built, run_dir, reason)
 
 
 def _outside_allocation(cfg) -> bool:
@@ -123,22 +124,24 @@ def train(
     """Compose the config, start Redis, vLLM, the trainer and the actor, and supervise them to the end."""
     from rlrun.run import launch
     from rlrun.config import compose
+    from rlrun.run.built import build
 
     overrides = list(overrides or [])
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(name)s: %(message)s")
     with _errors(debug, run=True):
         cfg, resolved = compose(overrides)
+        built = build(cfg)
         if dry_run:
-            _print_dry_run(cfg, resolved, launch)
+            _print_dry_run(built, resolved, launch)
             return
         if _outside_allocation(cfg):
             raise EnvironmentProblem(
                 "world=slurm runs inside a SLURM job: `rlrun submit ...` (same arguments) submits it as a batch job, "
                 "or start `rlrun train` within `salloc`."
             )
-        with launch.new_run(cfg, resolved, overrides) as run_dir:  # owned until it ends
+        with launch.new_run(built, resolved, overrides) as run_dir:  # owned until it ends
             console.print(f"run directory: [bold]{run_dir.root}[/]")
-            _supervise(cfg, run_dir)
+            _supervise(built, run_dir)
 
 
 @app.command(context_settings={"allow_extra_args": False})
@@ -152,19 +155,21 @@ def submit(
     limit; `rlrun status/logs RUN` watch it, `rlrun resume RUN` submits it again after a cancel."""
     from rlrun.run import launch
     from rlrun.config import compose
+    from rlrun.run.built import build
 
     overrides = list(overrides or [])
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(name)s: %(message)s")
     with _errors(debug):
         cfg, resolved = compose(overrides)
+        built = build(cfg)
         if cfg.world.kind != "slurm":
             from rlrun.errors import ConfigError
 
             raise ConfigError("rlrun submit sends the run to SLURM: add world=slurm (and world.nodes=..., world.time=..., world.partition=...).")
         if dry_run:
-            _print_dry_run(cfg, resolved, launch)
+            _print_dry_run(built, resolved, launch)
             return
-        run_dir, job = launch.submit(cfg, resolved, overrides)
+        run_dir, job = launch.submit(built, resolved, overrides)
     _print_submitted(run_dir, job)
 
 
@@ -173,18 +178,19 @@ def _print_submitted(run_dir, job: str) -> None:
     console.print(f"watch it: rlrun status {run_dir.root}   rlrun logs {run_dir.root} -f   squeue -j {job}", highlight=False)
 
 
-def _print_dry_run(cfg, resolved: str, launch) -> None:
+def _print_dry_run(built, resolved: str, launch) -> None:
     from rlrun.run import preflight
     from rlrun.parts import sockets
     from rlrun.actor.partition import ownership
 
+    cfg = built.cfg
     run_dir = RunDir(launch.run_root(cfg))
-    preflight.check(cfg, run_dir.root, fresh=True, cheap=True)  # what `train` would refuse, refused now
+    preflight.check(built, run_dir.root, fresh=True, cheap=True)  # what `train` would refuse, refused now
     console.print(Syntax(resolved, "yaml", theme="ansi_dark", background_color="default"))
     table = Table(title=f"processes rlrun would start (run directory {run_dir.root})")
     for column in ("name", "command", "notable env", "log"):
         table.add_column(column, overflow="fold")
-    for spec in launch.plan_specs(cfg, run_dir):
+    for spec in launch.plan_specs(built, run_dir):
         env = [f"{k}={v}" for k, v in spec.env.items()] + [f"{k}=<{p}>" for k, p in spec.secret_env.items()]
         table.add_row(spec.name, " ".join(spec.argv), " ".join(env), str(spec.log_path))
     console.print(table)
@@ -198,7 +204,7 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
     listening = Table(title="sockets the run will listen on (docs/operations.md, \"What a run listens on\")")
     for column in ("process", "what", "host", "port", "a client needs"):
         listening.add_column(column, overflow="fold")
-    for listener in sockets.planned(cfg):
+    for listener in sockets.planned(built):
         listening.add_row(listener.process, listener.what, listener.host, listener.port, listener.secret)
     console.print(listening)
     if cfg.world.kind == "local":
@@ -208,24 +214,23 @@ def _print_dry_run(cfg, resolved: str, launch) -> None:
         where = "; ".join(f"{name or 'the others'}: {','.join(map(str, c))}" for name, c in cores.items())
         console.print(f"CPU cores (world.cpu_affinity={cfg.world.cpu_affinity}): {where or 'any process on any core'}")
     if cfg.world.kind == "slurm":
-        _print_slurm_plan(cfg, run_dir, launch)
+        _print_slurm_plan(built, run_dir, launch)
     if cfg.world.kind == "ray":
-        from rlrun.cluster.world import placement_rows
-
         placed = Table(title="where the processes go (world=ray: one placement group, reserved before anything starts)")
         for column in ("process", "ranks", "bundle reserved", "runs on"):
             placed.add_column(column, overflow="fold")
-        for row in placement_rows(cfg):
+        for row in built.world.placement_rows():
             placed.add_row(*row)
         console.print(placed)
     console.print("[dim]ports marked 0 are chosen when the run starts; nothing was started.[/]")
 
 
-def _print_slurm_plan(cfg, run_dir, launch) -> None:
+def _print_slurm_plan(built, run_dir, launch) -> None:
     """world=slurm: the batch script, then each process's node, ranks, GPUs and srun step."""
     from rlrun.cluster import slurm_job, slurm_plan
-    from rlrun.cluster.world import allocation_nodes, slurm_plan_for
+    from rlrun.cluster.world import allocation_nodes
 
+    cfg = built.cfg
     job = slurm_job.JobEnv.from_env(os.environ)
     if job is None:
         nodes = slurm_plan.nodes_wanted(cfg.world)
@@ -235,7 +240,7 @@ def _print_slurm_plan(cfg, run_dir, launch) -> None:
         nodes = allocation_nodes(cfg, job, os.environ.get("SLURMD_NODENAME"))
         where = f"the nodes of SLURM job {job.job_id}"
     try:
-        plan = slurm_plan_for(cfg, nodes)
+        plan = built.world.slurm_plan(nodes)
     except slurm_plan.DoesNotFit as exc:
         from rlrun.errors import ConfigError
 
@@ -247,7 +252,7 @@ def _print_slurm_plan(cfg, run_dir, launch) -> None:
         table.add_row(name, *slurm_plan.describe(plan, name))
     console.print(table)
     console.print("srun steps (each with --overlap: rlrun divides the nodes; a local process is a subprocess of rlrun in the batch step):")
-    specs = {spec.name: spec for spec in launch.plan_specs(cfg, run_dir)}
+    specs = {spec.name: spec for spec in launch.plan_specs(built, run_dir)}
     for name, placed in plan.placed.items():
         if not placed.local:
             record = run_dir.slurm_steps / f"{name}.<id>.json"
@@ -275,17 +280,17 @@ def resume(
             if plan.already_finished:
                 console.print(f"{run_dir} already finished; nothing to do.")
                 return
-            as_job = _outside_allocation(plan.cfg)  # a SLURM run continues as a job: submitted again
+            as_job = _outside_allocation(plan.built.cfg)  # a SLURM run continues as a job: submitted again
             if as_job:
                 resuming.check_job_gone(plan.run_dir)
             resuming.apply(plan)
             if not as_job:
                 console.print(f"{'starting' if plan.fresh else 'resuming'} run directory: [bold]{plan.run_dir.root}[/]")
-                _supervise(plan.cfg, plan.run_dir, resumed=not plan.fresh)
+                _supervise(plan.built, plan.run_dir, resumed=not plan.fresh)
                 return
         from rlrun.run import launch
 
-        _print_submitted(plan.run_dir, launch.submit_job(plan.cfg, plan.run_dir))  # let go first: the job owns the run
+        _print_submitted(plan.run_dir, launch.submit_job(plan.built.cfg, plan.run_dir))  # let go first: the job owns the run
 
 
 @app.command()
@@ -412,17 +417,15 @@ def plot(
     console.print(f"plot: {result.path} ({result.steps} steps, {result.restarts} restarts, {result.failures} failures)", soft_wrap=True)
 
 
-def _report_end(cfg, run_dir, reason: str) -> None:
+def _report_end(built, run_dir, reason: str) -> None:
     """What a finished train/resume prints: why, the last step, the time split, where metrics and plot are."""
-    from rlrun.backends import backend_for
-
     console.print(f"[bold green]finished:[/] {reason}")
     last = (read_metrics(run_dir.metrics) or [None])[-1]
     if last:
         console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
     console.print(run_status.describe_split(run_status.time_split(run_dir)), highlight=False, markup=False, soft_wrap=True)
 
-    elsewhere = backend_for(cfg).metrics_hint(run_dir)
+    elsewhere = built.backend.metrics_hint(run_dir)
     if elsewhere is not None:
         console.print(f"training metrics: {elsewhere}\nevents:  {run_dir.events}")
         return

@@ -17,11 +17,12 @@ import redis
 
 from rlrun.run import runlock
 from rlrun.actor.partition import actor_name
-from rlrun.backends import HALF, CheckpointLayout, backend_for, checkpoint_layouts
+from rlrun.backends import HALF, CheckpointLayout, checkpoint_layouts
 from rlrun.config.compose import load_resolved
 from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
 from rlrun.journal.plan import plan_replay
 from rlrun.journal.store import KEY_PREFIX, Journal
+from rlrun.run.built import BuiltRun, build
 from rlrun.rundir import MARKER, RunDir
 from rlrun.streams import names
 from rlrun.streams.external import process_url
@@ -307,14 +308,13 @@ def run_redis_endpoint(run: RunDir) -> Optional[RedisEndpoint]:
     return RedisEndpoint(redis_url(settings.get("bind", "127.0.0.1"), int(settings["port"])), password)
 
 
-def journal_prefixes_of(cfg) -> list[tuple[str, str]]:
+def journal_prefixes_of(built: Optional[BuiltRun]) -> list[tuple[str, str]]:
     """(actor name, its journal's key prefix) per actor; the one default actor without a config."""
-    if cfg is None:
+    if built is None:
         return [("actor", KEY_PREFIX)]
-    k_all = cfg.actor.num_actors
-    backend = backend_for(cfg)
+    k_all = built.cfg.actor.num_actors
     return [  # a view touches Redis only when asked
-        (actor_name(k, k_all), names.journal_prefix(backend.trainer_view(cfg, None, k).stream))
+        (actor_name(k, k_all), names.journal_prefix(built.backend.trainer_view(None, k).stream))
         for k in range(k_all)
     ]  # fmt: skip
 
@@ -360,7 +360,7 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
         ) as client:
             per_actor = {
                 name: journal_summary(client, prefix=prefix, max_prefix_staleness=bound)
-                for name, prefix in journal_prefixes_of(cfg)
+                for name, prefix in journal_prefixes_of(None if cfg is None else build(cfg))
             }
         return combined_summary(per_actor), None
     except (redis.RedisError, OSError, ValueError) as exc:

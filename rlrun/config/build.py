@@ -176,13 +176,6 @@ def validate(cfg: RunConfig) -> None:
         f"trainer.train_batch_size ({t.train_batch_size}) must be a multiple of algo.group_size "
         f"({a.group_size}) so that every pass holds whole groups.",
     )
-    if t.backend == "hf" and t.nproc_per_node > 1:
-        need(
-            t.gradient_accumulation_passes % t.nproc_per_node == 0,
-            f"trainer.gradient_accumulation_passes ({t.gradient_accumulation_passes}) must be a multiple of "
-            f"trainer.nproc_per_node ({t.nproc_per_node}): each rank takes an equal share of the step's passes "
-            f"(e.g. trainer.gradient_accumulation_passes={t.nproc_per_node * max(1, t.gradient_accumulation_passes // t.nproc_per_node)}).",
-        )
     need(
         t.nproc_per_node <= 1 or not t.device.startswith("cuda:"),
         f"trainer.device={t.device} names one GPU, but trainer.nproc_per_node={t.nproc_per_node} ranks "
@@ -225,7 +218,6 @@ def validate(cfg: RunConfig) -> None:
         cfg.dataset.name != "arithmetic" or cfg.dataset.num_problems >= 1,
         f"dataset.num_problems must be at least 1 with dataset=arithmetic: it generates that many problems (got {cfg.dataset.num_problems}).",
     )
-    _validate_tiny(cfg, need)
     need(
         cfg.model.source != "tiny" or cfg.dataset.name == "arithmetic",
         "model=tiny has a character vocabulary made for dataset=arithmetic; choose a real model for "
@@ -260,72 +252,17 @@ def validate(cfg: RunConfig) -> None:
         f"trainer.device={t.device!r} is not a torch device: use cpu, cuda (a GPU per rank), cuda:K (one GPU), "
         "or another torch device type such as xpu or mps.",
     )
-    _validate_fast_llm(cfg, need)
+    need(
+        t.fast_llm.train_iters is None or t.fast_llm.train_iters == t.max_train_steps,
+        f"trainer.fast_llm.train_iters ({t.fast_llm.train_iters}) disagrees with trainer.max_train_steps "
+        f"({t.max_train_steps}): rlrun sets Fast-LLM's training.train_iters from "
+        "trainer.max_train_steps, and the run is complete only when Fast-LLM reaches it. Set "
+        "trainer.max_train_steps to the step count you want and remove trainer.fast_llm.train_iters.",
+    )
     _validate_streams(cfg, need)
     _validate_world(cfg, need)
     if problems:
         raise ConfigError("invalid configuration: " + " ".join(problems))
-
-
-def _validate_tiny(cfg: RunConfig, need) -> None:
-    """What building the tiny model would refuse, refused before the run directory exists."""
-    m, d = cfg.model, cfg.dataset
-    if m.source != "tiny":
-        return
-    if d.name == "arithmetic":
-        from rlrun.models.tiny import longest_sequence  # no torch at import
-
-        longest = longest_sequence(d.max_operand)
-        need(
-            m.max_model_len >= longest,
-            f"model.max_model_len={m.max_model_len} is too short for sums up to {d.max_operand}+{d.max_operand} "
-            f"({longest} tokens): set model.max_model_len={longest} or more, or lower dataset.max_operand.",
-        )
-
-
-def _validate_fast_llm(cfg: RunConfig, need) -> None:
-    t, f = cfg.trainer, cfg.trainer.fast_llm
-    if f.train_iters is not None:
-        need(
-            f.train_iters == t.max_train_steps,
-            f"trainer.fast_llm.train_iters ({f.train_iters}) disagrees with trainer.max_train_steps "
-            f"({t.max_train_steps}): rlrun sets Fast-LLM's training.train_iters from "
-            "trainer.max_train_steps, and the run is complete only when Fast-LLM reaches it. Set "
-            "trainer.max_train_steps to the step count you want and remove trainer.fast_llm.train_iters.",
-        )
-    if t.backend != "fast_llm":
-        return
-    from rlrun.backends.fast_llm.revisions import AUTO, NAMES
-
-    need(
-        f.version == AUTO or f.version in NAMES,
-        f"trainer.fast_llm.version={f.version} is not a Fast-LLM revision rlrun drives: choose {AUTO} (ask the "
-        f"installed Fast-LLM) or one of {', '.join(NAMES)} (rlrun/backends/fast_llm/revisions.py).",
-    )
-    need(
-        t.gradient_accumulation_passes == 1,
-        f"trainer.gradient_accumulation_passes={t.gradient_accumulation_passes} has no effect with "
-        "trainer=fast_llm: Fast-LLM ignores it and takes schedule.docs_per_step documents per step. "
-        "Set trainer.gradient_accumulation_passes=1 and trainer.fast_llm.docs_per_step="
-        f"{t.train_batch_size * t.gradient_accumulation_passes} (or trainer.train_batch_size) instead.",
-    )
-    need(
-        f.micro_batch_size >= cfg.model.max_model_len,
-        f"trainer.fast_llm.micro_batch_size ({f.micro_batch_size} tokens) must hold a whole document of "
-        f"model.max_model_len ({cfg.model.max_model_len}) tokens: Fast-LLM skips documents that do not fit.",
-    )
-    need(
-        any("{config}" in arg for arg in f.command),
-        f"trainer.fast_llm.command must pass the generated config file with a {{config}} placeholder (got {f.command}).",
-    )
-    names = (f.stream, f.consumer_group, f.events_stream)
-    need(
-        all(names) and f.stream != f.events_stream,
-        "trainer.fast_llm.stream and trainer.fast_llm.events_stream must be two different non-empty names "
-        f"(got {f.stream!r}, {f.events_stream!r}).",
-    )
-    need(bool(f.experiment_dir_name) and "/" not in f.experiment_dir_name,
-         f"trainer.fast_llm.experiment_dir_name must be a plain folder name (got {f.experiment_dir_name!r}).")
 
 
 def _sharded_vllm(extra_args) -> bool:

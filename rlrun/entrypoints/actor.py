@@ -10,12 +10,12 @@ from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.loop import Actor
 from rlrun.actor.partition import actor_name, group_namespace
 from rlrun.actor.tokenizer import load_tokenizer
-from rlrun.backends import backend_for
 from rlrun.data.tasks import load_task
 from rlrun.entrypoints import configure_logging, run_process
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.models.chat import chat_renderer
 from rlrun.parts.role_file import role_from_argv
+from rlrun.run.built import build
 from rlrun.streams import names
 from rlrun.streams.server import connect
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     redis = connect(role.redis_url, run_dir.read_redis_password())
     try:
         tokenizer = load_tokenizer(role.model_path)  # not transformers: see tokenizer.py
-        view = backend_for(cfg).trainer_view(cfg, redis, k)  # TODO(27 built run): the run's resolved backend
+        view = build(cfg).backend.trainer_view(redis, k)  # the role's run, built once
         ledger = JournalLedger(redis, names.journal_prefix(view.stream)) if cfg.actor.journal else MemoryLedger(redis)
         actor = Actor(
             cfg, redis, tokenizer, task, role.vllm_urls, ledger, run_name=group_namespace(run_dir.root.name, k, cfg.actor.num_actors),

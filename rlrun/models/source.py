@@ -8,7 +8,16 @@ from pathlib import Path
 from rlrun.config import RunConfig
 from rlrun.errors import EnvironmentProblem
 from rlrun.models.gguf import built_folder, ensure_gguf_model
+from rlrun.models import tiny
 from rlrun.models.tiny import TinyBuild, ensure_tiny_model
+
+
+def config_problems(cfg: RunConfig) -> list[str]:
+    """What the model the config chooses says of the config, one sentence each (asked by preflight)."""
+    m = cfg.model
+    if m.source == "tiny":
+        return tiny.config_problems(m.max_model_len, cfg.dataset.name, cfg.dataset.max_operand)
+    return []
 
 
 def model_path(cfg: RunConfig, build: bool) -> str:

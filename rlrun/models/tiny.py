@@ -74,6 +74,19 @@ def longest_sequence(max_operand: int) -> int:
     return 2 * digits + 2 + len(str(2 * max_operand)) + 1
 
 
+def config_problems(max_model_len: int, dataset: str, max_operand: int) -> list[str]:
+    """What building the tiny model for this dataset would refuse, one sentence each."""
+    if dataset != "arithmetic":
+        return []
+    longest = longest_sequence(max_operand)
+    if max_model_len >= longest:
+        return []
+    return [
+        f"model.max_model_len={max_model_len} is too short for sums up to {max_operand}+{max_operand} "
+        f"({longest} tokens): set model.max_model_len={longest} or more, or lower dataset.max_operand."
+    ]
+
+
 # --- the build -----------------------------------------------------------------------------------
 def _build(build: TinyBuild, folder: Path) -> None:
     import torch

@@ -10,8 +10,10 @@ and gloo have none (rlrun/cluster/listen.py): they are bound to the run's host a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rlrun.config import RunConfig
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from rlrun.run.built import BuiltRun
 
 PICKED = "picked free at start"
 EPHEMERAL = "ephemeral"
@@ -26,16 +28,14 @@ class Listener:
     secret: str  # what a client must present
 
 
-def planned(cfg: RunConfig) -> list[Listener]:
-    """The sockets a run of `cfg` will listen on, in start order."""
-    from rlrun.backends import backend_for
-
+def planned(built: "BuiltRun") -> list[Listener]:
+    """The sockets the built run will listen on, in start order."""
     from rlrun.streams.server import DEFAULT_USER_OFF
 
-    out, backend = [], backend_for(cfg)
+    out, cfg, backend = [], built.cfg, built.backend
     if cfg.streams.url is None:
         redis_auth = "the run's password (ACL user; the `default` user is off)"
-        if backend.redis_default_user(cfg) != DEFAULT_USER_OFF:
+        if backend.redis_default_user() != DEFAULT_USER_OFF:
             redis_auth = "the run's password; without one only what the trainer's passwordless `default` user may touch"
         out.append(Listener("redis", "Redis (valkey)", cfg.streams.host, PICKED, redis_auth))
     for i in range(cfg.inference.num_servers):
@@ -43,7 +43,7 @@ def planned(cfg: RunConfig) -> list[Listener]:
         out.append(Listener(name, "vLLM OpenAI server", cfg.inference.host, PICKED, "the run's API key (every route but /health)"))
         out.append(Listener(name, "vLLM's internal sockets (engine and worker)", "127.0.0.1 (vLLM's own; measured with vLLM 0.32)",
                             EPHEMERAL, "none: vLLM's internals"))  # fmt: skip
-    return out + backend.listeners(cfg)
+    return out + backend.listeners()
 
 
 def gloo_pairs(processes: str, host: str) -> Listener:

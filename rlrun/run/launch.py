@@ -1,6 +1,6 @@
 """`rlrun train` as a library call: prepare the run directory, build the specs, supervise, stop.
-The CLI renders; this module decides; the trainer backend (`rlrun.backends`) says its processes
-and how its completion is judged.
+The CLI renders; this module decides; the trainer backend, bound once into the built run
+(`rlrun.run.built`), says its processes and how its completion is judged.
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from typing import Callable, Optional
 import yaml
 
 from rlrun.run import preflight, runlock
-from rlrun.backends import backend_for
-from rlrun.cluster.world import spawner_for
 from rlrun.config import RunConfig
 from rlrun.errors import ProcessFailed, RunDirError
 from rlrun.inference.server import base_url
 from rlrun.models.source import model_path
 from rlrun.parts.progress import Progress, ProgressReader
 from rlrun.parts.role_parts import Endpoints
+from rlrun.run.built import BuiltRun
 from rlrun.run.roles import build_specs
 from rlrun.rundir import RunDir
 from rlrun.streams import server as redis_server
@@ -40,11 +39,12 @@ def run_root(cfg: RunConfig) -> Path:
 
 
 @contextmanager
-def new_run(cfg: RunConfig, resolved_yaml: str, overrides: list[str], root: Optional[Path] = None) -> Iterator[RunDir]:
+def new_run(built: BuiltRun, resolved_yaml: str, overrides: list[str], root: Optional[Path] = None) -> Iterator[RunDir]:
     """Create the run directory and own it (rlrun/run/runlock.py) until the block ends: a second
     `rlrun train` into the same new directory, or a resume of it, is refused meanwhile."""
+    cfg = built.cfg
     run_dir = RunDir((root or run_root(cfg)).resolve())
-    preflight.check(cfg, run_dir.root, fresh=True)  # a run that cannot work leaves no trace
+    preflight.check(built, run_dir.root, fresh=True)  # a run that cannot work leaves no trace
     try:
         run_dir.root.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
@@ -57,16 +57,16 @@ def new_run(cfg: RunConfig, resolved_yaml: str, overrides: list[str], root: Opti
         yield run_dir
 
 
-def create_run(cfg: RunConfig, resolved_yaml: str, overrides: list[str], root: Optional[Path] = None) -> RunDir:
+def create_run(built: BuiltRun, resolved_yaml: str, overrides: list[str], root: Optional[Path] = None) -> RunDir:
     """A new run directory, created and let go (for those that start it later)."""
-    with new_run(cfg, resolved_yaml, overrides, root) as run_dir:
+    with new_run(built, resolved_yaml, overrides, root) as run_dir:
         return run_dir
 
 
-def plan_endpoints(cfg: RunConfig, pick_port: Callable[[str], int], hosts: Optional[dict[str, str]] = None) -> Endpoints:
+def plan_endpoints(built: BuiltRun, pick_port: Callable[[str], int], hosts: Optional[dict[str, str]] = None) -> Endpoints:
     """Ports picked free here (on inference.host / streams.host); `hosts`: the servers that listen
     on another address (their node's: `Spawner.server_hosts`), which their URLs then name."""
-    hosts = dict(hosts or {})
+    cfg, hosts = built.cfg, dict(hosts or {})
     if cfg.streams.url:
         from rlrun.streams.external import process_url
 
@@ -75,21 +75,21 @@ def plan_endpoints(cfg: RunConfig, pick_port: Callable[[str], int], hosts: Optio
         redis_port = pick_port(cfg.streams.host)
         redis_url = redis_server.redis_url(hosts.get("redis", cfg.streams.host), redis_port)
     vllm_urls = [base_url(hosts.get(f"vllm-{i}", cfg.inference.host), pick_port(cfg.inference.host)) for i in range(cfg.inference.num_servers)]
-    broadcast_port = backend_for(cfg).broadcast_port(cfg, pick_port)
+    broadcast_port = built.backend.broadcast_port(pick_port)
     return Endpoints(redis_url=redis_url, redis_port=redis_port, vllm_urls=vllm_urls, broadcast_port=broadcast_port, hosts=hosts)
 
 
-def plan_specs(cfg: RunConfig, run_dir: RunDir) -> list[ProcessSpec]:
+def plan_specs(built: BuiltRun, run_dir: RunDir) -> list[ProcessSpec]:
     """The specs `train` would start (for --dry-run): ports are placeholders, nothing is built."""
-    endpoints = plan_endpoints(cfg, pick_port=lambda host: 0)
-    return build_specs(cfg, run_dir, endpoints, model_path(cfg, build=False), EventLog(None))  # nothing runs: nothing recorded
+    endpoints = plan_endpoints(built, pick_port=lambda host: 0)
+    return build_specs(built, run_dir, endpoints, model_path(built.cfg, build=False), EventLog(None))  # nothing runs: nothing recorded
 
 
 PORT_ATTEMPTS = 3  # a service losing its port to another process at start gets new ports
 
 
 def train(
-    cfg: RunConfig,
+    built: BuiltRun,
     run_dir: RunDir,
     on_tick: Optional[Callable[[list[ProcessStatus], Progress], None]] = None,
     resumed: bool = False,
@@ -97,6 +97,7 @@ def train(
     """Run the whole job, fresh or resumed (every role recovers from the run directory and Redis);
     return why it finished. Raises ProcessFailed / KeyboardInterrupt. The caller owns the run and
     has run the preflight (`new_run`, `resume.plan_resume`)."""
+    cfg, backend = built.cfg, built.backend
     run_dir = run_dir.for_new_launch()  # logs/launch-<n>/: each train/resume keeps its own logs
     if cfg.streams.url is not None:
         _use_external_redis(cfg, run_dir)
@@ -115,22 +116,22 @@ def train(
     spawner = None
     progress: Optional[ProgressReader] = None
     try:
-        spawner = spawner_for(cfg, run_dir)  # one per launch: a retry keeps its placement
+        spawner = built.world.spawner(run_dir)  # one per launch: a retry keeps its placement
         for attempt in range(1, PORT_ATTEMPTS + 1):
             # Ports are picked free, but another program may bind one before our server does:
             # such a start is retried on fresh ports (nothing depends on the old ones yet).
-            endpoints = plan_endpoints(cfg, redis_server.pick_free_port, spawner.server_hosts())
+            endpoints = plan_endpoints(built, redis_server.pick_free_port, spawner.server_hosts())
             if endpoints.redis_port is not None:
                 redis_server.write_server_config(
                     run_dir, endpoints.redis_port, endpoints.host("redis", cfg.streams.host), cfg.streams.appendfsync,
-                    default_user=backend_for(cfg).redis_default_user(cfg),
+                    default_user=backend.redis_default_user(),
                 )
             progress = ProgressReader(endpoints.redis_url, run_dir, events)
             tick = None
             if on_tick is not None:
                 tick = lambda processes, progress=progress: on_tick(processes, progress.read(cfg))  # noqa: E731
             supervisor = Supervisor(
-                build_specs(cfg, run_dir, endpoints, path, events), events, spawner=spawner,
+                build_specs(built, run_dir, endpoints, path, events), events, spawner=spawner,
                 poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick, diagnose=diagnoser_for(cfg, run_dir),
             )  # fmt: skip
             try:
@@ -141,7 +142,7 @@ def train(
                     raise
                 events.emit("port_taken", process=exc.process, attempt=attempt)
                 supervisor.stop_all()
-        reason = supervisor.watch(backend_for(cfg).completion_check(cfg, progress), progress_watch(cfg, run_dir, progress))
+        reason = supervisor.watch(backend.completion_check(progress), progress_watch(built, run_dir, progress))
         status = "finished"
         return reason
     except KeyboardInterrupt:
@@ -159,19 +160,20 @@ def train(
         events.emit("run_stopped", status=status, malformed_events=progress.malformed_events if progress else 0)
 
 
-def progress_watch(cfg: RunConfig, run_dir: RunDir, progress: ProgressReader) -> ProgressWatch:
+def progress_watch(built: BuiltRun, run_dir: RunDir, progress: ProgressReader) -> ProgressWatch:
     """The run's progress is the trainer's step: none for supervisor.progress_timeout_s while every
     process is alive is a stall of the run; what each process waits for goes to diagnostics/, then
     the trainer and the actors are dumped and restarted (rlrun/supervisor/stall.py)."""
     from rlrun.actor.partition import actor_name
     from rlrun.supervisor.diagnostics import write_report
 
+    cfg = built.cfg
     k_all = cfg.actor.num_actors
     return ProgressWatch(
         marker=lambda: progress.read(cfg).step,
         timeout_s=cfg.supervisor.progress_timeout_s,
         suspects=("trainer", *(actor_name(k, k_all) for k in range(k_all))),
-        report=lambda why: write_report(run_dir.diagnostics, "run-stalled", why, progress.stall_state(cfg)),
+        report=lambda why: write_report(run_dir.diagnostics, "run-stalled", why, progress.stall_state(built)),
         setting="supervisor.progress_timeout_s",
     )
 
@@ -199,20 +201,20 @@ def _use_external_redis(cfg: RunConfig, run_dir: RunDir) -> None:
         run_dir.redis_password.unlink()  # none now: an old one would be sent to a server that wants none
 
 
-def checkpoint_step(cfg: RunConfig, run_dir: RunDir) -> int:
+def checkpoint_step(built: BuiltRun, run_dir: RunDir) -> int:
     """The step a restart of the trainer would resume from (0: none yet), by its backend's rule."""
-    usable = [c.step for c in backend_for(cfg).layout.candidates(run_dir) if c.skipped_because is None]
+    usable = [c.step for c in built.backend.layout.candidates(run_dir) if c.skipped_because is None]
     return max(usable, default=0)
 
 
-def submit(cfg: RunConfig, resolved_yaml: str, overrides: list[str]) -> tuple[RunDir, str]:
+def submit(built: BuiltRun, resolved_yaml: str, overrides: list[str]) -> tuple[RunDir, str]:
     """`rlrun submit`: create the run directory (as `train` does, after the same checks), write its
     batch script and sbatch it; (run directory, job id). A refused submission leaves no run behind."""
-    root = run_root(cfg).resolve()
+    root = run_root(built.cfg).resolve()
     existed = root.exists()
-    run_dir = create_run(cfg, resolved_yaml, overrides, root=root)
+    run_dir = create_run(built, resolved_yaml, overrides, root=root)
     try:
-        job = submit_job(cfg, run_dir)
+        job = submit_job(built.cfg, run_dir)
     except BaseException:
         if existed:  # an empty folder the user gave: emptied again
             for child in run_dir.root.iterdir():

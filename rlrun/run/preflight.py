@@ -1,5 +1,6 @@
 """Checks run before a run creates or starts anything: one message naming the problem and the fix,
-the run directory left exactly as it was. `check(cfg, root, fresh=...)` (`cheap`: for --dry-run).
+the run directory left exactly as it was. `check(built, root, fresh=...)` (`cheap`: for --dry-run),
+on the run built once (rlrun/run/built.py): its backend answers for itself.
 
 Raises ConfigError (exit 2), EnvironmentProblem (exit 3) or RunDirError (exit 4). Writes nothing;
 the one process it may start is Fast-LLM's validation of our config.
@@ -16,11 +17,15 @@ import re
 import shutil
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rlrun.backends import backend_for
 from rlrun.config import RunConfig
 from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
 from rlrun.rundir import RunDir
+
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from rlrun.backends import TrainerBackend
+    from rlrun.run.built import BuiltRun
 
 log = logging.getLogger(__name__)
 
@@ -31,19 +36,32 @@ MIN_FREE_BYTES = 1 << 30  # a run directory's filesystem needs this much free sp
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")  # what a model folder's weights look like
 
 
-def check(cfg: RunConfig, root: Path, *, fresh: bool, cheap: bool = False) -> None:
+def check(built: "BuiltRun", root: Path, *, fresh: bool, cheap: bool = False) -> None:
     """Every check, in the order a user would fix them; raises at the first problem."""
+    cfg, backend = built.cfg, built.backend
+    check_settings(built)
     check_dependencies(cfg)
     check_run_dir(root, fresh=fresh)
     check_model(cfg)
     check_machine(cfg)
     check_dataset(cfg, cheap=cheap)
     check_redis(cfg, root, cheap=cheap)
-    check_ports(cfg)
+    check_ports(backend)
     if not cheap:
-        backend_for(cfg).check_launchable(cfg, root)  # Fast-LLM: its own validation of our config
+        backend.check_launchable(root)  # Fast-LLM: its own validation of our config
     if not fresh:
-        backend_for(cfg).check_resumable(RunDir(root))
+        backend.check_resumable(RunDir(root))
+
+
+def check_settings(built: "BuiltRun") -> None:
+    """What the chosen model and trainer backend say of their own settings (config validation has
+    checked the rest, and knows neither): one ConfigError (exit 2), worded as validation words
+    its own, before anything else is asked."""
+    from rlrun.models.source import config_problems
+
+    problems = config_problems(built.cfg) + built.backend.config_problems()
+    if problems:
+        raise ConfigError("invalid configuration: " + " ".join(problems))
 
 
 def check_dependencies(cfg: RunConfig) -> None:
@@ -282,10 +300,10 @@ def check_redis(cfg: RunConfig, root: Path, *, cheap: bool) -> None:
         external.check_and_claim(cfg.streams.url, password, str(Path(root).resolve()), claim=False)
 
 
-def check_ports(cfg: RunConfig) -> None:
+def check_ports(backend: "TrainerBackend") -> None:
     """Every port the config fixes is free. Every other port is picked free when the run starts
     (and a start that loses its port to another program is retried)."""
-    for key, host, port in backend_for(cfg).explicit_ports(cfg):
+    for key, host, port in backend.explicit_ports():
         if port_in_use(host, port):
             raise EnvironmentProblem(
                 f"port {port} on {host} ({key}={port}) is already in use by another program. Stop "

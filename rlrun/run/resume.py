@@ -14,8 +14,8 @@ import yaml
 
 from rlrun.run import preflight, runlock
 from rlrun.config.compose import config_from_data, override_resolved
-from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError, RunDirError
+from rlrun.run.built import BuiltRun, build
 from rlrun.rundir import RunDir, write_atomic
 
 # What a resumed run may change: how long it trains, how it is supervised and where its processes
@@ -31,7 +31,7 @@ ALLOWED_OVERRIDES = (
 @dataclass(frozen=True)
 class ResumePlan:
     run_dir: RunDir
-    cfg: RunConfig
+    built: BuiltRun  # the run of the config it would have
     resolved_yaml: str
     changes: list[tuple[str, object, object]]  # (key, before, after)
     already_finished: bool
@@ -85,10 +85,11 @@ def plan_resume(root, overrides: list[str]) -> ResumePlan:
     history = run_dir.read_yaml(run_dir.overrides, what="the overrides that made the run") if run_dir.overrides.is_file() else []
     if not isinstance(history, list):
         raise RunDirError(f"{run_dir.overrides} is damaged: it holds {type(history).__name__}, not a list of overrides. Restore it, or write [] into it.")
+    built = build(cfg)
     if not finished:
-        preflight.check(cfg, run_dir.root, fresh=False)  # packages, model, data, binary, ports, checkpoints
+        preflight.check(built, run_dir.root, fresh=False)  # packages, model, data, binary, ports, checkpoints
     history = history + [f"resume: {k}={v}" for k, _, v in changes]
-    return ResumePlan(run_dir, cfg, yaml.safe_dump(new, sort_keys=False), changes, finished, yaml.safe_dump(history), fresh)
+    return ResumePlan(run_dir, built, yaml.safe_dump(new, sort_keys=False), changes, finished, yaml.safe_dump(history), fresh)
 
 
 def apply(plan: ResumePlan) -> None:

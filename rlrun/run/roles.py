@@ -1,15 +1,15 @@
 """The processes of a run as supervisor specs: Redis → vLLM servers → trainer → actor.
 
 Each role's command line, environment, log file, readiness and liveness probes and restart
-policy are decided here from the typed config; the trainer's processes come from its backend
-(`rlrun.backends`). rlrun's own children start from their role file (`rlrun/parts/role_file.py`).
+policy are decided here from the typed config; the trainer's processes come from its backend,
+bound into the built run (`rlrun.run.built`). rlrun's own children start from their role file (`rlrun/parts/role_file.py`).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rlrun.actor.partition import actor_name, servers_of
-from rlrun.backends import backend_for
-from rlrun.config import RunConfig
 from rlrun.inference import server as vllm_server
 from rlrun.parts.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
@@ -17,10 +17,14 @@ from rlrun.streams import names
 from rlrun.streams import server as redis_server
 from rlrun.supervisor import EventLog, ProcessSpec
 
+if TYPE_CHECKING:  # pragma: no cover - types only
+    from rlrun.run.built import BuiltRun
 
-def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, events: EventLog) -> list[ProcessSpec]:
+
+def build_specs(built: "BuiltRun", run_dir: RunDir, endpoints: Endpoints, model_path: str, events: EventLog) -> list[ProcessSpec]:
     """The run's processes in start order; their hooks record what they do in `events`, the
     supervisor's log."""
+    cfg = built.cfg
     probe = RedisProbe(endpoints.redis_url, run_dir)
     specs: list[ProcessSpec] = []
     if endpoints.redis_port is not None:
@@ -43,7 +47,7 @@ def build_specs(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_pat
                 ready_timeout_s=cfg.inference.ready_timeout_s,
             )  # fmt: skip
         )
-    specs += backend_for(cfg).specs(cfg, run_dir, endpoints, model_path, probe, events)  # the trainer and what serves it
+    specs += built.backend.specs(run_dir, endpoints, model_path, probe, events)  # the trainer and what serves it
     k_all = cfg.actor.num_actors
     for k in range(k_all):  # each with its own servers, prompts, journal and state (rlrun/actor/partition.py)
         urls = [endpoints.vllm_urls[i] for i in servers_of(k, k_all, len(endpoints.vllm_urls))]

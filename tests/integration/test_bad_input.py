@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 from rlrun.run import launch, preflight
 from rlrun.cli.app import app
 from rlrun.config import compose
+from rlrun.run.built import build
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -377,7 +378,7 @@ CHECKPOINT_DAMAGE = [
 @pytest.fixture
 def resumable_run(work):
     cfg, resolved = compose(["trainer.max_train_steps=8"])
-    run_dir = launch.create_run(cfg, resolved, [], root=work / "run")
+    run_dir = launch.create_run(build(cfg), resolved, [], root=work / "run")
     (run_dir.redis_dir / "appendonly.aof").write_text("")  # Redis data present: resumable
     return run_dir
 
@@ -516,6 +517,11 @@ BATTERY = [
     ("negative-warm-start", ["model.warm_start_steps=-1"], 2, ["model.warm_start_steps must be 0 or more", "got -1"]),
     ("context-too-short", ["model.max_model_len=8", "dataset.max_operand=99"], 2,
      ["model.max_model_len=8 is too short for sums up to 99+99", "model.max_model_len=10 or more"]),
+    # The trainer backend's own rules, asked of it by preflight (issue 27), said as config validation says its own.
+    ("fast-llm-unknown-revision", ["trainer=fast_llm", "trainer.fast_llm.version=jlp"], 2,
+     ["invalid configuration: trainer.fast_llm.version=jlp is not a Fast-LLM revision rlrun drives", "gspo, main"]),
+    ("hf-passes-split-unevenly", ["trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=3"], 2,
+     ["invalid configuration: trainer.gradient_accumulation_passes (3) must be a multiple of trainer.nproc_per_node (2)"]),
     ("gsm8k-without-math-verify", ["model=qwen2_5_math_1_5b", "dataset=gsm8k"], 3,
      ["dataset=gsm8k scores answers with math-verify", "pip install 'rlrun[gpu]'"]),
     ("fast-llm-missing-behind-wrappers",
@@ -621,7 +627,7 @@ def test_supervisor_live_view_is_read(live, monkeypatch, tmp_path):
     from rlrun.parts.progress import Progress
     from rlrun.rundir import RunDir
 
-    def one_tick_of_a_run(cfg, run_dir, on_tick, resumed):
+    def one_tick_of_a_run(built, run_dir, on_tick, resumed):
         on_tick([], Progress(step=3, max_train_steps=4, samples=768))
         return "done"
 
@@ -633,7 +639,7 @@ def test_supervisor_live_view_is_read(live, monkeypatch, tmp_path):
     cfg, _ = compose([f"supervisor.live_view={str(live).lower()}"])
     handler = signal.getsignal(signal.SIGTERM)
     try:
-        cli._supervise(cfg, run_dir)
+        cli._supervise(build(cfg), run_dir)
     finally:
         signal.signal(signal.SIGTERM, handler)  # _supervise stops the run on SIGTERM: not the tests' runner
     shown = terminal.file.getvalue()

@@ -6,6 +6,7 @@ messages after it, none poisons a group. Plus the launcher's retry when a picked
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 
@@ -14,8 +15,8 @@ import pytest
 from rlrun.run import launch
 from rlrun.actor.ledger import JournalLedger
 from rlrun.actor.loop import Actor
-from rlrun.backends import backend_for
 from rlrun.config import compose
+from rlrun.run.built import build
 from rlrun.journal.store import KEY_PREFIX, Append
 from rlrun.streams import names
 from rlrun.streams.codec import encode
@@ -106,7 +107,7 @@ def test_with_two_actors_the_trainer_reads_both_streams_and_acks_each_at_its_che
                          num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
     cfg, resolved = compose(["recipe=math_grpo", "trainer.train_batch_size=32", "actor.num_actors=2", "inference.num_servers=2"])
-    run_dir = launch.create_run(cfg, resolved, [], root=tmp_path / "run")
+    run_dir = launch.create_run(build(cfg), resolved, [], root=tmp_path / "run")
     trainer = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None)  # its input path and checkpoints
     trainer.batches.rewind()  # as train() does first
     streams = names.groups_streams(2)
@@ -238,7 +239,14 @@ def test_a_port_taken_at_start_is_retried_on_fresh_ports(tmp_path, monkeypatch):
     """Another program holds the port picked for Redis: the real server fails to bind it, the
     launcher sees "address already in use", records `port_taken` and starts again on new ports."""
     cfg, resolved = compose(["supervisor.redis.max_restarts=0", "supervisor.stop_grace_s=2"])
-    run_dir = launch.create_run(cfg, resolved, [], root=tmp_path / "run")
+    built = build(cfg)
+    run_dir = launch.create_run(built, resolved, [], root=tmp_path / "run")
+
+    class RedisIsEnough(type(built.backend)):  # the run ends once Redis is up: what the launcher did is the point
+        def completion_check(self, progress):
+            return lambda exits: RunVerdict(True, "Redis is up")
+
+    built = dataclasses.replace(built, backend=RedisIsEnough(cfg))
     real_pick, real_specs = launch.redis_server.pick_free_port, launch.build_specs
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -248,8 +256,7 @@ def test_a_port_taken_at_start_is_retried_on_fresh_ports(tmp_path, monkeypatch):
         monkeypatch.setattr(launch.redis_server, "pick_free_port", lambda host: next(picks, None) or real_pick(host))
         monkeypatch.setattr(launch, "model_path", lambda cfg, build: str(tmp_path / "model"))
         monkeypatch.setattr(launch, "build_specs", lambda *a, **k: [s for s in real_specs(*a, **k) if s.name == "redis"])
-        monkeypatch.setattr(type(backend_for(cfg)), "completion_check", lambda self, cfg, progress: lambda exits: RunVerdict(True, "Redis is up"))
-        assert launch.train(cfg, run_dir) == "Redis is up"
+        assert launch.train(built, run_dir) == "Redis is up"
     recorded = [json.loads(line) for line in run_dir.events.read_text().splitlines()]
     assert [(e["process"], e["attempt"]) for e in recorded if e["event"] == "port_taken"] == [("redis", 1)]
     assert [e["process"] for e in recorded if e["event"] == "process_ready"] == ["redis"]  # once, on the new port

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from rlrun.config import compose
+from rlrun.run.built import build
 from rlrun.errors import ExitCode, ProcessFailed, RestartsExhausted
 from rlrun.parts.role_parts import Endpoints
 from rlrun.run.roles import build_specs
@@ -48,7 +49,7 @@ def test_a_child_config_error_stops_the_run_at_once(tmp_path, role, overrides, b
     breakage[0](broken)
     run_dir.config.write_text(yaml.safe_dump(broken))
     endpoints = Endpoints(redis_url="redis://127.0.0.1:1/0", redis_port=1, vllm_urls=["http://127.0.0.1:1"], broadcast_port=1)
-    (spec,) = [s for s in build_specs(cfg, run_dir, endpoints, "/nonexistent-model", EventLog(None)) if s.name == role]
+    (spec,) = [s for s in build_specs(build(cfg), run_dir, endpoints, "/nonexistent-model", EventLog(None)) if s.name == role]
     assert spec.restart.restart and spec.restart.max_restarts == 3
     spec = dataclasses.replace(spec, after=())  # alone here: the processes it comes after are not
     supervisor = Supervisor([spec], EventLog(run_dir.events, clock=time.time), poll_interval_s=0.1)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlrun.backends import backend_for
 from rlrun.config import compose
 from rlrun.parts.progress import ProgressReader
+from rlrun.run.built import build
 from rlrun.trainer.checkpoint import TrainerState
 from rlrun.trainer.intake import Position
 from rlrun.trainer.published_state import StatePublisher
@@ -20,8 +20,9 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_the_completion_check_and_the_actor_read_the_trainers_one_done_signal(server, client):
     cfg, _ = compose(["trainer.max_train_steps=4"])
-    check = backend_for(cfg).completion_check(cfg, ProgressReader(server.url, server.run_dir))
-    view = backend_for(cfg).trainer_view(cfg, client)  # the actor's view of the trainer
+    backend = build(cfg).backend
+    check = backend.completion_check(ProgressReader(server.url, server.run_dir))
+    view = backend.trainer_view(client)  # the actor's view of the trainer
     published = StatePublisher(Stopping(client), rank=0, max_train_steps=4)
     short = TrainerState(step=3, samples_processed=10, policy_version=3)  # far below the samples target
     positions = {"rlrun:groups": Position("5-0", 10)}

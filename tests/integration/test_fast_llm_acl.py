@@ -174,8 +174,8 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
     """On the run's live Redis (its ACL as launch writes it), a local process without the password
     is refused every command it could damage the run with; the events it may append, forged,
     are counted and ignored: the follower loads nothing for them, the verdict stays the same."""
-    from rlrun.backends import backend_for
     from rlrun.parts.progress import ProgressReader
+    from rlrun.run.built import build
     from rlrun.backends.fast_llm.follower import WeightFollower, request_join
     from rlrun.config import compose
     from rlrun.streams import names
@@ -185,9 +185,10 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
     from .test_weight_follower import RecordingAdmin
 
     cfg, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu", "trainer.max_train_steps=4"])
+    backend = build(cfg).backend
     run = RunDir(tmp_path / "run")
     run.create({"name": "acl-test"})
-    with managed_server(run, default_user=backend_for(cfg).redis_default_user(cfg)) as server:
+    with managed_server(run, default_user=backend.redis_default_user()) as server:
         rlrun = connect(server.url, server.password)
         anyone = redis.Redis(host="127.0.0.1", port=server.port, decode_responses=True)  # as Fast-LLM connects
         assert refusals(anyone) == dict.fromkeys(REFUSED, "refused")
@@ -195,7 +196,7 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
         admin = RecordingAdmin()
         follower = WeightFollower(cfg, rlrun, admin, "127.0.0.1", 29555)
         progress = ProgressReader(server.url, run, EventLog(run.events, clock=time.time))
-        verdict = backend_for(cfg).completion_check(cfg, progress)
+        verdict = backend.completion_check(progress)
 
         def outcome(trainer_exit):
             judged = verdict({"trainer": trainer_exit})

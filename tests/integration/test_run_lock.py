@@ -20,6 +20,7 @@ import yaml
 
 from rlrun.run import launch, runlock
 from rlrun.config import compose
+from rlrun.run.built import build
 from rlrun.rundir import RunDir
 
 pytestmark = pytest.mark.timeout(120)
@@ -53,7 +54,7 @@ def files(root: Path) -> dict[str, tuple]:
 @pytest.fixture
 def resumable(tmp_path) -> RunDir:
     cfg, resolved = compose(["trainer.max_train_steps=8"])
-    run_dir = launch.create_run(cfg, resolved, [], root=tmp_path / "run")
+    run_dir = launch.create_run(build(cfg), resolved, [], root=tmp_path / "run")
     (run_dir.redis_dir / "appendonly.aof").write_text("")  # Redis data: resumable
     # What an rlrun without run locks would have met next, had it gone on: cheap to fail there
     # (preflight, exit 3) instead of starting Redis and vLLM.
@@ -145,4 +146,4 @@ def test_a_reused_pid_in_state_json_neither_blocks_resume_nor_reads_as_running(r
     assert report["live"] is False and report["status"].startswith("running (supervisor gone")
     with resuming.owned(resumable.root):
         plan = resuming.plan_resume(resumable.root, [])
-    assert plan.cfg.trainer.max_train_steps == 8 and not plan.already_finished
+    assert plan.built.cfg.trainer.max_train_steps == 8 and not plan.already_finished

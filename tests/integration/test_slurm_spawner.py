@@ -19,8 +19,9 @@ import pytest
 
 from rlrun.cluster import slurm_job, slurm_plan
 from rlrun.cluster.slurm_world import SlurmSpawner
-from rlrun.cluster.world import allocation_nodes, slurm_plan_for
+from rlrun.cluster.world import allocation_nodes
 from rlrun.config import compose
+from rlrun.run.built import build
 from rlrun.supervisor.local import LocalHandle
 from rlrun.supervisor.spec import ProcessSpec
 from tests.slurm_cluster import LocalSlurm, available
@@ -54,7 +55,7 @@ def allocation(tmp_path_factory):
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])  # the spawner's own SLURM commands find the cluster
             nodes = allocation_nodes(cfg, slurm_job.JobEnv(job, 0, "node0", slurm.job_field(job, "NumCPUs")), "node0")
-            plan = slurm_plan_for(cfg, nodes)
+            plan = build(cfg).world.slurm_plan(nodes)
             yield slurm, job, plan, SlurmSpawner(plan, job, root / "steps", start_timeout_s=30), root
 
 
@@ -133,7 +134,7 @@ def test_a_job_cancel_reaches_every_step_and_each_reads_as_ended_when_its_proces
         job = re.search(r"Granted job allocation (\d+)", granted.stderr).group(1)
         cfg, _ = compose(["world=slurm", "world.placement_timeout_s=30", "world.vllm.cpus=0", "world.actor.cpus=0", "world.trainer.cpus=0"])
         patch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
-        plan = slurm_plan_for(cfg, allocation_nodes(cfg, slurm_job.JobEnv(job, 0, "node0", "1"), "node0"))
+        plan = build(cfg).world.slurm_plan(allocation_nodes(cfg, slurm_job.JobEnv(job, 0, "node0", "1"), "node0"))
         spawner = SlurmSpawner(plan, job, root / "cancel-steps", start_timeout_s=30)
         slow = ("import signal, sys, time\n"
                 "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(2), open(sys.argv[1], 'w').write('done'), sys.exit(0)))\n"
@@ -184,7 +185,7 @@ def test_a_trainer_spanning_two_nodes_is_one_step_whose_ranks_meet_at_the_first(
                           "world.vllm.cpus=0", "world.actor.cpus=0"])  # only the trainer is started here
         with pytest.MonkeyPatch.context() as patch:
             patch.setenv("SLURM_CONF", cluster.env["SLURM_CONF"])
-            plan = slurm_plan_for(cfg, allocation_nodes(cfg, slurm_job.JobEnv(job, 0, "node[0-1]", "1(x2)"), "node0"))
+            plan = build(cfg).world.slurm_plan(allocation_nodes(cfg, slurm_job.JobEnv(job, 0, "node[0-1]", "1(x2)"), "node0"))
             assert [(s.node, s.first_rank) for s in plan.placed["trainer"].shares] == [("node0", 0), ("node1", 1)]
             spawner = SlurmSpawner(plan, job, tmp_path / "steps", start_timeout_s=60)
             out = tmp_path / "ranks"

@@ -18,6 +18,7 @@ import pytest
 
 from rlrun.run import launch
 from rlrun.config import compose
+from rlrun.run.built import build
 from rlrun.streams import names
 from rlrun.streams.codec import encode
 from rlrun.trainer import checkpoint
@@ -43,7 +44,7 @@ def run(server, client, tmp_path):
         "recipe=math_grpo", "algo.group_size=4", "trainer.train_batch_size=4", "trainer.gradient_accumulation_passes=2",
         "trainer.nproc_per_node=2", f"trainer.max_train_steps={STEPS}", "trainer.checkpoint_every=2", "trainer.lr=1e-3",
     ])  # fmt: skip
-    run_dir = launch.create_run(cfg, resolved, [], root=tmp_path / "run")
+    run_dir = launch.create_run(build(cfg), resolved, [], root=tmp_path / "run")
     run_dir.write_secret(run_dir.redis_password, server.password)
     return run_dir
 

@@ -14,6 +14,7 @@ import pytest
 
 from rlrun.run import launch
 from rlrun.config import compose
+from rlrun.run.built import build
 from rlrun.streams import names
 from rlrun.streams.codec import encode
 from rlrun.trainer import checkpoint
@@ -33,7 +34,7 @@ def make_trainer(client, tmp_path):
                          num_attention_heads=1, num_key_value_heads=1, tie_word_embeddings=False)  # fmt: skip
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "model")
     cfg, resolved = compose(["recipe=math_grpo", "trainer.train_batch_size=16"])  # 2 groups of 8 per step
-    run_dir = launch.create_run(cfg, resolved, [], root=tmp_path / "run")
+    run_dir = launch.create_run(build(cfg), resolved, [], root=tmp_path / "run")
 
     def make(stop: threading.Event | None = None):
         trainer = Trainer(cfg, run_dir, client, str(tmp_path / "model"), vllm=None, stop=stop)  # its input path and checkpoints

@@ -8,6 +8,7 @@ import pytest
 from rlrun.actor.partition import actor_name, group_namespace, prompt_position, servers_of, share
 from rlrun.actor.trainer_view import HfView
 from rlrun.config import compose
+from rlrun.run.built import build
 from rlrun.errors import ConfigError
 from rlrun.parts.role_file import read_role_file
 from rlrun.parts.role_parts import Endpoints
@@ -66,7 +67,7 @@ def test_each_actor_process_gets_its_index_and_only_its_servers_in_its_role_file
     run_dir.config.write_text(resolved)
     servers = ["http://127.0.0.1:8000", "http://127.0.0.1:8001", "http://127.0.0.1:8002"]
     endpoints = Endpoints("redis://127.0.0.1:7000/0", 7000, servers)
-    specs = {spec.name: spec for spec in build_specs(cfg, run_dir, endpoints, "/models/tiny", EventLog(None))}
+    specs = {spec.name: spec for spec in build_specs(build(cfg), run_dir, endpoints, "/models/tiny", EventLog(None))}
     assert [n for n in specs if n.startswith("actor")] == ["actor-0", "actor-1"]
     for k, owned in ((0, [0, 2]), (1, [1])):
         spec = specs[f"actor-{k}"]

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rlrun.backends import HALF, backend_for, checkpoint_layouts, run_verdict
+from rlrun.backends import HALF, backend_class, checkpoint_layouts, run_verdict
 from rlrun.rules.completion import Verdict
 from rlrun.config import compose
 from rlrun.parts.role_parts import Endpoints, RedisProbe
+from rlrun.run.built import build
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams.server import DEFAULT_USER_OFF
@@ -23,12 +24,12 @@ FAST_LLM = ["trainer=fast_llm", "trainer.device=cpu"]
 
 def test_an_unknown_backend_is_named_with_the_known_ones():
     with pytest.raises(ValueError, match=r"'megatron'.*hf, fast_llm"):
-        backend_for("megatron")
+        backend_class("megatron")
 
 
 def test_no_module_outside_the_backends_names_a_backend():
     """A third backend is one new module: launch, roles, preflight, inspection, the actor and the CLI
-    ask `backend_for` instead of comparing names."""
+    ask the run's bound backend instead of comparing names."""
     offenders = []
     for path in sorted((REPO / "rlrun").rglob("*.py")):
         rel = path.relative_to(REPO).as_posix()
@@ -43,11 +44,11 @@ def test_no_module_outside_the_backends_names_a_backend():
 @pytest.mark.parametrize("overrides, roles", [([], ["trainer"]), (FAST_LLM, ["weights", "trainer"])])
 def test_each_backend_builds_the_processes_it_names(overrides, roles, tmp_path):
     cfg, _ = compose(overrides)
-    backend = backend_for(cfg)
+    backend = build(cfg).backend
     endpoints = Endpoints("redis://127.0.0.1:1/0", 1, ["http://127.0.0.1:2"], broadcast_port=3)
     probe = RedisProbe(endpoints.redis_url, RunDir(tmp_path))
-    specs = backend.specs(cfg, RunDir(tmp_path), endpoints, str(tmp_path / "model"), probe, EventLog(None))
-    assert [spec.name for spec in specs] == roles == backend.roles(cfg)
+    specs = backend.specs(RunDir(tmp_path), endpoints, str(tmp_path / "model"), probe, EventLog(None))
+    assert [spec.name for spec in specs] == roles == backend.roles()
     trainer = specs[-1]
     assert trainer.finishes  # the completion rule reads its exit code
 
@@ -61,7 +62,7 @@ def test_a_fresh_hf_trainer_starts_beside_vllm_and_a_resuming_one_after_it(tmp_p
     no_redis = Endpoints("redis://10.0.0.1:6379/0", None, ["http://127.0.0.1:2"])  # a Redis rlrun does not start
 
     def trainer_after(endpoints: Endpoints):
-        specs = backend_for(cfg).specs(cfg, run_dir, endpoints, "m", RedisProbe(endpoints.redis_url, run_dir), EventLog(None))
+        specs = build(cfg).backend.specs(run_dir, endpoints, "m", RedisProbe(endpoints.redis_url, run_dir), EventLog(None))
         return specs[-1].after
 
     assert trainer_after(endpoints) == ("redis",)
@@ -76,14 +77,14 @@ def test_only_fast_llm_and_a_broadcasting_hf_trainer_have_a_broadcast_port_and_o
     hf, _ = compose([])
     fast_llm, _ = compose([*FAST_LLM, "trainer.fast_llm.broadcast_port=29555"])
     picked = lambda host: 40000  # noqa: E731
-    assert backend_for(hf).broadcast_port(hf, picked) == 0  # weights through files
+    assert build(hf).backend.broadcast_port(picked) == 0  # weights through files
     broadcasting, _ = compose(["trainer.weight_transfer=broadcast"])
-    assert backend_for(broadcasting).broadcast_port(broadcasting, picked) == 40000
-    assert backend_for(hf).explicit_ports(hf) == []
-    assert backend_for(hf).redis_default_user(hf) == DEFAULT_USER_OFF
-    assert backend_for(fast_llm).broadcast_port(fast_llm, picked) == 29555  # fixed in the config
-    assert backend_for(fast_llm).explicit_ports(fast_llm) == [("trainer.fast_llm.broadcast_port", "127.0.0.1", 29555)]
-    user = backend_for(fast_llm).redis_default_user(fast_llm)
+    assert build(broadcasting).backend.broadcast_port(picked) == 40000
+    assert build(hf).backend.explicit_ports() == []
+    assert build(hf).backend.redis_default_user() == DEFAULT_USER_OFF
+    assert build(fast_llm).backend.broadcast_port(picked) == 29555  # fixed in the config
+    assert build(fast_llm).backend.explicit_ports() == [("trainer.fast_llm.broadcast_port", "127.0.0.1", 29555)]
+    user = build(fast_llm).backend.redis_default_user()
     assert user != DEFAULT_USER_OFF and fast_llm.trainer.fast_llm.stream in user
 
 
@@ -109,13 +110,13 @@ class FakeProgress:
 def test_the_hf_check_judges_the_samples_its_trainer_reports():
     cfg, _ = compose(["trainer.max_train_steps=4"])
     target = cfg.trainer.max_train_steps * cfg.trainer.train_batch_size * cfg.trainer.gradient_accumulation_passes
-    check = backend_for(cfg).completion_check(cfg, FakeProgress(samples=target, step=4))
+    check = build(cfg).backend.completion_check(FakeProgress(samples=target, step=4))
     assert check({"trainer": None}).finished is False  # still saving its last checkpoint
     assert check({"trainer": 0}).finished is True
-    short = backend_for(cfg).completion_check(cfg, FakeProgress(samples=target - 1, step=3))
+    short = build(cfg).backend.completion_check(FakeProgress(samples=target - 1, step=3))
     verdict = short({"trainer": 0})
     assert (verdict.finished, verdict.reject) == (False, "trainer")
-    said_done = backend_for(cfg).completion_check(cfg, FakeProgress(samples=target - 1, step=3, done=True))
+    said_done = build(cfg).backend.completion_check(FakeProgress(samples=target - 1, step=3, done=True))
     assert said_done({"trainer": 0}).finished is True  # the trainer's own training_done, short of the count
 
 
@@ -146,7 +147,7 @@ def test_fast_llm_candidates_in_a_run_say_which_are_half_written(tmp_path):
         folder.mkdir(parents=True)
         if ok:
             (folder / "ok").write_text("")
-    layout = backend_for("fast_llm").layout
+    layout = backend_class("fast_llm").layout
     found = sorted((c.step, c.skipped_because) for c in layout.candidates(run))
     assert found == [(4, None), (6, HALF)]
 
@@ -166,7 +167,7 @@ def test_under_fast_llm_the_actor_is_held_back_by_the_documents_fast_llm_has_not
             return [{"name": f.consumer_group, "lag": self.lag}]
 
     redis = Redis()
-    view = backend_for(cfg).trainer_view(cfg, redis)
+    view = build(cfg).backend.trainer_view(redis)
     assert view.policy_version() == 7 and view.done() is False  # never decides the end itself
     assert view.window(in_flight=0).room
     redis.lag = (1 + cfg.actor.max_steps_ahead) * view.docs_per_step  # a full window unread

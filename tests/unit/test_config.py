@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from rlrun.config import compose, load_resolved
+from rlrun.run.built import build
 from rlrun.config.compose import group_options
 from rlrun.errors import ConfigError, ExitCode
 
@@ -93,10 +94,10 @@ def test_resume_allows_only_the_allow_listed_overrides_and_reports_the_change(tm
     from rlrun.run.resume import plan_resume
 
     cfg, resolved = compose(["trainer.max_train_steps=5"])
-    run_dir = create_run(cfg, resolved, [], root=tmp_path / "run")
+    run_dir = create_run(build(cfg), resolved, [], root=tmp_path / "run")
     (run_dir.redis_dir / "appendonly.aof").write_text("")  # Redis data present
     plan = plan_resume(run_dir.root, ["trainer.max_train_steps=9", "supervisor.stop_grace_s=3"])
-    assert plan.cfg.trainer.max_train_steps == 9 and plan.cfg.supervisor.stop_grace_s == 3.0
+    assert plan.built.cfg.trainer.max_train_steps == 9 and plan.built.cfg.supervisor.stop_grace_s == 3.0
     assert plan.changes == [("trainer.max_train_steps", 5, 9), ("supervisor.stop_grace_s", 10.0, 3)]
     with pytest.raises(ConfigError, match="cannot be changed when resuming"):
         plan_resume(run_dir.root, ["model.dtype=bfloat16"])
@@ -110,7 +111,7 @@ def test_resume_refuses_a_run_whose_redis_data_is_gone(tmp_path):
     from rlrun.run.resume import plan_resume
 
     cfg, resolved = compose([])
-    run_dir = create_run(cfg, resolved, [], root=tmp_path / "run")
+    run_dir = create_run(build(cfg), resolved, [], root=tmp_path / "run")
     with pytest.raises(RunDirError, match="no Redis data"):
         plan_resume(run_dir.root, [])
 
@@ -120,7 +121,7 @@ def resumable(tmp_path):
     from rlrun.run.launch import create_run
 
     cfg, resolved = compose(["trainer.max_train_steps=5"])
-    run_dir = create_run(cfg, resolved, [], root=tmp_path / "run")
+    run_dir = create_run(build(cfg), resolved, [], root=tmp_path / "run")
     (run_dir.redis_dir / "appendonly.aof").write_text("")  # Redis data present
     return run_dir
 
@@ -153,7 +154,7 @@ def test_resume_takes_hydra_values_and_saves_them_typed_leaving_the_rest_of_the_
     del saved["metrics"]  # a run saved before the metrics section existed
     resumable.config.write_text(yaml.safe_dump(saved))
     plan = plan_resume(resumable.root, ["metrics.wandb_project='my project'", "supervisor.stop_grace_s=3", "metrics.wandb=true"])
-    assert plan.cfg.metrics.wandb_project == "my project" and plan.cfg.metrics.wandb
+    assert plan.built.cfg.metrics.wandb_project == "my project" and plan.built.cfg.metrics.wandb
     apply(plan)
     after = yaml.safe_load(resumable.config.read_text())
     assert after["metrics"] == {"wandb_project": "my project", "wandb": True}  # only what was changed
@@ -161,7 +162,7 @@ def test_resume_takes_hydra_values_and_saves_them_typed_leaving_the_rest_of_the_
     assert {k: v for k, v in after.items() if k not in ("metrics", "supervisor")} == {
         k: v for k, v in saved.items() if k != "supervisor"
     }
-    assert load_resolved(resumable.config) == plan.cfg
+    assert load_resolved(resumable.config) == plan.built.cfg
 
 
 @pytest.mark.parametrize("override", ["+trainer.lr=1", "~trainer.lr", "trainer.max_train_steps=5,6"])

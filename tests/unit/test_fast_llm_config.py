@@ -21,6 +21,8 @@ from rlrun.backends.fast_llm.config import (
 from rlrun.backends.fast_llm.revisions import REVISIONS, named
 from rlrun.config import compose
 from rlrun.errors import ConfigError, ExitCode
+from rlrun.run.preflight import check_settings
+from rlrun.run.built import build
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 FIXED = dict(
@@ -181,13 +183,7 @@ def test_launch_argv_fills_the_command_template(tmp_path):
     [
         (["trainer=fast_llm", "trainer.max_train_steps=400", "trainer.fast_llm.train_iters=393"],
          ["trainer.fast_llm.train_iters (393)", "trainer.max_train_steps (400)"]),
-        (["trainer=fast_llm", "trainer.gradient_accumulation_passes=4"],
-         ["trainer.gradient_accumulation_passes=4", "Fast-LLM ignores it", "trainer.fast_llm.docs_per_step=1024"]),
-        (["trainer=fast_llm", "trainer.fast_llm.micro_batch_size=16"], ["trainer.fast_llm.micro_batch_size", "model.max_model_len"]),
-        (["trainer=fast_llm", "trainer.fast_llm.command=[fast-llm,train]"], ["{config}"]),
         (["trainer=fast_llm", "trainer.fast_llm.docs_per_step=0"], ["trainer.fast_llm.docs_per_step must be at least 1"]),
-        (["trainer=fast_llm", "trainer.fast_llm.version=jlp"], ["trainer.fast_llm.version=jlp", "auto", "gspo, main"]),
-        (["trainer=fast_llm", "trainer.fast_llm.events_stream=fast_llm_streaming"], ["two different"]),
         (["trainer=fast_llm", 'inference.extra_args=["--tensor-parallel-size","2"]'], ["one vLLM worker per server"]),
         (["trainer=fast_llm", 'inference.extra_args=["--pipeline-parallel-size=2"]'], ["inference.num_servers"]),
     ],
@@ -200,10 +196,37 @@ def test_inconsistent_fast_llm_config_is_refused_before_anything_starts(override
         assert fragment in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["trainer.gradient_accumulation_passes=4"],
+         ["trainer.gradient_accumulation_passes=4", "Fast-LLM ignores it", "trainer.fast_llm.docs_per_step=1024"]),
+        (["trainer.fast_llm.micro_batch_size=16"], ["trainer.fast_llm.micro_batch_size", "model.max_model_len"]),
+        (["trainer.fast_llm.command=[fast-llm,train]"], ["{config}"]),
+        (["trainer.fast_llm.version=jlp"], ["trainer.fast_llm.version=jlp", "auto", "gspo, main"]),
+        (["trainer.fast_llm.events_stream=fast_llm_streaming"], ["two different"]),
+        (["trainer.fast_llm.experiment_dir_name=a/b"], ["trainer.fast_llm.experiment_dir_name must be a plain folder name", "'a/b'"]),
+    ],
+)
+def test_fast_llm_settings_its_backend_refuses_are_refused_by_preflight_before_anything_else(overrides, expected):
+    """Fast-LLM's own rules (its revisions, its micro-batches, its command) are its backend's, asked
+    first by preflight: the same one-paragraph ConfigError as config validation's (`rlrun train`
+    says it whole: tests/integration/test_bad_input.py)."""
+    cfg, _ = compose(["trainer=fast_llm", *overrides])  # config validation knows nothing of Fast-LLM
+    with pytest.raises(ConfigError) as info:
+        check_settings(build(cfg))
+    assert info.value.exit_code == ExitCode.USAGE
+    assert str(info.value).startswith("invalid configuration: ")
+    for fragment in expected:
+        assert fragment in str(info.value)
+    check_settings(build(compose(["trainer=fast_llm"])[0]))  # the shipped settings pass
+
+
 def test_agreeing_train_iters_and_hf_accumulation_are_accepted():
     cfg, _ = compose(["trainer=fast_llm", "trainer.max_train_steps=7", "trainer.fast_llm.train_iters=7"])
     assert cfg.trainer.fast_llm.train_iters == 7
     cfg, _ = compose(["trainer.gradient_accumulation_passes=4"])  # the hf trainer uses it
     assert cfg.trainer.backend == "hf" and cfg.trainer.samples_per_step == 1024
+    check_settings(build(cfg))
     compose(["trainer=fast_llm", 'inference.extra_args=["--tensor-parallel-size=1"]'])  # one worker per server: fine
     compose(['inference.extra_args=["--tensor-parallel-size","2"]'])  # hf reloads from disk: any layout

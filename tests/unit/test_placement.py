@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from rlrun.cluster import placement
-from rlrun.cluster.world import process_names, spawner_for
 from rlrun.config import compose
 from rlrun.errors import ConfigError
 from rlrun.run.launch import plan_specs
+from rlrun.run.built import build
 from rlrun.rundir import RunDir
 from rlrun.supervisor.local import LocalSpawner
 
@@ -23,14 +23,14 @@ def test_world_local_is_the_default_and_gets_the_local_spawner(tmp_path):
     assert cfg.world.kind == "local"
     assert "world:\n  kind: local\n" in resolved  # nothing new in a local run's saved config
     before = "ray" in sys.modules
-    assert isinstance(spawner_for(cfg, RunDir(tmp_path)), LocalSpawner)
+    assert isinstance(build(cfg).world.spawner(RunDir(tmp_path)), LocalSpawner)
     assert ("ray" in sys.modules) == before  # Ray is not imported for world=local
 
 
 def test_world_ray_bundles_follow_the_config():
     cfg, _ = compose([*RAY, "world.vllm.cpus=0", "world.vllm.gpus=1", "world.vllm.resources={vllm_node: 1}",
                       "world.trainer.resources={trainer_node: 2}", "inference.num_servers=2"])  # fmt: skip
-    assert placement.bundles(cfg.world, process_names(cfg)) == {
+    assert placement.bundles(cfg.world, build(cfg).world.process_names()) == {
         "redis": [],  # stays with the supervisor
         "vllm-0": [{"GPU": 1.0, "vllm_node": 1.0}],
         "vllm-1": [{"GPU": 1.0, "vllm_node": 1.0}],
@@ -47,7 +47,7 @@ def test_world_ray_bundles_follow_the_config():
 )
 def test_process_names_are_the_ones_the_roles_build(overrides, tmp_path):
     cfg, _ = compose(overrides)
-    assert process_names(cfg) == [spec.name for spec in plan_specs(cfg, RunDir(tmp_path))]
+    assert build(cfg).world.process_names() == [spec.name for spec in plan_specs(build(cfg), RunDir(tmp_path))]
 
 
 @pytest.mark.parametrize(
@@ -112,15 +112,14 @@ def test_role_of_a_process():
 
 
 def test_the_fast_llm_weight_follower_is_placed_like_the_actor():
-    from rlrun.cluster.world import process_names
     from rlrun.config import compose
 
     cfg, _ = compose(["trainer=fast_llm", "trainer.device=cpu", "world=ray", "world.actor.cpus=0.5"])
-    names = process_names(cfg)
+    names = build(cfg).world.process_names()
     assert names.index("weights") < names.index("trainer")  # the trainer waits for it at start
     assert placement.role_of("weights") == "actor"
     assert placement.bundles(cfg.world, names)["weights"] == placement.bundles(cfg.world, names)["actor"] == [{"CPU": 0.5}]
-    assert "weights" not in process_names(compose(["world=ray"])[0])  # hf: no follower
+    assert "weights" not in build(compose(["world=ray"])[0]).world.process_names()  # hf: no follower
 
 
 def test_an_actor_shares_the_bundle_and_node_of_its_first_vllm_server():
@@ -129,7 +128,7 @@ def test_an_actor_shares_the_bundle_and_node_of_its_first_vllm_server():
     cfg, _ = compose([*RAY, "actor.num_actors=2", "inference.num_servers=3", "world.vllm.gpus=1", "world.vllm.cpus=0"])
     anchors = actor_anchors(cfg)
     assert anchors == {"actor-0": "vllm-0", "actor-1": "vllm-1"}
-    reserved, owner = placement.colocate(placement.bundles(cfg.world, process_names(cfg)), anchors)
+    reserved, owner = placement.colocate(placement.bundles(cfg.world, build(cfg).world.process_names()), anchors)
     assert reserved == {  # one bundle per node-sharing set: the actors' CPUs ride with their servers
         "vllm-0": [{"CPU": 1.0, "GPU": 1.0}],
         "vllm-1": [{"CPU": 1.0, "GPU": 1.0}],
@@ -147,12 +146,11 @@ def test_colocation_needs_both_placed_by_ray():
 
 
 def test_a_trainer_of_several_ranks_reserves_one_bundle_per_rank():
-    from rlrun.cluster.world import process_ranks, run_bundles, spread_processes
-
     cfg, _ = compose([*RAY, "trainer.nproc_per_node=4", "trainer.gradient_accumulation_passes=4", "world.trainer.gpus=1",
                       "world.trainer.cpus=2", "world.trainer.resources={trainer_node: 1}"])  # fmt: skip
-    assert process_ranks(cfg) == {"trainer": 4} and spread_processes(cfg) == {"trainer"}
-    bundles = run_bundles(cfg)
+    world = build(cfg).world
+    assert world.process_ranks() == {"trainer": 4} and world.spread_processes() == {"trainer"}
+    bundles = world.bundles()
     # CPUs, GPUs and the node picker per rank: each rank's bundle may land on another node
     assert bundles["trainer"] == [{"CPU": 2.0, "GPU": 1.0, "trainer_node": 1.0}] * 4
     assert bundles["actor"] == [{"CPU": 1.0}]  # one rank: as before
@@ -170,14 +168,13 @@ def test_a_trainer_of_several_ranks_reserves_one_bundle_per_rank():
 
 def test_fast_llm_ranks_stay_on_one_node_in_one_bundle():
     """Its launch command (torchrun) is the user's: rlrun cannot start it per node."""
-    from rlrun.cluster.world import run_bundles, spread_processes
 
     cfg, _ = compose([*RAY, "trainer=fast_llm", "trainer.device=cpu", "trainer.fast_llm.nproc_per_node=4", "world.trainer.gpus=1",
                       "world.trainer.resources={trainer_node: 1}"])  # fmt: skip
-    assert spread_processes(cfg) == frozenset()
-    assert run_bundles(cfg)["trainer"] == [{"CPU": 4.0, "GPU": 4.0, "trainer_node": 1.0}]  # the node picker once
+    assert build(cfg).world.spread_processes() == frozenset()
+    assert build(cfg).world.bundles()["trainer"] == [{"CPU": 4.0, "GPU": 4.0, "trainer_node": 1.0}]  # the node picker once
     nodes = {"a": {"CPU": 16.0, "GPU": 2.0, "trainer_node": 1.0}, "b": {"CPU": 16.0, "GPU": 2.0}}
-    assert placement.shortfall({"trainer": run_bundles(cfg)["trainer"]}, nodes) == [
+    assert placement.shortfall({"trainer": build(cfg).world.bundles()["trainer"]}, nodes) == [
         "trainer needs CPU 4, GPU 4, trainer_node 1 on one node, and no node has that"
     ]
 
@@ -200,11 +197,9 @@ def test_the_ranks_are_grouped_by_node_and_numbered_per_node(bundle_nodes, expec
 
 
 def test_the_dry_run_shows_each_rank_its_bundle_and_that_placement_picks_the_node():
-    from rlrun.cluster.world import placement_rows
-
     cfg, _ = compose([*RAY, "trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2", "world.trainer.gpus=1",
                       "world.trainer.resources={trainer_node: 1}", "inference.num_servers=2"])  # fmt: skip
-    rows = placement_rows(cfg)
+    rows = build(cfg).world.placement_rows()
     trainer = [row[1:] for row in rows if row[0] == "trainer"]
     assert trainer == [
         ("rank 0", "CPU 1, GPU 1, trainer_node 1", "a node Ray picks for this rank's bundle (rank 0's node: the ranks' rendezvous)"),
@@ -217,10 +212,8 @@ def test_the_dry_run_shows_each_rank_its_bundle_and_that_placement_picks_the_nod
 
 
 def test_the_dry_run_of_fast_llm_ranks_shows_them_on_one_node():
-    from rlrun.cluster.world import placement_rows
-
     cfg, _ = compose([*RAY, "trainer=fast_llm", "trainer.device=cpu", "trainer.fast_llm.nproc_per_node=2", "world.trainer.gpus=1"])
-    rows = {row[0]: row[1:] for row in placement_rows(cfg)}
+    rows = {row[0]: row[1:] for row in build(cfg).world.placement_rows()}
     assert rows["trainer"] == ("rank 0, rank 1", "CPU 2, GPU 2 (CPU 1, GPU 1 per rank)", "a node Ray picks for this bundle; all 2 ranks on it")
 
 

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from rlrun.config import compose
+from rlrun.run.built import build
 from rlrun.errors import ConfigError
 from rlrun.parts.role_file import Role, read_role_file, role_from_argv, write_role_file
 from rlrun.parts.role_parts import Endpoints
@@ -41,7 +42,7 @@ def test_a_role_file_round_trips_and_gives_the_run_config(run):
 def test_the_specs_start_each_rlrun_child_with_its_role_file_and_no_secret_in_it(run):
     cfg, run_dir = run
     endpoints = Endpoints("redis://127.0.0.1:7000/0", 7000, ["http://127.0.0.1:8000"])
-    specs = {s.name: s for s in build_specs(cfg, run_dir, endpoints, "/models/tiny", EventLog(None))}
+    specs = {s.name: s for s in build_specs(build(cfg), run_dir, endpoints, "/models/tiny", EventLog(None))}
     for name in ("trainer", "actor"):
         spec = specs[name]
         assert spec.argv[-1] == str(run_dir.role_file(name)) and "--redis-url" not in spec.argv
@@ -59,7 +60,7 @@ def test_fast_llm_weight_follower_gets_its_broadcast_endpoint(tmp_path):
     run_dir.create({"kind": "rlrun-run"})
     run_dir.config.write_text(resolved)
     endpoints = Endpoints("redis://127.0.0.1:7000/0", 7000, ["http://127.0.0.1:8000"], broadcast_port=29500)
-    (weights,) = [s for s in build_specs(cfg, run_dir, endpoints, "/models/tiny", EventLog(None)) if s.name == "weights"]
+    (weights,) = [s for s in build_specs(build(cfg), run_dir, endpoints, "/models/tiny", EventLog(None)) if s.name == "weights"]
     weights.before_start()
     role = read_role_file(run_dir.role_file("weights"))
     assert (role.broadcast_host, role.broadcast_port) == (cfg.inference.host, 29500)

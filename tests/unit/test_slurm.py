@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from rlrun.cluster import slurm_job, slurm_plan, slurm_step
-from rlrun.cluster.world import slurm_plan_for
 from rlrun.config import compose
+from rlrun.run.built import build
 from rlrun.errors import ConfigError, EnvironmentProblem, RestartsExhausted
 from rlrun.run.launch import plan_endpoints, plan_specs
 from rlrun.run.roles import build_specs
@@ -30,7 +30,7 @@ NODES = [slurm_plan.Node(f"gpu-a{k:02d}", f"10.1.0.{k}", 96, 8) for k in range(1
 
 def test_the_plan_of_4_nodes_of_8_gpus_puts_vllm_on_two_and_16_trainer_ranks_on_the_others(tmp_path):
     cfg, _ = compose(BIG)
-    plan = slurm_plan_for(cfg, NODES)
+    plan = build(cfg).world.slurm_plan(NODES)
 
     assert list(plan.placed) == ["redis", "vllm-0", "vllm-1", "trainer", "actor"]  # start order
     assert plan.placed["redis"].local and plan.batch_node.name == "gpu-a01"  # beside the supervisor
@@ -47,10 +47,10 @@ def test_the_plan_of_4_nodes_of_8_gpus_puts_vllm_on_two_and_16_trainer_ranks_on_
     # Spanning nodes, every server listens on its node's address, which its URL names.
     hosts = slurm_plan.server_hosts(plan)
     assert hosts == {"redis": "10.1.0.1", "vllm-0": "10.1.0.1", "vllm-1": "10.1.0.2", "trainer": "10.1.0.3"}
-    endpoints = plan_endpoints(cfg, lambda host: 7000, hosts)
+    endpoints = plan_endpoints(build(cfg), lambda host: 7000, hosts)
     assert endpoints.redis_url == "redis://10.1.0.1:7000/0" and endpoints.vllm_urls == ["http://10.1.0.1:7000", "http://10.1.0.2:7000"]
     run = RunDir(tmp_path / "run")
-    specs = {spec.name: spec for spec in build_specs(cfg, run, endpoints, "/models/m", EventLog(None))}
+    specs = {spec.name: spec for spec in build_specs(build(cfg), run, endpoints, "/models/m", EventLog(None))}
     assert specs["vllm-1"].argv[specs["vllm-1"].argv.index("--host") + 1] == "10.1.0.2"
     record = tmp_path / "trainer.json"
     log = tmp_path / "trainer.log"
@@ -82,7 +82,7 @@ def test_the_plan_of_4_nodes_of_8_gpus_puts_vllm_on_two_and_16_trainer_ranks_on_
 def test_gpus_are_divided_between_the_processes_of_one_node():
     cfg, _ = compose([*SLURM, "world.gpus_per_node=4", "world.vllm.gpus=1", "trainer.nproc_per_node=2", "world.trainer.gpus=1",
                       "inference.num_servers=2", "actor.num_actors=2", "trainer.gradient_accumulation_passes=2"])  # fmt: skip
-    plan = slurm_plan_for(cfg, [slurm_plan.Node("n1", "n1", 8, 4)])
+    plan = build(cfg).world.slurm_plan([slurm_plan.Node("n1", "n1", 8, 4)])
     gpus = {name: [s.gpus for s in p.shares] for name, p in plan.placed.items()}
     assert gpus == {"redis": [], "vllm-0": [(0,)], "vllm-1": [(1,)], "trainer": [(2, 3)], "actor-0": [()], "actor-1": [()]}
     assert not plan.spans_nodes()
@@ -92,12 +92,12 @@ def test_gpus_are_divided_between_the_processes_of_one_node():
 def test_a_run_that_does_not_fit_names_what_and_what_is_left():
     cfg, _ = compose(BIG)
     with pytest.raises(slurm_plan.DoesNotFit) as info:
-        slurm_plan_for(cfg, NODES[:3])  # 3 nodes: the trainer's ranks 8-15 find no GPU
+        build(cfg).world.slurm_plan(NODES[:3])  # 3 nodes: the trainer's ranks 8-15 find no GPU
     assert "trainer rank 8 needs CPU 1, GPU 1 on one node" in str(info.value)
     assert "gpu-a03: CPU 88, GPU 0" in str(info.value)
     cfg, _ = compose([*SLURM, "world.vllm.cpus=2", "world.actor.cpus=2"])
     with pytest.raises(slurm_plan.DoesNotFit, match="vllm-0 needs CPU 4 on one node .with actor, which runs beside it."):
-        slurm_plan_for(cfg, [slurm_plan.Node("n1", "n1", 2, 0)])
+        build(cfg).world.slurm_plan([slurm_plan.Node("n1", "n1", 2, 0)])
 
 
 def test_dry_run_shows_where_each_process_goes_and_its_srun_step(capsys):

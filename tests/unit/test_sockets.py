@@ -8,13 +8,14 @@ import pytest
 
 from rlrun.parts import sockets
 from rlrun.config import compose
+from rlrun.run.built import build
 
 LOOPBACK_HOSTS = ("127.0.0.1", "127.0.0.1 (vLLM's own; measured with vLLM 0.32)")
 
 
 def plan(*overrides: str) -> list[sockets.Listener]:
     cfg, _ = compose(list(overrides))
-    return sockets.planned(cfg)
+    return sockets.planned(build(cfg))
 
 
 @pytest.mark.parametrize("overrides", [

@@ -11,6 +11,8 @@ import pytest
 from rlrun.config import compose
 from rlrun.errors import ConfigError
 from rlrun.run.launch import plan_specs
+from rlrun.run.preflight import check_settings
+from rlrun.run.built import build
 from rlrun.parts.role_parts import RedisProbe
 from rlrun.rundir import RunDir
 from rlrun.streams import names
@@ -19,7 +21,7 @@ from rlrun.trainer.parallel import Ranks
 
 def trainer_spec(tmp_path, *overrides):
     cfg, _ = compose(list(overrides))
-    return next(spec for spec in plan_specs(cfg, RunDir(tmp_path)) if spec.name == "trainer")
+    return next(spec for spec in plan_specs(build(cfg), RunDir(tmp_path)) if spec.name == "trainer")
 
 
 def test_one_rank_is_the_plain_trainer_process(tmp_path):
@@ -33,8 +35,10 @@ def test_two_ranks_are_one_supervised_rank_group(tmp_path):
 
 
 def test_the_passes_must_split_evenly_over_the_ranks():
+    cfg, _ = compose(["trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=3"])  # the hf trainer's rule: its backend's
     with pytest.raises(ConfigError, match=r"trainer.gradient_accumulation_passes \(3\) must be a multiple of trainer.nproc_per_node \(2\)"):
-        compose(["trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=3"])
+        check_settings(build(cfg))
+    check_settings(build(compose(["trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=4"])[0]))
     with pytest.raises(ConfigError, match="trainer.nproc_per_node must be at least 1"):
         compose(["trainer.nproc_per_node=0"])
 

@@ -11,12 +11,12 @@ import httpx
 import pytest
 import torch
 
-from rlrun.backends import backend_for
 from rlrun.config import compose
 from rlrun.errors import ConfigError
 from rlrun.inference.admin import VllmAdmin
 from rlrun.run.launch import plan_specs
 from rlrun.parts.role_file import read_role_file
+from rlrun.run.built import build
 from rlrun.rundir import RunDir
 from rlrun.trainer import weight_broadcast
 from rlrun.trainer.parallel import collective_backend
@@ -67,13 +67,14 @@ def test_a_server_split_over_workers_cannot_join_as_one_rank():
 
 def test_broadcast_gets_a_port_on_the_inference_host_and_the_trainer_is_told(tmp_path):
     cfg, _ = compose(["trainer.weight_transfer=broadcast", "trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2"])
-    assert backend_for(cfg).broadcast_port(cfg, lambda host: 40123 if host == cfg.inference.host else 0) == 40123
+    built = build(cfg)
+    assert built.backend.broadcast_port(lambda host: 40123 if host == cfg.inference.host else 0) == 40123
     disk, _ = compose([])
-    assert backend_for(disk).broadcast_port(disk, lambda host: 40123) == 0
+    assert build(disk).backend.broadcast_port(lambda host: 40123) == 0
     run = RunDir(tmp_path)
     run.root.mkdir(exist_ok=True)
     run.config.write_text(json.dumps({"trainer": {"weight_transfer": "broadcast"}}))
-    trainer = next(spec for spec in plan_specs(cfg, run) if spec.name == "trainer")
+    trainer = next(spec for spec in plan_specs(built, run) if spec.name == "trainer")
     trainer.before_start()
     role = read_role_file(run.role_file("trainer"))
     assert role.broadcast_host == "127.0.0.1" and role.broadcast_port == 0  # --dry-run: a placeholder port

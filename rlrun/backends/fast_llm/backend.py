@@ -6,14 +6,14 @@ each piece means, this one puts them behind `rlrun.backends.TrainerBackend`.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
 
 from rlrun.rules import completion
 from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
 from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
-from rlrun.backends.fast_llm.config import LAUNCH_ENV, launch_argv, write_config
+from rlrun.backends.fast_llm.config import LAUNCH_ENV, config_problems, launch_argv, write_config
 from rlrun.backends.fast_llm.follower import last_id, request_join
 from rlrun.backends.fast_llm.installed import choose_revision
 from rlrun.backends.fast_llm.rewind import rewind_group
@@ -64,30 +64,37 @@ class FastLlmLayout:
         return recorded_fields(path, step, fl_checkpoints.METADATA_FILE, read, warnings)
 
 
+@dataclass(frozen=True)
 class FastLlmBackend:
-    name = "fast_llm"
-    layout = FastLlmLayout()
-    ranks_span_nodes = False  # its launch command (torchrun) is the user's: all ranks on one node
+    """Fast-LLM, bound to the run's config."""
 
-    def roles(self, cfg: RunConfig) -> list[str]:
+    cfg: RunConfig
+    name: ClassVar[str] = "fast_llm"
+    layout: ClassVar[FastLlmLayout] = FastLlmLayout()
+    ranks_span_nodes: ClassVar[bool] = False  # its launch command (torchrun) is the user's: all ranks on one node
+
+    def roles(self) -> list[str]:
         return ["weights", "trainer"]  # the follower first: the trainer waits for it at its broadcast
 
-    def trainer_ranks(self, cfg: RunConfig) -> int:
-        return cfg.trainer.fast_llm.nproc_per_node  # torchrun's processes, one per GPU
+    def trainer_ranks(self) -> int:
+        return self.cfg.trainer.fast_llm.nproc_per_node  # torchrun's processes, one per GPU
 
-    def broadcast_port(self, cfg: RunConfig, pick_port: Callable[[str], int]) -> int:
-        return cfg.trainer.fast_llm.broadcast_port or pick_port(cfg.inference.host)
+    def config_problems(self) -> list[str]:
+        return config_problems(self.cfg)
 
-    def explicit_ports(self, cfg: RunConfig) -> list[tuple[str, str, int]]:
-        port = cfg.trainer.fast_llm.broadcast_port
-        return [("trainer.fast_llm.broadcast_port", cfg.inference.host, port)] if port else []
+    def broadcast_port(self, pick_port: Callable[[str], int]) -> int:
+        return self.cfg.trainer.fast_llm.broadcast_port or pick_port(self.cfg.inference.host)
 
-    def listeners(self, cfg: RunConfig) -> list:
+    def explicit_ports(self) -> list[tuple[str, str, int]]:
+        port = self.cfg.trainer.fast_llm.broadcast_port
+        return [("trainer.fast_llm.broadcast_port", self.cfg.inference.host, port)] if port else []
+
+    def listeners(self) -> list:
         """The weight broadcast's store is the weight follower's (rlrun binds it) or Fast-LLM's rank 0's:
         torch's TCPStore, on every interface; rlrun cannot bind it (trainer.fast_llm.broadcast_store)."""
         from rlrun.parts import sockets
 
-        host, f = cfg.inference.host, cfg.trainer.fast_llm
+        host, f = self.cfg.inference.host, self.cfg.trainer.fast_llm
         port = str(f.broadcast_port) if f.broadcast_port else sockets.PICKED
         store = {
             "rlrun": sockets.tcp_store("weights", "Fast-LLM's weight broadcast (the weight follower serves it)", host, port),
@@ -104,37 +111,38 @@ class FastLlmBackend:
                                "Fast-LLM's and torch's choice", sockets.EPHEMERAL, "Fast-LLM's")  # fmt: skip
         return [store, pairs, own]
 
-    def redis_default_user(self, cfg: RunConfig) -> str:
+    def redis_default_user(self) -> str:
         """Fast-LLM's clients connect without a password: the `default` user may touch its streams
         and nothing else (rlrun's own user is written by the server module)."""
         from rlrun.backends.fast_llm.acl import default_user_line
 
-        f = cfg.trainer.fast_llm
+        f = self.cfg.trainer.fast_llm
         return default_user_line([f.stream], f.events_stream)
 
-    def check_launchable(self, cfg: RunConfig, root: Path) -> None:
+    def check_launchable(self, root: Path) -> None:
         """Fast-LLM's own validate-only mode reads the generated config of each candidate revision
         (the tiny model is built first: Fast-LLM reads the pretrained model's config too); the
         revision it accepts is the run's."""
         from rlrun.backends.fast_llm.launchable import ensure_launchable
         from rlrun.models.source import model_path
 
+        cfg = self.cfg
         ensure_launchable(launch_argv(cfg, Path("fast_llm.yaml")))
         choose_revision(cfg, model_path(cfg, build=True), experiment_dir_of(cfg, root))
 
     def check_resumable(self, run_dir: RunDir) -> None:
         return None  # half-written checkpoints are moved aside before every start; none at all means step 0
 
-    def specs(
-        self, cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe, events: EventLog
-    ) -> list[ProcessSpec]:
+    def specs(self, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe, events: EventLog) -> list[ProcessSpec]:
+        cfg = self.cfg
         return [follower_spec(cfg, run_dir, endpoints, probe), trainer_spec(cfg, run_dir, endpoints, model_path, probe, events)]
 
-    def completion_check(self, cfg: RunConfig, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
+    def completion_check(self, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
         """`completion.fast_llm_finished` over what the trainer announced; an exit 0 before the last
         step is rejected, so the supervisor restarts it from its last complete checkpoint."""
         from rlrun.backends.fast_llm.events import EventsReader
 
+        cfg = self.cfg
         experiment_dir = experiment_dir_of(cfg, progress.run_dir.root)
         stream = cfg.trainer.fast_llm.events_stream
         reader: dict[str, EventsReader] = {}
@@ -166,17 +174,15 @@ class FastLlmBackend:
 
         return check
 
-    def trainer_view(self, cfg: RunConfig, redis, actor: int = 0):  # one actor only (config validation)
+    def trainer_view(self, redis, actor: int = 0):  # one actor only (config validation)
         from rlrun.backends.fast_llm.view import FastLlmView
 
-        return FastLlmView(cfg, redis)
+        return FastLlmView(self.cfg, redis)
 
     def metrics_hint(self, run_dir: RunDir) -> Optional[str]:
         logs = run_dir.launch_logs(max(run_dir.launches(), default=None))
         return f"Fast-LLM's log, {logs / 'trainer.log'}"
 
-
-BACKEND = FastLlmBackend()
 
 
 def trainer_spec(

@@ -27,6 +27,49 @@ _COMPUTE_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 CONVERTERS = ("llama", "qwen2", "mistral", "mixtral")
 
 
+def config_problems(cfg: RunConfig) -> list[str]:
+    """What trainer=fast_llm's own settings get wrong, one sentence each (asked by preflight)."""
+    from rlrun.backends.fast_llm.revisions import AUTO, NAMES
+
+    t, f = cfg.trainer, cfg.trainer.fast_llm
+    problems: list[str] = []
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            problems.append(message)
+
+    need(
+        f.version == AUTO or f.version in NAMES,
+        f"trainer.fast_llm.version={f.version} is not a Fast-LLM revision rlrun drives: choose {AUTO} (ask the "
+        f"installed Fast-LLM) or one of {', '.join(NAMES)} (rlrun/backends/fast_llm/revisions.py).",
+    )
+    need(
+        t.gradient_accumulation_passes == 1,
+        f"trainer.gradient_accumulation_passes={t.gradient_accumulation_passes} has no effect with "
+        "trainer=fast_llm: Fast-LLM ignores it and takes schedule.docs_per_step documents per step. "
+        "Set trainer.gradient_accumulation_passes=1 and trainer.fast_llm.docs_per_step="
+        f"{t.train_batch_size * t.gradient_accumulation_passes} (or trainer.train_batch_size) instead.",
+    )
+    need(
+        f.micro_batch_size >= cfg.model.max_model_len,
+        f"trainer.fast_llm.micro_batch_size ({f.micro_batch_size} tokens) must hold a whole document of "
+        f"model.max_model_len ({cfg.model.max_model_len}) tokens: Fast-LLM skips documents that do not fit.",
+    )
+    need(
+        any("{config}" in arg for arg in f.command),
+        f"trainer.fast_llm.command must pass the generated config file with a {{config}} placeholder (got {f.command}).",
+    )
+    names = (f.stream, f.consumer_group, f.events_stream)
+    need(
+        all(names) and f.stream != f.events_stream,
+        "trainer.fast_llm.stream and trainer.fast_llm.events_stream must be two different non-empty names "
+        f"(got {f.stream!r}, {f.events_stream!r}).",
+    )
+    need(bool(f.experiment_dir_name) and "/" not in f.experiment_dir_name,
+         f"trainer.fast_llm.experiment_dir_name must be a plain folder name (got {f.experiment_dir_name!r}).")
+    return problems
+
+
 def docs_per_step(cfg: RunConfig) -> int:
     """Documents Fast-LLM is asked to take per optimizer step (it takes a few more)."""
     explicit = cfg.trainer.fast_llm.docs_per_step
