@@ -240,7 +240,8 @@ async def phase_actor(cfg, redis, tokenizer, task, url: str, run_name: str, grou
     rtt = redis_rtt_ms(redis)
     inner = JournalLedger(redis) if journal else MemoryLedger(redis)
     ledger = TimedLedger(inner)
-    actor = TimedActor(cfg, redis, tokenizer, task, [url], ledger, run_name=run_name, target=groups, api_key=api_key)
+    actor = TimedActor(cfg, redis, tokenizer, task, [url], ledger, run_name=run_name, target=groups, api_key=api_key,
+                       trainer=build(cfg).backend.trainer_view(redis))  # fmt: skip
     started = time.perf_counter()
     run = asyncio.create_task(actor.run())
     while actor.reached is None:
@@ -304,7 +305,8 @@ def verdict(per_round: list[float], tolerance: float) -> str:
 
 
 async def run_phases(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int, rounds: int, api_key: str) -> list[tuple[str, dict]]:
-    probe = Actor(cfg, redis, tokenizer, task, [url], MemoryLedger(redis), run_name=run_name)  # only for its prompt order
+    probe = Actor(cfg, redis, tokenizer, task, [url], MemoryLedger(redis), run_name=run_name,
+                  trainer=build(cfg).backend.trainer_view(redis))  # only for its prompt order
     horizon = groups + 4 * cfg.actor.max_concurrent_groups
     prompts = [tokenizer.encode(task.problems[probe._problem_index(c)].prompt, add_special_tokens=False) for c in range(horizon)]
     # Warm-up (untimed): one wave of groups per phase, so no phase pays for its first requests

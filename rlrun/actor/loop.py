@@ -33,7 +33,6 @@ from rlrun.errors import ConfigError
 from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import is_stale, plan_replay
 from rlrun.streams.rollouts import Group, Sample
-from rlrun.run.built import build
 from rlrun.streams import names
 from rlrun.rules.advantages import group_advantages
 
@@ -46,11 +45,11 @@ class Actor:
     def __init__(
         self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str],
         ledger: JournalLedger | MemoryLedger, run_name: str, api_key: str = "",
-        trainer: TrainerView | None = None, actor_index: int = 0, render_prompt: Callable[[str], str] | None = None,
+        *, trainer: TrainerView, actor_index: int = 0, render_prompt: Callable[[str], str] | None = None,
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
         self.render_prompt = render_prompt or (lambda text: text)  # model.chat_template: the model's chat format
-        self.trainer = trainer or build(cfg).backend.trainer_view(redis, actor_index)
+        self.trainer = trainer  # the run's bound backend's view (built once, by the role's entry point)
         self.index, self.num_actors = actor_index, cfg.actor.num_actors
         self.state_key = names.actor_state(actor_index, cfg.actor.num_actors)  # its own progress hash
         self.urls = server_urls

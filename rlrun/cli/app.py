@@ -204,7 +204,8 @@ def _print_dry_run(built, resolved: str, launch) -> None:
     listening = Table(title="sockets the run will listen on (docs/operations.md, \"What a run listens on\")")
     for column in ("process", "what", "host", "port", "a client needs"):
         listening.add_column(column, overflow="fold")
-    for listener in sockets.planned(built):
+    backend = built.backend
+    for listener in sockets.planned(cfg, backend.redis_default_user(), backend.listeners()):
         listening.add_row(listener.process, listener.what, listener.host, listener.port, listener.secret)
     console.print(listening)
     if cfg.world.kind == "local":

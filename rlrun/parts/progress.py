@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Callable, Optional
 
 from rlrun.config import RunConfig
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server
 from rlrun.supervisor import EventLog
-
-if TYPE_CHECKING:  # pragma: no cover - types only
-    from rlrun.run.built import BuiltRun
 
 
 @dataclass(frozen=True)
@@ -92,12 +89,13 @@ class ProgressReader:
             self._client = None
             return last
 
-    def stall_state(self, built: "BuiltRun") -> dict:
+    def stall_state(self, cfg: RunConfig, trainer_view: Callable[[Any, int], Any]) -> dict:
         """Where the trainer and each actor wait, and the back-pressure between them, as plain data
-        (the diagnostics of a stalled run). Never raises: what cannot be read is said."""
+        (the diagnostics of a stalled run). Never raises: what cannot be read is said.
+        `trainer_view(client, k)`: actor k's view of the trainer (the run's bound backend's)."""
         from rlrun.actor.partition import actor_name
 
-        now, k_all = time.time(), built.cfg.actor.num_actors
+        now, k_all = time.time(), cfg.actor.num_actors
         state: dict = {"waits": {}}
         try:
             client = self.redis()
@@ -114,7 +112,7 @@ class ProgressReader:
             streams = {}
             for k in range(k_all):
                 name, a = actor_name(k, k_all), client.hgetall(names.actor_state(k, k_all)) or {}
-                view = built.backend.trainer_view(client, k)
+                view = trainer_view(client, k)
                 window = view.window(int(a.get("in_flight", 0) or 0))
                 held = float(a.get("held_by_backpressure_since", 0) or 0)
                 state[name] = {

@@ -10,10 +10,8 @@ and gloo have none (rlrun/cluster/listen.py): they are bound to the run's host a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # pragma: no cover - types only
-    from rlrun.run.built import BuiltRun
+from rlrun.config import RunConfig
 
 PICKED = "picked free at start"
 EPHEMERAL = "ephemeral"
@@ -28,14 +26,15 @@ class Listener:
     secret: str  # what a client must present
 
 
-def planned(built: "BuiltRun") -> list[Listener]:
-    """The sockets the built run will listen on, in start order."""
+def planned(cfg: RunConfig, redis_default_user: str, trainer: list[Listener]) -> list[Listener]:
+    """The sockets a run of `cfg` will listen on, in start order; its trainer backend's answers
+    given: the ACL line of Redis's `default` user, and the trainer's own listeners."""
     from rlrun.streams.server import DEFAULT_USER_OFF
 
-    out, cfg, backend = [], built.cfg, built.backend
+    out: list[Listener] = []
     if cfg.streams.url is None:
         redis_auth = "the run's password (ACL user; the `default` user is off)"
-        if backend.redis_default_user() != DEFAULT_USER_OFF:
+        if redis_default_user != DEFAULT_USER_OFF:
             redis_auth = "the run's password; without one only what the trainer's passwordless `default` user may touch"
         out.append(Listener("redis", "Redis (valkey)", cfg.streams.host, PICKED, redis_auth))
     for i in range(cfg.inference.num_servers):
@@ -43,7 +42,7 @@ def planned(built: "BuiltRun") -> list[Listener]:
         out.append(Listener(name, "vLLM OpenAI server", cfg.inference.host, PICKED, "the run's API key (every route but /health)"))
         out.append(Listener(name, "vLLM's internal sockets (engine and worker)", "127.0.0.1 (vLLM's own; measured with vLLM 0.32)",
                             EPHEMERAL, "none: vLLM's internals"))  # fmt: skip
-    return out + backend.listeners()
+    return out + trainer
 
 
 def gloo_pairs(processes: str, host: str) -> Listener:

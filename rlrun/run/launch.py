@@ -173,7 +173,7 @@ def progress_watch(built: BuiltRun, run_dir: RunDir, progress: ProgressReader) -
         marker=lambda: progress.read(cfg).step,
         timeout_s=cfg.supervisor.progress_timeout_s,
         suspects=("trainer", *(actor_name(k, k_all) for k in range(k_all))),
-        report=lambda why: write_report(run_dir.diagnostics, "run-stalled", why, progress.stall_state(built)),
+        report=lambda why: write_report(run_dir.diagnostics, "run-stalled", why, progress.stall_state(cfg, built.backend.trainer_view)),
         setting="supervisor.progress_timeout_s",
     )
 

@@ -30,7 +30,7 @@ def test_the_report_names_what_the_trainer_and_the_actor_wait_for(server, client
     client.hset(names.ACTOR_STATE, mapping={"heartbeat": now, "in_flight": 0, "held_by_backpressure_since": now - 93, "groups_published": 432})
     progress = ProgressReader(server.url, server.run_dir)
 
-    path = write_report(server.run_dir.diagnostics, "run-stalled", "no progress for 93 s", progress.stall_state(build(cfg)))
+    path = write_report(server.run_dir.diagnostics, "run-stalled", "no progress for 93 s", progress.stall_state(cfg, build(cfg).backend.trainer_view))
 
     text = path.read_text()
     assert path.parent == server.run_dir.diagnostics and "reason: no progress for 93 s" in text
@@ -51,7 +51,7 @@ def test_the_report_says_so_when_redis_cannot_be_read(tmp_path):
     cfg, _ = compose([])
     run = RunDir(tmp_path / "run")
     run.create({"name": "t"})
-    state = ProgressReader("redis://127.0.0.1:1/0", run).stall_state(build(cfg))
+    state = ProgressReader("redis://127.0.0.1:1/0", run).stall_state(cfg, build(cfg).backend.trainer_view)
     assert state["error"].startswith("cannot read the run's Redis")
 
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from rlrun.backends.fast_llm.backend import FastLlmBackend
 from rlrun.backends.hf import HfBackend
-from rlrun.cli import app
+from rlrun.cli.app import app
 from rlrun.config import compose
 from rlrun.run.built import build
 
@@ -61,8 +61,8 @@ def test_a_dry_run_binds_its_backend_once_for_preflight_specs_sockets_and_placem
 
 
 def test_a_resume_plan_carries_the_one_backend_it_checked_with(monkeypatch, tmp_path):
-    from rlrun.launch import create_run
-    from rlrun.resume import plan_resume
+    from rlrun.run.launch import create_run
+    from rlrun.run.resume import plan_resume
 
     cfg, resolved = compose([])
     run_dir = create_run(build(cfg), resolved, [], root=tmp_path / "run")
