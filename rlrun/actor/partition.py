@@ -8,6 +8,8 @@ shared), and it may run ahead of the trainer by its share of a step's groups.
 
 from __future__ import annotations
 
+from rlrun.streams.names import actor_name
+
 
 def _check(actor: int, num_actors: int) -> None:
     if num_actors < 1 or not 0 <= actor < num_actors:
@@ -42,12 +44,6 @@ def group_namespace(run: str, actor: int, num_actors: int) -> str:
     """The first part of its group ids: `<run>`, or `<run>/a<k>` with several actors (cursors are theirs)."""
     _check(actor, num_actors)
     return run if num_actors == 1 else f"{run}/a{actor}"
-
-
-def actor_name(actor: int, num_actors: int) -> str:
-    """Its process name: `actor` for a lone actor (unchanged), else `actor-<k>`."""
-    _check(actor, num_actors)
-    return "actor" if num_actors == 1 else f"actor-{actor}"
 
 
 def ownership(num_actors: int, num_servers: int) -> dict[str, list[str]]:

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import redis
 
 from rlrun.run import runlock
-from rlrun.actor.partition import actor_name
+from rlrun.streams.names import actor_name
 from rlrun.backends import HALF, CheckpointLayout, checkpoint_layouts
 from rlrun.config.compose import load_resolved
 from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError

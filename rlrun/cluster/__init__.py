@@ -1,5 +1,3 @@
 """Where a process runs: a local subprocess (world=local) or a node of an existing Ray cluster
 (world=ray); `world.World.spawner` picks the spawner. Knows where processes run, not what they do.
 """
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")  # the host names that never leave this machine

@@ -78,6 +78,27 @@ def own_option_problems(lines: list[str]) -> list[str]:
     return [line for line in lines if line.strip().split("=", 1)[0].split(" ", 1)[0] in OWN_OPTIONS]
 
 
+def config_problems(world) -> list[str]:
+    """What SLURM's rules say of a world=slurm config (`WorldConfig`), one sentence each (asked by
+    preflight): its time limit, the signal's lead before it, options that would undo rlrun's own."""
+    problems = []
+    limit = time_limit_s(world.time)
+    if limit is None:
+        problems.append(f"world.time={world.time!r} is not a SLURM time limit: use MM, HH:MM:SS or D-HH:MM:SS (e.g. 24:00:00).")
+    elif world.signal_lead_s >= limit:
+        problems.append(
+            f"world.signal_lead_s={world.signal_lead_s} is not shorter than world.time={world.time} ({limit} s): the job would be "
+            "signalled to stop as it starts. Shorten the lead or lengthen the time."
+        )
+    own = own_option_problems(world.sbatch_lines)
+    if own:
+        problems.append(
+            f"world.sbatch_lines {own} change what rlrun sets itself (the job's output file under the run directory, the "
+            "signal before the time limit, requeueing): remove them; world.signal_lead_s and world.requeue set the last two."
+        )
+    return problems
+
+
 # --- the job's life ---------------------------------------------------------------------------
 
 

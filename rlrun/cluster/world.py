@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from rlrun.actor.partition import actor_name, ownership
-from rlrun.cluster import LOOPBACK, placement
+from rlrun.actor.partition import ownership
+from rlrun.streams.names import actor_name
+from rlrun.cluster import placement
+from rlrun.listen import LOOPBACK
 from rlrun.cluster.cores import cores_by_process
 from rlrun.config import RunConfig
 from rlrun.rundir import RunDir

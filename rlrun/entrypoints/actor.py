@@ -8,7 +8,8 @@ import logging
 
 from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.loop import Actor
-from rlrun.actor.partition import actor_name, group_namespace
+from rlrun.actor.partition import group_namespace
+from rlrun.streams.names import actor_name
 from rlrun.actor.tokenizer import load_tokenizer
 from rlrun.data.tasks import load_task
 from rlrun.entrypoints import configure_logging, run_process

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 
-from rlrun.cluster.listen import run_prefix
+from rlrun.listen import run_prefix
 from rlrun.entrypoints import configure_logging, run_process
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.inference.admin import VllmAdmin

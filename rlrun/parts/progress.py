@@ -93,7 +93,7 @@ class ProgressReader:
         """Where the trainer and each actor wait, and the back-pressure between them, as plain data
         (the diagnostics of a stalled run). Never raises: what cannot be read is said.
         `trainer_view(client, k)`: actor k's view of the trainer (the run's bound backend's)."""
-        from rlrun.actor.partition import actor_name
+        from rlrun.streams.names import actor_name
 
         now, k_all = time.time(), cfg.actor.num_actors
         state: dict = {"waits": {}}

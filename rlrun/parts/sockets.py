@@ -4,7 +4,7 @@ what docs/operations.md ("What a run listens on") explains. The trainer backend 
 
 Each names the host it binds (loopback with world=local; the configured host under Ray) and what
 a client must present: the run's secret where the protocol has a place for one. torch's TCPStore
-and gloo have none (rlrun/cluster/listen.py): they are bound to the run's host and nothing else.
+and gloo have none (rlrun/listen.py): they are bound to the run's host and nothing else.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def planned(cfg: RunConfig, redis_default_user: str, trainer: list[Listener]) ->
 
 def gloo_pairs(processes: str, host: str) -> Listener:
     """The sockets of a gloo group's pairs: on `host`'s interface when it is loopback."""
-    from rlrun.cluster import LOOPBACK
+    from rlrun.listen import LOOPBACK
 
     where = host if host in LOOPBACK else "the interface of the machine's host name (gloo's default)"
     return Listener(processes, "gloo pairs of a torch.distributed group", where, EPHEMERAL, "nothing: gloo has no authentication")

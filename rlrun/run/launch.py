@@ -164,7 +164,7 @@ def progress_watch(built: BuiltRun, run_dir: RunDir, progress: ProgressReader) -
     """The run's progress is the trainer's step: none for supervisor.progress_timeout_s while every
     process is alive is a stall of the run; what each process waits for goes to diagnostics/, then
     the trainer and the actors are dumped and restarted (rlrun/supervisor/stall.py)."""
-    from rlrun.actor.partition import actor_name
+    from rlrun.streams.names import actor_name
     from rlrun.supervisor.diagnostics import write_report
 
     cfg = built.cfg

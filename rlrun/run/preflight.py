@@ -54,12 +54,21 @@ def check(built: "BuiltRun", root: Path, *, fresh: bool, cheap: bool = False) ->
 
 
 def check_settings(built: "BuiltRun") -> None:
-    """What the chosen model and trainer backend say of their own settings (config validation has
-    checked the rest, and knows neither): one ConfigError (exit 2), worded as validation words
-    its own, before anything else is asked."""
+    """What the parts the config chooses say of their own settings (config validation has checked
+    the rest, and knows none of them): the model, the trainer backend, vLLM's extra arguments, an
+    external Redis's URL, the SLURM job. One ConfigError (exit 2), worded as validation words its
+    own, before anything else is asked."""
+    from rlrun.cluster import slurm_job
+    from rlrun.inference.server import extra_args_problems
     from rlrun.models.source import config_problems
+    from rlrun.streams.external import url_problems
 
-    problems = config_problems(built.cfg) + built.backend.config_problems()
+    cfg = built.cfg
+    problems = config_problems(cfg) + built.backend.config_problems() + extra_args_problems(cfg.inference.extra_args)
+    if cfg.streams.url is not None:
+        problems += [problem + "." for problem in url_problems(cfg.streams.url)]
+    if cfg.world.kind == "slurm":
+        problems += slurm_job.config_problems(cfg.world)
     if problems:
         raise ConfigError("invalid configuration: " + " ".join(problems))
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlrun.actor.partition import actor_name, servers_of
+from rlrun.actor.partition import servers_of
+from rlrun.streams.names import actor_name
 from rlrun.inference import server as vllm_server
 from rlrun.parts.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir

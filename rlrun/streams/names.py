@@ -62,6 +62,13 @@ def journal_prefix(stream: str) -> str:
 # --- several actors (actor.num_actors = K): each its own stream, journal and state hash ---------
 
 
+def actor_name(actor: int, num_actors: int) -> str:
+    """Its process name: `actor` for a lone actor (unchanged), else `actor-<k>`."""
+    if num_actors < 1 or not 0 <= actor < num_actors:
+        raise ValueError(f"actor {actor} of {num_actors}: need 0 <= actor < num_actors")
+    return "actor" if num_actors == 1 else f"actor-{actor}"
+
+
 def actor_stream(actor: int, num_actors: int) -> str:
     """Where actor `actor` delivers: `rlrun:groups` alone, else `rlrun:groups:{a<k>}` (its own hash tag)."""
     return GROUPS_STREAM if num_actors == 1 else f"{GROUPS_STREAM}:{{a{actor}}}"

@@ -79,13 +79,13 @@ class Ranks:
 
 def _rendezvous_store(ranks: Ranks, timeout_s: float):
     """The ranks' TCP store: rank 0 serves it on MASTER_ADDR only (torch's own would listen on every
-    interface: rlrun/cluster/listen.py), the others are its clients."""
+    interface: rlrun/listen.py), the others are its clients."""
     import datetime
 
     import torch.distributed as dist
 
     if ranks.is_main:
-        from rlrun.cluster import listen
+        from rlrun import listen
 
         return listen.serve_store(ranks.master_addr, ranks.master_port, ranks.world_size, timeout_s)
     return dist.TCPStore(ranks.master_addr, ranks.master_port, ranks.world_size, is_master=False,

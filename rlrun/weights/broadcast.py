@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from rlrun.cluster import LOOPBACK, listen
+from rlrun import listen
+from rlrun.listen import LOOPBACK
 
 SOURCE_RANK = 0  # Fast-LLM's trainer rank 0 sends; the vLLM workers are ranks 1..n
 WEIGHTS_SHARD = "weights"  # the shard of `iter_checkpoint` that holds the model's parameters
@@ -32,7 +33,7 @@ class BroadcastGroup:
 
 
 def serve_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
-    """Serve the group's TCP store at host:port, on that interface only (rlrun/cluster/listen.py),
+    """Serve the group's TCP store at host:port, on that interface only (rlrun/listen.py),
     for when Fast-LLM's rank 0 will not (`installed.store_host`) and for the hf trainer's group:
     every member, rank 0 included, is then its client. The server runs until the returned store
     is dropped."""

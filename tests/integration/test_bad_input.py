@@ -93,6 +93,8 @@ def train(work: Path, *overrides: str) -> list[str]:
         (["trainer.train_batch_size=100"], ["trainer.train_batch_size (100) must be a multiple of algo.group_size"]),
         (["inference.host=0.0.0.0"], ["inference.host=0.0.0.0", "loopback only (127.0.0.1)"]),
         (["recipe"], ["invalid override", "recipe"]),
+        # asked by preflight of the part that owns the rule, still before the run directory exists
+        (["streams.url=redis://:hunter2@10.0.0.5:6379/0"], ["streams.url holds a password"]),
     ],
 )
 def test_config_and_usage_errors(work, nothing_starts, overrides, fragments):

@@ -30,9 +30,13 @@ PASSWORD = "external-secret-for-tests"
     ],
 )
 def test_a_url_that_cannot_be_used_says_why(url, fragment):
+    """Refused by preflight, before the run directory (and its config.yaml) exists."""
+    from rlrun.run.built import build
+    from rlrun.run.preflight import check_settings
+
     assert any(fragment in problem for problem in external.url_problems(url))
     with pytest.raises(ConfigError, match="streams.url"):
-        compose([f"streams.url={url}"])
+        check_settings(build(compose([f"streams.url={url}"])[0]))
 
 
 def test_usable_urls_have_no_problem():

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rlrun.cluster.listen import interface_of
+from rlrun.listen import interface_of
 from rlrun.trainer.rank_group import first_failure, rank_env
 from tests.waiting import wait_until
 

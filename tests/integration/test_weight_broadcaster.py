@@ -93,14 +93,14 @@ def test_a_group_formed_again_after_a_member_was_killed_does_not_read_its_keys()
 
 
 def test_torchs_own_store_listens_everywhere_and_lets_any_client_list_its_keys_ours_listens_on_the_host_only():
-    """What rlrun/cluster/listen.py is for, measured on the installed torch: its TCPStore server
+    """What rlrun/listen.py is for, measured on the installed torch: its TCPStore server
     ignores the host it is given, and a client that reaches it reads every key (so a key prefix is
     no secret); the store rlrun serves takes the same clients on loopback alone."""
     import datetime
 
     import torch.distributed as dist
 
-    from rlrun.cluster.listen import serve_store
+    from rlrun.listen import serve_store
 
     theirs = dist.TCPStore(HOST, 0, 2, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10))
     ours = serve_store(HOST, 0, 2, timeout_s=10)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlrun.actor.partition import actor_name, group_namespace, prompt_position, servers_of, share
+from rlrun.actor.partition import group_namespace, prompt_position, servers_of, share
+from rlrun.streams.names import actor_name
 from rlrun.actor.trainer_view import HfView
 from rlrun.config import compose
 from rlrun.run.built import build

@@ -19,6 +19,7 @@ import hashlib
 import os
 import socket
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")  # the host names that never leave this machine
 BACKLOG = 128
 
 
