@@ -15,17 +15,17 @@ from urllib.parse import urlsplit
 
 import redis
 
-from rlrun.run import runlock
-from rlrun.streams.names import actor_name
 from rlrun.backends import HALF, CheckpointLayout, checkpoint_layouts
 from rlrun.config.compose import load_resolved
 from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
 from rlrun.journal.plan import plan_replay
 from rlrun.journal.store import KEY_PREFIX, Journal
+from rlrun.run import runlock
 from rlrun.run.built import BuiltRun, build
 from rlrun.rundir import MARKER, RunDir
 from rlrun.streams import names
 from rlrun.streams.external import process_url
+from rlrun.streams.names import actor_name
 from rlrun.streams.server import connect, ping, redis_url
 
 OK_MARKER = "ok"  # every backend writes it last: its mtime is when the checkpoint was finished

@@ -9,12 +9,12 @@ import hashlib
 from dataclasses import dataclass
 
 from rlrun.actor.partition import ownership
-from rlrun.streams.names import actor_name
 from rlrun.cluster import placement
-from rlrun.listen import LOOPBACK
 from rlrun.cluster.cores import cores_by_process
 from rlrun.config import RunConfig
+from rlrun.listen import LOOPBACK
 from rlrun.rundir import RunDir
+from rlrun.streams.names import actor_name
 from rlrun.supervisor.local import LocalSpawner, Spawner
 
 

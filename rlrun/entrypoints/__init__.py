@@ -10,6 +10,7 @@ arms its stack dump (`kill -USR1`: `stackdump`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable, NoReturn
 
@@ -19,6 +20,26 @@ def configure_logging(quiet: tuple[str, ...] = ()) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for name in quiet:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def exit_2_on(log: logging.Logger, *never_retried: type[Exception]) -> Callable[[Callable[..., int]], Callable[..., int]]:
+    """`main`'s errors that a restart would meet again (a config, damaged checkpoints, a full disk):
+    logged in one line and turned into exit 2, which the supervisor never retries (the run stops at
+    once with exit 5, naming the role's log). Whatever `main` opened it closes itself first."""
+    from rlrun.errors import ExitCode
+
+    def wrap(main: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(main)
+        def wrapped(argv: list[str] | None = None) -> int:
+            try:
+                return main(argv)
+            except never_retried as exc:
+                log.error("%s", exc)
+                return int(ExitCode.USAGE)
+
+        return wrapped
+
+    return wrap
 
 
 def run_process(main: Callable[[], int], title: str | None) -> NoReturn:

@@ -9,30 +9,27 @@ import logging
 from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.loop import Actor
 from rlrun.actor.partition import group_namespace
-from rlrun.streams.names import actor_name
 from rlrun.actor.tokenizer import load_tokenizer
 from rlrun.data.tasks import load_task
-from rlrun.entrypoints import configure_logging, run_process
+from rlrun.entrypoints import configure_logging, exit_2_on, run_process
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.models.chat import chat_renderer
 from rlrun.parts.role_file import role_from_argv
 from rlrun.run.built import build
 from rlrun.streams import names
+from rlrun.streams.names import actor_name
 from rlrun.streams.server import connect
 
 log = logging.getLogger("rlrun.actor")
 
 
+@exit_2_on(log, ConfigError)  # e.g. vLLM refuses the requests this config makes
 def main(argv: list[str] | None = None) -> int:
     configure_logging(quiet=("httpx",))
-    try:
-        role = role_from_argv("rlrun::actor", argv)
-        cfg = role.load_config()
-        task = load_task(cfg.dataset, cfg.run.seed)
-        render_prompt = chat_renderer(role.model_path) if cfg.model.chat_template else None
-    except ConfigError as exc:  # a restart would fail the same way: exit 2, never retried
-        log.error("%s", exc)
-        return int(ExitCode.USAGE)
+    role = role_from_argv("rlrun::actor", argv)
+    cfg = role.load_config()
+    task = load_task(cfg.dataset, cfg.run.seed)
+    render_prompt = chat_renderer(role.model_path) if cfg.model.chat_template else None
     run_dir, k = role.run, role.actor_index
     if not 0 <= k < cfg.actor.num_actors:
         log.error("%s: actor_index %d is not an actor of this run (actor.num_actors=%d)", role.name, k, cfg.actor.num_actors)
@@ -49,11 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.actor.audit:
             run_dir.audit.mkdir(exist_ok=True)
             actor.audit_path = run_dir.audit / f"{actor_name(k, cfg.actor.num_actors)}.jsonl"
-        try:
-            asyncio.run(actor.run())
-        except ConfigError as exc:  # e.g. vLLM refuses the requests this config makes: never retried
-            log.error("%s", exc)
-            return int(ExitCode.USAGE)
+        asyncio.run(actor.run())
     finally:
         redis.close()
     return 0

@@ -8,10 +8,10 @@ import os
 import signal
 import threading
 
-from rlrun.listen import run_prefix
-from rlrun.entrypoints import configure_logging, run_process
-from rlrun.errors import ConfigError, ExitCode
+from rlrun.entrypoints import configure_logging, exit_2_on, run_process
+from rlrun.errors import ConfigError
 from rlrun.inference.admin import VllmAdmin
+from rlrun.listen import run_prefix
 from rlrun.parts.role_file import role_from_argv
 from rlrun.streams.server import connect, stop_retrying
 from rlrun.trainer import checkpoint
@@ -22,6 +22,7 @@ from rlrun.trainer.parallel import Parallel, Ranks, collective_backend, usable_d
 log = logging.getLogger("rlrun.trainer")
 
 
+@exit_2_on(log, ConfigError, checkpoint.CorruptCheckpoint, DiskFull)
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
     redis = vllm = parallel = broadcast = trainer = None
@@ -53,11 +54,6 @@ def main(argv: list[str] | None = None) -> int:
                                       prefix=run_prefix(run_dir.read_vllm_api_key()))  # fmt: skip
         trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast, stop)
         trainer.train()
-    except (ConfigError, checkpoint.CorruptCheckpoint, DiskFull) as exc:
-        # A restart would meet the same config, checkpoints or full disk: exit 2, which the
-        # supervisor never retries (the run stops at once with exit 5, naming this log).
-        log.error("%s", exc)
-        return int(ExitCode.USAGE)
     finally:
         for part in (trainer, broadcast, vllm, parallel, redis):
             if part is not None:

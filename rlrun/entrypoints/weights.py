@@ -7,22 +7,19 @@ import logging
 
 from rlrun.backends.fast_llm.follower import VllmBroadcastAdmin, WeightFollower
 from rlrun.backends.fast_llm.installed import store_host
-from rlrun.entrypoints import configure_logging, run_process
-from rlrun.errors import ConfigError, ExitCode
+from rlrun.entrypoints import configure_logging, exit_2_on, run_process
+from rlrun.errors import ConfigError
 from rlrun.parts.role_file import role_from_argv
 from rlrun.streams.server import connect
 
 log = logging.getLogger("rlrun.weights")
 
 
+@exit_2_on(log, ConfigError)
 def main(argv: list[str] | None = None) -> int:
     configure_logging(quiet=("httpx",))
-    try:
-        role = role_from_argv("rlrun::weights", argv)
-        cfg = role.load_config()
-    except ConfigError as exc:  # a restart would fail the same way: exit 2, never retried
-        log.error("%s", exc)
-        return int(ExitCode.USAGE)
+    role = role_from_argv("rlrun::weights", argv)
+    cfg = role.load_config()
     run_dir = role.run
     redis = connect(role.redis_url, run_dir.read_redis_password())
     admin = VllmBroadcastAdmin(role.vllm_urls, receive_timeout_s=cfg.trainer.fast_llm.timeout_s, api_key=run_dir.read_vllm_api_key())

@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rlrun.actor.partition import servers_of
-from rlrun.streams.names import actor_name
 from rlrun.inference import server as vllm_server
 from rlrun.parts.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server
+from rlrun.streams.names import actor_name
 from rlrun.supervisor import EventLog, ProcessSpec
 
 if TYPE_CHECKING:  # pragma: no cover - types only

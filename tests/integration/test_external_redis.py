@@ -13,6 +13,7 @@ from rlrun.config import compose
 from rlrun.errors import ConfigError, EnvironmentProblem
 from rlrun.streams import external
 from rlrun.streams.server import find_server_binary, pick_free_port, ping, redis_url
+from tests.refusals import settings_refusal
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,12 +32,8 @@ PASSWORD = "external-secret-for-tests"
 )
 def test_a_url_that_cannot_be_used_says_why(url, fragment):
     """Refused by preflight, before the run directory (and its config.yaml) exists."""
-    from rlrun.run.built import build
-    from rlrun.run.preflight import check_settings
-
     assert any(fragment in problem for problem in external.url_problems(url))
-    with pytest.raises(ConfigError, match="streams.url"):
-        check_settings(build(compose([f"streams.url={url}"])[0]))
+    settings_refusal([f"streams.url={url}"], "streams.url", fragment)
 
 
 def test_usable_urls_have_no_problem():

@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 
 from rlrun.actor.partition import group_namespace, prompt_position, servers_of, share
-from rlrun.streams.names import actor_name
 from rlrun.actor.trainer_view import HfView
 from rlrun.config import compose
-from rlrun.run.built import build
 from rlrun.errors import ConfigError
 from rlrun.parts.role_file import read_role_file
 from rlrun.parts.role_parts import Endpoints
+from rlrun.run.built import build
 from rlrun.run.roles import build_specs
 from rlrun.rundir import RunDir
 from rlrun.streams import names
+from rlrun.streams.names import actor_name
 from rlrun.supervisor import EventLog
 
 

@@ -11,7 +11,8 @@ import yaml
 from rlrun.config import compose, load_resolved
 from rlrun.run.built import build
 from rlrun.config.compose import group_options
-from rlrun.errors import ConfigError, ExitCode
+from rlrun.errors import ConfigError
+from tests.refusals import refusal
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 
@@ -76,11 +77,7 @@ def test_every_shipped_group_option_composes():
     ],
 )
 def test_bad_input_gets_a_message_naming_the_problem(overrides, expected):
-    with pytest.raises(ConfigError) as info:
-        compose(overrides)
-    assert info.value.exit_code == ExitCode.USAGE
-    for fragment in expected:
-        assert fragment in str(info.value)
+    refusal(lambda: compose(overrides), *expected)
 
 
 def test_saved_resolved_config_loads_back_identically(tmp_path):
@@ -141,10 +138,7 @@ def test_train_and_resume_read_overrides_in_one_grammar_with_the_same_errors(res
     from rlrun.run.resume import plan_resume
 
     for attempt in (lambda: compose([override]), lambda: plan_resume(resumable.root, [override])):
-        with pytest.raises(ConfigError) as info:
-            attempt()
-        assert info.value.exit_code == ExitCode.USAGE
-        assert fragment in str(info.value)
+        refusal(attempt, fragment)
 
 
 def test_resume_takes_hydra_values_and_saves_them_typed_leaving_the_rest_of_the_file_as_it_was(resumable):
@@ -190,9 +184,7 @@ def test_a_saved_config_with_a_bad_key_or_type_is_refused_naming_the_key(tmp_pat
     data = yaml.safe_load(resolved)
     edit(data)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(ConfigError) as info:
-        load_resolved(tmp_path / "config.yaml")
-    assert fragment in str(info.value) and info.value.exit_code == ExitCode.USAGE
+    refusal(lambda: load_resolved(tmp_path / "config.yaml"), fragment)
 
 
 def test_defaults_left_out_of_a_saved_config_come_from_the_schema(tmp_path):

@@ -12,11 +12,12 @@ import pytest
 from rlrun.cluster import slurm_job, slurm_plan, slurm_step
 from rlrun.config import compose
 from rlrun.run.built import build
-from rlrun.errors import ConfigError, EnvironmentProblem, ExitCode, RestartsExhausted
-from rlrun.run.launch import plan_endpoints, plan_specs
+from rlrun.errors import EnvironmentProblem, RestartsExhausted
+from rlrun.run.launch import plan_endpoints
 from rlrun.run.roles import build_specs
 from rlrun.rundir import RunDir, read_jsonl
 from rlrun.supervisor import EventLog
+from tests.refusals import settings_refusal
 
 SLURM = ["world=slurm"]
 # 4 nodes of 8 GPUs: vLLM (tensor-parallel 8) on 2 nodes, the hf trainer's 16 ranks on the 2 others.
@@ -141,12 +142,7 @@ def test_slurm_commands_outside_a_job_say_what_to_run(monkeypatch):
 def test_bad_slurm_settings_are_named(overrides, expected):
     """Config validation names what it knows; SLURM's own rules (the time limit, the signal's lead,
     rlrun's own sbatch options) are asked by preflight, before anything is submitted or started."""
-    from rlrun.run.built import build
-    from rlrun.run.preflight import check_settings
-
-    with pytest.raises(ConfigError) as info:
-        check_settings(build(compose(overrides)[0]))
-    assert info.value.exit_code == ExitCode.USAGE and expected in str(info.value)
+    settings_refusal(overrides, expected)
 
 
 @pytest.mark.parametrize(
