@@ -1,1 +1,2 @@
-"""The run's lifecycle: preflight, launch, resume, the roles it starts and the lock that makes one owner."""
+"""The run's lifecycle: the run built once (`built.py`), preflight, launch, resume, the roles it
+starts and the lock that makes one owner."""
