@@ -168,8 +168,8 @@ def test_a_request_in_flight_across_an_update_is_kept_and_labelled_and_continues
         async def stream(client, n: int, record: bool) -> None:
             async for delta in generate(client, url, prompt, n=n, max_tokens=budget, min_tokens=budget, temperature=1.0,
                                         timeout_s=120, stream=True, cache_salt="v0"):  # fmt: skip
-                first_chunk.set()
-                if record:
+                if record:  # the update waits for the group itself to be streaming (not only the load)
+                    first_chunk.set()
                     sample = samples.setdefault(delta.index, {"tokens": [], "logprobs": [], "finish": None, "spans": None})
                     sample["tokens"] += delta.token_ids
                     sample["logprobs"] += delta.logprobs
@@ -202,6 +202,9 @@ def test_a_request_in_flight_across_an_update_is_kept_and_labelled_and_continues
             old = transformers_logprobs(model, pretrained, prompt, tokens[:k])
             assert max(abs(a - b) for a, b in zip(served[:k], old)) < 2e-3  # before: the old weights
             expected = mixed_logprobs(model, pretrained, moved, prompt, tokens, k)
+            mixed = max(abs(a - b) for a, b in zip(served[k:], expected))
+            print(f"after the update: vLLM vs the new weights over the old cache, max abs diff {mixed:.2e}")
+            assert mixed < 2e-3  # after: the new weights, over the keys and values the old ones filled
             fresh = transformers_logprobs(model, moved, prompt, tokens)[k:]
             assert max(abs(a - b) for a, b in zip(served[k:], fresh)) > 0.01  # not a fresh pass: the KV was kept
             still_old = transformers_logprobs(model, pretrained, prompt, tokens)[k:]
