@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from rlrun.listen import interface_of
 from rlrun.trainer.rank_group import first_failure, rank_env

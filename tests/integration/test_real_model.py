@@ -10,7 +10,6 @@ The build runs once per machine (~30 s, into ~/.cache/rlrun/models; nothing down
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from pathlib import Path
 

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import textwrap
 import time
 from pathlib import Path
-
-import pytest
 
 from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict, Supervisor
 from rlrun.supervisor.diagnostics import Diagnoser, find_py_spy
