@@ -3,6 +3,7 @@ time (so a recycled pid is never mistaken for ours), looked up again after a gra
 
 from __future__ import annotations
 
+import pickle
 import textwrap
 import threading
 import time
@@ -100,3 +101,15 @@ def listening_sockets(pids: Iterable[int]) -> dict[tuple[str, int], str]:
 def off_loopback(sockets: dict[tuple[str, int], str]) -> dict[tuple[str, int], str]:
     """Of `listening_sockets`, those another machine could reach: any address but 127.0.0.0/8 and ::1."""
     return {(ip, port): who for (ip, port), who in sockets.items() if not (ip.startswith("127.") or ip == "::1")}
+
+
+def report_to_parent(queue, item) -> None:
+    """Put `item` (tensors included) on a multiprocessing queue as pickled bytes. A tensor put as
+    it is travels as a file descriptor its process hands out on request, so a child that exits
+    right after the put leaves the parent's read with a reset connection."""
+    queue.put(pickle.dumps(item))
+
+
+def report_from_child(queue, timeout_s: float = 60):
+    """The next item a child put with `report_to_parent`."""
+    return pickle.loads(queue.get(timeout=timeout_s))

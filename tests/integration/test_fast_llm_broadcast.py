@@ -14,6 +14,7 @@ import torch
 from rlrun.weights import broadcast
 from rlrun.streams.server import pick_free_port
 from tests.fast_llm_standin import Broadcaster, weights_at
+from tests.processes import report_from_child, report_to_parent
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,9 +57,9 @@ def _receiver(port: int, rank: int, world_size: int, broadcasts: int, results) -
     try:
         member = broadcast.join(HOST, port, rank, world_size, "gloo", 30)
         for _ in range(broadcasts):
-            results.put((rank, [(shard, name, t) for shard, name, t in broadcast.receive_weights(member)]))
+            report_to_parent(results, (rank, [(shard, name, t) for shard, name, t in broadcast.receive_weights(member)]))
     except Exception as exc:  # noqa: BLE001 - reported to the test
-        results.put((rank, f"{type(exc).__name__}: {exc}"))
+        report_to_parent(results, (rank, f"{type(exc).__name__}: {exc}"))
 
 
 class Group:
@@ -76,7 +77,7 @@ class Group:
 
     def received(self) -> dict:
         """One broadcast's outcome per rank (a list of tensors, or the error's text)."""
-        return dict(self.results.get(timeout=60) for _ in self.children)
+        return dict(report_from_child(self.results) for _ in self.children)
 
     def close(self) -> None:
         for child in self.children:
@@ -177,7 +178,7 @@ def test_under_torchrun_on_this_torch_rlrun_serves_the_store_and_the_weights_arr
     code = SENDER_UNDER_TORCHRUN.format(root=root, port=port)
     sender = subprocess.Popen([str(torchrun), "--nproc_per_node=1", "--no_python", sys.executable, "-c", code],
                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": root})  # fmt: skip
-    rank, received = results.get(timeout=90)  # while the receiver lives: the tensors come through its fds
+    rank, received = report_from_child(results, 90)
     _, err = sender.communicate(timeout=60)
     assert sender.returncode == 0, err[-2000:]
     receiver.join(10)

@@ -15,7 +15,7 @@ import torch
 from rlrun.weights import broadcast
 from rlrun.streams.server import pick_free_port
 from rlrun.trainer.weight_broadcast import WeightBroadcaster
-from tests.processes import listening_sockets, off_loopback
+from tests.processes import listening_sockets, off_loopback, report_from_child, report_to_parent
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,9 +37,9 @@ def _receiver(port: int, rank: int, world_size: int, results, namespace: str = "
         time.sleep(delay_s)
         member = broadcast.join(HOST, port, rank, world_size, "gloo", 30, namespace=namespace)
         for _ in range(broadcasts):
-            results.put((rank, {name: t for shard, name, t in broadcast.receive_weights(member) if shard == broadcast.WEIGHTS_SHARD}))
+            report_to_parent(results, (rank, {name: t for shard, name, t in broadcast.receive_weights(member) if shard == broadcast.WEIGHTS_SHARD}))
     except Exception as exc:  # noqa: BLE001 - reported to the test
-        results.put((rank, f"{type(exc).__name__}: {exc}"))
+        report_to_parent(results, (rank, f"{type(exc).__name__}: {exc}"))
 
 
 def test_receivers_get_exactly_what_the_trainer_sends():
@@ -56,7 +56,7 @@ def test_receivers_get_exactly_what_the_trainer_sends():
     for step in (1, 2):
         sent = sender.send(weights(step))
         assert sent == sum(t.numel() * t.element_size() for t in weights(step).values())
-        got = dict(results.get(timeout=60) for _ in children)
+        got = dict(report_from_child(results) for _ in children)
         for rank in (1, 2):
             assert not isinstance(got[rank], str), got[rank]
             assert list(got[rank]) == list(weights(step))
@@ -76,16 +76,16 @@ def test_a_group_formed_again_after_a_member_was_killed_does_not_read_its_keys()
     formations follow the first: without namespaces about 4 in 5 of them time out."""
     ctx = multiprocessing.get_context("spawn")
     port = pick_free_port(HOST)
-    results = ctx.Queue()
     store = broadcast.serve_store(HOST, port, 2, timeout_s=60)
     senders = []  # every earlier formation's sender stays referenced, as in a trainer that holds one
     for formation in range(1, 5):
         namespace = f"formation-{formation}/"
+        results = ctx.Queue()  # one per member: a member killed while it still held a queue's write lock would block the next
         member = ctx.Process(target=_receiver, args=(port, 1, 2, results, namespace, 1, 0 if formation == 1 else 1.5), daemon=True)
         member.start()
         senders.append(WeightBroadcaster(HOST, port, receivers=1, timeout_s=30, namespace=namespace, store=store))
         senders[-1].send(weights(formation))
-        _, got = results.get(timeout=60)
+        _, got = report_from_child(results)
         assert not isinstance(got, str), f"formation {formation}: {got}"
         assert all(torch.equal(got[name], tensor) for name, tensor in weights(formation).items()), formation
         member.kill()  # after its broadcast: its address stays in the store
