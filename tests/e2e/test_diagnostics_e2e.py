@@ -19,6 +19,7 @@ import time
 import pytest
 
 import rlrun.actor.loop as actor_loop
+import rlrun.entrypoints.actor as actor_entrypoint
 
 from .conftest import current_pid, events, left_behind, read_jsonl, run_cli, start_rlrun, steps_done, wait_for
 
@@ -114,9 +115,12 @@ def test_the_dump_holds_the_actors_python_stack_naming_its_function(frozen_run):
     path = run_dir / "diagnostics" / os.path.basename(dump["file"])
     assert path.is_file() and path.name.startswith("actor-0-")
     text = path.read_text()
-    frames = re.findall(r"^\s+([\w.]+) \(rlrun/actor/loop\.py:\d+\)", text, re.MULTILINE)  # `Actor.run`, or `run`
+    # Caught computing, the actor is in its loop (`Actor.run`, or a method of it); caught waiting,
+    # the running coroutines are off the thread's stack and the frame is the entry point's `main`.
+    frames = re.findall(r"^\s+([\w.]+) \((rlrun/actor/loop|rlrun/entrypoints/actor)\.py:\d+\)", text, re.MULTILINE)
     assert frames, text[:3000]
-    assert all(defined_in(actor_loop, name) or hasattr(actor_loop.Actor, name) for name in frames), frames
+    modules = {"rlrun/actor/loop": actor_loop, "rlrun/entrypoints/actor": actor_entrypoint}
+    assert all(defined_in(modules[path], name) or hasattr(actor_loop.Actor, name) for name, path in frames), frames
     assert "[stopped]" in text or "[tracing-stop]" in text  # psutil saw it frozen
     assert "rss" in text and "## last 40 lines" in text
 
