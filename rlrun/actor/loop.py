@@ -39,6 +39,7 @@ from rlrun.rules.advantages import group_advantages
 log = logging.getLogger("rlrun.actor")
 
 RETRY_DELAY_S = 1.0
+PROGRESS_LOG_S = 60.0  # how often the actor's log says how far it got (its heartbeat is every second)
 
 
 class Actor:
@@ -59,6 +60,7 @@ class Actor:
         self.audit_path: Path | None = None  # set when actor.audit is on
         self._failure: BaseException | None = None
         self._last_heartbeat = 0.0
+        self._last_progress: tuple[float, dict[str, int]] = (0.0, {})  # when it last logged progress, and its counters then
         self._in_flight, self._busy_since = 0, 0.0  # requests in flight, and since when some were
         self._held_since = 0.0  # since when back-pressure has kept it from opening a group (0: it is not)
         self.counters = {  # whole-run counts, published in ACTOR_STATE (see _continue_counters)
@@ -78,6 +80,7 @@ class Actor:
 
     async def run(self) -> None:
         self._continue_counters()
+        self._last_progress = (time.time(), dict(self.counters))
         resumed = self._replay_plan()
         limits = httpx.Limits(max_connections=self.cfg.actor.max_concurrent_groups * self.cfg.algo.group_size)
         headers = bearer_header(self.api_key) if self.api_key else {}
@@ -131,6 +134,11 @@ class Actor:
             waiting = {"in_flight": in_flight, "held_by_backpressure_since": self._held_since}
             self.redis.hset(self.state_key, mapping={"pid": os.getpgrp(), "heartbeat": now, **waiting, **self.counters})
             self._last_heartbeat = now
+        since, before = self._last_progress
+        if now - since >= PROGRESS_LOG_S:
+            held_s = now - self._held_since if self._held_since else 0.0
+            log.info("%s", progress_line(self.counters, before, now - since, in_flight, held_s))
+            self._last_progress = (now, dict(self.counters))
 
     def _problem_index(self, cursor: int) -> int:
         position = prompt_position(cursor, self.index, self.num_actors)
@@ -317,6 +325,22 @@ class Actor:
         if self.audit_path is not None:
             with open(self.audit_path, "a") as handle:
                 handle.write(json.dumps({"time": time.time(), "pid": os.getpid(), **record}) + "\n")
+
+
+def progress_line(counters: dict[str, int], before: dict[str, int], elapsed_s: float, in_flight: int, held_s: float) -> str:
+    """One line of the actor's log: how far it got in all and over the last `elapsed_s`, and what
+    holds it now (`before`: its counters at the previous line, or those it started from)."""
+    groups, tokens = counters["groups_published"], counters["tokens_generated"]
+    new_groups, new_tokens = groups - before["groups_published"], tokens - before["tokens_generated"]
+    line = (
+        f"{groups:,} groups published (+{new_groups:,} in {elapsed_s:.0f} s), "
+        f"{tokens:,} tokens generated ({new_tokens / max(elapsed_s, 1e-9):,.0f}/s), {in_flight} groups in flight"
+    )
+    if held_s:
+        line += f"; held by back-pressure for {held_s:.0f} s (the trainer is behind)"
+    if counters["request_errors"] > before["request_errors"]:
+        line += f"; {counters['request_errors'] - before['request_errors']} requests failed"
+    return line
 
 
 def refused(exc: BaseException) -> bool:

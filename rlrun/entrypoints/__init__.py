@@ -15,10 +15,13 @@ import logging
 from typing import Callable, NoReturn
 
 
-def configure_logging(quiet: tuple[str, ...] = ()) -> None:
-    """A role's log lines (its stderr goes to its log file); `quiet`: loggers kept to warnings."""
+QUIET_LOGGERS = ("httpx",)  # a line per HTTP request (five per weight update and server) would bury the role's own
+
+
+def configure_logging() -> None:
+    """A role's log lines (its stderr goes to its log file); QUIET_LOGGERS only say what went wrong."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for name in quiet:
+    for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 

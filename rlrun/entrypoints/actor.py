@@ -25,7 +25,7 @@ log = logging.getLogger("rlrun.actor")
 
 @exit_2_on(log, ConfigError)  # e.g. vLLM refuses the requests this config makes
 def main(argv: list[str] | None = None) -> int:
-    configure_logging(quiet=("httpx",))
+    configure_logging()
     role = role_from_argv("rlrun::actor", argv)
     cfg = role.load_config()
     task = load_task(cfg.dataset, cfg.run.seed)

@@ -17,7 +17,7 @@ log = logging.getLogger("rlrun.weights")
 
 @exit_2_on(log, ConfigError)
 def main(argv: list[str] | None = None) -> int:
-    configure_logging(quiet=("httpx",))
+    configure_logging()
     role = role_from_argv("rlrun::weights", argv)
     cfg = role.load_config()
     run_dir = role.run
