@@ -45,13 +45,11 @@ def exit_2_on(log: logging.Logger, *never_retried: type[Exception]) -> Callable[
     return wrap
 
 
-def run_process(main: Callable[[], int], title: str | None) -> NoReturn:
-    """`python -m rlrun.entrypoints.<role>`: the process titled `rlrun:<title>` (None: left as
-    Python names it), `kill -USR1` dumping its stacks into its log (the supervisor's fallback to
-    py-spy), then `main()`'s exit code."""
+def run_process(main: Callable[[], int], title: str) -> NoReturn:
+    """`python -m rlrun.entrypoints.<role>`: the process titled `rlrun:<title>`, `kill -USR1`
+    dumping its stacks into its log (the supervisor's fallback to py-spy), then `main()`'s exit code."""
     from rlrun.telemetry import proctitle, stackdump
 
-    if title is not None:
-        proctitle.name(title)
+    proctitle.name(title)
     stackdump.enable()
     raise SystemExit(main())

@@ -33,4 +33,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_process(main, None)  # (titled as it always was: `python -m rlrun.entrypoints.weights ...`)
+    run_process(main, "weights")  # `ps` shows rlrun:weights
