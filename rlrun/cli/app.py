@@ -122,7 +122,7 @@ def train(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Compose the config, start Redis, vLLM, the trainer and the actor, and supervise them to the end."""
-    from rlrun.run import launch
+    from rlrun.run import launch, preflight
     from rlrun.config import compose
     from rlrun.run.built import build
 
@@ -135,6 +135,7 @@ def train(
             _print_dry_run(built, resolved, launch)
             return
         if _outside_allocation(cfg):
+            preflight.check_settings(built)  # a setting to fix (exit 2) is said before where to run it (exit 3)
             raise EnvironmentProblem(
                 "world=slurm runs inside a SLURM job: `rlrun submit ...` (same arguments) submits it as a batch job, "
                 "or start `rlrun train` within `salloc`."

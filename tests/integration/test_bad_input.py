@@ -95,6 +95,8 @@ def train(work: Path, *overrides: str) -> list[str]:
         (["recipe"], ["invalid override", "recipe"]),
         # asked by preflight of the part that owns the rule, still before the run directory exists
         (["streams.url=redis://:hunter2@127.0.0.1:1/0"], ["streams.url holds a password"]),  # loopback: never reached anyway
+        # outside a SLURM allocation too: the setting to fix is named, not where to run it (exit 3)
+        (["world=slurm", "world.time=soon"], ["world.time='soon' is not a SLURM time limit"]),
     ],
 )
 def test_config_and_usage_errors(work, nothing_starts, overrides, fragments):
