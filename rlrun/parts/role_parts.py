@@ -53,12 +53,34 @@ def role_spec(cfg: RunConfig, run_dir: RunDir, name: str, role: str, **spec) -> 
     return ProcessSpec(name=name, **{**defaults, **spec})
 
 
+class HeartbeatAges:
+    """How long ago each heartbeat was last seen to change, on the supervisor's own clock. A child
+    on another node stamps its heartbeat with that node's clock: compared with ours, a skew of a
+    few seconds reads as silence (a healthy process restarted as stalled) or as life. Only a value
+    seen for the first time is aged by the clocks, for want of anything better."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
+        self._clock, self._wall_clock = clock, wall_clock
+        self._changed: dict[tuple, tuple[float, float]] = {}  # heartbeat -> (its value, when we saw it change)
+
+    def age_s(self, heartbeat: tuple, stamp: float) -> float:
+        """Seconds since `heartbeat` (a key naming one writer's field) last changed to `stamp`."""
+        now = self._clock()
+        seen = self._changed.get(heartbeat)
+        if seen is None:  # first sight: its age by the clocks, never below 0 (a clock ahead of ours)
+            self._changed[heartbeat] = (stamp, now - max(self._wall_clock() - stamp, 0.0))
+        elif seen[0] != stamp:
+            self._changed[heartbeat] = (stamp, now)
+        return now - self._changed[heartbeat][1]
+
+
 class RedisProbe:
     """Probes that read the run's Redis, with one lazily (re)connected client. Never raise."""
 
     def __init__(self, url: str, run_dir: RunDir) -> None:
         self._url, self._run_dir = url, run_dir
         self._client = None
+        self._ages = HeartbeatAges()
 
     def ping(self, pid: int = 0) -> bool:
         """PING on the probe's own connection (a new connection and AUTH per poll cost CPU)."""
@@ -68,10 +90,11 @@ class RedisProbe:
         """True when process `pid` wrote a heartbeat into hash `key` less than max_age_s ago, and
         so did each of the fields `also` (the other ranks of a process that has several)."""
         state = self._ask(lambda client: client.hgetall(key) or {}, {})
-        now = time.time()
         try:
-            fresh = all(now - float(state.get(field, 0)) < max_age_s for field in ("heartbeat", *also))
-            return int(state.get("pid", -1)) == pid and fresh
+            if int(state.get("pid", -1)) != pid:
+                return False
+            ages = [self._ages.age_s((key, field, pid), float(state.get(field, 0))) for field in ("heartbeat", *also)]
+            return all(age < max_age_s for age in ages)
         except ValueError:
             return False
 

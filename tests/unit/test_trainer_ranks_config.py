@@ -50,6 +50,7 @@ def test_fast_llm_ranks_are_set_in_its_own_block():
 
 class FakeProbe(RedisProbe):
     def __init__(self, state: dict) -> None:
+        super().__init__("", None)  # never connects: _ask answers
         self.state = state
 
     def _ask(self, action, default):  # heartbeat's hgetall of the trainer's state
