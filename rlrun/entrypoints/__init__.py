@@ -10,9 +10,13 @@ arms its stack dump (`kill -USR1`: `stackdump`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from typing import Callable, NoReturn
+import os
+import signal
+from collections.abc import Coroutine
+from typing import Any, Callable, NoReturn
 
 
 QUIET_LOGGERS = ("httpx",)  # a line per HTTP request (five per weight update and server) would bury the role's own
@@ -53,3 +57,39 @@ def run_process(main: Callable[[], int], title: str) -> NoReturn:
     proctitle.name(title)
     stackdump.enable()
     raise SystemExit(main())
+
+
+def run_until_sigterm(main: Coroutine[Any, Any, None], on_stop: Callable[[], None] = lambda: None) -> bool:
+    """Run an asyncio role (the actor) to its end; True when SIGTERM (the supervisor's orderly
+    stop, a SLURM job's end) ended it first. The signal cancels it where it waits, never inside the
+    code between two waits: a group handed to the trainer is also in the audit, a journal append is
+    whole. `on_stop` runs first (e.g. Redis clients stop retrying: a Redis stopping with us is not
+    waited for). The caller closes what it opened, then `die_of(SIGTERM)`."""
+    stopped = False
+
+    async def until_sigterm() -> None:
+        task = asyncio.current_task()
+
+        def stop() -> None:
+            nonlocal stopped
+            stopped = True
+            on_stop()
+            task.cancel()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop)
+        await main
+
+    try:
+        asyncio.run(until_sigterm())
+    except asyncio.CancelledError:
+        if not stopped:
+            raise
+    return stopped
+
+
+def die_of(signum: int) -> NoReturn:
+    """End this process by `signum`'s default action: the supervisor reads `killed by SIGTERM`, as
+    it did before the role handled the signal itself."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    raise SystemExit(128 + signum)  # not reached: the signal ends the process first

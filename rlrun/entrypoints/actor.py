@@ -3,22 +3,22 @@ actor k of actor.num_actors). The actor itself: `rlrun/actor/loop.py`."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import signal
 
 from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.loop import Actor
 from rlrun.actor.partition import group_namespace
 from rlrun.actor.tokenizer import load_tokenizer
 from rlrun.data.tasks import load_task
-from rlrun.entrypoints import configure_logging, exit_2_on, run_process
+from rlrun.entrypoints import configure_logging, die_of, exit_2_on, run_process, run_until_sigterm
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.models.chat import chat_renderer
 from rlrun.parts.role_file import role_from_argv
 from rlrun.run.built import build
 from rlrun.streams import names
 from rlrun.streams.names import actor_name
-from rlrun.streams.server import connect
+from rlrun.streams.server import connect, stop_retrying
 
 log = logging.getLogger("rlrun.actor")
 
@@ -46,9 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.actor.audit:
             run_dir.audit.mkdir(exist_ok=True)
             actor.audit_path = run_dir.audit / f"{actor_name(k, cfg.actor.num_actors)}.jsonl"
-        asyncio.run(actor.run())
+        stopped = run_until_sigterm(actor.run(), on_stop=lambda: stop_retrying(redis))
     finally:
         redis.close()
+    if stopped:
+        die_of(signal.SIGTERM)
     return 0
 
 

@@ -42,3 +42,32 @@ def test_a_role_file_that_cannot_be_used_exits_2_with_one_message(role, tmp_path
     proc = subprocess.run([sys.executable, "-m", f"rlrun.entrypoints.{role}", str(bad)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == int(ExitCode.USAGE), proc.stderr[-2000:]
     assert f"{bad} is not an rlrun role file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# A role whose loop is inside a synchronous stretch (a group delivered, then audited) when SIGTERM
+# comes: it prints "delivered", sleeps without yielding to the loop, prints "audited", then waits.
+ASYNC_ROLE = """
+import asyncio, signal, sys, time
+from rlrun.entrypoints import die_of, run_until_sigterm
+
+async def role():
+    print("delivered", flush=True)
+    time.sleep(1.0)  # SIGTERM arrives here
+    print("audited", flush=True)
+    await asyncio.sleep(600)
+
+stopped = run_until_sigterm(role())
+print("closed", stopped, flush=True)  # what the entry point closes before it dies
+die_of(signal.SIGTERM)
+"""
+
+
+def test_sigterm_stops_an_async_role_between_two_waits_and_it_dies_of_sigterm():
+    import signal
+
+    child = subprocess.Popen([sys.executable, "-c", ASYNC_ROLE], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "delivered"
+    child.send_signal(signal.SIGTERM)  # inside the synchronous stretch
+    rest, _ = child.communicate(timeout=30)
+    assert rest.split("\n")[:2] == ["audited", "closed True"]  # the stretch finished, then the role closed
+    assert child.returncode == -signal.SIGTERM  # the supervisor still reads "killed by SIGTERM"
