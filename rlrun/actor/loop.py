@@ -93,24 +93,27 @@ class Actor:
                 task.add_done_callback(running.discard)
                 task.add_done_callback(self._note_failure)
 
-            for live in resumed:  # interrupted groups first, from the tokens they already have
-                launch(self._complete(client, live))
-            while not self.trainer.done():
-                self._heartbeat(len(running))
-                if self._failure is not None:
-                    raise self._failure
-                if len(running) >= self.cfg.actor.max_concurrent_groups:
-                    # Wake as soon as a slot frees up, not on a timer: groups are short.
-                    await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                if not self.trainer.window(len(running)).room:  # back-pressure
-                    self._held_since = self._held_since or time.time()
-                    await asyncio.sleep(0.02)
-                    continue
-                self._held_since = 0.0
-                launch(self._complete(client, self._open_group()))
-            for task in running:
-                task.cancel()
+            try:
+                for live in resumed:  # interrupted groups first, from the tokens they already have
+                    launch(self._complete(client, live))
+                while not self.trainer.done():
+                    self._heartbeat(len(running))
+                    if self._failure is not None:
+                        raise self._failure
+                    if len(running) >= self.cfg.actor.max_concurrent_groups:
+                        # Wake as soon as a slot frees up, not on a timer: groups are short.
+                        await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                        continue
+                    if not self.trainer.window(len(running)).room:  # back-pressure
+                        self._held_since = self._held_since or time.time()
+                        await asyncio.sleep(0.02)
+                        continue
+                    self._held_since = 0.0
+                    launch(self._complete(client, self._open_group()))
+            finally:  # done, failed or stopped (SIGTERM): the groups in flight end before their client
+                for task in running:
+                    task.cancel()
+                await asyncio.gather(*running, return_exceptions=True)
         log.info("trainer said training_done; actor stops (%s)", self.counters)
 
     def _continue_counters(self) -> None:
