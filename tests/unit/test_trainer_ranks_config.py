@@ -67,6 +67,21 @@ def test_a_stuck_rank_is_no_sign_of_life():
     assert not FakeProbe(fresh).heartbeat(names.TRAINER_STATE, 43, also=others)  # another attempt's group
 
 
+def test_a_rank_on_a_node_whose_clock_lags_ours_is_alive_while_its_heartbeat_moves():
+    lag = 30.0  # rank 1's node: far more than the 5 s a heartbeat may be old
+    others = (names.rank_heartbeat(1),)
+    state = {"pid": "42", "heartbeat": time.time(), names.rank_heartbeat(1): time.time() - lag}
+    probe = FakeProbe(state)
+    assert not probe.heartbeat(names.TRAINER_STATE, 42, also=others)  # first sight: aged by the clocks
+    seen = []
+    for _ in range(3):
+        state.update({"heartbeat": time.time(), names.rank_heartbeat(1): time.time() - lag})  # both beat on
+        seen.append(probe.heartbeat(names.TRAINER_STATE, 42, also=others))
+    assert seen == [True, True, True]
+    time.sleep(0.05)  # then they stop: the same stamps read as old, however the clocks stand
+    assert not probe.heartbeat(names.TRAINER_STATE, 42, also=others, max_age_s=0.02)
+
+
 def test_each_rank_takes_its_local_ranks_gpu():
     ranks = Ranks.from_env({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.2"})
     assert (ranks.rank, ranks.local_rank, ranks.world_size) == (3, 1, 4)
