@@ -167,10 +167,14 @@ def test_the_fault_matrix_reports_ettr_and_the_work_lost_per_failure(chaos_run):
     assert trainer.time == pytest.approx(timeline["trainer_killed"], abs=2)
     # a stall is counted from when the actor went quiet (frozen), not from the watchdog's verdict
     assert stalled_actor.time == pytest.approx(timeline["actor_stopped"], abs=6)
-    # vLLM's recovery spans at least its own restart (process_failed -> process_ready)
-    failed_at = next(e["time"] for e in evs if e["event"] == "process_failed" and e["process"] == "vllm-0")
-    ready_at = [e["time"] for e in evs if e["event"] == "process_ready" and e["process"] == "vllm-0"][1]
-    assert vllm.recovery_s >= ready_at - failed_at
+    # vLLM's recovery runs to the first step recorded after the kill, and that step needed the
+    # restarted server: the actor, the bottleneck with one server, had no step's groups buffered.
+    # (Bounded by the restart's spawn, not its process_ready: the supervisor polls /health, so the
+    # actor's own requests can find the new server up first; CI saw a step 0.25 s before the event.)
+    first_after = next(r["time"] for r in records if r["time"] > vllm.time)
+    assert vllm.recovery_s == pytest.approx(first_after - vllm.time, abs=0.001)
+    respawned_at = next(e["time"] for e in evs if e["event"] == "process_restarted" and e["process"] == "vllm-0")
+    assert vllm.recovery_s > respawned_at - vllm.time
     # the trainer resumes from its checkpoint: every step it had recorded past it is taken again,
     # and only those (the other roles' failures lose no optimizer step)
     assert trainer.steps_retaken == timeline["step_recorded_at_kill"] - timeline["checkpoint_step_at_kill"]
