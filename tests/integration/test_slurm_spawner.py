@@ -82,9 +82,8 @@ def test_a_step_reports_its_own_group_and_node_and_stops_on_sigterm_through_slur
     out, secret = root / "vllm.out", root / "secret"
     secret.write_text("s3cr3t-value\n")
     handle = spawner.spawn(probe_spec(root, "vllm-0", out, secret_env={"RLRUN_TEST_SECRET": secret}))
-    deadline = time.monotonic() + 20
-    while not out.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # The file exists from the probe's open(), before its line is written: wait for the whole line.
+    wait_until(lambda: out.exists() and out.read_text().endswith("\n"), 20, "the probe's report")
     pid, pgid, node, seen_secret = out.read_text().split()
     assert (handle.pid, handle.node) == (int(pgid), "node0")  # what probes compare: the group it runs in
     assert re.fullmatch(rf"{job}\.\d+", handle.step)
@@ -136,15 +135,22 @@ def test_a_job_cancel_reaches_every_step_and_each_reads_as_ended_when_its_proces
         patch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
         plan = build(cfg).world.slurm_plan(allocation_nodes(cfg, slurm_job.JobEnv(job, 0, "node0", "1"), "node0"))
         spawner = SlurmSpawner(plan, job, root / "cancel-steps", start_timeout_s=30)
+        # Each says "up" once set up (its SIGTERM handler, its title): spawn returns when the step
+        # has started the process, before Python has run a line of it, and a cancel that came
+        # earlier would end the trainer by SIGTERM's default action and the actor untitled.
         slow = ("import signal, sys, time\n"
                 "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(2), open(sys.argv[1], 'w').write('done'), sys.exit(0)))\n"
+                "open(sys.argv[2], 'w').close()\n"
                 "time.sleep(600)")  # fmt: skip
-        done = root / "trainer-done"
-        trainer = spawner.spawn(ProcessSpec(name="trainer", argv=[sys.executable, "-c", slow, str(done)], log_path=root / "c-trainer.log"))
+        done, trainer_up, actor_up = root / "trainer-done", root / "trainer-up", root / "actor-up"
+        trainer = spawner.spawn(ProcessSpec(name="trainer", argv=[sys.executable, "-c", slow, str(done), str(trainer_up)], log_path=root / "c-trainer.log"))
         # Titled as rlrun's roles are: SLURM's proctrack/linuxproc skipped a process whose short
         # name held a space (`rlrun:actor /tm`): it was never signalled, nor killed with the job.
-        titled = "from rlrun.telemetry import proctitle; proctitle.name('actor'); import time; time.sleep(600)"
-        actor = spawner.spawn(ProcessSpec(name="actor", argv=[sys.executable, "-c", titled, "/run/roles/actor.yaml"], log_path=root / "c-actor.log"))
+        titled = ("import sys, time; from rlrun.telemetry import proctitle; proctitle.name('actor')\n"
+                  "open(sys.argv[2], 'w').close()\n"
+                  "time.sleep(600)")  # fmt: skip
+        actor = spawner.spawn(ProcessSpec(name="actor", argv=[sys.executable, "-c", titled, "/run/roles/actor.yaml", str(actor_up)], log_path=root / "c-actor.log"))
+        wait_until(lambda: trainer_up.exists() and actor_up.exists(), 30, "the trainer and the actor to be set up")
         cancelled = time.monotonic()
         slurm.run("scancel", job)
         codes = [wait_exit(trainer, timeout=20), wait_exit(actor, timeout=20)]
