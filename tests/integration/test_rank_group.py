@@ -17,17 +17,21 @@ from rlrun.listen import interface_of
 from rlrun.trainer.rank_group import first_failure, rank_env
 from tests.waiting import wait_until
 
+# Each rank reports itself in a file written whole (renamed into place). The failing rank fails
+# once every rank has reported: failing earlier, it would stop ranks that have yet to report.
 RANK = """
 import json, os, sys, time
 out = sys.argv[1]
 rank = int(os.environ["RANK"])
-with open(f"{out}/rank{rank}.json", "w") as f:
+with open(f"{out}/rank{rank}.tmp", "w") as f:
     json.dump({k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")} | {"pid": os.getpid(), "pgid": os.getpgrp()}, f)
+os.rename(f"{out}/rank{rank}.tmp", f"{out}/rank{rank}.json")
 action = sys.argv[2]
 if action == "ok":
     sys.exit(0)
 if action == "rank1-fails" and rank == 1:
-    time.sleep(0.5)
+    while not all(os.path.exists(f"{out}/rank{r}.json") for r in range(int(os.environ["WORLD_SIZE"]))):
+        time.sleep(0.05)
     sys.exit(3)
 time.sleep(60)
 """
@@ -46,7 +50,7 @@ def ranks_written(tmp_path: Path, nproc: int, timeout: float = 30.0) -> list[dic
     def written() -> list[dict] | None:
         try:
             return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nproc)]
-        except (FileNotFoundError, json.JSONDecodeError):  # not yet started, or its file half-written
+        except FileNotFoundError:  # not yet started
             return None
 
     return wait_until(written, timeout, "the ranks to start")
