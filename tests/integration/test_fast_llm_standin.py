@@ -27,6 +27,7 @@ from rlrun.config import compose
 from rlrun.errors import ConfigError
 from rlrun.streams.rollouts import Group, Sample
 from tests.integration.test_fast_llm_acl import PASSWORD, acl_server
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -241,13 +242,24 @@ def test_half_written_checkpoint_blocks_fast_llm_until_moved_aside(run):
     assert fast_llm_finished(TRAIN_ITERS, _observation(later, 0, TRAIN_ITERS)).finished
 
 
+def documents_awaited_for(run: Run, timeout_s: float) -> None:
+    """Fast-LLM's config for this run with its loaders waiting `timeout_s` for a document."""
+    data = yaml.safe_load(run.config_path.read_text())
+    data["data"]["datasets"]["training"]["timeout"] = timeout_s
+    run.config_path.write_text(yaml.safe_dump(data))
+
+
 def test_documents_read_after_the_checkpoint_are_delivered_again_once(run, tmp_path):
     """Exactly-once under NOACK reads: killed after checkpoint 4 (steps 5-6 read and trained, lost
     with the process), restarted from checkpoint 4 after the rewind; the final lineage trained
     each document exactly once, the first `documents_seen` of the stream, none skipped."""
     trained = tmp_path / "trained.jsonl"
-    run.feed(TRAIN_ITERS * DOCS_PER_STEP_SEEN + 48)
-    run.start("--trained-log", str(trained), "--step-delay", "0.2")
+    # Documents for 6 steps only: the trainer waits for step 7's (up to the timeout, longer than
+    # the test takes to see step 6) and is killed waiting, never past checkpoint 8, however slow
+    # the test's reaction. The rest is fed before the restart.
+    documents_awaited_for(run, 60)
+    run.feed(6 * DOCS_PER_STEP_SEEN)
+    run.start("--trained-log", str(trained))
     run.wait_for_step(6)
     run.stop()  # SIGKILL: no checkpoint at 6
     assert latest_complete_step(run.experiment_dir) == 4
@@ -257,6 +269,7 @@ def test_documents_read_after_the_checkpoint_are_delivered_again_once(run, tmp_p
     assert (rewind.checkpoint_step, rewind.documents_seen, rewind.lost) == (4, 4 * DOCS_PER_STEP_SEEN, 0)
     assert rewind.redelivered == rewind.delivered_before - 4 * DOCS_PER_STEP_SEEN >= 2 * DOCS_PER_STEP_SEEN
 
+    run.feed(TRAIN_ITERS * DOCS_PER_STEP_SEEN + 48 - 6 * DOCS_PER_STEP_SEEN)
     run.start("--trained-log", str(trained))
     assert run.wait() == 0, run.log.read_text()
     final: dict[int, list[str]] = {}
@@ -273,7 +286,8 @@ def test_documents_read_after_the_checkpoint_are_delivered_again_once(run, tmp_p
 def test_a_revision_without_documents_seen_is_not_rewound_and_says_so(run):
     run.feed(4 * DOCS_PER_STEP_SEEN)
     run.start("--revision", "pr502")
-    run.wait_for_step(4)
+    # Its weights_ready for step 4 comes before the checkpoint: killed once that is complete.
+    wait_until(lambda: latest_complete_step(run.experiment_dir) == 4 or run.process.poll() is not None, 30, "checkpoint 4")
     run.stop()
     checkpoint = read_metadata(run.experiment_dir / "checkpoint" / "4")
     assert checkpoint.documents_seen is None
