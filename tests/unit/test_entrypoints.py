@@ -45,14 +45,17 @@ def test_a_role_file_that_cannot_be_used_exits_2_with_one_message(role, tmp_path
 
 
 # A role whose loop is inside a synchronous stretch (a group delivered, then audited) when SIGTERM
-# comes: it prints "delivered", sleeps without yielding to the loop, prints "audited", then waits.
+# comes: it prints "delivered", waits without yielding to the loop until the test says it has sent
+# SIGTERM (the file argv[1] exists: the signal came inside the stretch, however late), prints
+# "audited", then waits.
 ASYNC_ROLE = """
-import asyncio, signal, sys, time
+import asyncio, os, signal, sys, time
 from rlrun.entrypoints import die_of, run_until_sigterm
 
 async def role():
     print("delivered", flush=True)
-    time.sleep(1.0)  # SIGTERM arrives here
+    while not os.path.exists(sys.argv[1]):  # SIGTERM arrives here
+        time.sleep(0.01)
     print("audited", flush=True)
     await asyncio.sleep(600)
 
@@ -62,12 +65,14 @@ die_of(signal.SIGTERM)
 """
 
 
-def test_sigterm_stops_an_async_role_between_two_waits_and_it_dies_of_sigterm():
+def test_sigterm_stops_an_async_role_between_two_waits_and_it_dies_of_sigterm(tmp_path):
     import signal
 
-    child = subprocess.Popen([sys.executable, "-c", ASYNC_ROLE], stdout=subprocess.PIPE, text=True)
+    sent = tmp_path / "sigterm-sent"
+    child = subprocess.Popen([sys.executable, "-c", ASYNC_ROLE, str(sent)], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "delivered"
     child.send_signal(signal.SIGTERM)  # inside the synchronous stretch
+    sent.touch()
     rest, _ = child.communicate(timeout=30)
     assert rest.split("\n")[:2] == ["audited", "closed True"]  # the stretch finished, then the role closed
     assert child.returncode == -signal.SIGTERM  # the supervisor still reads "killed by SIGTERM"
