@@ -117,7 +117,11 @@ def left_behind(proc: subprocess.Popen, grace_s: float = 5.0) -> list[str]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The records of a JSON-lines file. A last line without its newline is left out: read while
+    a process of the run appends to it, the file may end mid-line (a reader can see a write before
+    all of it is in, a long line such as an audit record's more often)."""
+    text = path.read_text()
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 def events(run_dir: Path) -> list[dict]:

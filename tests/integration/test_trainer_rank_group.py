@@ -77,9 +77,9 @@ def test_a_killed_rank_restarts_the_group_from_its_sharded_checkpoint(run, serve
         for g in range(first, first + count):
             client.xadd(names.GROUPS_STREAM, {"data": encode(group_message(f"run/{g}", g))})
 
-    def trained() -> list[dict]:
-        path = run.trained_groups
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    def trained() -> list[dict]:  # read while the trainer appends: its last line may be half in
+        text = run.trained_groups.read_text() if run.trained_groups.is_file() else ""
+        return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
     push(0, 6)  # 3 steps of 2 groups: the third is after the checkpoint at step 2
     group = start(run, server, tmp_path)
