@@ -54,7 +54,9 @@ counts under `metadata:`.
 Test hooks (not Fast-LLM's): `broadcast.port: 0` means no receivers (no group, no broadcast);
 `--step-delay` sleeps after each step; `--crash-in-checkpoint K`
 writes checkpoint K without `ok` and dies (as if killed during the save), once per experiment
-directory; `--trained-log FILE` appends one JSON line per step with the stream ids it trained.
+directory; `--trained-log FILE` appends one JSON line per step with the stream ids it trained;
+`--hold-after-step K` waits at the end of step K (after its `weights_ready` and trained-log line)
+until SIGTERM/SIGINT: the interrupt is seen at step K however late a test sends it.
 """
 
 from __future__ import annotations
@@ -300,7 +302,7 @@ def parse_document(message: dict, message_id: str = "") -> dict:
 
 class Trainer:
     def __init__(self, config: dict, revision: str, data_parallel: int, step_delay: float,
-                 crash_in_checkpoint: int | None, trained_log: pathlib.Path | None):  # fmt: skip
+                 crash_in_checkpoint: int | None, trained_log: pathlib.Path | None, hold_after_step: int | None = None):  # fmt: skip
         self.revision = revision
         dataset = config["data"]["datasets"]["training"]
         if dataset.get("type") != "streaming":
@@ -327,6 +329,7 @@ class Trainer:
         self.timeout = float(dataset.get("timeout", 600.0))
         self.step_delay = step_delay
         self.crash_in_checkpoint = crash_in_checkpoint
+        self.hold_after_step = hold_after_step
         # Fast-LLM: redis.Redis(host, port) — no password, no username.
         self.data_client = redis.Redis(host=dataset["host"], port=int(dataset["port"]))
         self.events_client = redis.Redis(host=callback["host"], port=int(callback["port"]))
@@ -453,6 +456,10 @@ class Trainer:
                 self.broadcast_weights(self.completed_steps)  # step_end
                 if self.step_delay:
                     time.sleep(self.step_delay)
+                if self.hold_after_step == self.completed_steps:
+                    log.info("test hook: holding after step %d until interrupted", self.completed_steps)
+                    while not interrupter.interrupted:
+                        time.sleep(0.05)
                 done = self.completed_steps >= self.train_iters
                 stop = done or interrupter.interrupted
                 if self.interval and (stop or self.completed_steps % self.interval == 0):
@@ -467,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-delay", type=float, default=0.0)
     parser.add_argument("--crash-in-checkpoint", type=int, default=None)
     parser.add_argument("--trained-log", type=pathlib.Path, default=None)
+    parser.add_argument("--hold-after-step", type=int, default=None)
     parser.add_argument("--revision", choices=REVISIONS, default="pr520")
     parser.add_argument("-v", "--validate", action="store_true", help="validate the config and stop")
     args = parser.parse_args(argv)
@@ -478,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.validate:
         return 0
-    Trainer(config, args.revision, args.data_parallel, args.step_delay, args.crash_in_checkpoint, args.trained_log).run()
+    Trainer(config, args.revision, args.data_parallel, args.step_delay, args.crash_in_checkpoint, args.trained_log, args.hold_after_step).run()
     return 0
 
 

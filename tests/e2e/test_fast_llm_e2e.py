@@ -22,7 +22,7 @@ from rlrun.streams import names
 from rlrun.streams.server import connect
 from tests.standalone_redis import managed_server
 
-from .conftest import current_pid, events, left_behind, start_rlrun, wait_for
+from .conftest import current_pid, events, left_behind, read_jsonl, start_rlrun, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -31,22 +31,29 @@ DOCS_PER_STEP = 16  # with 128-token micro-batches of ~10-token documents: ~24 d
 STANDIN = Path(__file__).parent.parent / "fast_llm_standin.py"
 
 
+def steps_trained(log: Path) -> set[int]:
+    """The steps in the stand-in's trained log so far."""
+    return {record["step"] for record in read_jsonl(log)} if log.is_file() else set()
+
+
 @pytest.fixture(scope="module")
 def fast_llm_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("fast_llm") / "run"
     trained = run_dir.parent / "trained.jsonl"
     command = json.dumps([sys.executable, str(STANDIN), "--config", "{config}", "--data-parallel", "1",
-                          "--crash-in-checkpoint", "4", "--step-delay", "0.5", "--trained-log", str(trained)])  # fmt: skip
+                          "--crash-in-checkpoint", "4", "--step-delay", "0.5", "--trained-log", str(trained),
+                          "--hold-after-step", "6"])  # fmt: skip
     proc = start_rlrun(
         run_dir, "trainer=fast_llm", "trainer.device=cpu", "recipe=math_grpo", f"trainer.max_train_steps={STEPS}",
         f"trainer.train_batch_size={DOCS_PER_STEP}", "trainer.checkpoint_every=2", "trainer.fast_llm.micro_batch_size=128",
         f"trainer.fast_llm.command={command}", "supervisor.stop_grace_s=10",
     )  # fmt: skip
-    experiment = run_dir / "fast_llm"
     try:
-        # past the crash in checkpoint 4 and its restart, then SIGTERM at step >= 6
-        wait_for(lambda: (latest_complete_step(experiment) or 0) >= 6, 900, "Fast-LLM checkpoint 6", proc)
-        interrupted_at = latest_complete_step(experiment)
+        # past the crash in checkpoint 4 and its restart, then SIGTERM at step 6, where the
+        # stand-in holds until signalled (--hold-after-step): with 0.5 s steps it would otherwise
+        # finish steps 7 and 8, and the run, in about a second, the window a late signal had to hit
+        interrupted_at = 6
+        wait_for(lambda: interrupted_at in steps_trained(trained), 900, f"Fast-LLM step {interrupted_at}", proc)
         os.kill(current_pid(run_dir, "trainer"), signal.SIGTERM)
         proc.wait(timeout=900)
     finally:
@@ -144,7 +151,7 @@ def test_the_final_lineage_trained_every_document_once(fast_llm_run):
     assert all(r["lost"] == 0 for r in rewinds) and rewinds[0]["checkpoint_step"] is None
     _, _, _, interrupted_at, _, _ = fast_llm_run
     assert rewinds[1]["checkpoint_step"] == 2  # the crash in checkpoint 4: back to 2
-    assert interrupted_at <= rewinds[2]["checkpoint_step"] < STEPS  # saved when SIGTERMed
+    assert rewinds[2]["checkpoint_step"] == interrupted_at < STEPS  # saved when SIGTERMed
     assert rewinds[1]["redelivered"] > 0  # the crash would have lost what was read after checkpoint 2
 
 
