@@ -19,7 +19,7 @@ import yaml
 
 from rlrun.trainer.checkpoint import OPTIMIZER_DIR, latest_complete, read_state
 
-from tests.processes import off_loopback
+from tests.processes import listening_sockets, off_loopback
 
 from .conftest import left_behind, read_jsonl, restarts, start_rlrun, steps_done, summary, wait_for
 
@@ -49,6 +49,9 @@ def test_two_ranks_two_servers_a_killed_rank_restarts_the_group_and_the_run_ends
     proc = start_rlrun(run_dir, *RANKS)
     try:
         wait_for(lambda: steps_done(run_dir) >= 3, 900, "step 3 (after the checkpoint at step 2)", proc)
+        # Rank 0 serves the broadcast's store from the first update (step 1's) to its end: looked
+        # at now, not only by the sampler (every 2 s), which can miss a group that lives ~2 s.
+        rank0_listening = listening_sockets([rank_process(run_dir, 0).pid])
         rank_process(run_dir, 1).send_signal(signal.SIGKILL)
         proc.wait(timeout=900)
     finally:
@@ -58,7 +61,7 @@ def test_two_ranks_two_servers_a_killed_rank_restarts_the_group_and_the_run_ends
     assert left_behind(proc) == []
     # Every socket the run listened on, the broadcast's TCPStore (torch's own listens on ::) and
     # the ranks' store and gloo pairs included, was on loopback.
-    listening = proc.run_processes.listening
+    listening = {**proc.run_processes.listening, **rank0_listening}
     store = yaml.safe_load((run_dir / "roles" / "trainer.yaml").read_text())["broadcast_port"]
     assert ("127.0.0.1", store) in listening and "rlrun:trainer" in listening[("127.0.0.1", store)], listening
     assert off_loopback(listening) == {}, listening
