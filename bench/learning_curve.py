@@ -47,7 +47,9 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def final_steps(records: list[dict]) -> list[dict]:
-    by_step = {r["step"]: r for r in records}  # a step taken again after a restart: the later record
+    """One step record per step (records of another `kind`, an evaluation's, left out), by step."""
+    steps = [r for r in records if r.get("kind", "step") == "step"]
+    by_step = {r["step"]: r for r in steps}  # a step taken again after a restart: the later record
     return [by_step[s] for s in sorted(by_step)]
 
 

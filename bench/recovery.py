@@ -100,7 +100,8 @@ class Run:
         return read_jsonl(self.run_dir / "audit" / "actor.jsonl")
 
     def steps_done(self) -> int:
-        return max((m["step"] for m in read_jsonl(self.run_dir / "metrics.jsonl")), default=0)
+        steps = (m["step"] for m in read_jsonl(self.run_dir / "metrics.jsonl") if m.get("kind", "step") == "step")  # not an eval record's
+        return max(steps, default=0)
 
     def guard_pids(self) -> list[int]:
         return [e["pid"] for e in self.events() if e["event"] in ("process_started", "process_restarted")]

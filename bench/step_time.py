@@ -29,12 +29,13 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def read_metrics(path: Path) -> list[dict]:
+    """The step records, by step (records of another `kind`, an evaluation's, left out)."""
     records = []
     for line in path.read_text().splitlines():
         line = line.strip()
         if line:
             records.append(json.loads(line))
-    return sorted(records, key=lambda r: r["step"])
+    return sorted((r for r in records if r.get("kind", "step") == "step"), key=lambda r: r["step"])
 
 
 def main(argv: list[str] | None = None) -> int:

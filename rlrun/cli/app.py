@@ -311,15 +311,16 @@ def status(
             return
         state, rows, last = run_status.load(run)
         split = run_status.time_split(run)
+        smoothed = run_status.recent_reward(read_metrics(run.metrics))
     console.print(f"run {run_dir}: [bold]{state.get('status', 'unknown')}[/]")
     if state.get("slurm_job_id"):
         console.print(f"SLURM job {state['slurm_job_id']}: {state.get('slurm_job_state') or 'no longer in the queue'}", highlight=False)
     console.print(status_table(rows))
     if last:
-        console.print(
-            f"step {last.get('step')}  samples {last.get('samples')}  reward {last.get('reward_mean')}  "
-            f"policy v{last.get('policy_version')}"
-        )
+        from rlrun.cli.render import reward_text
+
+        reward = reward_text(last.get("reward_mean"), *(smoothed or (None, 0)))
+        console.print(f"step {last.get('step')}  samples {last.get('samples')}  reward {reward}  policy v{last.get('policy_version')}")
         counts = run_status.recovery(last)
         if counts is not None:
             console.print(run_status.describe_recovery(counts), highlight=False, markup=False)
@@ -338,6 +339,8 @@ def runs(
     if as_json:
         typer.echo(json.dumps(found, indent=2))
         return
+    from rlrun.cli.render import reward_text
+
     damaged = [run for run in found if run["status"] == run_status.DAMAGED]
     found = [run for run in found if run["status"] != run_status.DAMAGED]
     table = Table(title=f"runs under {root}", expand=False)
@@ -348,7 +351,7 @@ def runs(
         last = run["last_event"] or {}
         event = " ".join(str(last[k]) for k in ("event", "process", "reason", "status") if last.get(k))
         ettr = "-" if run["ettr"] is None else f"{run['ettr']:.2f}"
-        reward = "-" if run["reward_mean"] is None else str(run["reward_mean"])
+        reward = reward_text(run["reward_mean"], run["reward_smoothed"], run["reward_smoothed_steps"])
         table.add_row(Path(run["run_dir"]).name, run["status"], step, reward, ettr, str(run["restarts"]), event or "-")
     console.print(table if found else f"no {'other ' if damaged else ''}runs under {root}")
     for run in damaged:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from rlrun.cli.inspection import CheckpointReport
+if TYPE_CHECKING:  # `rlrun runs` and `status` render without the checkpoint inspector's imports (redis, Hydra)
+    from rlrun.cli.inspection import CheckpointReport
 
 
 def human_size(size: int) -> str:
@@ -18,6 +19,17 @@ def human_size(size: int) -> str:
         if value < 1024 or unit == "GiB":
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
+
+
+def reward_text(last: Optional[float], smoothed: Optional[float], steps: int) -> str:
+    """A run's training reward for `runs` and `status`: the mean over its last `steps` steps, then
+    the last step's own ('0.840 (mean of 10 steps; last 0.590)'); '-' when none."""
+    if smoothed is None or steps < 1:
+        return "-" if last is None else f"{last:.3f}"
+    if steps == 1:
+        return f"{smoothed:.3f}"
+    tail = "" if last is None else f"; last {last:.3f}"
+    return f"{smoothed:.3f} (mean of {steps} steps{tail})"
 
 
 def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], journal_note: Optional[str]) -> list:

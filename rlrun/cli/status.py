@@ -5,6 +5,7 @@ log, without asking the (possibly dead) supervisor anything.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,11 +16,14 @@ import yaml
 from rlrun.run import runlock
 from rlrun.errors import RunDirError
 from rlrun.telemetry.ettr import TimeSplit, split_wall_time
-from rlrun.telemetry.metrics import RECOVERY_COUNTERS, read_metrics
+from rlrun.telemetry.metrics import RECOVERY_COUNTERS, final_records, read_metrics
 from rlrun.rundir import RunDir
 from rlrun.supervisor.events import read_events
 
 DAMAGED = "damaged"  # `rlrun runs`: a run whose files cannot be read (its entry's note says why)
+# `status` and `runs` show the mean reward of this many last steps beside the last step's: one
+# step's mean over a few groups is noisy (0.59 for a run whose last 10 steps averaged 0.84).
+REWARD_WINDOW = 10
 
 # The state each supervisor event leaves a process in.
 EVENT_STATES = {
@@ -107,9 +111,11 @@ def report(run_dir: RunDir) -> dict:
     events = read_events(run_dir.events)
     failure = next((e for e in reversed(events) if e.get("event") == "process_failed"), None)
     shown = ("time", "event", "process", "reason", "status", "file")
+    smoothed = recent_reward(read_metrics(run_dir.metrics))
     progress = {
         "step": last.get("step", 0), "max_train_steps": _max_train_steps(run_dir),
         "samples": last.get("samples", 0), "reward_mean": last.get("reward_mean"),
+        "reward_smoothed": smoothed[0] if smoothed else None, "reward_smoothed_steps": smoothed[1] if smoothed else 0,
         "policy_version": last.get("policy_version"), "time": last.get("time"),
     }  # fmt: skip
     return {
@@ -125,6 +131,13 @@ def report(run_dir: RunDir) -> dict:
         "recovery": recovery(last),
         "last_event": {k: v for k, v in events[-1].items() if k in shown} if events else None,
     }
+
+
+def recent_reward(records: list[dict], window: int = REWARD_WINDOW) -> Optional[tuple[float, int]]:
+    """(mean of `reward_mean` over the last `window` steps, how many steps it averages); a retaken
+    step counts once, as last written, and a step without a reward is left out. None: no reward."""
+    rewards = [r["reward_mean"] for r in final_records(records)[-window:] if "reward_mean" in r]
+    return (statistics.fmean(rewards), len(rewards)) if rewards else None
 
 
 def recovery(record: dict) -> Optional[dict]:
@@ -177,7 +190,8 @@ def list_runs(root: Path) -> list[dict]:
             full = report(run_dir)
         except (RunDirError, OSError, ValueError) as exc:  # one damaged run does not hide the others
             note = " ".join(str(exc).split()) if isinstance(exc, RunDirError) else f"{type(exc).__name__}: {exc}"
-            runs.append({"run_dir": str(path), "status": DAMAGED, "note": note, "step": None, "reward_mean": None, "ettr": None, "restarts": 0, "last_event": None, "updated": None})
+            runs.append({"run_dir": str(path), "status": DAMAGED, "note": note, "step": None, "reward_mean": None, "reward_smoothed": None,
+                         "reward_smoothed_steps": 0, "ettr": None, "restarts": 0, "last_event": None, "updated": None})  # fmt: skip
             continue
         progress = full["progress"]
         files = (run_dir.events, run_dir.metrics, run_dir.state)
@@ -185,6 +199,7 @@ def list_runs(root: Path) -> list[dict]:
             {
                 "run_dir": full["run_dir"], "status": full["status"], "step": progress["step"],
                 "max_train_steps": progress["max_train_steps"], "reward_mean": progress["reward_mean"],
+                "reward_smoothed": progress["reward_smoothed"], "reward_smoothed_steps": progress["reward_smoothed_steps"],
                 "ettr": full["ettr"]["ettr"], "restarts": full["restarts"], "last_event": full["last_event"],
                 "updated": max((p.stat().st_mtime for p in files if p.is_file()), default=None),
             }  # fmt: skip

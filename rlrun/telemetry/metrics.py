@@ -124,14 +124,24 @@ class MetricsWriter:
             self._tb = None
 
 
+STEP_KIND = "step"  # a record's `kind`; absent: a step record (every record written before kinds)
+
+
+def is_step_record(record: Mapping[str, Any]) -> bool:
+    """Whether a metrics.jsonl record is an optimizer step's: no `kind`, or kind "step". Other kinds
+    (an evaluation's, `{"kind": "eval", ...}`) share the file and are no step's."""
+    return record.get("kind", STEP_KIND) == STEP_KIND
+
+
 def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics.jsonl in file order; a line cut short by a crash, or without an integer
-    step, is skipped, and a field of FIELDS that is not a finite number (NaN, a string) is left out of
-    its record, as if not written: every reader then takes it as missing."""
+    """The step records of a metrics.jsonl in file order; a line cut short by a crash, a record of
+    another kind (`is_step_record`), or one without an integer step, is skipped, and a field of
+    FIELDS that is not a finite number (NaN, a string) is left out of its record, as if not written:
+    every reader then takes it as missing."""
     records = []
     for record in read_jsonl(path):
         step = record.get("step")
-        if type(step) is not int:
+        if type(step) is not int or not is_step_record(record):
             continue
         records.append({k: v for k, v in record.items() if k not in FIELDS or _finite_number(v)})
     return records

@@ -8,6 +8,7 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from rlrun.run import runlock
@@ -54,7 +55,8 @@ def test_status_json_reports_processes_restarts_last_failure_progress_and_ettr(t
     assert (actor["name"], actor["pid"], actor["restarts"], actor["state"]) == ("actor", 8, 1, "stopped")
     assert actor["last_dump"].endswith("actor-0-x.txt")
     assert report["restarts"] == 1 and report["last_failure"]["process"] == "actor"
-    assert report["progress"] == {"step": 10, "max_train_steps": 10, "samples": 80, "reward_mean": 1.0, "policy_version": None, "time": 1030.0}
+    assert report["progress"] == {"step": 10, "max_train_steps": 10, "samples": 80, "reward_mean": 1.0, "reward_smoothed": pytest.approx(0.55),
+                                  "reward_smoothed_steps": 10, "policy_version": None, "time": 1030.0}  # fmt: skip
     ettr = report["ettr"]
     assert ettr["wall_s"] == 32 and ettr["failures"][0]["recovery_s"] == 11.0  # quiet from 1001, step 1 recorded at 1012
     assert 0 < ettr["ettr"] < 1 and report["last_event"]["event"] == "run_stopped"
@@ -126,10 +128,46 @@ def test_a_fast_llm_run_reports_the_steps_and_documents_its_events_announced(tmp
     run_dir.events.write_text("\n".join(lines[:-1] + [json.dumps(e) for e in announced] + lines[-1:]) + "\n")
 
     report = json.loads(CliRunner().invoke(app, ["status", str(run_dir.root), "--json"]).output)
-    assert report["progress"] == {"step": 6, "max_train_steps": 10, "samples": 1578, "reward_mean": None, "policy_version": 6, "time": 1016.0}
+    assert report["progress"] == {"step": 6, "max_train_steps": 10, "samples": 1578, "reward_mean": None, "reward_smoothed": None,
+                                  "reward_smoothed_steps": 0, "policy_version": 6, "time": 1016.0}  # fmt: skip
     text = CliRunner().invoke(app, ["status", str(run_dir.root)]).output
     assert "step 6  samples 1578" in text
     (listed,) = json.loads(CliRunner().invoke(app, ["runs", str(tmp_path), "--json"]).output)
     assert (listed["step"], listed["max_train_steps"]) == (6, 10)
     table = CliRunner().invoke(app, ["runs", str(tmp_path)], env={"COLUMNS": "200"}).output
     assert "6/10" in table
+
+
+def test_status_and_runs_show_the_mean_reward_of_the_last_10_steps_beside_the_last_step(tmp_path):
+    """One step's mean is noisy: the last 10 steps' mean is shown first, the last step's after it. A
+    retaken step counts once (its later record), and evaluation records are no steps."""
+    run_dir = make_run(tmp_path, "noisy", status="finished", steps=12, t0=1000.0)  # rewards 0.1 .. 1.2
+    extra = [
+        {"time": 1030.0, "step": 11, "reward_mean": 0.0, "samples": 88},  # step 11 retaken after a restart: 0.0 counts, 1.1 not
+        {"time": 1031.0, "step": 12, "reward_mean": 0.7, "samples": 96},
+        {"time": 1032.0, "kind": "eval", "version": 12, "step": 12, "reward_mean": 0.05, "samples": 40},
+    ]
+    with open(run_dir.metrics, "a") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in extra))
+    expected = (0.3 + 0.4 + 0.5 + 0.6 + 0.7 + 0.8 + 0.9 + 1.0 + 0.0 + 0.7) / 10  # steps 3..12, each as last written
+
+    progress = json.loads(CliRunner().invoke(app, ["status", str(run_dir.root), "--json"]).output)["progress"]
+    assert (progress["step"], progress["reward_mean"], progress["samples"]) == (12, 0.7, 96)  # the eval record is not the last step
+    assert progress["reward_smoothed"] == pytest.approx(expected) and progress["reward_smoothed_steps"] == 10
+    text = " ".join(CliRunner().invoke(app, ["status", str(run_dir.root)], env={"COLUMNS": "250"}).output.split())
+    assert f"reward {expected:.3f} (mean of 10 steps; last 0.700)" in text
+    (listed,) = json.loads(CliRunner().invoke(app, ["runs", str(tmp_path), "--json"]).output)
+    assert listed["reward_smoothed"] == pytest.approx(expected) and listed["reward_mean"] == 0.7
+    table = "".join(CliRunner().invoke(app, ["runs", str(tmp_path)], env={"COLUMNS": "250"}).output.split())
+    assert f"{expected:.3f}(meanof10steps;last0.700)" in table
+
+
+def test_a_short_run_averages_the_steps_it_has():
+    from rlrun.cli.render import reward_text
+    from rlrun.cli.status import recent_reward
+
+    records = [{"step": 1, "reward_mean": 0.2}, {"step": 2}, {"step": 3, "reward_mean": 0.6}]  # step 2: no reward written
+    assert recent_reward(records) == (pytest.approx(0.4), 2)
+    assert recent_reward([]) is None and recent_reward([{"step": 1}]) is None
+    assert reward_text(0.6, 0.4, 2) == "0.400 (mean of 2 steps; last 0.600)"
+    assert reward_text(0.6, 0.6, 1) == "0.600" and reward_text(None, None, 0) == "-"
