@@ -100,23 +100,52 @@ def policy_loss(
     return losses[algo](logprobs, old_logprobs, advantages, mask, clip_eps_low, clip_eps_high)
 
 
-# Rows of logits whose float32 log-softmax is computed at once: at most this many elements
-# (64 MiB). A small vocabulary does the whole batch in one go (the tiny demo model: 256 rows of
-# 8 x 64); a 150k vocabulary one row at a time, as before, so memory stays bounded.
+# Positions whose float32 log-softmax is computed at once: at most this many elements (64 MiB):
+# 341 positions of a 49k vocabulary, 110 of a 152k one, the whole batch of the tiny demo model.
 LOGPROB_CHUNK_ELEMENTS = 1 << 24
 
 
 def completion_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
     """out[b, t] = log p(input_ids[b, t+1] | logits[b, t]): [B, T, V], [B, T] → [B, T-1] float32,
-    as many sequences at a time as fit in LOGPROB_CHUNK_ELEMENTS (never the whole float32 [B, T, V])."""
+    LOGPROB_CHUNK_ELEMENTS at a time (never the whole float32 [B, T, V], forward or backward)."""
     batch, length, vocab = logits.shape
     if batch == 0:
         return logits.new_zeros((0, max(length - 1, 0)), dtype=torch.float32)
-    rows_per_chunk = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, (length - 1) * vocab))
-    targets = input_ids[:, 1:]
-    chunks = []
-    for start in range(0, batch, rows_per_chunk):
-        part = logits[start : start + rows_per_chunk, :-1].float()  # [b, T-1, V]
-        picked = part.gather(-1, targets[start : start + rows_per_chunk].unsqueeze(-1)).squeeze(-1)
-        chunks.append(picked - torch.logsumexp(part, dim=-1))
-    return torch.cat(chunks)
+    # The last position predicts nothing: it is scored against token 0 and dropped (its gradient is 0).
+    targets = torch.nn.functional.pad(input_ids[:, 1:], (0, 1))
+    scored = _TokenLogprobs.apply(logits.reshape(batch * length, vocab), targets.reshape(-1))
+    return scored.view(batch, length)[:, :-1]
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """log p(targets[i] | logits[i]) for [N, V] logits and [N] targets, in chunks of positions.
+
+    Autograd over slices of the logits would give each chunk's backward a zero gradient of the
+    whole logits to copy its part into; here the backward writes each chunk's gradient,
+    (onehot - softmax) * grad, into one gradient of the logits' shape and dtype."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor) -> Tensor:
+        rows, vocab = logits.shape
+        per_chunk = max(1, LOGPROB_CHUNK_ELEMENTS // max(1, vocab))
+        out = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(out)
+        for start in range(0, rows, per_chunk):
+            part = logits[start : start + per_chunk].float()
+            lse[start : start + per_chunk] = torch.logsumexp(part, dim=-1)
+            picked = part.gather(-1, targets[start : start + per_chunk, None]).squeeze(-1)
+            out[start : start + per_chunk] = picked - lse[start : start + per_chunk]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.per_chunk = per_chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None]:
+        logits, targets, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.per_chunk):
+            end = start + ctx.per_chunk
+            g = grad_out[start:end, None].float()
+            part = (logits[start:end].float() - lse[start:end, None]).exp_().mul_(-g)  # a new tensor: logits kept
+            grad[start:end] = part.scatter_add_(-1, targets[start:end, None], g)
+        return grad, None

@@ -37,17 +37,17 @@ def optimizer_step(model, optimizer, samples: list, cfg, parallel: Parallel, dev
     diff_sum = diff_count = diff_max = 0.0
     for i, part in enumerate(mine):
         batch = collate(part, device, policy_version)
+        ids, first = batch["input_ids"], scored_from(batch["mask"])
+        mask, old = batch["mask"][:, first + 1 :], batch["old_logprobs"][:, first + 1 :]
         with parallel.accumulating(model, sync=i == len(mine) - 1), parallel.autocast(t.mixed_precision):
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            logprobs = completion_logprobs(logits, batch["input_ids"])
-            out = policy_loss(
-                algo.name, logprobs, batch["old_logprobs"][:, 1:], batch["advantages"], batch["mask"][:, 1:],
-                algo.clip_eps_low, algo.clip_eps_high,
-            )  # fmt: skip
+            # Logits of the positions from `first` on only: the prompt's before them are never read.
+            logits = model(input_ids=ids, attention_mask=batch["attention_mask"], logits_to_keep=ids.shape[1] - first).logits
+            logprobs = completion_logprobs(logits, ids[:, first:])
+            out = policy_loss(algo.name, logprobs, old, batch["advantages"], mask, algo.clip_eps_low, algo.clip_eps_high)
             (out.loss * scale).backward()
         with torch.no_grad():
-            same_weights = batch["mask"][:, 1:] * batch["sampled_by_current"][:, None]
-            diff = (logprobs.detach().float() - batch["old_logprobs"][:, 1:]).abs() * same_weights
+            same_weights = mask * batch["sampled_by_current"][:, None]
+            diff = (logprobs.detach().float() - old).abs() * same_weights
             diff_sum += diff.sum().item()
             diff_count += same_weights.sum().item()
             diff_max = max(diff_max, diff.max().item() if diff.numel() else 0.0)
@@ -70,6 +70,13 @@ def optimizer_step(model, optimizer, samples: list, cfg, parallel: Parallel, dev
         "logprob_diff_max": diff_max if diff_count else None,
         "logprob_diff_tokens": int(diff_count),
     }
+
+
+def scored_from(mask) -> int:
+    """The first position whose next-token log-prob the loss reads: the one before the earliest
+    completion token of the batch (`mask` [B, T]); the last position when no token is scored."""
+    scored = mask[:, 1:].any(dim=0).nonzero()
+    return int(scored[0]) if len(scored) else mask.shape[1] - 1
 
 
 def collate(samples, device, policy_version: int = 0) -> dict:

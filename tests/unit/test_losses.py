@@ -198,3 +198,25 @@ def test_completion_logprobs_is_the_same_in_chunks_of_any_size(monkeypatch):
     monkeypatch.setattr(losses, "LOGPROB_CHUNK_ELEMENTS", 1)  # less than a row: still one row a chunk
     torch.testing.assert_close(completion_logprobs(logits, ids), whole)
     assert completion_logprobs(logits[:0], ids[:0]).shape == (0, 5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_elements", [1 << 24, 3 * 11, 1])
+def test_completion_logprobs_gradient_is_log_softmaxs_in_chunks_of_any_size(monkeypatch, dtype, chunk_elements):
+    """The hand-written backward, (onehot - softmax) * grad per chunk, equals autograd's through
+    log_softmax and gather, in the logits' own dtype; the last position gets no gradient."""
+    import rlrun.trainer.losses as losses
+
+    monkeypatch.setattr(losses, "LOGPROB_CHUNK_ELEMENTS", chunk_elements)  # one chunk; 3 positions; 1 position
+    g = torch.Generator().manual_seed(2)
+    logits = (3 * torch.randn(4, 6, 11, generator=g)).to(dtype).requires_grad_(True)
+    ids = torch.randint(0, 11, (4, 6), generator=g)
+    weights = torch.randn(4, 5, generator=g)
+    reference = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    (expected,) = torch.autograd.grad((reference * weights).sum(), logits)
+    out = completion_logprobs(logits, ids)
+    torch.testing.assert_close(out, reference)
+    (got,) = torch.autograd.grad((out * weights).sum(), logits)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, expected, atol=1e-6 if dtype == torch.float32 else 1e-2, rtol=0.0)
+    assert got[:, -1].abs().sum() == 0
