@@ -187,6 +187,7 @@ def _print_dry_run(built, resolved: str, launch) -> None:
     cfg = built.cfg
     run_dir = RunDir(launch.run_root(cfg))
     preflight.check(built, run_dir.root, fresh=True, cheap=True)  # what `train` would refuse, refused now
+    gpus = launch.gpu_plan(built, preview=True)  # and more GPUs than this machine shows
     console.print(Syntax(resolved, "yaml", theme="ansi_dark", background_color="default"))
     table = Table(title=f"processes rlrun would start (run directory {run_dir.root})")
     for column in ("name", "command", "notable env", "log"):
@@ -215,6 +216,7 @@ def _print_dry_run(built, resolved: str, launch) -> None:
         cores = local_cores(cfg)
         where = "; ".join(f"{name or 'the others'}: {','.join(map(str, c))}" for name, c in cores.items())
         console.print(f"CPU cores (world.cpu_affinity={cfg.world.cpu_affinity}): {where or 'any process on any core'}")
+        _print_gpu_plan(built, gpus)
     if cfg.world.kind == "slurm":
         _print_slurm_plan(built, run_dir, launch)
     if cfg.world.kind == "ray":
@@ -225,6 +227,23 @@ def _print_dry_run(built, resolved: str, launch) -> None:
             placed.add_row(*row)
         console.print(placed)
     console.print("[dim]ports marked 0 are chosen when the run starts; nothing was started.[/]")
+
+
+def _print_gpu_plan(built, gpus) -> None:
+    """world=local: each process's GPUs (CUDA_VISIBLE_DEVICES), or why none are placed."""
+    if not gpus.on_gpus:
+        device = built.cfg.trainer.device
+        console.print(f"GPUs: none placed ({gpus.visible.source}): vLLM as its build runs, the trainer on trainer.device={device}", highlight=False)
+        if device.startswith("cuda"):
+            console.print(f"[yellow]`rlrun train` here would refuse trainer.device={device}: no GPU visible.[/] Preview a GPU machine's "
+                          "plan with CUDA_VISIBLE_DEVICES=0,1,... before the command.", highlight=False)  # fmt: skip
+        return
+    table = Table(title=f"GPUs of each process (world=local; {gpus.visible.source})")
+    for column in ("process", "GPUs (CUDA_VISIBLE_DEVICES)", "shared with another process"):
+        table.add_column(column, overflow="fold")
+    for name, ids in gpus.gpus.items():
+        table.add_row(name, ",".join(ids) or "none", "yes" if gpus.use(name) == "shared" else "-")
+    console.print(table)
 
 
 def _print_slurm_plan(built, run_dir, launch) -> None:

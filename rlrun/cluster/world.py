@@ -9,7 +9,7 @@ import hashlib
 from dataclasses import dataclass
 
 from rlrun.actor.partition import ownership
-from rlrun.cluster import placement
+from rlrun.cluster import gpus, placement
 from rlrun.cluster.cores import cores_by_process
 from rlrun.config import RunConfig
 from rlrun.listen import LOOPBACK
@@ -87,6 +87,23 @@ class World:
             else:
                 rows.append((name, "-", placement.describe(owned[0]), "a node Ray picks for this bundle"))
         return rows
+
+    def gpu_plan(self, visible: gpus.Visible) -> gpus.GpuPlan:
+        """world=local: the GPUs of each process among the `visible` ones (`gpus.plan`); ConfigError
+        when the run asks for more. Other worlds place GPUs themselves: nothing narrowed here."""
+        cfg = self.cfg
+        if cfg.world.kind != "local":
+            return gpus.NOT_PLACED
+        return gpus.plan(visible, self.process_names(), self.process_ranks(), actor_anchors(cfg),
+                         tensor_parallel=cfg.inference.tensor_parallel_size, trainer_device=cfg.trainer.device,
+                         share=cfg.world.share_gpus)  # fmt: skip
+
+    def vllm_gpu_use(self, plan: gpus.GpuPlan, process: str) -> gpus.GpuUse:
+        """What a server's GPUs are (its memory default follows): the local plan's word, or
+        world.vllm.gpus where Ray or SLURM places it."""
+        if self.cfg.world.kind == "local":
+            return plan.use(process)
+        return "own" if self.cfg.world.vllm.gpus > 0 else "cpu"
 
     def slurm_plan(self, nodes: list) -> "slurm_plan.Plan":
         """world=slurm: where each process of the run goes on `nodes` (slurm_plan.Node, batch node

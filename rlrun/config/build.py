@@ -189,9 +189,10 @@ def validate(cfg: RunConfig) -> None:
     )
     broadcasting = "trainer=fast_llm" if t.backend == "fast_llm" else "trainer.weight_transfer=broadcast"
     need(
-        (t.backend == "hf" and t.weight_transfer == "disk") or not _sharded_vllm(cfg.inference.extra_args),
+        (t.backend == "hf" and t.weight_transfer == "disk")
+        or (cfg.inference.tensor_parallel_size == 1 and not _sharded_vllm(cfg.inference.extra_args)),
         f"{broadcasting} needs one vLLM worker per server: each server joins the trainer's weight broadcast as "
-        "one rank. Remove --tensor-parallel-size/--pipeline-parallel-size from inference.extra_args and use "
+        "one rank. Set inference.tensor_parallel_size=1, remove --pipeline-parallel-size from inference.extra_args and use "
         f"inference.num_servers{'' if t.backend == 'fast_llm' else ', or use trainer.weight_transfer=disk'}.",
     )
     need(len(t.betas) == 2, f"trainer.betas must be two numbers in [0, 1) (got {t.betas}).")
@@ -329,3 +330,9 @@ def _validate_slurm(cfg: RunConfig, need) -> None:
             place.local or place.gpus <= w.gpus_per_node,
             f"world.{role}.gpus={place.gpus:g} is more than a node has (world.gpus_per_node={w.gpus_per_node}).",
         )
+    tp = cfg.inference.tensor_parallel_size
+    need(
+        w.vllm.gpus == 0 or w.vllm.gpus >= tp,
+        f"world.vllm.gpus={w.vllm.gpus:g} is fewer than inference.tensor_parallel_size={tp}: each server runs one "
+        f"worker per GPU; set world.vllm.gpus={tp}.",
+    )

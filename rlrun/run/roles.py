@@ -7,9 +7,11 @@ bound into the built run (`rlrun.run.built`). rlrun's own children start from th
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from rlrun.actor.partition import servers_of
+from rlrun.cluster.gpus import NOT_PLACED, GpuPlan
 from rlrun.inference import server as vllm_server
 from rlrun.parts.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
@@ -22,9 +24,12 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from rlrun.run.built import BuiltRun
 
 
-def build_specs(built: "BuiltRun", run_dir: RunDir, endpoints: Endpoints, model_path: str, events: EventLog) -> list[ProcessSpec]:
+def build_specs(
+    built: "BuiltRun", run_dir: RunDir, endpoints: Endpoints, model_path: str, events: EventLog, gpus: GpuPlan = NOT_PLACED
+) -> list[ProcessSpec]:
     """The run's processes in start order; their hooks record what they do in `events`, the
-    supervisor's log."""
+    supervisor's log. `gpus`: world=local's GPUs of each process (`World.gpu_plan`), narrowed in
+    its environment (CUDA_VISIBLE_DEVICES)."""
     cfg = built.cfg
     probe = RedisProbe(endpoints.redis_url, run_dir)
     specs: list[ProcessSpec] = []
@@ -40,7 +45,8 @@ def build_specs(built: "BuiltRun", run_dir: RunDir, endpoints: Endpoints, model_
                 # Started (and restarted) from the newest weights the trainer published.
                 argv=vllm_server.server_argv(cfg.inference, cfg.model, str(run_dir.current_weights), port, tokenizer=model_path,
                                              stream_interval=cfg.actor.journal_flush_tokens,
-                                             host=endpoints.host(f"vllm-{i}", cfg.inference.host)),
+                                             host=endpoints.host(f"vllm-{i}", cfg.inference.host),
+                                             gpu_use=built.world.vllm_gpu_use(gpus, f"vllm-{i}")),
                 env=vllm_server.server_env(cfg.inference),
                 secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # every route but /health (rlrun.inference.auth)
                 ready=vllm_server.HealthCheck(url),
@@ -62,4 +68,6 @@ def build_specs(built: "BuiltRun", run_dir: RunDir, endpoints: Endpoints, model_
                 alive=lambda pid, key=names.actor_state(k, k_all): probe.heartbeat(key, pid),
             )  # fmt: skip
         )
+    if gpus.on_gpus:
+        specs = [dataclasses.replace(spec, env={**spec.env, **gpus.env(spec.name)}) for spec in specs]
     return specs

@@ -23,7 +23,7 @@ SLURM = ["world=slurm"]
 # 4 nodes of 8 GPUs: vLLM (tensor-parallel 8) on 2 nodes, the hf trainer's 16 ranks on the 2 others.
 BIG = [
     *SLURM, "world.nodes=4", "world.gpus_per_node=8", "inference.num_servers=2", "world.vllm.gpus=8",
-    "inference.extra_args=[--tensor-parallel-size,8]", "trainer.nproc_per_node=16", "world.trainer.gpus=1",
+    "inference.tensor_parallel_size=8", "trainer.nproc_per_node=16", "world.trainer.gpus=1",
     "trainer.gradient_accumulation_passes=16", "trainer.device=cuda",
 ]  # fmt: skip
 NODES = [slurm_plan.Node(f"gpu-a{k:02d}", f"10.1.0.{k}", 96, 8) for k in range(1, 5)]
@@ -74,7 +74,8 @@ def test_the_plan_of_4_nodes_of_8_gpus_puts_vllm_on_two_and_16_trainer_ranks_on_
 
     vllm = slurm_plan.srun_argv(plan, "vllm-1", specs["vllm-1"].argv, job_id="4242", record=record, log=log)
     assert "--nodelist=gpu-a02" in vllm and vllm[vllm.index("--gpus") + 1] == "0,1,2,3,4,5,6,7" and "--layout" not in vllm
-    assert "--tensor-parallel-size" in vllm[vllm.index("--") :]
+    command = vllm[vllm.index("--") :]
+    assert command[command.index("--tensor-parallel-size") + 1] == "8"
     assert "--nodelist=gpu-a01" in slurm_plan.srun_argv(plan, "actor", specs["actor"].argv, job_id="4242", record=record, log=log)
     with pytest.raises(ValueError):
         slurm_plan.srun_argv(plan, "redis", specs["redis"].argv, job_id="4242", record=record, log=log)

@@ -1,0 +1,198 @@
+"""world=local on a machine's GPUs: which of its visible GPUs each process gets (`plan`, pure), and
+where the visible GPUs are found (`find_visible`: CUDA_VISIBLE_DEVICES, else NVML behind `Nvml`).
+
+The rules are world=ray's and world=slurm's (`placement.py`, `slurm_plan.plan`), on one node whose
+GPUs are the visible ones: each vLLM server gets `inference.tensor_parallel_size` GPUs of its own,
+the trainer one per rank when `trainer.device` is cuda, actors, Redis and the weight follower none.
+Each process then starts with CUDA_VISIBLE_DEVICES narrowed to its GPUs (`GpuPlan.env`). Asking for
+more GPUs than are visible is a ConfigError naming both numbers, unless `world.share_gpus` puts the
+trainer's ranks on the servers' GPUs (the single-GPU set-up). No GPU visible: nothing is placed and
+nothing narrowed (the CPU build), unless the trainer asks for cuda. Knows nothing of what a process does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from rlrun.cluster import placement, slurm_plan
+from rlrun.config.schema import RolePlacement, WorldConfig
+from rlrun.errors import ConfigError
+
+GpuUse = Literal["cpu", "own", "shared"]  # what a process's GPUs are: none, its own, also another process's
+NVML_PACKAGE = "nvidia-ml-py"  # imported as pynvml; in rlrun[gpu]
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used here; the message says why, for a person."""
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int | None  # None where the driver does not say
+
+
+class Nvml(Protocol):
+    """The little of NVML rlrun asks (indices are the machine's, as nvidia-smi numbers them)."""
+
+    def device_count(self) -> int: ...
+
+    def processes(self, index: int) -> list[GpuProcess]: ...  # compute processes holding memory on GPU `index`
+
+    def memory(self, index: int) -> tuple[int, int]: ...  # (used, total) bytes
+
+
+class PyNvml:
+    """`Nvml` over nvidia-ml-py (pynvml); `open_nvml` builds it."""
+
+    def __init__(self, pynvml) -> None:
+        self._nvml = pynvml
+
+    def device_count(self) -> int:
+        return int(self._nvml.nvmlDeviceGetCount())
+
+    def _handle(self, index: int):
+        return self._nvml.nvmlDeviceGetHandleByIndex(index)
+
+    def processes(self, index: int) -> list[GpuProcess]:
+        found = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle(index))
+        return [GpuProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in found]
+
+    def memory(self, index: int) -> tuple[int, int]:
+        info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle(index))
+        return int(info.used), int(info.total)
+
+
+def open_nvml() -> Nvml:
+    """NVML, started; NvmlUnavailable saying why not (the package missing, no driver)."""
+    try:
+        import pynvml
+    except ImportError:
+        raise NvmlUnavailable(f"NVML's Python bindings are not installed (pip install {NVML_PACKAGE}; in rlrun[gpu])") from None
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # pynvml.NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+        raise NvmlUnavailable(f"NVML does not start: {exc} (no NVIDIA driver on this machine?)") from None
+    return PyNvml(pynvml)
+
+
+@dataclass(frozen=True)
+class Visible:
+    """The GPUs this machine shows rlrun, as CUDA_VISIBLE_DEVICES names them (indices or UUIDs)."""
+
+    ids: tuple[str, ...]
+    source: str  # how they were found, or why none were, for a person
+
+
+def parse_visible(value: str) -> tuple[str, ...]:
+    """CUDA_VISIBLE_DEVICES → its ids, as CUDA reads it: comma-separated, ending at the first empty
+    or negative entry ('0,1,-1,2' shows 0 and 1; '' none)."""
+    ids = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item or item.startswith("-"):
+            break
+        ids.append(item)
+    return tuple(ids)
+
+
+def find_visible(environ: Mapping[str, str], nvml: Callable[[], Nvml] = open_nvml) -> Visible:
+    """The GPUs CUDA would show a child started with `environ`: CUDA_VISIBLE_DEVICES when set, else
+    every GPU NVML counts. NVML missing is no error: no GPU, and `source` says why."""
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        value = environ["CUDA_VISIBLE_DEVICES"]
+        return Visible(parse_visible(value), f"CUDA_VISIBLE_DEVICES={value!r}")
+    try:
+        count = nvml().device_count()
+    except NvmlUnavailable as exc:
+        return Visible((), f"CUDA_VISIBLE_DEVICES is unset and {exc}")
+    return Visible(tuple(map(str, range(count))), f"NVML counts {count} GPU(s)")
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """Which GPUs each process of a world=local run sees. Empty `gpus`: not on GPUs (the CPU build,
+    or another world, which places GPUs itself): nothing narrowed."""
+
+    visible: Visible
+    gpus: dict[str, tuple[str, ...]] = field(default_factory=dict)  # process → its GPU ids, every process of the run
+    shared: frozenset[str] = frozenset()  # processes whose GPUs another process uses too
+
+    @property
+    def on_gpus(self) -> bool:
+        return bool(self.gpus)
+
+    def env(self, process: str) -> dict[str, str]:
+        """What the process's environment gets: CUDA_VISIBLE_DEVICES narrowed to its GPUs ('' for none)."""
+        if not self.on_gpus:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": ",".join(self.gpus.get(process, ()))}
+
+    def use(self, process: str) -> GpuUse:
+        if not self.gpus.get(process):
+            return "cpu"
+        return "shared" if process in self.shared else "own"
+
+
+NOT_PLACED = GpuPlan(Visible((), "not placed by world=local"))
+
+
+def plan(
+    visible: Visible, processes: Sequence[str], ranks: Mapping[str, int], anchors: Mapping[str, str], *,
+    tensor_parallel: int, trainer_device: str, share: bool,
+) -> GpuPlan:
+    """The GPUs of each of `processes` (start order; `ranks`: the trainer's; `anchors`: actor → its
+    first server) among `visible`. ConfigError when they ask for more than `visible` has."""
+    trainer_cuda = trainer_device.startswith("cuda")
+    if not visible.ids and not trainer_cuda:
+        return GpuPlan(visible)  # the CPU build: vLLM on the CPU, nothing to narrow
+    if trainer_cuda and trainer_device not in ("cuda", "cuda:0"):
+        raise ConfigError(
+            f"trainer.device={trainer_device} names one GPU, but world=local gives the trainer GPUs of its own and narrows "
+            f"CUDA_VISIBLE_DEVICES to them (its first is cuda:0): set trainer.device=cuda."
+        )
+    servers = {"vllm": RolePlacement(cpus=0, gpus=tensor_parallel if visible.ids else 0)}
+    trainer = {"trainer": RolePlacement(cpus=0, gpus=1 if trainer_cuda else 0)}
+    world = dataclasses.replace(
+        WorldConfig(), redis=RolePlacement(local=True), actor=RolePlacement(cpus=0), **servers, **trainer
+    )  # what each process takes, as world.<role>.gpus says it under ray and slurm
+    trainer_side = [p for p in processes if placement.role_of(p) == "trainer"] if share else []
+    groups = [[p for p in processes if p not in trainer_side], trainer_side]  # shared: each from the first GPU
+    needed = [_gpus_wanted(world, group, ranks) for group in groups]
+    total = max(sum(n for n in needed[0].values()), sum(n for n in needed[1].values())) if share else sum(needed[0].values())
+    if total > len(visible.ids):
+        raise ConfigError(_over_request(needed, total, visible, share, trainer_cuda))
+    node = slurm_plan.Node("this machine", "127.0.0.1", None, len(visible.ids))
+    gpus: dict[str, tuple[str, ...]] = {}
+    for group in groups:
+        if not group:
+            continue
+        placed = slurm_plan.plan(world, list(group), dict(ranks), frozenset(), dict(anchors), [node]).placed
+        for name, where in placed.items():
+            gpus[name] = tuple(visible.ids[i] for share_ in where.shares for i in share_.gpus)
+    shared = frozenset()
+    if share:
+        on_trainer = {g for p in trainer_side for g in gpus[p]}
+        on_others = {g for p in groups[0] for g in gpus[p]}
+        shared = frozenset(p for p, ids in gpus.items() if set(ids) & (on_others if p in trainer_side else on_trainer))
+    return GpuPlan(visible, gpus, shared)
+
+
+def _gpus_wanted(world: WorldConfig, processes: list[str], ranks: Mapping[str, int]) -> dict[str, int]:
+    """Process → the whole GPUs its bundles ask for (placement.bundles, one node)."""
+    wanted = placement.bundles(world, processes, dict(ranks))
+    return {name: int(sum(b.get("GPU", 0.0) for b in bs)) for name, bs in wanted.items() if any(b.get("GPU") for b in bs)}
+
+
+def _over_request(needed: list[dict[str, int]], total: int, visible: Visible, share: bool, trainer_cuda: bool) -> str:
+    asked = ", ".join(f"{name}: {n}" for group in needed for name, n in group.items())
+    message = f"the run needs {total} GPU(s) ({asked}) and this machine shows {len(visible.ids)} ({visible.source})."
+    fixes = "Ask for fewer (inference.num_servers, inference.tensor_parallel_size, trainer.nproc_per_node)"
+    if trainer_cuda and not share and needed[0]:
+        fixes += ", or put the trainer on the vLLM servers' GPUs with world.share_gpus=true (memory split by inference.gpu_memory_utilization)"
+    if not visible.ids:
+        fixes = "Run it where a GPU is visible, or set trainer.device=cpu"
+    return f"{message} {fixes}."

@@ -1,0 +1,210 @@
+"""world=local on GPUs without a GPU: the plan for 1, 2 and 8 visible GPUs (tensor parallel 2,
+shared, refused), the visible GPUs found from CUDA_VISIBLE_DEVICES or NVML (a fake here: this
+machine has no GPU and no NVML), and the CUDA_VISIBLE_DEVICES each real spawned process reads
+back from its own environment (fake ids: the processes only read the variable)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from rlrun.cli.app import app
+from rlrun.cluster import gpus
+from rlrun.config import compose
+from rlrun.errors import ConfigError
+from rlrun.run import launch
+from rlrun.run.built import build
+from rlrun.rundir import RunDir
+from rlrun.supervisor.local import LocalSpawner
+
+
+def visible(n: int) -> gpus.Visible:
+    return gpus.Visible(tuple(map(str, range(n))), f"{n} fake GPUs")
+
+
+def plan_of(n: int, *overrides: str) -> gpus.GpuPlan:
+    return build(compose(list(overrides))[0]).world.gpu_plan(visible(n))
+
+
+def vllm_flag(tmp_path, plan: gpus.GpuPlan, overrides: list[str], flag: str, server: str = "vllm-0") -> str:
+    built = build(compose(overrides)[0])
+    spec = next(s for s in launch.plan_specs(built, RunDir(tmp_path), plan) if s.name == server)
+    return spec.argv[spec.argv.index(flag) + 1]
+
+
+CUDA = ["trainer.device=cuda"]
+FOUR_RANKS = ["trainer.nproc_per_node=4", "trainer.gradient_accumulation_passes=4"]
+
+
+def test_one_gpu_goes_to_vllm_and_nothing_else_sees_one(tmp_path):
+    plan = plan_of(1)  # the trainer on its default cpu
+    assert plan.gpus == {"redis": (), "vllm-0": ("0",), "trainer": (), "actor": ()}
+    assert plan.env("vllm-0") == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert plan.env("trainer") == plan.env("actor") == plan.env("redis") == {"CUDA_VISIBLE_DEVICES": ""}
+    assert vllm_flag(tmp_path, plan, [], "--gpu-memory-utilization") == "0.9"  # a GPU default, not the CPU build's 0.05
+
+
+def test_one_gpu_for_vllm_and_the_trainer_is_refused_unless_sharing_is_asked(tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        plan_of(1, *CUDA)
+    message = str(refused.value)
+    assert "needs 2 GPU(s) (vllm-0: 1, trainer: 1)" in message and "this machine shows 1 (1 fake GPUs)" in message
+    assert "world.share_gpus=true" in message
+
+    shared = plan_of(1, *CUDA, "world.share_gpus=true")
+    assert shared.gpus == {"redis": (), "vllm-0": ("0",), "actor": (), "trainer": ("0",)}
+    assert shared.use("vllm-0") == shared.use("trainer") == "shared" and shared.use("actor") == "cpu"
+    overrides = [*CUDA, "world.share_gpus=true"]
+    assert vllm_flag(tmp_path, shared, overrides, "--gpu-memory-utilization") == "0.45"  # half left to the trainer
+    assert vllm_flag(tmp_path, shared, [*overrides, "inference.gpu_memory_utilization=0.3"], "--gpu-memory-utilization") == "0.3"
+
+
+def test_two_gpus_give_vllm_and_the_trainer_one_each():
+    plan = plan_of(2, *CUDA)
+    assert (plan.gpus["vllm-0"], plan.gpus["trainer"], plan.gpus["actor"]) == (("0",), ("1",), ())
+    assert plan.use("vllm-0") == plan.use("trainer") == "own"
+
+
+def test_eight_gpus_two_servers_of_tensor_parallel_2_and_four_ranks(tmp_path):
+    overrides = [*CUDA, *FOUR_RANKS, "inference.num_servers=2", "inference.tensor_parallel_size=2", "actor.num_actors=2"]
+    plan = plan_of(8, *overrides)
+    assert plan.gpus == {
+        "redis": (), "vllm-0": ("0", "1"), "vllm-1": ("2", "3"), "trainer": ("4", "5", "6", "7"), "actor-0": (), "actor-1": (),
+    }  # fmt: skip
+    assert vllm_flag(tmp_path, plan, overrides, "--tensor-parallel-size", "vllm-1") == "2"  # vLLM told its size
+    specs = {s.name: s for s in launch.plan_specs(build(compose(overrides)[0]), RunDir(tmp_path), plan)}
+    assert specs["trainer"].env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"  # rank r takes cuda:r among them
+
+
+def test_more_than_the_machine_shows_is_refused_naming_both_numbers():
+    with pytest.raises(ConfigError, match=r"needs 10 GPU\(s\) \(vllm-0: 2, vllm-1: 2, trainer: 6\) and this machine shows 8"):
+        plan_of(8, *CUDA, "trainer.nproc_per_node=6", "trainer.gradient_accumulation_passes=6", "inference.num_servers=2",
+                "inference.tensor_parallel_size=2")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"needs 3 GPU\(s\) \(vllm-0: 3\) and this machine shows 2"):
+        plan_of(2, "inference.tensor_parallel_size=3", "world.share_gpus=true")  # sharing is the trainer's, not the servers'
+
+
+def test_the_ids_are_the_visible_ones_in_their_order():
+    seen = gpus.Visible(("GPU-c0ffee", "GPU-beef"), "CUDA_VISIBLE_DEVICES")
+    plan = build(compose(CUDA)[0]).world.gpu_plan(seen)
+    assert plan.gpus["vllm-0"] == ("GPU-c0ffee",) and plan.gpus["trainer"] == ("GPU-beef",)
+
+
+def test_without_a_gpu_nothing_is_placed_unless_the_trainer_asks_for_cuda(tmp_path):
+    none = gpus.Visible((), "CUDA_VISIBLE_DEVICES is unset and NVML's Python bindings are not installed")
+    plan = build(compose([])[0]).world.gpu_plan(none)
+    assert not plan.on_gpus and plan.env("vllm-0") == {} and plan.use("vllm-0") == "cpu"
+    assert vllm_flag(tmp_path, plan, [], "--gpu-memory-utilization") == "0.05"  # the CPU build's
+    with pytest.raises(ConfigError, match=r"needs 1 GPU\(s\) \(trainer: 1\) and this machine shows 0 \(CUDA_VISIBLE_DEVICES is unset and NVML"):
+        build(compose(CUDA)[0]).world.gpu_plan(none)
+
+
+def test_a_trainer_named_on_one_gpu_is_told_to_take_the_one_it_is_given():
+    with pytest.raises(ConfigError, match=r"trainer.device=cuda:1 names one GPU.*set trainer.device=cuda"):
+        plan_of(2, "trainer.device=cuda:1")
+    assert plan_of(2, "trainer.device=cuda:0").gpus["trainer"] == ("1",)
+
+
+def test_other_worlds_are_not_narrowed_here():
+    cfg, _ = compose(["world=ray", "world.address=10.0.0.1:6379", *CUDA])
+    assert build(cfg).world.gpu_plan(visible(8)) is gpus.NOT_PLACED
+
+
+# --- finding the visible GPUs ------------------------------------------------------------------------
+
+
+class FakeNvml:
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def device_count(self) -> int:
+        return self.count
+
+
+def no_nvml():
+    raise gpus.NvmlUnavailable("NVML's Python bindings are not installed (pip install nvidia-ml-py; in rlrun[gpu])")
+
+
+def test_cuda_visible_devices_is_read_as_cuda_reads_it_and_nvml_is_not_asked():
+    assert gpus.find_visible({"CUDA_VISIBLE_DEVICES": "3,1"}, no_nvml).ids == ("3", "1")
+    assert gpus.find_visible({"CUDA_VISIBLE_DEVICES": "0, 1,-1,2"}, no_nvml).ids == ("0", "1")  # -1 ends the list
+    assert gpus.find_visible({"CUDA_VISIBLE_DEVICES": ""}, no_nvml).ids == ()
+    assert gpus.find_visible({}, lambda: FakeNvml(4)).ids == ("0", "1", "2", "3")
+
+
+def test_nvml_absent_is_no_gpu_with_the_reason_not_a_crash():
+    found = gpus.find_visible({}, no_nvml)
+    assert found.ids == () and "pip install nvidia-ml-py" in found.source
+
+
+def test_the_real_nvml_here_says_why_it_cannot_be_used():
+    try:
+        nvml = gpus.open_nvml()
+    except gpus.NvmlUnavailable as exc:  # this machine: no bindings or no driver
+        assert "nvidia-ml-py" in str(exc) or "no NVIDIA driver" in str(exc)
+        return
+    assert nvml.device_count() >= 0  # pragma: no cover - a machine with NVML
+
+
+# --- real processes: each reads its narrowed CUDA_VISIBLE_DEVICES back ----------------------------------
+
+READ_BACK = "import json, os, sys; open(sys.argv[1], 'w').write(json.dumps(os.environ.get('CUDA_VISIBLE_DEVICES')))"
+
+
+def test_each_spawned_process_reads_its_own_gpus_from_its_environment(tmp_path, monkeypatch):
+    fake = "GPU-a,GPU-b,GPU-c,GPU-d,GPU-e,GPU-f"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", fake)  # what rlrun itself sees: every process would inherit it
+    overrides = [*CUDA, "trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2", "inference.num_servers=2",
+                 "inference.tensor_parallel_size=2"]  # fmt: skip
+    built = build(compose(overrides)[0])
+    specs = launch.plan_specs(built, RunDir(tmp_path / "run"), launch.gpu_plan(built))
+    spawner = LocalSpawner()
+    handles = {}
+    for spec in specs:  # the spec as the supervisor gets it, its command swapped for one that reads its environment
+        out = tmp_path / f"{spec.name}.json"
+        reader = dataclasses.replace(spec, argv=[sys.executable, "-c", READ_BACK, str(out)], secret_env={}, log_path=tmp_path / f"{spec.name}.log")
+        handles[spec.name] = (spawner.spawn(reader), out)
+    deadline = time.monotonic() + 60
+    while any(h.poll() is None for h, _ in handles.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(h.poll() == 0 for h, _ in handles.values())
+    seen = {name: json.loads(out.read_text()) for name, (_, out) in handles.items()}
+    assert seen == {"redis": "", "vllm-0": "GPU-a,GPU-b", "vllm-1": "GPU-c,GPU-d", "trainer": "GPU-e,GPU-f", "actor": ""}
+
+
+def test_the_dry_run_shows_each_process_its_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    result = CliRunner().invoke(app, ["train", "--dry-run", *CUDA], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    title = "GPUs of each process (world=local; CUDA_VISIBLE_DEVICES='4,5')"
+    table = result.output[result.output.index(title) :].splitlines()
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in table if line.count("│") == 4}
+    assert rows["vllm-0"] == "4" and rows["trainer"] == "5" and rows["actor"] == "none"
+
+
+def test_the_dry_run_refuses_more_gpus_than_shown_with_exit_2(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    result = CliRunner().invoke(app, ["train", "--dry-run", *CUDA])
+    assert result.exit_code == 2
+    assert "needs 2 GPU(s)" in result.output and "shows 1" in result.output
+
+
+def test_a_gpu_run_previewed_where_no_gpu_is_visible_is_shown_not_refused(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    result = CliRunner().invoke(app, ["train", "--dry-run", *CUDA], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "GPUs: none placed (CUDA_VISIBLE_DEVICES='')" in result.output
+    assert "`rlrun train` here would refuse trainer.device=cuda" in result.output
+
+
+def test_the_tensor_parallel_size_is_checked_where_it_cannot_work():
+    with pytest.raises(ConfigError, match=r"one vLLM worker per server.*inference.tensor_parallel_size=1"):
+        compose(["trainer.weight_transfer=broadcast", "inference.tensor_parallel_size=2"])  # each server joins as one rank
+    with pytest.raises(ConfigError, match=r"world.vllm.gpus=1 is fewer than inference.tensor_parallel_size=2"):
+        compose(["world=slurm", "world.gpus_per_node=8", "world.vllm.gpus=1", "inference.tensor_parallel_size=2"])
+    compose(["world=slurm", "world.gpus_per_node=8", "world.vllm.gpus=2", "inference.tensor_parallel_size=2"])
