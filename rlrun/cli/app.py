@@ -430,6 +430,24 @@ def inspect_checkpoint(
 
 
 @app.command()
+def export(
+    run_dir: Path = typer.Argument(..., help="A run directory (running or finished)."),
+    out_dir: Path = typer.Argument(..., help="A new (or empty) folder to write the Hugging Face model folder into."),
+    step: Optional[int] = typer.Option(None, "--step", min=0, help="The checkpoint of this step (default: the newest complete one)."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Copy the run's newest complete checkpoint (or --step N) as a Hugging Face folder: weights,
+    config, tokenizer and chat template, without the optimizer and trainer state."""
+    from rlrun.cli import export as exporting
+
+    with _errors(debug):
+        result = exporting.export(run_dir, out_dir, step)
+    for warning in result.warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    console.print(f"exported step {result.step} ({result.checkpoint}) to {result.path}: {len(result.files)} files", highlight=False, soft_wrap=True)
+
+
+@app.command()
 def plot(
     run_dir: Path = typer.Argument(..., help="A run directory (running or finished)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the PNG (default RUN_DIR/plot.png)."),

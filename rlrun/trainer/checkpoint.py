@@ -1,8 +1,9 @@
 """The hf trainer's checkpoints: written atomically, an `ok` marker last, read back safely.
 
-`<run>/checkpoints/step_000050/`: a whole Hugging Face model folder, the optimizer (`optimizer.pt`
-from one rank, `optimizer/` from several: either loads with any number of ranks),
-`trainer_state.json`, and `ok` (every file's size) after the rename. `resume_point` skips a
+`<run>/checkpoints/step_000050/`: a whole Hugging Face model folder (the weights, and the tokenizer
+and chat template of the model folder the run started from: transformers and vLLM load it alone),
+the optimizer (`optimizer.pt` from one rank, `optimizer/` from several: either loads with any number
+of ranks), `trainer_state.json`, and `ok` (every file's size) after the rename. `resume_point` skips a
 half-written or damaged one (`problem`: no tensor loaded) and refuses (CorruptCheckpoint) when only
 damaged ones are left, rather than train again from the base model.
 """
@@ -30,6 +31,13 @@ STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"  # written by one rank
 OPTIMIZER_DIR = "optimizer"  # written by several (torch.distributed.checkpoint)
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index, written after every shard
+TRAINER_FILES = (OK_MARKER, STATE_FILE, OPTIMIZER_FILE, OPTIMIZER_DIR)  # the rest of a checkpoint is the HF model
+# A model folder's tokenizer and chat templates, as transformers saves them (whichever a tokenizer has).
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model", "chat_template.jinja", "chat_template.json",
+)  # fmt: skip
+CHAT_TEMPLATES_DIR = "additional_chat_templates"  # transformers' named chat templates, a .jinja each
 
 
 @dataclass(frozen=True)
@@ -109,7 +117,7 @@ def problem(path: Path) -> Optional[str]:
             return f"{name} is unreadable ({type(exc).__name__}: {exc})"
 
     def sizes() -> Optional[str]:
-        for name, size in _manifest(path).items():
+        for name, size in manifest(path).items():
             if not (path / name).is_file():
                 return f"{name} is missing"
             if (path / name).stat().st_size != size:
@@ -156,7 +164,7 @@ def problem(path: Path) -> Optional[str]:
     return None
 
 
-def _manifest(path: Path) -> dict[str, int]:
+def manifest(path: Path) -> dict[str, int]:
     """File sizes recorded in the `ok` marker ({} for a marker written before it had them)."""
     text = (path / OK_MARKER).read_text()
     try:
@@ -204,9 +212,31 @@ def stream_positions(state: TrainerState):
     return {stream: Position.from_json(value) for stream, value in state.stream_positions.items()}
 
 
-def save(model, optimizer, state: TrainerState, final: Path, keep: int, parallel) -> None:
+def copy_tokenizer(source: Path, target: Path) -> list[str]:
+    """Copy model folder `source`'s tokenizer files and chat templates into `target`: the names
+    copied (none when it has none). Links (the hub cache's) are copied as the files they name."""
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
+            copied.append(name)
+    if (source / CHAT_TEMPLATES_DIR).is_dir():
+        shutil.copytree(source / CHAT_TEMPLATES_DIR, target / CHAT_TEMPLATES_DIR, dirs_exist_ok=True)
+        copied.append(CHAT_TEMPLATES_DIR)
+    return copied
+
+
+def has_tokenizer(path: Path) -> bool:
+    """Whether a model folder holds a tokenizer transformers can load (checkpoints written before
+    they carried one do not)."""
+    return any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+
+
+def save(model, optimizer, state: TrainerState, final: Path, keep: int, parallel, tokenizer_from: Optional[Path] = None) -> None:
     """Write a checkpoint atomically into `final`, then prune all but the newest `keep`. With several
-    ranks every rank calls it: each writes its optimizer shard, rank 0 the rest and `ok` last."""
+    ranks every rank calls it: each writes its optimizer shard, rank 0 the rest and `ok` last.
+    `tokenizer_from`: the model folder the run started from, whose tokenizer and chat template the
+    checkpoint carries (rlrun's trainer always gives it)."""
     import torch
 
     distributed, main = parallel.ranks.distributed, parallel.ranks.is_main
@@ -220,6 +250,8 @@ def save(model, optimizer, state: TrainerState, final: Path, keep: int, parallel
     with temporary_folder(tmp) if main else nullcontext():  # rank 0: removed if the write fails
         if main:
             parallel.unwrapped(model).save_pretrained(tmp, state_dict=weights, safe_serialization=True)
+            if tokenizer_from is not None:
+                copy_tokenizer(Path(tokenizer_from), tmp)
         if distributed:
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict

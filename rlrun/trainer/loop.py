@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlrun.config import RunConfig
@@ -42,6 +43,7 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         self.cfg, self.run_dir, self.vllm = cfg, run_dir, vllm
+        self.model_path = model_path  # the base model's folder: its tokenizer goes into every checkpoint
         self.stopping = Stopping(redis, stop)
         self.parallel = parallel if parallel is not None else Parallel(Ranks())
         self.main = self.parallel.ranks.is_main  # rank 0 reads Redis, publishes, checkpoints' owner
@@ -131,7 +133,8 @@ class Trainer:
         path = self.run_dir.checkpoint(self.state.step)
         if self.main:  # what a trainer restarted from this checkpoint reads again comes after these
             self.state = replace(self.state, stream_positions={s: p.to_json() for s, p in self.batches.positions.items()})
-        checkpoint.save(self.model, self.optimizer, self.state, path, keep=self.cfg.trainer.keep_checkpoints, parallel=self.parallel)
+        checkpoint.save(self.model, self.optimizer, self.state, path, keep=self.cfg.trainer.keep_checkpoints, parallel=self.parallel,
+                        tokenizer_from=Path(self.model_path))  # fmt: skip
         self.saved_step = self.state.step
         if not self.main:
             return
