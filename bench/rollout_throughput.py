@@ -62,7 +62,8 @@ from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.loop import Actor
 from rlrun.actor.vllm_client import generate
 from rlrun.config import compose
-from rlrun.data.tasks import load_task
+from rlrun.task.pool import scorer_for
+from rlrun.task.tasks import load_task
 from rlrun.inference.auth import bearer_header
 from rlrun.inference.server import HealthCheck, base_url, server_argv, server_env
 from rlrun.journal.store import KEY_PREFIX
@@ -241,7 +242,7 @@ async def phase_actor(cfg, redis, tokenizer, task, url: str, run_name: str, grou
     inner = JournalLedger(redis) if journal else MemoryLedger(redis)
     ledger = TimedLedger(inner)
     actor = TimedActor(cfg, redis, tokenizer, task, [url], ledger, run_name=run_name, target=groups, api_key=api_key,
-                       trainer=build(cfg).backend.trainer_view(redis))  # fmt: skip
+                       trainer=build(cfg).backend.trainer_view(redis), scorer=scorer_for(task.rewards, cfg.reward))  # fmt: skip
     started = time.perf_counter()
     run = asyncio.create_task(actor.run())
     while actor.reached is None:
@@ -306,7 +307,7 @@ def verdict(per_round: list[float], tolerance: float) -> str:
 
 async def run_phases(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int, rounds: int, api_key: str) -> list[tuple[str, dict]]:
     probe = Actor(cfg, redis, tokenizer, task, [url], MemoryLedger(redis), run_name=run_name,
-                  trainer=build(cfg).backend.trainer_view(redis))  # only for its prompt order
+                  trainer=build(cfg).backend.trainer_view(redis), scorer=scorer_for(task.rewards, cfg.reward))  # only for its prompt order
     horizon = groups + 4 * cfg.actor.max_concurrent_groups
     prompts = [tokenizer.encode(task.problems[probe._problem_index(c)].prompt, add_special_tokens=False) for c in range(horizon)]
     # Warm-up (untimed): one wave of groups per phase, so no phase pays for its first requests

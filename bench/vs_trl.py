@@ -24,7 +24,7 @@ PNG (reward against wall-clock seconds, one curve per run):
                             in one bench
 
 The same for all: the tiny warm-started model rlrun builds (rlrun.models.tiny, same folder), the
-arithmetic prompts in the actor's seeded order (rlrun.data.tasks.problem_index; TRL's sampler
+arithmetic prompts in the actor's seeded order (rlrun.task.tasks.problem_index; TRL's sampler
 with shuffle_dataset=False), group size, samples per optimizer step (one generation = one step
 for TRL: per_device_train_batch_size = samples per step, steps_per_generation = 1,
 num_iterations = 1), learning rate, AdamW betas, weight decay, gradient clipping, a constant
@@ -195,7 +195,7 @@ def mean_prompt_tokens(recipe: str) -> float:
     """The mean prompt length of the recipe's task in tokens (what a continued sample prefills again besides its prefix)."""
     from rlrun.actor.tokenizer import load_tokenizer
     from rlrun.config import compose
-    from rlrun.data.tasks import load_task
+    from rlrun.task.tasks import load_task
     from rlrun.run.launch import model_path
 
     cfg, _ = compose([f"recipe={recipe}"])
@@ -295,13 +295,15 @@ def trl_worker(args, overrides: list[str]) -> int:
     from trl import GRPOConfig, GRPOTrainer
 
     from rlrun.config import compose
-    from rlrun.data.tasks import load_task, problem_index
+    from rlrun.task.rewards import reward_in_process
+    from rlrun.task.tasks import load_task, problem_index
     from rlrun.run.launch import model_path
 
     torch.set_num_threads(args.trl_threads)
     cfg, _ = compose(overrides)
     path = model_path(cfg, build=True)
-    task = load_task(cfg.dataset, cfg.run.seed)
+    task = load_task(cfg.dataset, cfg.run.seed, cfg.reward)
+    score = reward_in_process(task.rewards)
     t, algo = cfg.trainer, cfg.algo
     per_step = t.samples_per_step
     groups = cfg.groups_per_step * t.max_train_steps
@@ -310,7 +312,7 @@ def trl_worker(args, overrides: list[str]) -> int:
     rewards: list[float] = []
 
     def reward(prompts, completions, problem, **_):
-        scores = [task.reward(text, task.problems[i]) for text, i in zip(completions, problem)]
+        scores = [score(text, task.problems[i].prompt, task.problems[i].row) for text, i in zip(completions, problem)]
         rewards.extend(scores)
         return scores
 

@@ -115,6 +115,8 @@ class MemoryLedger:
         return None, []
 
     def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]:
+        if not messages:  # a dropped group: nothing to publish, nothing kept to mark
+            return ""
         with self.redis.pipeline(transaction=True) as tx:
             for message in messages:
                 tx.xadd(stream, {"data": message})

@@ -2,7 +2,9 @@
 `rlrun/entrypoints/actor.py`, one per actor.num_actors).
 
 It samples a group of completions per prompt from vLLM (one request per group, token ids in and
-out), scores them and publishes each finished group to the trainer's stream. Every token goes to
+out), has the task's rewards score them in worker processes (`rlrun/task/pool.py`: never in this
+event loop) and publishes each finished group to the trainer's stream. Actor 0 also samples the
+held-out evaluation when a version is due (`evaluator.py`). Every token goes to
 the token journal as it arrives, so whatever stops a generation (a lost server, a restart) it is
 continued from the tokens already produced; a weight update stops nothing (vLLM keeps the requests
 in flight and labels each token with the weights that sampled it). It stays at most `actor.max_steps_ahead` steps
@@ -21,6 +23,7 @@ from typing import Callable
 
 import httpx
 
+from rlrun.actor.evaluator import Evaluator
 from rlrun.actor.ledger import JournalLedger, MemoryLedger, flush
 from rlrun.actor.partition import prompt_position
 from rlrun.actor.replay import resume
@@ -28,7 +31,9 @@ from rlrun.actor.sampling import LiveGroup, SampleState, close_if_spent, count_k
 from rlrun.actor.trainer_view import TrainerView
 from rlrun.actor.vllm_client import generate
 from rlrun.config import RunConfig
-from rlrun.data.tasks import Task, problem_index
+from rlrun.task.pool import Scorer
+from rlrun.task.rewards import GroupCall, SampleInfo
+from rlrun.task.tasks import Task, problem_index
 from rlrun.errors import ConfigError
 from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import is_stale, plan_replay
@@ -46,9 +51,11 @@ class Actor:
     def __init__(
         self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str],
         ledger: JournalLedger | MemoryLedger, run_name: str, api_key: str = "",
-        *, trainer: TrainerView, actor_index: int = 0, render_prompt: Callable[[str], str] | None = None,
+        *, trainer: TrainerView, scorer: Scorer, actor_index: int = 0, render_prompt: Callable[[str], str] | None = None,
+        evaluator: Evaluator | None = None,
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
+        self.scorer, self.evaluator = scorer, evaluator  # the rewards' worker pool; actor 0's evaluation (None: none)
         self.render_prompt = render_prompt or (lambda text: text)  # model.chat_template: the model's chat format
         self.trainer = trainer  # the run's bound backend's view (built once, by the role's entry point)
         self.index, self.num_actors = actor_index, cfg.actor.num_actors
@@ -76,6 +83,7 @@ class Actor:
             "generating_ms": 0,  # wall time with at least one request in flight (vLLM had work)
             "journal_corrupt_records": 0,
             "request_errors": 0,
+            "groups_dropped": 0,  # not trained on: a reward failed and reward.on_error=drop_group
         }
 
     async def run(self) -> None:
@@ -84,8 +92,10 @@ class Actor:
         resumed = self._replay_plan()
         limits = httpx.Limits(max_connections=self.cfg.actor.max_concurrent_groups * self.cfg.algo.group_size)
         headers = bearer_header(self.api_key) if self.api_key else {}
+        await self.scorer.pool.start()
         async with httpx.AsyncClient(limits=limits, timeout=self.cfg.actor.request_timeout_s, headers=headers) as client:
             running: set[asyncio.Task] = set()
+            evaluating: set[asyncio.Task] = set()
 
             def launch(coro) -> None:
                 task = asyncio.create_task(coro)
@@ -100,6 +110,12 @@ class Actor:
                     self._heartbeat(len(running))
                     if self._failure is not None:
                         raise self._failure
+                    if self.evaluator is not None and not evaluating:
+                        version = self.trainer.policy_version()
+                        if self.evaluator.due(version):
+                            task = asyncio.create_task(self._evaluate(client, version))
+                            evaluating.add(task)
+                            task.add_done_callback(evaluating.discard)
                     if len(running) >= self.cfg.actor.max_concurrent_groups:
                         # Wake as soon as a slot frees up, not on a timer: groups are short.
                         await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
@@ -111,18 +127,28 @@ class Actor:
                     self._held_since = 0.0
                     launch(self._complete(client, self._open_group()))
             finally:  # done, failed or stopped (SIGTERM): the groups in flight end before their client
-                for task in running:
+                for task in running | evaluating:
                     task.cancel()
-                await asyncio.gather(*running, return_exceptions=True)
+                await asyncio.gather(*running, *evaluating, return_exceptions=True)
+                await self.scorer.pool.close()
         log.info("trainer said training_done; actor stops (%s)", self.counters)
+
+    async def _evaluate(self, client: httpx.AsyncClient, version: int) -> None:
+        """One evaluation; a failed request is logged and the version tried again on a later loop."""
+        try:
+            await self.evaluator.evaluate(client, version)
+        except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+            log.warning("evaluation of policy version %d failed (%s): it starts again", version, exc)
+            await asyncio.sleep(RETRY_DELAY_S)
 
     def _continue_counters(self) -> None:
         """Count for the whole run: go on from what the last actor published at its last heartbeat."""
         published = self.redis.hgetall(self.state_key) or {}
-        for key in self.counters:
-            value = published.get(key)
-            if value is not None and str(value).isdigit():
+        for key, value in published.items():
+            if key in self.counters and str(value).isdigit():
                 self.counters[key] = int(value)
+            elif key.startswith(("reward_errors.", "reward_timeouts.")) and str(value).isdigit():
+                self.scorer.counters[key] = int(value)
 
     def _note_failure(self, task: asyncio.Task) -> None:
         """A group task that raised something unexpected stops the actor (the supervisor sees it)."""
@@ -135,7 +161,8 @@ class Actor:
         now = time.time()
         if now - self._last_heartbeat >= 1.0:
             waiting = {"in_flight": in_flight, "held_by_backpressure_since": self._held_since}
-            self.redis.hset(self.state_key, mapping={"pid": os.getpgrp(), "heartbeat": now, **waiting, **self.counters})
+            counts = {**self.counters, **self.scorer.counters}
+            self.redis.hset(self.state_key, mapping={"pid": os.getpgrp(), "heartbeat": now, **waiting, **counts})
             self._last_heartbeat = now
         since, before = self._last_progress
         if now - since >= PROGRESS_LOG_S:
@@ -227,7 +254,7 @@ class Actor:
                 self._flush(group, group.samples)
             self._count_interrupted(pending)
         self._flush(group, group.samples)  # finishes decided locally (budget spent)
-        self._publish(group)
+        await self._publish(group)
 
     def _count_interrupted(self, samples: list[SampleState]) -> None:
         """What a failed request left: samples continued next from the tokens they hold, each
@@ -305,10 +332,26 @@ class Actor:
         self.ledger.reset(group.group_id, sample.index)
         sample.reset()
 
-    def _publish(self, group: LiveGroup) -> None:
+    async def _publish(self, group: LiveGroup) -> None:
+        """Score the group in the reward workers, then deliver it once (a group whose reward failed
+        under reward.on_error=drop_group is marked delivered with nothing published)."""
         problem = self.task.problems[group.prompt_index]
         texts = [self.tokenizer.decode(s.completion_ids, skip_special_tokens=True) for s in group.samples]
-        rewards = [self.task.reward(text, problem) for text in texts]
+        version = self.trainer.policy_version()
+        infos = [
+            SampleInfo(s.finish_reason or "length", len(s.completion_ids), s.index, max(s.versions, default=version))
+            for s in group.samples
+        ]  # fmt: skip
+        call = GroupCall(problem.prompt, problem.row, texts, [list(s.completion_ids) for s in group.samples], infos,
+                         conversational=isinstance(problem.prompt, tuple))  # fmt: skip
+        score = await self.scorer.score(call)
+        if score.rewards is None:
+            stream, _ = self.trainer.destination(Group(group.group_id, group.prompt_index, group.prompt_ids, []))
+            if self.ledger.deliver(group.group_id, stream, []) is not None:
+                self.counters["groups_dropped"] += 1
+                self._audit({"kind": "dropped", "group": group.group_id, "failures": score.failures})
+            return
+        rewards = score.rewards
         advantages = group_advantages(rewards, self.cfg.algo.normalize_advantage_std)
         message = Group(
             group_id=group.group_id,

@@ -54,6 +54,7 @@ def compose(overrides: list[str]) -> tuple[RunConfig, str]:
         raise ConfigError(f"a file of {conf_dir()} that {chosen} chose is not UTF-8 text ({exc.reason}): fix that file.") from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_explain(exc, overrides)) from None
+    absolute_task_paths(data)
     cfg = config_from_data(data, source="the composed config")
     ignored = ignored_overrides(cfg, list(overrides))
     if ignored:
@@ -69,6 +70,26 @@ def composed(overrides: list[str]) -> dict:
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="rlrun"):
         return OmegaConf.to_container(hydra_compose(config_name="config", overrides=list(overrides)), resolve=True)
+
+
+def absolute_task_paths(data: dict) -> None:
+    """The task's files and reward files that exist here, made absolute in the saved config: every
+    role, and `rlrun resume` from another directory, reads the same ones (hub names stay as given)."""
+
+    def absolute(path: str) -> str:
+        found = Path(path).expanduser()
+        return str(found.resolve()) if found.exists() else path
+
+    dataset, reward = data.get("dataset") or {}, data.get("reward") or {}
+    for key in ("train_files", "eval_files"):
+        if isinstance(dataset.get(key), list):
+            dataset[key] = [absolute(p) if isinstance(p, str) else p for p in dataset[key]]
+    if isinstance(reward.get("functions"), list):
+        refs = []
+        for ref in reward["functions"]:
+            where, _, name = ref.rpartition(":") if isinstance(ref, str) else ("", "", "")
+            refs.append(f"{absolute(where)}:{name}" if where.endswith(".py") else ref)
+        reward["functions"] = refs
 
 
 def load_resolved(path: Path) -> RunConfig:

@@ -14,6 +14,8 @@ from rlrun.config.bounds import (
 AlgoName = Literal["gspo", "grpo"]
 Seed = Annotated[int, Range(0, 2**32 - 1, why="what every seeded generator (torch, numpy, vLLM) takes")]
 Beta = Annotated[float, Range(0, 1, open_high=True)]
+Share = Annotated[float, Range(0, 1, open_high=True)]  # [0, 1)
+Finite = Annotated[float, Range()]  # any finite number (a reward's weight or threshold may be negative)
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    name: Literal["arithmetic", "gsm8k", "reasoning_gym"] = "arithmetic"  # arithmetic: generated; gsm8k: via `datasets`; reasoning_gym: a task of the reasoning-gym library, scored by its own verifier
+    """Where the problems come from (docs/your-task.md). Every kind gives rows: the prompt from a
+    column, a template or chat messages; every other column reaches the rewards untouched."""
+
+    name: Literal["arithmetic", "gsm8k", "reasoning_gym", "files"] = "arithmetic"  # arithmetic: generated; gsm8k: via `datasets`; reasoning_gym: a task of the reasoning-gym library; files: your own rows (train_files)
     max_operand: Natural = 9  # arithmetic: operands are drawn from 0..max_operand
     num_problems: Natural = 100  # arithmetic, reasoning_gym: size of the generated problem set (at least 1)
     task: Optional[str] = None  # reasoning_gym: the library's dataset name (chain_sum, basic_arithmetic, leg_counting, ...)
@@ -55,7 +60,41 @@ class DatasetConfig:
     answer_format: Literal["answer_tag", "last_number"] = "answer_tag"  # reasoning_gym: answer_tag asks for <answer>...</answer> and extracts it as the library does; last_number takes the completion's last number
     hf_path: str = "openai/gsm8k"  # gsm8k: dataset id or local path given to `datasets.load_dataset`
     hf_config: Optional[str] = "main"  # gsm8k: dataset configuration name
-    split: str = "train"  # gsm8k: split to train on
+    split: str = "train"  # gsm8k, and files naming a `datasets` folder or hub dataset: the split to read
+    train_files: list[str] = field(default_factory=list)  # files: JSONL, Parquet or CSV files, or a `datasets` folder saved to disk (a hub name where the hub is reachable); their rows in order
+    eval_files: list[str] = field(default_factory=list)  # held-out rows for evaluation, in the same formats (else eval_fraction)
+    eval_split: Optional[str] = None  # a `datasets` folder or hub dataset: the split evaluated (instead of eval_files)
+    eval_fraction: Share = 0.0  # without eval files: this share of the rows held out for evaluation, chosen by run.seed
+    prompt_column: str = "prompt"  # the column holding the prompt text (or a list of chat messages)
+    prompt_template: Optional[str] = None  # instead of prompt_column: a template over the row's columns, e.g. "Solve: {question}"
+    system_prompt: Optional[str] = None  # a system message before every prompt (needs model.chat_template=true)
+    source_column: Optional[str] = None  # a column naming each row's source: evaluation figures per source too
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """The rewards: functions of ours or yours, run in reward.workers processes off the actor's
+    event loop (docs/your-task.md has the signatures)."""
+
+    functions: list[str] = field(default_factory=list)  # module:function or path/to/file.py:function; empty: the dataset's built-in scorer
+    weights: list[Finite] = field(default_factory=list)  # one per function (the reward is their weighted sum); empty: all 1
+    timeout_s: Seconds = 30.0  # one call longer than this is stopped (its worker killed) and counts as failed
+    on_error: Literal["zero", "drop_group"] = "zero"  # a call that raised or timed out: zero: that reward is 0 for its samples; drop_group: the group is not trained on
+    workers: Count = 2  # processes running reward calls (a crashed or hung one is replaced)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation on the run's vLLM servers with the exact policy version (docs/your-task.md)."""
+
+    every_steps: Natural = 0  # evaluate the policy versions that are multiples of this (0: no evaluation)
+    at_start: bool = True  # also evaluate version 0 (the weights training starts from)
+    samples_per_prompt: Count = 1  # k: completions per eval prompt (pass@k is over these)
+    temperature: NonNegative = 0.0  # 0: greedy
+    max_prompts: Natural = 0  # evaluate only the first this many eval rows (0: all)
+    max_new_tokens: Natural = 0  # 0: actor.max_new_tokens
+    pass_threshold: Finite = 1.0  # a sample with a reward at least this is correct (pass@k)
+    wait_s: Seconds = 600.0  # the trainer waits at most this for an evaluation before it replaces the weights evaluated
 
 
 @dataclass(frozen=True)
@@ -181,6 +220,8 @@ class WorldConfig:
 
     kind: Literal["local", "ray", "slurm"] = "local"  # local: subprocesses of rlrun; ray: on the nodes of an existing Ray cluster; slurm: srun steps of a SLURM job (`rlrun submit`)
     cpu_affinity: Literal["auto", "none"] = "auto"  # local: auto gives each vLLM server CPU cores of its own (its worker's threads + 2, leaving one) and the other processes the rest (rlrun/cluster/cores.py); none: any process on any core
+    share_gpus: bool = False  # local: the trainer's ranks on the vLLM servers' GPUs, from the first (one GPU for a server and the trainer: the single-GPU set-up); false: every process on GPUs of its own, more than the machine shows refused (rlrun/cluster/gpus.py)
+    gpu_release_timeout_s: Seconds = 60.0  # local: a process on GPUs is restarted once NVML lists none of a dead process's memory on them, or after this long (an event names what still holds it)
     address: Optional[str] = None  # ray: the cluster to join, HOST:PORT of its head or "auto" (the one this machine is in)
     placement_timeout_s: Seconds = 60.0  # ray: resources not reserved by then (or a lost node's not replaced): a clear stop; slurm: a step not started by then
     redis: RolePlacement = field(default_factory=lambda: RolePlacement(local=True))  # ray: Redis stays with the supervisor
@@ -219,7 +260,6 @@ class RoleSupervision:
     window_s: Seconds = 600.0  # the sliding window max_restarts is counted in
     backoff_initial_s: SecondsOrZero = 1.0  # delay before the first restart; doubles per consecutive failure
     backoff_max_s: SecondsOrZero = 30.0  # cap on that delay
-    share_gpus: bool = False  # local: the trainer's ranks on the vLLM servers' GPUs, from the first (one GPU for a server and the trainer: the single-GPU set-up); false: every process on GPUs of its own, more than the machine shows refused (rlrun/cluster/gpus.py)
     healthy_after_s: SecondsOrZero = 60.0  # up this long: the backoff starts again from backoff_initial_s
     stall_timeout_s: Seconds = 60.0  # no sign of life (heartbeat, health check) this long: a stall
 
@@ -253,6 +293,8 @@ class RunConfig:
     world: WorldConfig
     supervisor: SupervisorConfig
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  # per-step metrics outputs (absent in configs saved before it existed)
+    reward: RewardConfig = field(default_factory=RewardConfig)  # the rewards (absent in configs saved before it existed)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (absent in configs saved before it existed)
 
     @property
     def groups_per_step(self) -> int:

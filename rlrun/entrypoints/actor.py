@@ -6,11 +6,13 @@ from __future__ import annotations
 import logging
 import signal
 
+from rlrun.actor.evaluator import Evaluator
 from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.loop import Actor
 from rlrun.actor.partition import group_namespace
 from rlrun.actor.tokenizer import load_tokenizer
-from rlrun.data.tasks import load_task
+from rlrun.task.pool import scorer_for
+from rlrun.task.tasks import load_task
 from rlrun.entrypoints import configure_logging, die_of, exit_2_on, run_process, run_until_sigterm
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.models.chat import chat_renderer
@@ -28,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     role = role_from_argv("rlrun::actor", argv)
     cfg = role.load_config()
-    task = load_task(cfg.dataset, cfg.run.seed)
+    task = load_task(cfg.dataset, cfg.run.seed, cfg.reward)
     render_prompt = chat_renderer(role.model_path) if cfg.model.chat_template else None
     run_dir, k = role.run, role.actor_index
     if not 0 <= k < cfg.actor.num_actors:
@@ -39,9 +41,21 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = load_tokenizer(role.model_path)  # not transformers: see tokenizer.py
         view = build(cfg).backend.trainer_view(redis, k)  # the role's run, built once
         ledger = JournalLedger(redis, names.journal_prefix(view.stream)) if cfg.actor.journal else MemoryLedger(redis)
+        scorer = scorer_for(task.rewards, cfg.reward)
+        evaluator = None
+        if k == 0 and cfg.eval.every_steps and task.eval_problems:  # actor 0 evaluates
+            render = render_prompt or (lambda prompt: prompt)
+            evaluator = Evaluator(
+                cfg.eval, cfg.trainer.max_train_steps, task.eval_problems,
+                encode=lambda problem: tokenizer.encode(render(problem.prompt), add_special_tokens=False),
+                decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), scorer=scorer, redis=redis,
+                urls=role.vllm_urls, max_new_tokens=cfg.actor.max_new_tokens, concurrency=cfg.actor.max_concurrent_groups,
+                request_timeout_s=cfg.actor.request_timeout_s,
+            )  # fmt: skip
         actor = Actor(
             cfg, redis, tokenizer, task, role.vllm_urls, ledger, run_name=group_namespace(run_dir.root.name, k, cfg.actor.num_actors),
-            api_key=run_dir.read_vllm_api_key(), trainer=view, actor_index=k, render_prompt=render_prompt,
+            api_key=run_dir.read_vllm_api_key(), trainer=view, scorer=scorer, actor_index=k, render_prompt=render_prompt,
+            evaluator=evaluator,
         )  # fmt: skip
         if cfg.actor.audit:
             run_dir.audit.mkdir(exist_ok=True)

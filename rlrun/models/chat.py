@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from rlrun.errors import ConfigError
 
@@ -47,8 +47,9 @@ def _token_text(value) -> str:
     return value.get("content", "") if isinstance(value, dict) else str(value)
 
 
-def chat_renderer(folder: str | Path) -> Callable[[str], str]:
-    """prompt text -> the text of a conversation with that one user message, ready for the reply."""
+def chat_renderer(folder: str | Path) -> Callable[[str | Sequence[Mapping]], str]:
+    """A prompt -> the text of its conversation, ready for the reply: prompt text is one user
+    message; a sequence of {role, content} messages is the conversation itself."""
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -67,8 +68,8 @@ def chat_renderer(folder: str | Path) -> Callable[[str], str]:
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     template = env.from_string(template_text)
 
-    def render(prompt: str) -> str:
-        messages = [{"role": "user", "content": prompt}]
+    def render(prompt: str | Sequence[Mapping]) -> str:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
         return template.render(messages=messages, add_generation_prompt=True, tools=None, documents=None, **specials)
 
     return render

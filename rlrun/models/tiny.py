@@ -18,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlrun.data.arithmetic import Problem, arithmetic_problems
+from rlrun.task.arithmetic import Sum, arithmetic_problems
 from rlrun.models.cache import MARKER, built_once
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ def _new_model(build: TinyBuild, tokenizer):
     return model
 
 
-def _batch(tokenizer, problems: list[Problem]):
+def _batch(tokenizer, problems: list[Sum]):
     """Right-padded prompt+answer+eos ids, attention mask, and labels on the answer and eos only."""
     import torch
 
@@ -216,7 +216,7 @@ def _batch(tokenizer, problems: list[Problem]):
     return input_ids, mask, labels
 
 
-def _warm_start(model, tokenizer, problems: list[Problem], build: TinyBuild) -> list[float]:
+def _warm_start(model, tokenizer, problems: list[Sum], build: TinyBuild) -> list[float]:
     import torch
 
     model.train()
@@ -236,7 +236,7 @@ def _warm_start(model, tokenizer, problems: list[Problem], build: TinyBuild) -> 
     return losses
 
 
-def _accuracy(model, tokenizer, problems: list[Problem], max_operand: int) -> dict[str, float]:
+def _accuracy(model, tokenizer, problems: list[Sum], max_operand: int) -> dict[str, float]:
     """Exact-answer accuracy: greedy, and the expected rate when sampling at temperature 1 (the
     mean probability of "answer<eos>": no sampling noise; what RL's first groups see on average)."""
     import torch
@@ -253,7 +253,7 @@ def _accuracy(model, tokenizer, problems: list[Problem], max_operand: int) -> di
 
         greedy_hits = 0
         budget = len(str(2 * max_operand)) + 1  # longest answer, then its end-of-sequence
-        by_length: dict[int, list[Problem]] = {}
+        by_length: dict[int, list[Sum]] = {}
         for problem in problems:
             by_length.setdefault(len(problem.prompt), []).append(problem)
         for width, group in by_length.items():  # same prompt length: decode the group as one batch

@@ -282,15 +282,15 @@ def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
                 "dataset=gsm8k scores answers with math-verify, which is not installed: pip install 'rlrun[gpu]' "
                 "(or pip install math-verify), or choose dataset=arithmetic."
             )
-    if d.name != "arithmetic" and cheap:
+    if d.name in ("gsm8k", "reasoning_gym") and cheap:
         if importlib.util.find_spec("datasets") is None:
             raise EnvironmentProblem(f"dataset={d.name} needs the `datasets` package: pip install 'rlrun[gpu]'.")
         if d.hf_path.startswith(("/", "./", "../", "~")) and not Path(d.hf_path).expanduser().exists():
             raise EnvironmentProblem(f"dataset.hf_path={d.hf_path} does not exist. Point it at a local copy of the dataset or at a hub id.")
         return
-    from rlrun.data.tasks import load_task
+    from rlrun.task.checks import check_task
 
-    task = load_task(d, cfg.run.seed)  # raises ConfigError / EnvironmentProblem saying what and how to fix
+    task = check_task(d, cfg.reward, cfg.eval, seed=cfg.run.seed, chat_template=cfg.model.chat_template)
     if not task.problems:
         raise ConfigError(f"dataset={d.name} holds no problems (split {d.split!r}). Choose another dataset.split or dataset.")
 

@@ -12,6 +12,7 @@ TRAINER_STATE = "rlrun:trainer:state"  # hash: the trainer's progress (steps, sa
 TRAINER_EVENTS = "rlrun:trainer:events"  # stream: each step's record, for observers outside rlrun (nothing in rlrun reads it)
 POLICY_VERSION = "rlrun:policy_version"  # string: the policy version vLLM currently serves
 ACTOR_STATE = "rlrun:actor:state"  # hash: the actor's progress (prompt cursor, groups published)
+EVAL_RESULTS = "rlrun:eval"  # hash: policy version -> its evaluation's result (JSON), written once, whole, by actor 0
 WEIGHTS_STATE = "rlrun:weights"  # hash: the Fast-LLM weight follower (join requests, last event, counts)
 
 

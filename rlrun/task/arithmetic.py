@@ -1,24 +1,27 @@
-"""The generated arithmetic task: sums "a+b=" answered by their decimal result, and its reward.
-Knows nothing about tokens, models or torch: prompts and answers are plain text.
+"""The generated arithmetic task: sums "a+b=" answered by their decimal result (scored by
+`rlrun.task.scorers:exact_answer`). Knows nothing about tokens, models or torch: plain text.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from rlrun.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Problem:
+class Sum:
     prompt: str  # what the model is given, e.g. "3+4="
     answer: str  # the exact text expected after the prompt, e.g. "7" (no end-of-sequence marker)
-    scoring: Any = field(default=None, compare=False)  # what the task's scorer needs besides the answer (reasoning_gym: the library's entry)
 
 
-def arithmetic_problems(max_operand: int, num_problems: int, seed: int) -> list[Problem]:
+def arithmetic_rows(max_operand: int, num_problems: int, seed: int) -> list[dict]:
+    """The task's rows: {"prompt": "3+4=", "answer": "7"}."""
+    return [{"prompt": s.prompt, "answer": s.answer} for s in arithmetic_problems(max_operand, num_problems, seed)]
+
+
+def arithmetic_problems(max_operand: int, num_problems: int, seed: int) -> list[Sum]:
     """`num_problems` distinct sums with operands in 0..max_operand (all of them at most), in a
     seeded order: same arguments, same list."""
     if max_operand < 0:
@@ -32,11 +35,6 @@ def arithmetic_problems(max_operand: int, num_problems: int, seed: int) -> list[
     problems = []
     for index in indices:
         a, b = divmod(index, max_operand + 1)
-        problems.append(Problem(prompt=f"{a}+{b}=", answer=str(a + b)))
+        problems.append(Sum(prompt=f"{a}+{b}=", answer=str(a + b)))
     return problems
 
-
-def exact_answer_reward(completion: str, answer: str) -> float:
-    """1.0 if the completion (decoded without special tokens) is exactly the answer, surrounding
-    whitespace ignored, else 0.0; one cut off by the budget counts too if its text is the answer."""
-    return 1.0 if completion.strip() == answer.strip() else 0.0

@@ -1,16 +1,16 @@
-"""GSM8K through the `datasets` library, scored with math-verify (real-model runs): the answer is
-asked for in \\boxed{}; the reference is the number after '####' in GSM8K's solution.
+"""GSM8K through the `datasets` library, scored with math-verify (`rlrun.task.scorers:math_verify`,
+real-model runs): the answer is asked for in \\boxed{}; the reference is the number after '####'
+in GSM8K's solution.
 """
 
 from __future__ import annotations
 
-from rlrun.data.arithmetic import Problem
 from rlrun.errors import EnvironmentProblem
 
 PROMPT = "Solve the problem. Put the final answer in \\boxed{{}}.\nProblem: {question}\nSolution:"
 
 
-def gsm8k_problems(path: str, config: str | None, split: str) -> list[Problem]:
+def gsm8k_rows(path: str, config: str | None, split: str) -> list[dict]:
     try:
         import datasets
     except ImportError:
@@ -22,12 +22,8 @@ def gsm8k_problems(path: str, config: str | None, split: str) -> list[Problem]:
             f"cannot load dataset {path!r} (config {config!r}, split {split!r}): {exc}. Check dataset.hf_path, "
             f"dataset.hf_config and dataset.split, or point dataset.hf_path at a local copy."
         ) from None
-    return [Problem(PROMPT.format(question=row["question"]), row["answer"].split("####")[-1].strip()) for row in rows]
+    return [
+        {**row, "prompt": PROMPT.format(question=row["question"]), "answer": row["answer"].split("####")[-1].strip()}
+        for row in rows
+    ]
 
-
-def math_verify_reward(completion: str, answer: str) -> float:
-    from math_verify import parse, verify
-
-    gold = parse(answer)
-    predicted = parse(completion)
-    return 1.0 if gold and predicted and verify(gold, predicted) else 0.0

@@ -1,9 +1,10 @@
 """A task of the reasoning-gym library (`dataset=reasoning_gym dataset.task=<name>`): procedural
-problems and the library's own verifier as the reward.
+problems, scored by the library's own verifier (`rlrun.task.scorers:reasoning_gym`).
 
 The library generates `num_problems` entries (question, answer, metadata) from `run.seed` and the
-task's own config (`dataset.task_args`), and scores an answer with `score_answer(answer, entry)`,
-which wants the final answer alone. How it is found in a completion is `dataset.answer_format`:
+task's own config (`dataset.task_args`); each becomes a row (prompt, answer, the entry, the answer
+format), and the scorer calls the library's `score_answer(answer, entry)`, which wants the final
+answer alone. How it is found in a completion is `dataset.answer_format`:
 `answer_tag` asks for it between <answer> and </answer> and takes it out with the library's
 `extract_answer`, as its own training examples do; `last_number` takes the completion's last
 number (a small model asked for "the number only" writes "12 + 7 = 19."). Knows nothing about
@@ -15,7 +16,6 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping
 
-from rlrun.data.arithmetic import Problem
 from rlrun.errors import ConfigError, EnvironmentProblem
 
 INSTRUCTIONS = {
@@ -36,8 +36,8 @@ def require_library():
     return reasoning_gym
 
 
-def reasoning_gym_task(task: str | None, task_args: Mapping[str, Any], num_problems: int, seed: int, answer_format: str):
-    """(problems, reward) of the library's task `task`: reward(completion, problem) in [0, 1]."""
+def reasoning_gym_rows(task: str | None, task_args: Mapping[str, Any], num_problems: int, seed: int, answer_format: str) -> list[dict]:
+    """The rows of the library's task `task`: prompt, answer, entry (the library's), answer_format."""
     if not task:
         raise ConfigError("dataset=reasoning_gym needs dataset.task: the library's dataset name, e.g. dataset.task=chain_sum.")
     if num_problems < 1:
@@ -58,16 +58,20 @@ def reasoning_gym_task(task: str | None, task_args: Mapping[str, Any], num_probl
             f"merged with yours: start from none with ~dataset.task_args (then +dataset.task_args.KEY=VALUE)."
         ) from None
     instruction = INSTRUCTIONS[answer_format]
-    problems = [Problem(prompt=f"{entry['question'].rstrip()}\n{instruction}", answer=str(entry["answer"]), scoring=entry) for entry in entries]
-    extract = extractor(answer_format)
+    return [
+        {"prompt": f"{entry['question'].rstrip()}\n{instruction}", "answer": str(entry["answer"]), "entry": entry, "answer_format": answer_format}
+        for entry in entries
+    ]
 
-    def reward(completion: str, problem: Problem) -> float:
-        try:
-            return float(dataset.score_answer(extract(completion), problem.scoring))
-        except Exception:  # noqa: BLE001 - a scorer that chokes on a malformed answer: that answer is wrong
-            return 0.0
 
-    return problems, reward
+def score(completion: str, entry: Mapping[str, Any], answer_format: str) -> float:
+    """The library's verifier on the answer found in `completion`; 0 for one it chokes on."""
+    from reasoning_gym.factory import get_score_answer_fn
+
+    try:
+        return float(get_score_answer_fn(entry["metadata"]["source_dataset"])(extractor(answer_format)(completion), entry))
+    except Exception:  # noqa: BLE001 - a scorer that chokes on a malformed answer: that answer is wrong
+        return 0.0
 
 
 def extractor(answer_format: str) -> Callable[[str], str | None]:

@@ -39,6 +39,9 @@ FIELDS: dict[str, str] = {
     "groups_published": "actor, whole run: groups published to the trainer",
     "requests": "actor, whole run: generation requests sent to vLLM (one per group, but after a failed request or a restart: one per continued sample)",
     "generating_ms": "actor, whole run: milliseconds of wall time with at least one generation request in flight (vLLM had work); the rest it idled, held back by actor.max_steps_ahead",
+    "groups_dropped": "actor, whole run: groups not trained on because a reward call failed and reward.on_error=drop_group",
+    "reward_errors": "actor, whole run: per reward function, its calls that raised or returned something not a reward ({name: count}; the first traceback of each is in the actor's log)",
+    "reward_timeouts": "actor, whole run: per reward function, its calls stopped after reward.timeout_s ({name: count})",
     "time": "wall-clock time (Unix seconds) when the record was written",
     "loss": "policy loss of the step (mean over its passes)",
     "clip_fraction": "share of ratios clipped (tokens for grpo, sequences for gspo)",
@@ -60,19 +63,26 @@ RECOVERY_COUNTERS = (
     "tokens_reused", "samples_continued", "tokens_kept_on_retry", "samples_continued_on_retry", "tokens_regenerated",
     "prefixes_dropped_stale",
 )  # fmt: skip (`rlrun status` shows these)
-ACTOR_COUNTERS = (*RECOVERY_COUNTERS, "groups_published", "requests", "generating_ms")
+ACTOR_COUNTERS = (*RECOVERY_COUNTERS, "groups_published", "requests", "generating_ms", "groups_dropped")
+REWARD_FAILURES = ("reward_errors", "reward_timeouts")  # per reward function: the actor's fields `<kind>.<name>`
 
 NOT_SCALARS = ("step", "time")  # the x axis and the wall time of a scalar, not scalars themselves
 
 
-def summed_actor_counters(states: list[Mapping[str, Any]]) -> dict[str, int]:
-    """Every actor's published recovery counters added up (0 for one not published or unreadable)."""
-    out = dict.fromkeys(ACTOR_COUNTERS, 0)
+def summed_actor_counters(states: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Every actor's published counters added up (0 for one not published or unreadable), and
+    per reward function its failed calls ({name: count} under each of REWARD_FAILURES)."""
+    out: dict[str, Any] = dict.fromkeys(ACTOR_COUNTERS, 0)
+    failures: dict[str, dict[str, int]] = {kind: {} for kind in REWARD_FAILURES}
     for state in states:
         for key in ACTOR_COUNTERS:
             value = str(state.get(key) or 0)
             out[key] += int(value) if value.isdigit() else 0
-    return out
+        for key, value in state.items():
+            kind, _, name = str(key).partition(".")
+            if kind in failures and name and str(value).isdigit():
+                failures[kind][name] = failures[kind].get(name, 0) + int(value)
+    return {**out, **failures}
 
 
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
@@ -114,8 +124,9 @@ class MetricsWriter:
             handle.write(json.dumps(dict(record)) + "\n")
         if self._tb is not None:
             step, walltime = record.get("step"), record.get("time")
+            prefix = "" if is_step_record(record) else f"{record['kind']}/"  # eval/reward_mean beside reward_mean
             for key, value in scalars(record).items():
-                self._tb.add_scalar(key, value, global_step=step, walltime=walltime)
+                self._tb.add_scalar(prefix + key, value, global_step=step, walltime=walltime)
             self._tb.flush()
 
     def close(self) -> None:
@@ -143,8 +154,26 @@ def read_metrics(path: Path) -> list[dict]:
         step = record.get("step")
         if type(step) is not int or not is_step_record(record):
             continue
-        records.append({k: v for k, v in record.items() if k not in FIELDS or _finite_number(v)})
+        records.append({k: v for k, v in record.items() if k not in FIELDS or _well_formed(k, v)})
     return records
+
+
+EVAL_KIND = "eval"
+
+
+def eval_records(path: Path) -> list[dict]:
+    """The held-out evaluations in metrics.jsonl (records of kind "eval", rlrun/trainer/eval_gate.py),
+    one per policy version (the last written: a restarted trainer may write one again), by version."""
+    latest: dict[int, dict] = {}
+    for record in read_jsonl(path):
+        if record.get("kind") == EVAL_KIND and type(record.get("policy_version")) is int:
+            latest[record["policy_version"]] = record
+    return [latest[v] for v in sorted(latest)]
+
+
+def _well_formed(key: str, value: Any) -> bool:
+    """A field as its kind is written: the per-reward counts a mapping, every other a finite number."""
+    return isinstance(value, dict) if key in REWARD_FAILURES else _finite_number(value)
 
 
 def _finite_number(value: Any) -> bool:

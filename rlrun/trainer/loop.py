@@ -15,6 +15,7 @@ from rlrun.rundir import RunDir
 from rlrun.trainer import checkpoint
 from rlrun.trainer.batches import BatchReader
 from rlrun.trainer.checkpoint import TrainerState
+from rlrun.trainer.eval_gate import EvalGate
 from rlrun.trainer.parallel import Parallel, Ranks
 from rlrun.trainer.published_state import StatePublisher
 from rlrun.trainer.recorder import StepRecorder
@@ -70,9 +71,15 @@ class Trainer:
         self.published = StatePublisher(self.stopping, self.parallel.ranks.rank, t.max_train_steps)
         heartbeat = self.published.heartbeat
         self.batches = BatchReader(cfg, self.stopping, self.parallel, model.config.vocab_size, covered, heartbeat)
-        self.weights = WeightPublisher(t, run_dir, redis, vllm, self.parallel, broadcast, self.stopping.requested, heartbeat)
         # Rank 0 alone writes metrics (metrics.jsonl, TensorBoard, W&B).
         self.recorder = StepRecorder(cfg, run_dir, self.stopping) if self.main else None
+        self.eval_gate = None  # rank 0, with eval.every_steps: evaluated weights stay until their result is in
+        if self.main and cfg.eval.every_steps:
+            self.eval_gate = EvalGate(cfg.eval, t.max_train_steps, self.stopping, heartbeat, self.recorder.metrics.write)
+        replacing = self.eval_gate.wait_for if self.eval_gate else (lambda version: None)
+        self.weights = WeightPublisher(
+            t, run_dir, redis, vllm, self.parallel, broadcast, self.stopping.requested, heartbeat, before_replacing=replacing
+        )
 
     # --- the loop ------------------------------------------------------------------------------
     def train(self) -> None:
@@ -101,7 +108,8 @@ class Trainer:
                 samples_processed=self.state.samples_processed + len(samples),
             )  # fmt: skip
             pushing = time.monotonic()
-            self.weights.push(self.model, self.state.policy_version, self.state.step, overlap=t.overlap_weight_update)
+            version = self.state.policy_version
+            self.weights.push(self.model, version, self.state.step, overlap=t.overlap_weight_update, replacing=version - 1)
             metrics["step_time_s"] = round(time.monotonic() - started, 4)
             metrics["wait_s"] = round(waited, 4)
             metrics["weights_s"] = round(time.monotonic() - pushing, 4)
@@ -126,6 +134,8 @@ class Trainer:
             return
         if self.main:
             self.weights.finish()  # the last version is served before the trainer says it is done
+            if self.eval_gate is not None:  # and evaluated, when due: the actor stops at done
+                self.eval_gate.wait_for(self.state.policy_version)
             self.published.done(self.state, self.batches.positions)
             log.info("training done at step %d", self.state.step)
 

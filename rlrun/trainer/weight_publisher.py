@@ -38,29 +38,34 @@ class WeightPublisher:
     def __init__(
         self, t: TrainerConfig, run_dir: RunDir, redis, vllm: VllmAdmin, parallel: Parallel,
         broadcast: "BroadcastSync | None", stop: threading.Event, heartbeat: Callable[..., None], vllm_wait_s: float = VLLM_WAIT_S,
+        before_replacing: Callable[[int], None] = lambda version: None,
     ) -> None:  # fmt: skip
+        """`before_replacing(version)`: called before the weights of `version` are replaced (the
+        held-out evaluation of that version finishes first)."""
         self.t, self.run_dir, self.redis, self.vllm, self.parallel = t, run_dir, redis, vllm, parallel
+        self.before_replacing = before_replacing
         self.broadcast, self.stop, self.heartbeat, self.vllm_wait_s = broadcast, stop, heartbeat, vllm_wait_s
         self._update: Future | None = None  # the update in flight (overlapped)
         self._last_update_s: float | None = None  # how long the last overlapped update took
 
-    def push(self, model, version: int, step: int, overlap: bool = False) -> None:
+    def push(self, model, version: int, step: int, overlap: bool = False, replacing: int | None = None) -> None:
         """Hand policy `version` (the weights after `step`) to every vLLM server that answers (a
         server being restarted loads weights/current at its start). `overlap`: in a thread, while
-        the next step trains; an update still in flight is finished first, so at most one is."""
+        the next step trains; an update still in flight is finished first, so at most one is.
+        `replacing`: the version the servers hold now (None: unknown, as at a restart)."""
         weights = self.parallel.full_state_dict(model)  # every rank takes part; rank 0 gets them
         if not self.parallel.ranks.is_main:
             return
         self.finish()
         bare = self.parallel.unwrapped(model)
         if not overlap:
-            return self._hand_over(bare, weights, version, step)
+            return self._hand_over(bare, weights, version, step, replacing)
         # The next step changes the parameters in place: the thread sends a copy taken now.
         weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}
 
         def timed() -> float:
             started = time.monotonic()
-            self._hand_over(bare, weights, version, step)
+            self._hand_over(bare, weights, version, step, replacing)
             return time.monotonic() - started
 
         self._update = in_thread(timed)  # its failure is re-raised by finish()
@@ -76,9 +81,11 @@ class WeightPublisher:
         took, self._last_update_s = self._last_update_s, None
         return took
 
-    def _hand_over(self, bare, weights: dict, version: int, step: int) -> None:
+    def _hand_over(self, bare, weights: dict, version: int, step: int, replacing: int | None = None) -> None:
         """Through a folder or a broadcast from rank 0; `bare`: the model unwrapped (its
         save_pretrained writes the folder)."""
+        if replacing is not None:
+            self.before_replacing(replacing)
         publish = lambda: self.redis.set(names.POLICY_VERSION, version)  # noqa: E731
         if self.broadcast is None:  # first the folder: a server (re)starting from now on loads it
             target = write_weights(self.run_dir, bare, weights, version)

@@ -14,9 +14,10 @@ import pytest
 
 from rlrun.actor.ledger import JournalLedger
 from rlrun.actor.loop import Actor, refused
+from rlrun.task.pool import scorer_for
 from rlrun.actor.vllm_client import ROUTE
 from rlrun.config import compose
-from rlrun.data.tasks import load_task
+from rlrun.task.tasks import load_task
 from rlrun.errors import ConfigError
 from rlrun.streams.rollouts import Group
 from rlrun.streams.codec import decode
@@ -111,8 +112,9 @@ class Characters:
 def actor_with(client, vllm: Vllm, version: int, *overrides: str) -> tuple[Actor, JournalLedger]:
     cfg, _ = compose(["recipe=math_grpo", "algo.group_size=4", "trainer.train_batch_size=8", *overrides])
     ledger = JournalLedger(client)
-    actor = Actor(cfg, client, Characters(), load_task(cfg.dataset, 0), [URL], ledger, run_name="run", api_key="key",
-                  trainer=View(version))  # fmt: skip
+    task = load_task(cfg.dataset, 0)
+    actor = Actor(cfg, client, Characters(), task, [URL], ledger, run_name="run", api_key="key",
+                  trainer=View(version), scorer=scorer_for(task.rewards, cfg.reward))  # fmt: skip
     actor._prompt_ids = lambda index: list(PROMPT)
     return actor, ledger
 
@@ -120,8 +122,12 @@ def actor_with(client, vllm: Vllm, version: int, *overrides: str) -> tuple[Actor
 def complete(actor: Actor, vllm: Vllm, group) -> None:
     async def go():
         transport = httpx.MockTransport(vllm.handle)
-        async with httpx.AsyncClient(transport=transport, headers={"Authorization": "Bearer key"}) as http:
-            await actor._complete(http, group)
+        await actor.scorer.pool.start()  # the reward workers, as Actor.run starts them
+        try:
+            async with httpx.AsyncClient(transport=transport, headers={"Authorization": "Bearer key"}) as http:
+                await actor._complete(http, group)
+        finally:
+            await actor.scorer.pool.close()
 
     asyncio.run(go())
 

@@ -15,6 +15,8 @@ import pytest
 from rlrun.run import launch
 from rlrun.actor.ledger import JournalLedger
 from rlrun.actor.loop import Actor
+from rlrun.task.pool import scorer_for
+from rlrun.task.tasks import load_task
 from rlrun.config import compose
 from rlrun.run.built import build
 from rlrun.journal.store import KEY_PREFIX, Append
@@ -162,7 +164,7 @@ def test_a_restarted_actor_counts_and_logs_each_corrupt_journal_record(client, c
     damage(client, group.group_id)
 
     actor = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run",
-                  trainer=build(cfg).backend.trainer_view(client))  # what main() builds
+                  trainer=build(cfg).backend.trainer_view(client), scorer=_scorer(cfg))  # what main() builds
     replayed = actor._replay_plan()
 
     assert actor.counters["journal_corrupt_records"] == 1
@@ -171,7 +173,7 @@ def test_a_restarted_actor_counts_and_logs_each_corrupt_journal_record(client, c
     if kept is None:
         assert replayed == [] and journal.quarantined() == [group.group_id]
         again = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], JournalLedger(client), run_name="run",
-                      trainer=build(cfg).backend.trainer_view(client))
+                      trainer=build(cfg).backend.trainer_view(client), scorer=_scorer(cfg))
         assert again._replay_plan() == [] and again.counters["journal_corrupt_records"] == 0  # reported once
         assert client.exists(group_key(group.group_id))  # kept for a person to read
         return
@@ -191,8 +193,14 @@ def _restarted_actor(client, damage=None):
     ledger.append_many([Append(group.group_id, 1, 2, [], [], 0, "stop")])
     if damage is not None:
         damage(client, group.group_id)
-    actor = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run", trainer=build(cfg).backend.trainer_view(client))
+    actor = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run", trainer=build(cfg).backend.trainer_view(client),
+                  scorer=_scorer(cfg))
     return actor, actor._replay_plan(), group.group_id
+
+
+def _scorer(cfg):
+    """The run's scorer (its worker pool is started only by Actor.run, which these tests do not call)."""
+    return scorer_for(load_task(cfg.dataset, cfg.run.seed).rewards, cfg.reward)
 
 
 def test_a_replayed_finished_sample_is_not_recorded_again(client, caplog):

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from rlrun.actor.tokenizer import JsonTokenizer, load_tokenizer
 from rlrun.actor.vllm_client import ROUTE, request_body
 from rlrun.config import compose
-from rlrun.data.tasks import load_task
+from rlrun.task.tasks import load_task
 from rlrun.inference.admin import VllmAdmin
 from rlrun.inference.auth import bearer_header
 from rlrun.models import gguf

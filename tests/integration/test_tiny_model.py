@@ -92,7 +92,7 @@ def test_tokenizer_is_one_id_per_character_and_round_trips(built: Path):
 def test_warm_start_trains_the_answer():
     import torch
 
-    from rlrun.data.arithmetic import arithmetic_problems
+    from rlrun.task.arithmetic import arithmetic_problems
 
     tokenizer = tiny.build_tokenizer(32)
     cache = {}

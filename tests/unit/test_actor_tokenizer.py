@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlrun.actor.tokenizer import JsonTokenizer, load_tokenizer, plain_pipeline
-from rlrun.data.arithmetic import arithmetic_problems
+from rlrun.task.arithmetic import arithmetic_problems
 from rlrun.models import tiny
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from rlrun.data.arithmetic import Problem, arithmetic_problems, exact_answer_reward
+from rlrun.task.arithmetic import Sum, arithmetic_problems
+from rlrun.task.scorers import exact_answer
 from rlrun.errors import ConfigError
 
 
-def _pairs(problems: list[Problem]) -> set[tuple[int, int]]:
+def _pairs(problems: list[Sum]) -> set[tuple[int, int]]:
     out = set()
     for p in problems:
         left, right = p.prompt.removesuffix("=").split("+")
@@ -86,16 +87,16 @@ def test_invalid_arguments_are_config_errors(max_operand, num_problems):
     ],
 )
 def test_exact_answer_reward(completion, answer, reward):
-    assert exact_answer_reward(completion, answer) == reward
+    assert exact_answer(completion, {"answer": answer}) == reward
 
 
 def test_reward_is_a_float():
-    assert isinstance(exact_answer_reward("7", "7"), float)
-    assert isinstance(exact_answer_reward("8", "7"), float)
+    assert isinstance(exact_answer("7", {"answer": "7"}), float)
+    assert isinstance(exact_answer("8", {"answer": "7"}), float)
 
 
 def test_problems_are_frozen():
-    p = Problem(prompt="1+1=", answer="2")
+    p = Sum(prompt="1+1=", answer="2")
     with pytest.raises(AttributeError):
         p.answer = "3"  # type: ignore[misc]
 
@@ -104,13 +105,13 @@ def test_module_does_not_import_torch():
     import subprocess
     import sys
 
-    code = "import sys, rlrun.data.arithmetic; print('torch' in sys.modules)"
+    code = "import sys, rlrun.task.arithmetic; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_problem_index_is_a_fresh_seeded_permutation_per_pass():
-    from rlrun.data.tasks import problem_index
+    from rlrun.task.tasks import problem_index
 
     first = [problem_index(c, 10, seed=0) for c in range(10)]
     second = [problem_index(c, 10, seed=0) for c in range(10, 20)]

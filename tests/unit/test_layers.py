@@ -33,7 +33,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "rlrun"
 LAYERS: list[set[str]] = [
     {"rlrun", "errors", "rundir", "listen"},  # the package, its errors, the run directory's paths, where sockets listen: every layer reads them
     {"config"},  # the typed config
-    {"rules", "streams", "journal", "models", "data", "telemetry"},  # pure rules, Redis streams and journal, models, tasks, records
+    {"rules", "streams", "journal", "models", "task", "telemetry"},  # pure rules, Redis streams and journal, models, tasks, records
     {"supervisor"},  # starting, watching, restarting and stopping processes (knows no role)
     {"parts"},  # what the run's processes are built and watched with: role files, spec parts, sockets, progress
     {"inference", "weights"},  # the vLLM server rlrun starts; the weight broadcast into it

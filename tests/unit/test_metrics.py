@@ -59,9 +59,18 @@ def test_actor_counters_come_from_the_published_hashes_added_up_and_default_to_z
                  "prefixes_dropped_stale": "bad"}  # fmt: skip
     assert summed_actor_counters([published]) == {"tokens_reused": 120, "samples_continued": 7, "tokens_kept_on_retry": 9,
                                                   "samples_continued_on_retry": 0, "tokens_regenerated": 0, "prefixes_dropped_stale": 0,
-                                                  "groups_published": 0, "requests": 0, "generating_ms": 0}  # fmt: skip
+                                                  "groups_published": 0, "requests": 0, "generating_ms": 0, "groups_dropped": 0,
+                                                  "reward_errors": {}, "reward_timeouts": {}}  # fmt: skip
     assert summed_actor_counters([published, {"tokens_reused": "3"}])["tokens_reused"] == 123
-    assert summed_actor_counters([{}]) == dict.fromkeys(ACTOR_COUNTERS, 0)
+    assert summed_actor_counters([{}]) == {**dict.fromkeys(ACTOR_COUNTERS, 0), "reward_errors": {}, "reward_timeouts": {}}
+
+
+def test_reward_failures_are_summed_per_reward_over_the_actors():
+    first = {"reward_errors.boom": "2", "reward_timeouts.slow": "1", "reward_errors.": "5", "other.boom": "9"}
+    second = {"reward_errors.boom": "3", "reward_errors.parse": "1", "reward_timeouts.slow": "x"}
+    summed = summed_actor_counters([first, second])
+    assert summed["reward_errors"] == {"boom": 5, "parse": 1}
+    assert summed["reward_timeouts"] == {"slow": 1}
 
 
 def test_scalars_are_the_numeric_fields_except_step_and_time():

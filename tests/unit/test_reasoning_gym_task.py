@@ -6,9 +6,24 @@ from __future__ import annotations
 import pytest
 
 from rlrun.config import compose
-from rlrun.data.reasoning_gym import INSTRUCTIONS, last_number, reasoning_gym_task
-from rlrun.data.tasks import load_task
+from rlrun.task import scorers
+from rlrun.task.reasoning_gym import INSTRUCTIONS, last_number, reasoning_gym_rows
+from rlrun.task.tasks import load_task
 from rlrun.errors import ConfigError
+
+def reasoning_gym_task(task, task_args, num_problems, seed, answer_format):
+    """(rows, reward) as the task builds them: rows from the library, scored by the built-in scorer."""
+    rows = reasoning_gym_rows(task, task_args, num_problems, seed, answer_format)
+    return [Row(r) for r in rows], lambda completion, row: scorers.reasoning_gym(completion, row)
+
+
+class Row(dict):
+    """A row read like the problem it was: .prompt, .answer, .scoring (the library's entry)."""
+
+    prompt = property(lambda self: self["prompt"])
+    answer = property(lambda self: self["answer"])
+    scoring = property(lambda self: self["entry"])
+
 
 SUMS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 
@@ -96,11 +111,12 @@ def test_dataset_reasoning_gym_composes_and_loads_as_a_task():
     cfg, _ = compose(["model=smollm2_135m", "dataset=reasoning_gym", "dataset.task=chain_sum", "dataset.num_problems=12"])
     task = load_task(cfg.dataset, cfg.run.seed)
     assert len(task.problems) == 12 and "<answer>" in task.problems[0].prompt  # the library's answer format by default
-    assert task.reward(f"<answer>{task.problems[0].answer}</answer>", task.problems[0]) == 1.0
+    assert [r.ref for r in task.rewards] == ["rlrun.task.scorers:reasoning_gym"]
+    assert scorers.reasoning_gym(f"<answer>{task.problems[0].answer}</answer>", task.problems[0].row) == 1.0
     cfg, _ = compose(["recipe=smollm2_grpo"])
     task = load_task(cfg.dataset, cfg.run.seed)
     assert len(task.problems) == cfg.dataset.num_problems and cfg.dataset.task == "basic_arithmetic"
-    assert task.reward(task.problems[0].answer, task.problems[0]) == 1.0
+    assert scorers.reasoning_gym(task.problems[0].answer, task.problems[0].row) == 1.0
 
 
 @pytest.mark.parametrize(

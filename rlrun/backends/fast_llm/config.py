@@ -39,6 +39,12 @@ def config_problems(cfg: RunConfig) -> list[str]:
             problems.append(message)
 
     need(
+        cfg.eval.every_steps == 0,
+        f"eval.every_steps={cfg.eval.every_steps}: held-out evaluation holds rlrun's trainer's weight updates while a version "
+        "is evaluated, and Fast-LLM pushes its weights itself; with trainer=fast_llm set eval.every_steps=0 (evaluate a "
+        "checkpoint's export instead)",
+    )
+    need(
         f.version == AUTO or f.version in NAMES,
         f"trainer.fast_llm.version={f.version} is not a Fast-LLM revision rlrun drives: choose {AUTO} (ask the "
         f"installed Fast-LLM) or one of {', '.join(NAMES)} (rlrun/backends/fast_llm/revisions.py).",

@@ -1,0 +1,102 @@
+"""The held-out evaluation, sampled by actor 0 on the run's vLLM servers while training goes on.
+
+When the policy version vLLM serves is one `rlrun.task.evaluation.is_due` names and no result is
+in Redis for it, every eval prompt is sampled (`eval.samples_per_prompt` completions, greedy or at
+`eval.temperature`) and scored by the run's rewards. vLLM's `weight_versions` must say that every
+token came from that version: the trainer holds the next weight update until the result is in
+(`rlrun/trainer/eval_gate.py`), so this holds unless the trainer gave up waiting or a server
+restarted under it; then the evaluation is tried again, and after `ATTEMPTS` it is recorded as
+abandoned, never half-counted. The result is one field of `names.EVAL_RESULTS`, written once, whole:
+an actor killed in the middle leaves nothing, and its successor evaluates that version again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Callable
+
+import httpx
+
+from rlrun.actor.sampling import token_versions
+from rlrun.actor.vllm_client import generate
+from rlrun.config.schema import EvalConfig
+from rlrun.streams import names
+from rlrun.task.evaluation import PromptResult, is_due, summarize
+from rlrun.task.pool import Scorer
+from rlrun.task.rewards import GroupCall, SampleInfo
+from rlrun.task.tasks import Problem
+
+log = logging.getLogger("rlrun.actor")
+
+ATTEMPTS = 3  # evaluations of one version cut by a change of weights before it is abandoned
+
+
+class VersionChanged(Exception):
+    """A sample's tokens came from weights other than the version evaluated."""
+
+
+class Evaluator:
+    def __init__(
+        self, eval_cfg: EvalConfig, last_version: int, problems: list[Problem], encode: Callable[[Problem], list[int]],
+        decode: Callable[[list[int]], str], scorer: Scorer, redis, urls: list[str], max_new_tokens: int, concurrency: int,
+        request_timeout_s: float,
+    ) -> None:  # fmt: skip
+        self.cfg, self.last_version, self.scorer, self.redis, self.urls = eval_cfg, last_version, scorer, redis, urls
+        self.problems = problems[: eval_cfg.max_prompts] if eval_cfg.max_prompts else problems
+        self.encode, self.decode = encode, decode
+        self.max_new_tokens = eval_cfg.max_new_tokens or max_new_tokens
+        self.concurrency, self.request_timeout_s = concurrency, request_timeout_s
+        self._finished: set[int] = set()  # versions with a result in Redis (asked once each)
+        self._attempts: dict[int, int] = {}
+
+    def due(self, version: int) -> bool:
+        """Whether `version` still needs its evaluation."""
+        if version in self._finished or not is_due(version, self.cfg, self.last_version):
+            return False
+        if self.redis.hexists(names.EVAL_RESULTS, str(version)):
+            self._finished.add(version)
+            return False
+        return True
+
+    async def evaluate(self, client: httpx.AsyncClient, version: int) -> None:
+        """Sample and score every eval prompt at `version`, and write its one result."""
+        started = time.time()
+        gate = asyncio.Semaphore(self.concurrency)
+        try:
+            results = await asyncio.gather(*(self._prompt(client, gate, version, i, p) for i, p in enumerate(self.problems)))
+        except VersionChanged as exc:
+            self._attempts[version] = self._attempts.get(version, 0) + 1
+            if self._attempts[version] < ATTEMPTS:
+                log.warning("evaluation of policy version %d cut (%s): it starts again", version, exc)
+                return
+            result = {"version": version, "abandoned": str(exc), "time": round(time.time(), 3)}
+        else:
+            figures = summarize(results, self.cfg.pass_threshold)
+            result = {"version": version, **figures, "eval_s": round(time.time() - started, 3), "time": round(time.time(), 3)}
+            log.info("evaluation of policy version %d: %s", version, {k: v for k, v in figures.items() if k != "per_source"})
+        self.redis.hset(names.EVAL_RESULTS, str(version), json.dumps(result))
+        self._finished.add(version)
+
+    async def _prompt(self, client, gate: asyncio.Semaphore, version: int, i: int, problem: Problem) -> PromptResult:
+        k = self.cfg.samples_per_prompt
+        ids: list[list[int]] = [[] for _ in range(k)]
+        finishes, spans = [""] * k, [None] * k
+        async with gate:
+            async for delta in generate(
+                client, self.urls[i % len(self.urls)], self.encode(problem), n=k, max_tokens=self.max_new_tokens,
+                temperature=self.cfg.temperature, timeout_s=self.request_timeout_s, min_tokens=0, stream=False,
+                cache_salt=f"eval-v{version}",
+            ):  # fmt: skip
+                ids[delta.index].extend(delta.token_ids)
+                if delta.finish_reason is not None:
+                    finishes[delta.index], spans[delta.index] = delta.finish_reason, delta.spans
+        for sample_ids, sample_spans in zip(ids, spans):
+            if sample_ids and set(token_versions(sample_spans, len(sample_ids), version)) != {version}:
+                raise VersionChanged(f"vLLM sampled an eval prompt with weights other than version {version}")
+        infos = [SampleInfo(finishes[j] or "length", len(ids[j]), j, version) for j in range(k)]
+        call = GroupCall(problem.prompt, problem.row, [self.decode(x) for x in ids], ids, infos, isinstance(problem.prompt, tuple))
+        score = await self.scorer.score(call)
+        return PromptResult(score.rewards if score.rewards is not None else [0.0] * k, problem.source)
