@@ -13,6 +13,7 @@ nothing narrowed (the CPU build), unless the trainer asks for cuda. Knows nothin
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -40,9 +41,17 @@ class Nvml(Protocol):
 
     def device_count(self) -> int: ...
 
-    def processes(self, index: int) -> list[GpuProcess]: ...  # compute processes holding memory on GPU `index`
+    def processes(self, gpu: str) -> list[GpuProcess]: ...  # compute processes holding memory on `gpu` (an index or UUID)
 
-    def memory(self, index: int) -> tuple[int, int]: ...  # (used, total) bytes
+    def memory(self, gpu: str) -> tuple[int, int]: ...  # (used, total) bytes
+
+
+def device_handle(nvml, gpu: str):
+    """NVML's handle of a GPU named as CUDA_VISIBLE_DEVICES names it: a UUID, or an index (NVML
+    numbers by PCI bus, as CUDA does on a node of one GPU model, or with CUDA_DEVICE_ORDER=PCI_BUS_ID)."""
+    if gpu.isdigit():
+        return nvml.nvmlDeviceGetHandleByIndex(int(gpu))
+    return nvml.nvmlDeviceGetHandleByUUID(gpu)
 
 
 class PyNvml:
@@ -54,15 +63,12 @@ class PyNvml:
     def device_count(self) -> int:
         return int(self._nvml.nvmlDeviceGetCount())
 
-    def _handle(self, index: int):
-        return self._nvml.nvmlDeviceGetHandleByIndex(index)
-
-    def processes(self, index: int) -> list[GpuProcess]:
-        found = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle(index))
+    def processes(self, gpu: str) -> list[GpuProcess]:
+        found = self._nvml.nvmlDeviceGetComputeRunningProcesses(device_handle(self._nvml, gpu))
         return [GpuProcess(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in found]
 
-    def memory(self, index: int) -> tuple[int, int]:
-        info = self._nvml.nvmlDeviceGetMemoryInfo(self._handle(index))
+    def memory(self, gpu: str) -> tuple[int, int]:
+        info = self._nvml.nvmlDeviceGetMemoryInfo(device_handle(self._nvml, gpu))
         return int(info.used), int(info.total)
 
 
@@ -196,3 +202,94 @@ def _over_request(needed: list[dict[str, int]], total: int, visible: Visible, sh
     if not visible.ids:
         fixes = "Run it where a GPU is visible, or set trainer.device=cpu"
     return f"{message} {fixes}."
+
+
+# --- memory back before a restart ---------------------------------------------------------------------
+
+RELEASE_POLL_S = 0.5
+
+
+@dataclass
+class ReleaseWait:
+    """Before each restart of a process on GPUs (its spec's `before_start`): wait until NVML lists
+    no process on its GPUs but the run's live ones (`ours`: the supervisor's descendants, so a
+    server sharing the GPU is no reason to wait), at most `timeout_s`. A dead engine's memory is
+    freed by the driver some time after its death; a restart meanwhile dies of out-of-memory. What
+    still holds memory at the deadline is named in an event (`gpu_memory_held`) and the process
+    starts anyway (its own failure is then handled by its restart policy). The first start does not
+    wait: memory held by others then is theirs, not a leftover of ours. It blocks the supervisor's
+    loop while it waits (at most `timeout_s`, only at a restart)."""
+
+    process: str
+    gpus: tuple[str, ...]  # as CUDA_VISIBLE_DEVICES names them
+    nvml: Callable[[], Nvml]
+    ours: Callable[[], set[int]]
+    emit: Callable[..., None]  # EventLog.emit
+    timeout_s: float
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    starts: int = 0
+
+    def __call__(self) -> None:
+        self.starts += 1
+        if self.starts == 1 or not self.gpus:
+            return
+        try:
+            nvml = self.nvml()
+        except NvmlUnavailable as exc:
+            self.emit("gpu_memory_unchecked", process=self.process, gpus=list(self.gpus), why=str(exc))
+            return
+        started = self.clock()
+        while True:
+            held = self.held(nvml)
+            waited = round(self.clock() - started, 3)
+            if not held:
+                if waited:
+                    self.emit("gpu_memory_released", process=self.process, gpus=list(self.gpus), waited_s=waited)
+                return
+            if waited >= self.timeout_s:
+                holders = [{"gpu": gpu, "pid": p.pid, "used_bytes": p.used_bytes} for gpu, p in held]
+                self.emit("gpu_memory_held", process=self.process, gpus=list(self.gpus), waited_s=waited, holders=holders)
+                return
+            self.sleep(RELEASE_POLL_S)
+
+    def held(self, nvml: Nvml) -> list[tuple[str, GpuProcess]]:
+        """(GPU, process) of every process on this process's GPUs that is not one of the run's live ones."""
+        ours = self.ours()
+        return [(gpu, p) for gpu in self.gpus for p in nvml.processes(gpu) if p.pid not in ours]
+
+
+def descendants_of(pid: int) -> set[int]:
+    """Every live descendant of `pid` (the supervisor's: the run's processes, their children)."""
+    from rlrun.supervisor.local import parents
+
+    children: dict[int, list[int]] = {}
+    for child, parent in parents().items():
+        children.setdefault(parent, []).append(child)
+    found, todo = set(), list(children.get(pid, ()))
+    while todo:
+        child = todo.pop()
+        found.add(child)
+        todo.extend(children.get(child, ()))
+    return found
+
+
+def on_gpus(spec, plan: GpuPlan, emit: Callable[..., None], timeout_s: float, nvml: Callable[[], Nvml] = open_nvml):
+    """`spec` (a supervisor ProcessSpec) as the plan has it: CUDA_VISIBLE_DEVICES narrowed to its
+    GPUs and, when it has some, a wait for their memory before each restart ahead of its own
+    `before_start`."""
+    import os
+
+    env = {**spec.env, **plan.env(spec.name)}
+    mine = plan.gpus.get(spec.name, ())
+    if not mine:
+        return dataclasses.replace(spec, env=env)
+    wait = ReleaseWait(spec.name, mine, nvml, lambda: descendants_of(os.getpid()), emit, timeout_s)
+    own = spec.before_start
+
+    def before_start() -> None:
+        wait()
+        if own is not None:
+            own()
+
+    return dataclasses.replace(spec, env=env, before_start=before_start)

@@ -7,11 +7,10 @@ bound into the built run (`rlrun.run.built`). rlrun's own children start from th
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from rlrun.actor.partition import servers_of
-from rlrun.cluster.gpus import NOT_PLACED, GpuPlan
+from rlrun.cluster.gpus import NOT_PLACED, GpuPlan, on_gpus
 from rlrun.inference import server as vllm_server
 from rlrun.parts.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
 from rlrun.rundir import RunDir
@@ -68,6 +67,6 @@ def build_specs(
                 alive=lambda pid, key=names.actor_state(k, k_all): probe.heartbeat(key, pid),
             )  # fmt: skip
         )
-    if gpus.on_gpus:
-        specs = [dataclasses.replace(spec, env={**spec.env, **gpus.env(spec.name)}) for spec in specs]
+    if gpus.on_gpus:  # each on its GPUs, restarted once their memory is back
+        specs = [on_gpus(spec, gpus, events.emit, cfg.world.gpu_release_timeout_s) for spec in specs]
     return specs

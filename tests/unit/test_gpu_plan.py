@@ -208,3 +208,108 @@ def test_the_tensor_parallel_size_is_checked_where_it_cannot_work():
     with pytest.raises(ConfigError, match=r"world.vllm.gpus=1 is fewer than inference.tensor_parallel_size=2"):
         compose(["world=slurm", "world.gpus_per_node=8", "world.vllm.gpus=1", "inference.tensor_parallel_size=2"])
     compose(["world=slurm", "world.gpus_per_node=8", "world.vllm.gpus=2", "inference.tensor_parallel_size=2"])
+
+
+# --- memory back before a restart (a recorded NVML: this machine has none) ------------------------------
+
+
+class RecordedNvml:
+    """NVML answering from a recording: per GPU, what each successive `processes` call returns
+    (the last answer repeats), as a dead engine's memory is freed by the driver."""
+
+    def __init__(self, answers: dict[str, list[list[gpus.GpuProcess]]]) -> None:
+        self.answers = answers
+        self.asked: list[str] = []
+
+    def device_count(self) -> int:
+        return len(self.answers)
+
+    def processes(self, gpu: str) -> list[gpus.GpuProcess]:
+        self.asked.append(gpu)
+        seen = self.asked.count(gpu)
+        return self.answers[gpu][min(seen, len(self.answers[gpu])) - 1]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+DEAD, PEER = gpus.GpuProcess(4242, 30 * 2**30), gpus.GpuProcess(777, 10 * 2**30)
+
+
+def release_wait(nvml, events, ours=frozenset({PEER.pid}), timeout_s=10.0):
+    clock = FakeClock()
+    wait = gpus.ReleaseWait("vllm-0", ("0", "1"), lambda: nvml, lambda: set(ours), lambda e, **f: events.append((e, f)), timeout_s,
+                            clock=clock, sleep=clock.sleep)  # fmt: skip
+    return wait, clock
+
+
+def test_a_restart_waits_until_the_dead_process_is_off_its_gpus():
+    # GPU 0: the dead engine for 3 answers, then gone; GPU 1: a live peer of the run (sharing), never a reason to wait.
+    nvml = RecordedNvml({"0": [[DEAD], [DEAD], [DEAD], []], "1": [[PEER]]})
+    events: list = []
+    wait, clock = release_wait(nvml, events)
+    wait()  # the first start: nothing asked
+    assert nvml.asked == [] and events == []
+    wait()  # a restart
+    assert nvml.asked.count("0") == 4 and clock.now == 3 * gpus.RELEASE_POLL_S
+    assert events == [("gpu_memory_released", {"process": "vllm-0", "gpus": ["0", "1"], "waited_s": 1.5})]
+
+
+def test_memory_still_held_at_the_deadline_is_named_and_the_process_starts_anyway():
+    nvml = RecordedNvml({"0": [[DEAD]], "1": [[]]})
+    events: list = []
+    wait, clock = release_wait(nvml, events, timeout_s=5.0)
+    wait()
+    wait()
+    assert clock.now == 5.0
+    ((event, fields),) = events
+    assert event == "gpu_memory_held" and fields["waited_s"] == 5.0
+    assert fields["holders"] == [{"gpu": "0", "pid": 4242, "used_bytes": 30 * 2**30}]
+
+
+def test_without_nvml_a_restart_is_not_held_back_and_says_why():
+    events: list = []
+
+    def no_nvml():
+        raise gpus.NvmlUnavailable("NVML's Python bindings are not installed")
+
+    clock = FakeClock()
+    wait = gpus.ReleaseWait("trainer", ("0",), no_nvml, set, lambda e, **f: events.append((e, f)), 10.0, clock=clock, sleep=clock.sleep)
+    wait()
+    wait()
+    assert clock.now == 0.0 and events == [("gpu_memory_unchecked", {"process": "trainer", "gpus": ["0"], "why": "NVML's Python bindings are not installed"})]
+
+
+def test_each_process_on_gpus_waits_for_its_own_gpus_before_its_own_hook(tmp_path):
+    built = build(compose(CUDA)[0])
+    plan = plan_of(2, *CUDA)
+    specs = {s.name: s for s in launch.plan_specs(built, RunDir(tmp_path), plan)}
+    assert specs["redis"].before_start is None and specs["actor"].before_start is not None  # untouched: no GPU
+    calls: list = []
+    nvml = RecordedNvml({"0": [[]], "1": [[DEAD], []]})
+    trainer = gpus.on_gpus(dataclasses.replace(specs["trainer"], env={}, before_start=lambda: calls.append("own hook")), plan,
+                           lambda e, **f: calls.append(e), 10.0, nvml=lambda: nvml)  # fmt: skip
+    assert trainer.env == {"CUDA_VISIBLE_DEVICES": "1"}
+    trainer.before_start()
+    trainer.before_start()  # a restart: GPU 1's dead process goes, then its own hook
+    assert nvml.asked == ["1", "1"] and calls == ["own hook", "gpu_memory_released", "own hook"]
+
+
+def test_the_run_s_live_processes_are_the_supervisor_s_descendants():
+    import os
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert child.pid in gpus.descendants_of(os.getpid())
+    finally:
+        child.communicate(b"")
+    assert child.pid not in gpus.descendants_of(os.getpid())
