@@ -192,7 +192,7 @@ def _print_dry_run(built, resolved: str, launch) -> None:
     table = Table(title=f"processes rlrun would start (run directory {run_dir.root})")
     for column in ("name", "command", "notable env", "log"):
         table.add_column(column, overflow="fold")
-    for spec in launch.plan_specs(built, run_dir):
+    for spec in launch.plan_specs(built, run_dir, gpus):
         env = [f"{k}={v}" for k, v in spec.env.items()] + [f"{k}=<{p}>" for k, p in spec.secret_env.items()]
         table.add_row(spec.name, " ".join(spec.argv), " ".join(env), str(spec.log_path))
     console.print(table)
@@ -335,6 +335,7 @@ def status(
     if state.get("slurm_job_id"):
         console.print(f"SLURM job {state['slurm_job_id']}: {state.get('slurm_job_state') or 'no longer in the queue'}", highlight=False)
     console.print(status_table(rows))
+    _print_gpu_usage(*run_status.gpu_usage(run, rows))
     if last:
         from rlrun.cli.render import reward_text
 
@@ -344,6 +345,22 @@ def status(
         if counts is not None:
             console.print(run_status.describe_recovery(counts), highlight=False, markup=False)
     console.print(run_status.describe_split(split), highlight=False, markup=False)
+
+
+def _print_gpu_usage(placed: dict, note: str) -> None:
+    """`rlrun status` of a run on GPUs: each process's GPUs, the memory it holds there, their use."""
+    if not placed:
+        return
+    table = Table(title="GPUs")
+    for column in ("process", "GPUs", "memory held", "GPU utilisation"):
+        table.add_column(column)
+    for name, used in placed.items():
+        memory = "-" if used["memory_bytes"] is None else f"{used['memory_bytes'] / 2**30:.1f} GiB"
+        busy = ", ".join(f"{gpu}: {pct}%" for gpu, pct in used["utilization"].items()) or "-"
+        table.add_row(name, ",".join(used["gpus"]) or "none", memory, busy)
+    console.print(table)
+    if note:
+        console.print(note, highlight=False, markup=False)
 
 
 @app.command()

@@ -104,6 +104,27 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
     return state, rows, (metrics[-1] if metrics else announced_step(events))
 
 
+def gpu_usage(run_dir: RunDir, rows: list[ProcessRow], nvml_factory=None) -> tuple[dict, str]:
+    """(process → its GPUs, memory and utilisation, a note) for a world=local run on GPUs: its GPUs
+    from the launch's `gpus_placed` event, memory and utilisation asked of NVML while it runs.
+    ({}, "") for a run not on GPUs; the note says why NVML was not asked."""
+    from rlrun.cluster import gpus
+
+    placed = next((e for e in reversed(read_events(run_dir.events)) if e.get("event") == "gpus_placed"), None)
+    if placed is None:
+        return {}, ""
+    nvml, note = None, ""
+    if runlock.holder(run_dir) is None:
+        note = "not running: GPU memory and utilisation are shown while it runs"
+    else:
+        try:
+            nvml = (nvml_factory or gpus.open_nvml)()
+        except gpus.NvmlUnavailable as exc:
+            note = f"GPU memory and utilisation unknown: {exc}"
+    live = {row.name: row.pid for row in rows if row.state in ("starting", "ready")}
+    return {name: {**asdict(u), "gpus": list(u.gpus)} for name, u in gpus.usage(placed.get("gpus") or {}, live, nvml).items()}, note
+
+
 def report(run_dir: RunDir) -> dict:
     """One run as plain data (what `rlrun status --json` prints)."""
     state, rows, last = load(run_dir)
@@ -130,6 +151,7 @@ def report(run_dir: RunDir) -> dict:
         "ettr": time_split(run_dir).to_dict(),
         "recovery": recovery(last),
         "last_event": {k: v for k, v in events[-1].items() if k in shown} if events else None,
+        "gpus": dict(zip(("processes", "note"), gpu_usage(run_dir, rows))),
     }
 
 

@@ -45,6 +45,8 @@ class Nvml(Protocol):
 
     def memory(self, gpu: str) -> tuple[int, int]: ...  # (used, total) bytes
 
+    def utilization(self, gpu: str) -> int: ...  # % of the last sample period a kernel ran
+
 
 def device_handle(nvml, gpu: str):
     """NVML's handle of a GPU named as CUDA_VISIBLE_DEVICES names it: a UUID, or an index (NVML
@@ -70,6 +72,9 @@ class PyNvml:
     def memory(self, gpu: str) -> tuple[int, int]:
         info = self._nvml.nvmlDeviceGetMemoryInfo(device_handle(self._nvml, gpu))
         return int(info.used), int(info.total)
+
+    def utilization(self, gpu: str) -> int:
+        return int(self._nvml.nvmlDeviceGetUtilizationRates(device_handle(self._nvml, gpu)).gpu)
 
 
 def open_nvml() -> Nvml:
@@ -293,3 +298,29 @@ def on_gpus(spec, plan: GpuPlan, emit: Callable[..., None], timeout_s: float, nv
             own()
 
     return dataclasses.replace(spec, env=env, before_start=before_start)
+
+
+# --- what `rlrun status` shows -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessGpus:
+    gpus: tuple[str, ...]
+    memory_bytes: int | None = None  # GPU memory its processes hold (NVML); None: not asked (not running, no NVML)
+    utilization: dict[str, int] = field(default_factory=dict)  # per GPU, the whole GPU's busy %, not the process's own
+
+
+def usage(placed: Mapping[str, Sequence[str]], pids: Mapping[str, int | None], nvml: Nvml | None,
+          descendants: Callable[[int], set[int]] = descendants_of) -> dict[str, ProcessGpus]:  # fmt: skip
+    """Each placed process's GPUs and, for one running (a pid in `pids`) where `nvml` answers, the
+    memory its process tree holds on them and their utilisation."""
+    out = {}
+    for name, ids in placed.items():
+        pid = pids.get(name)
+        if nvml is None or pid is None or not ids:
+            out[name] = ProcessGpus(tuple(ids))
+            continue
+        tree = {pid} | descendants(pid)
+        held = [p.used_bytes or 0 for gpu in ids for p in nvml.processes(gpu) if p.pid in tree]
+        out[name] = ProcessGpus(tuple(ids), sum(held), {gpu: nvml.utilization(gpu) for gpu in ids})
+    return out

@@ -135,6 +135,8 @@ def train(
     try:
         spawner = built.world.spawner(run_dir)  # one per launch: a retry keeps its placement
         gpus = gpu_plan(built)  # this machine's, at every launch (a resume may run on another)
+        if gpus.on_gpus:  # what `rlrun status` shows beside each process
+            events.emit("gpus_placed", source=gpus.visible.source, gpus={name: list(ids) for name, ids in gpus.gpus.items()})
         for attempt in range(1, PORT_ATTEMPTS + 1):
             # Ports are picked free, but another program may bind one before our server does:
             # such a start is retried on fresh ports (nothing depends on the old ones yet).

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -224,6 +225,9 @@ class RecordedNvml:
     def device_count(self) -> int:
         return len(self.answers)
 
+    def utilization(self, gpu: str) -> int:
+        return 40 + int(gpu)
+
     def processes(self, gpu: str) -> list[gpus.GpuProcess]:
         self.asked.append(gpu)
         seen = self.asked.count(gpu)
@@ -313,3 +317,68 @@ def test_the_run_s_live_processes_are_the_supervisor_s_descendants():
     finally:
         child.communicate(b"")
     assert child.pid not in gpus.descendants_of(os.getpid())
+
+
+# --- rlrun status: each process's GPUs, the memory it holds, their use ------------------------------------
+
+GiB = 2**30
+
+
+def test_usage_counts_the_memory_of_a_process_tree_on_its_own_gpus():
+    nvml = RecordedNvml({"0": [[gpus.GpuProcess(101, 5 * GiB), gpus.GpuProcess(999, GiB)]], "1": [[gpus.GpuProcess(102, 3 * GiB)]],
+                         "2": [[gpus.GpuProcess(201, 2 * GiB)]]})  # fmt: skip
+    tree = {100: {101, 102}, 200: {201}}
+    used = gpus.usage({"vllm-0": ["0", "1"], "trainer": ["2"], "actor": []}, {"vllm-0": 100, "trainer": None, "actor": 300}, nvml,
+                      descendants=lambda pid: tree.get(pid, set()))  # fmt: skip
+    assert used["vllm-0"] == gpus.ProcessGpus(("0", "1"), 8 * GiB, {"0": 40, "1": 41})  # not pid 999's, not another GPU's
+    assert used["trainer"] == gpus.ProcessGpus(("2",))  # not running: its GPUs only
+    assert used["actor"] == gpus.ProcessGpus(())
+
+
+def placed_run(tmp_path):
+    from rlrun.supervisor import EventLog
+
+    run = RunDir(tmp_path / "run")
+    run.create({"kind": "rlrun-run"})
+    events = EventLog(run.events)
+    events.emit("gpus_placed", source="CUDA_VISIBLE_DEVICES='0,1'", gpus={"redis": [], "vllm-0": ["0"], "trainer": ["1"], "actor": []})
+    events.emit("process_started", process="vllm-0", pid=os.getpid(), log="logs/vllm-0.log")
+    events.emit("process_started", process="trainer", pid=1, log="logs/trainer.log")
+    events.emit("process_failed", process="trainer", reason="exited with code 1", action="restart")
+    return run
+
+
+def test_status_of_a_stopped_run_on_gpus_shows_their_gpus_and_says_why_no_memory(tmp_path):
+    from rlrun.cli import status
+
+    run = placed_run(tmp_path)
+    report = status.report(run)["gpus"]
+    assert report["processes"]["vllm-0"] == {"gpus": ["0"], "memory_bytes": None, "utilization": {}}
+    assert "not running" in report["note"]
+    result = CliRunner().invoke(app, ["status", str(run.root)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    table = result.output[result.output.index("GPUs") :]
+    assert "vllm-0" in table and "trainer" in table and "not running" in table
+
+
+def test_status_of_a_running_run_asks_nvml_and_says_so_when_it_cannot(tmp_path):
+    from rlrun.cli import status
+    from rlrun.run import runlock
+
+    run = placed_run(tmp_path)
+    rows = status.load(run)[1]
+    nvml = RecordedNvml({"0": [[gpus.GpuProcess(os.getpid(), 7 * GiB)]], "1": [[]]})
+    with runlock.acquire(run):
+        used, note = status.gpu_usage(run, rows, lambda: nvml)
+        assert used["vllm-0"] == {"gpus": ["0"], "memory_bytes": 7 * GiB, "utilization": {"0": 40}} and note == ""
+        assert used["trainer"]["memory_bytes"] is None  # in backoff: not running
+        used, note = status.gpu_usage(run, rows, no_nvml)  # NVML absent: a clear note, no crash
+        assert used["vllm-0"]["memory_bytes"] is None and "pip install nvidia-ml-py" in note
+
+
+def test_status_of_a_run_not_on_gpus_has_no_gpu_part(tmp_path):
+    from rlrun.cli import status
+
+    run = RunDir(tmp_path / "run")
+    run.create({"kind": "rlrun-run"})
+    assert status.gpu_usage(run, []) == ({}, "")
