@@ -233,7 +233,8 @@ def _print_gpu_plan(built, gpus) -> None:
     """world=local: each process's GPUs (CUDA_VISIBLE_DEVICES), or why none are placed."""
     if not gpus.on_gpus:
         device = built.cfg.trainer.device
-        console.print(f"GPUs: none placed ({gpus.visible.source}): vLLM as its build runs, the trainer on trainer.device={device}", highlight=False)
+        console.print(f"GPUs: none placed ({gpus.visible.source}): vLLM as its build runs, the trainer on trainer.device={device}",
+                      highlight=False, markup=False)  # fmt: skip
         if device.startswith("cuda"):
             console.print(f"[yellow]`rlrun train` here would refuse trainer.device={device}: no GPU visible.[/] Preview a GPU machine's "
                           "plan with CUDA_VISIBLE_DEVICES=0,1,... before the command.", highlight=False)  # fmt: skip

@@ -110,14 +110,14 @@ def parse_visible(value: str) -> tuple[str, ...]:
     return tuple(ids)
 
 
-def find_visible(environ: Mapping[str, str], nvml: Callable[[], Nvml] = open_nvml) -> Visible:
+def find_visible(environ: Mapping[str, str], nvml: Callable[[], Nvml] | None = None) -> Visible:
     """The GPUs CUDA would show a child started with `environ`: CUDA_VISIBLE_DEVICES when set, else
     every GPU NVML counts. NVML missing is no error: no GPU, and `source` says why."""
     if "CUDA_VISIBLE_DEVICES" in environ:
         value = environ["CUDA_VISIBLE_DEVICES"]
         return Visible(parse_visible(value), f"CUDA_VISIBLE_DEVICES={value!r}")
     try:
-        count = nvml().device_count()
+        count = (nvml or open_nvml)().device_count()
     except NvmlUnavailable as exc:
         return Visible((), f"CUDA_VISIBLE_DEVICES is unset and {exc}")
     return Visible(tuple(map(str, range(count))), f"NVML counts {count} GPU(s)")
@@ -184,6 +184,7 @@ def plan(
         placed = slurm_plan.plan(world, list(group), dict(ranks), frozenset(), dict(anchors), [node]).placed
         for name, where in placed.items():
             gpus[name] = tuple(visible.ids[i] for share_ in where.shares for i in share_.gpus)
+    gpus = {name: gpus[name] for name in processes}  # in start order
     shared = frozenset()
     if share:
         on_trainer = {g for p in trainer_side for g in gpus[p]}

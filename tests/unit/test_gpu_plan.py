@@ -58,7 +58,7 @@ def test_one_gpu_for_vllm_and_the_trainer_is_refused_unless_sharing_is_asked(tmp
     assert "world.share_gpus=true" in message
 
     shared = plan_of(1, *CUDA, "world.share_gpus=true")
-    assert shared.gpus == {"redis": (), "vllm-0": ("0",), "actor": (), "trainer": ("0",)}
+    assert list(shared.gpus.items()) == [("redis", ()), ("vllm-0", ("0",)), ("trainer", ("0",)), ("actor", ())]  # start order
     assert shared.use("vllm-0") == shared.use("trainer") == "shared" and shared.use("actor") == "cpu"
     overrides = [*CUDA, "world.share_gpus=true"]
     assert vllm_flag(tmp_path, shared, overrides, "--gpu-memory-utilization") == "0.45"  # half left to the trainer
@@ -193,6 +193,14 @@ def test_the_dry_run_refuses_more_gpus_than_shown_with_exit_2(monkeypatch):
     result = CliRunner().invoke(app, ["train", "--dry-run", *CUDA])
     assert result.exit_code == 2
     assert "needs 2 GPU(s)" in result.output and "shows 1" in result.output
+
+
+def test_the_dry_run_says_why_no_gpu_is_placed(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(gpus, "open_nvml", no_nvml)
+    result = CliRunner().invoke(app, ["train", "--dry-run"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert "GPUs: none placed (CUDA_VISIBLE_DEVICES is unset and NVML's Python bindings are not installed (pip install nvidia-ml-py; in rlrun[gpu]))" in result.output
 
 
 def test_a_gpu_run_previewed_where_no_gpu_is_visible_is_shown_not_refused(monkeypatch):
