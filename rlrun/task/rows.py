@@ -7,6 +7,7 @@ Every failure is a `TaskInputError` naming the file, and the line or column wher
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -42,17 +43,16 @@ def read_rows(spec: str, split: str) -> list[Row]:
 
 def _jsonl(path: Path) -> list[Row]:
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise TaskInputError(f"{path}, line {number}: not JSON ({exc}). Each line must be one JSON object.") from None
-            if not isinstance(row, dict):
-                raise TaskInputError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object of columns.")
-            rows.append(row)
+    for number, line in enumerate(_text(path).split("\n"), 1):  # not splitlines(): U+2028 may sit inside a JSON string
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise TaskInputError(f"{path}, line {number}: not JSON ({exc}). Each line must be one JSON object.") from None
+        if not isinstance(row, dict):
+            raise TaskInputError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object of columns.")
+        rows.append(row)
     return rows
 
 
@@ -68,14 +68,23 @@ def _parquet(path: Path) -> list[Row]:
 
 
 def _csv(path: Path) -> list[Row]:
-    with open(path, encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle)
-        rows = []
-        for number, row in enumerate(reader, 2):
-            if None in row:  # more cells than the header names
-                raise TaskInputError(f"{path}, line {number}: {len(row) - 1 + len(row[None])} cells for {len(reader.fieldnames or [])} columns.")
-            rows.append(dict(row))
-        return rows
+    reader = csv.DictReader(io.StringIO(_text(path), newline=""))
+    rows = []
+    for number, row in enumerate(reader, 2):
+        if None in row:  # more cells than the header names
+            raise TaskInputError(f"{path}, line {number}: {len(row) - 1 + len(row[None])} cells for {len(reader.fieldnames or [])} columns.")
+        rows.append(dict(row))
+    return rows
+
+
+def _text(path: Path) -> str:
+    """The file's text: UTF-8, without the byte-order mark spreadsheets write first."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise TaskInputError(f"{path}, line {line}: not UTF-8 text ({exc.reason} at byte {exc.start}). Save the file as UTF-8.") from None
 
 
 def _datasets_folder(path: Path, split: str) -> list[Row]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import string
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from rlrun.config.schema import DatasetConfig, RewardConfig
@@ -90,6 +91,12 @@ def _rows(dataset: DatasetConfig, seed: int) -> tuple[list[Row], list[Row], list
     rows = [row for spec in dataset.train_files for row in read_rows(spec, dataset.split)]
     eval_rows = [row for spec in dataset.eval_files for row in read_rows(spec, dataset.split)]
     if dataset.eval_split:
+        files = [spec for spec in dataset.train_files if Path(spec).expanduser().is_file()]
+        if files:  # a file has no splits: read_rows would give its training rows back as the eval rows
+            raise TaskInputError(
+                f"dataset.eval_split={dataset.eval_split} picks a split of a `datasets` folder or hub dataset, but {files[0]} "
+                "is a file, which has none: give the held-out rows as dataset.eval_files, or hold out dataset.eval_fraction."
+            )
         eval_rows += [row for spec in dataset.train_files for row in read_rows(spec, dataset.eval_split)]
     if (dataset.eval_files or dataset.eval_split) and not eval_rows:
         raise TaskInputError(f"the eval split ({', '.join(dataset.eval_files) or dataset.eval_split}) holds no rows.")

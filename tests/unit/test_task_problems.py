@@ -186,6 +186,23 @@ def test_load_task_refuses_an_eval_file_without_rows(tmp_path):
     refused(lambda: load_task(dataset, 0, RewardConfig(functions=["m:f"])), f"{empty}: it holds no rows")
 
 
+def test_load_task_refuses_an_eval_split_of_a_file(tmp_path):
+    path = files(tmp_path)
+    dataset = DatasetConfig(name="files", train_files=[path], eval_split="test")
+    refused(lambda: load_task(dataset, 0, RewardConfig(functions=["m:f"])),
+            f"dataset.eval_split=test picks a split of a `datasets` folder or hub dataset, but {path} is a file", "dataset.eval_files")  # fmt: skip
+
+
+def test_load_task_takes_the_eval_split_of_a_datasets_folder(tmp_path):
+    import datasets
+
+    splits = {"train": datasets.Dataset.from_list(ROWS[:6]), "test": datasets.Dataset.from_list(ROWS[6:8])}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "saved"))
+    dataset = DatasetConfig(name="files", train_files=[str(tmp_path / "saved")], eval_split="test")
+    task = load_task(dataset, 0, RewardConfig(functions=["m:f"]))
+    assert [p.row for p in task.problems] == ROWS[:6] and [p.row for p in task.eval_problems] == ROWS[6:8]
+
+
 def test_held_out_depends_on_the_positions_not_the_content():
     """held_out's choice depends on the rows' count and positions only, never their content."""
     other = [{"x": i} for i in range(20)]

@@ -147,3 +147,28 @@ def test_a_folder_that_datasets_did_not_save(tmp_path):
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "notes.txt").write_text("hello")
     refused(str(tmp_path / "folder"), f"{tmp_path / 'folder'}: not a folder saved by `datasets`")
+
+
+@pytest.mark.parametrize("name", ["problems.jsonl", "problems.csv"])
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path, name):
+    path = tmp_path / name
+    good = b'{"prompt": "1+2=", "answer": "3"}\n' if name.endswith("jsonl") else b"prompt,answer\n"
+    bad = '{"prompt": "café 2+2=", "answer": "4"}\n' if name.endswith("jsonl") else "café 2+2=,4\n"
+    path.write_bytes(good + bad.encode("latin-1"))
+    refused(str(path), f"{path}, line 2: not UTF-8 text", "Save the file as UTF-8")
+
+
+def test_a_spreadsheets_byte_order_mark_and_windows_line_ends(tmp_path):
+    csv_path = tmp_path / "problems.csv"
+    csv_path.write_bytes("prompt,answer\r\n1+2=,3\r\n".encode("utf-8-sig"))
+    assert read_rows(str(csv_path), "train") == [{"prompt": "1+2=", "answer": "3"}]
+    jsonl_path = tmp_path / "problems.jsonl"
+    jsonl_path.write_bytes("".join(json.dumps(r) + "\r\n" for r in ROWS).encode("utf-8-sig"))
+    assert read_rows(str(jsonl_path), "train") == ROWS
+
+
+def test_a_line_separator_inside_a_json_string_is_not_a_line_end(tmp_path):
+    path = tmp_path / "problems.jsonl"
+    row = {"prompt": "first\u2028second", "answer": "3"}
+    path.write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert read_rows(str(path), "train") == [row]
