@@ -4,6 +4,7 @@ be built is a TaskInputError (exit 2) naming the row and the column."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -175,7 +176,7 @@ def test_load_task_names_the_file_and_row_of_a_bad_prompt(tmp_path):
 )
 def test_load_task_refuses(tmp_path, dataset, reward, fragment):
     path = files(tmp_path)
-    fixed = DatasetConfig(**{**dataset.__dict__, "train_files": [f.format(p=path) for f in dataset.train_files]})
+    fixed = dataclasses.replace(dataset, train_files=[f.format(p=path) for f in dataset.train_files])
     refused(lambda: load_task(fixed, 0, reward), fragment)
 
 
