@@ -321,7 +321,7 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout, for scripts."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
-    """Show the processes, progress and effective training time of a running or finished run."""
+    """Show the processes, progress, latest held-out evaluation and effective training time of a run."""
     from rlrun.cli.live import status_table
 
     run = RunDir(run_dir.resolve())
@@ -332,19 +332,22 @@ def status(
         state, rows, last = run_status.load(run)
         split = run_status.time_split(run)
         smoothed = run_status.recent_reward(read_metrics(run.metrics))
+        evaluated = run_status.latest_eval(run)
     console.print(f"run {run_dir}: [bold]{state.get('status', 'unknown')}[/]")
     if state.get("slurm_job_id"):
         console.print(f"SLURM job {state['slurm_job_id']}: {state.get('slurm_job_state') or 'no longer in the queue'}", highlight=False)
     console.print(status_table(rows))
     _print_gpu_usage(*run_status.gpu_usage(run, rows))
-    if last:
-        from rlrun.cli.render import reward_text
+    from rlrun.cli.render import eval_detail, reward_text
 
+    if last:
         reward = reward_text(last.get("reward_mean"), *(smoothed or (None, 0)))
         console.print(f"step {last.get('step')}  samples {last.get('samples')}  reward {reward}  policy v{last.get('policy_version')}")
-        counts = run_status.recovery(last)
-        if counts is not None:
-            console.print(run_status.describe_recovery(counts), highlight=False, markup=False)
+    if evaluated:  # the held-out figures beside the training reward
+        console.print(eval_detail(evaluated), highlight=False, markup=False)
+    counts = run_status.recovery(last or {})
+    if counts is not None:
+        console.print(run_status.describe_recovery(counts), highlight=False, markup=False)
     console.print(run_status.describe_split(split), highlight=False, markup=False)
 
 
@@ -370,18 +373,18 @@ def runs(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON list on stdout, for scripts."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
-    """List the runs under ROOT, newest first: state, step, reward, ETTR, restarts and last event."""
+    """List the runs under ROOT, newest first: state, step, reward, latest eval, ETTR, restarts and last event."""
     with _errors(debug):
         found = run_status.list_runs(root)
     if as_json:
         typer.echo(json.dumps(found, indent=2))
         return
-    from rlrun.cli.render import reward_text
+    from rlrun.cli.render import EVAL_COLUMN, eval_text, reward_text
 
     damaged = [run for run in found if run["status"] == run_status.DAMAGED]
     found = [run for run in found if run["status"] != run_status.DAMAGED]
     table = Table(title=f"runs under {root}", expand=False)
-    for column in ("run", "status", "step", "reward", "ETTR", "restarts", "last event"):
+    for column in ("run", "status", "step", "reward", EVAL_COLUMN, "ETTR", "restarts", "last event"):
         table.add_column(column, overflow="fold")
     for run in found:
         step = "-" if run["step"] is None else f"{run['step']}/{run.get('max_train_steps') or '?'}"
@@ -389,7 +392,7 @@ def runs(
         event = " ".join(str(last[k]) for k in ("event", "process", "reason", "status") if last.get(k))
         ettr = "-" if run["ettr"] is None else f"{run['ettr']:.2f}"
         reward = reward_text(run["reward_mean"], run["reward_smoothed"], run["reward_smoothed_steps"])
-        table.add_row(Path(run["run_dir"]).name, run["status"], step, reward, ettr, str(run["restarts"]), event or "-")
+        table.add_row(Path(run["run_dir"]).name, run["status"], step, reward, eval_text(run["eval"]), ettr, str(run["restarts"]), event or "-")
     console.print(table if found else f"no {'other ' if damaged else ''}runs under {root}")
     for run in damaged:
         err_console.print(f"skipped {run['run_dir']}: {run['note']}", highlight=False, markup=False)

@@ -32,6 +32,34 @@ def reward_text(last: Optional[float], smoothed: Optional[float], steps: int) ->
     return f"{smoothed:.3f} (mean of {steps} steps{tail})"
 
 
+EVAL_COLUMN = "eval pass@1 / reward"
+
+
+def eval_text(figures: Optional[dict]) -> str:
+    """A run's latest held-out evaluation (`rlrun.cli.status.eval_figures`) in `runs`' column
+    EVAL_COLUMN: pass@1 / mean reward (version), '0.625 / 0.590 (v50)'; '-' when none."""
+    if not figures:
+        return "-"
+
+    def number(value: Optional[float]) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    return f"{number(figures.get('pass@1'))} / {number(figures.get('reward_mean'))} (v{_text(figures.get('policy_version'))})"
+
+
+def eval_detail(figures: dict) -> str:
+    """`rlrun status`'s eval line: 'eval v50 (2 prompts x 4): pass@1 0.625, pass@4 1.000, reward
+    0.625', then a line per source ('  easy: ...') when the evaluation has sources."""
+
+    def numbers(part: dict) -> str:
+        shown = [(key, part.get(key)) for key in part if key.startswith("pass@")] + [("reward", part.get("reward_mean"))]
+        return ", ".join(f"{name} {'-' if value is None else format(value, '.3f')}" for name, value in shown)
+
+    lines = [f"eval v{_text(figures.get('policy_version'))} ({_text(figures.get('prompts'))} prompts x {_text(figures.get('k'))}): {numbers(figures)}"]
+    lines += [f"  {source}: {numbers(part)}" for source, part in (figures.get("per_source") or {}).items()]
+    return "\n".join(lines)
+
+
 def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], journal_note: Optional[str]) -> list:
     """The tables `rlrun inspect-checkpoint` prints, in order."""
     from rich.markup import escape

@@ -5,6 +5,7 @@ log, without asking the (possibly dead) supervisor anything.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -16,7 +17,7 @@ import yaml
 from rlrun.run import runlock
 from rlrun.errors import RunDirError
 from rlrun.telemetry.ettr import TimeSplit, split_wall_time
-from rlrun.telemetry.metrics import RECOVERY_COUNTERS, final_records, read_metrics
+from rlrun.telemetry.metrics import RECOVERY_COUNTERS, eval_records, final_records, read_metrics
 from rlrun.rundir import RunDir
 from rlrun.supervisor.events import read_events
 
@@ -137,7 +138,7 @@ def report(run_dir: RunDir) -> dict:
         "step": last.get("step", 0), "max_train_steps": _max_train_steps(run_dir),
         "samples": last.get("samples", 0), "reward_mean": last.get("reward_mean"),
         "reward_smoothed": smoothed[0] if smoothed else None, "reward_smoothed_steps": smoothed[1] if smoothed else 0,
-        "policy_version": last.get("policy_version"), "time": last.get("time"),
+        "policy_version": last.get("policy_version"), "time": last.get("time"), "eval": latest_eval(run_dir),
     }  # fmt: skip
     return {
         "run_dir": str(run_dir.root),
@@ -160,6 +161,36 @@ def recent_reward(records: list[dict], window: int = REWARD_WINDOW) -> Optional[
     step counts once, as last written, and a step without a reward is left out. None: no reward."""
     rewards = [r["reward_mean"] for r in final_records(records)[-window:] if "reward_mean" in r]
     return (statistics.fmean(rewards), len(rewards)) if rewards else None
+
+
+def latest_eval(run_dir: RunDir) -> Optional[dict]:
+    """The held-out evaluation of the newest evaluated policy version (`eval_figures`); None: none."""
+    records = eval_records(run_dir.metrics)
+    return eval_figures(records[-1]) if records else None
+
+
+EVAL_SHOWN = ("policy_version", "prompts", "k", "reward_mean", "pass@1")
+
+
+def eval_figures(record: dict) -> dict:
+    """What `status` and `runs` show of an eval record: its version, prompts, k, reward_mean, pass@1
+    and pass@k, per source too when it has sources (`per_source`), and its time. A figure that is
+    not a finite number (a damaged line) is None."""
+
+    def figures(part: dict) -> dict:
+        k = part.get("k")
+        keys = (*EVAL_SHOWN, f"pass@{k}") if type(k) is int and k > 1 else EVAL_SHOWN
+        return {key: part[key] if _finite(part.get(key)) else None for key in keys}
+
+    out = {**figures(record), "time": record.get("time") if _finite(record.get("time")) else None}
+    sources = record.get("per_source")
+    if isinstance(sources, dict) and sources:
+        out["per_source"] = {str(s): figures(part) for s, part in sources.items() if isinstance(part, dict)}
+    return out
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def recovery(record: dict) -> Optional[dict]:
@@ -213,7 +244,7 @@ def list_runs(root: Path) -> list[dict]:
         except (RunDirError, OSError, ValueError) as exc:  # one damaged run does not hide the others
             note = " ".join(str(exc).split()) if isinstance(exc, RunDirError) else f"{type(exc).__name__}: {exc}"
             runs.append({"run_dir": str(path), "status": DAMAGED, "note": note, "step": None, "reward_mean": None, "reward_smoothed": None,
-                         "reward_smoothed_steps": 0, "ettr": None, "restarts": 0, "last_event": None, "updated": None})  # fmt: skip
+                         "reward_smoothed_steps": 0, "eval": None, "ettr": None, "restarts": 0, "last_event": None, "updated": None})  # fmt: skip
             continue
         progress = full["progress"]
         files = (run_dir.events, run_dir.metrics, run_dir.state)
@@ -222,6 +253,7 @@ def list_runs(root: Path) -> list[dict]:
                 "run_dir": full["run_dir"], "status": full["status"], "step": progress["step"],
                 "max_train_steps": progress["max_train_steps"], "reward_mean": progress["reward_mean"],
                 "reward_smoothed": progress["reward_smoothed"], "reward_smoothed_steps": progress["reward_smoothed_steps"],
+                "eval": progress["eval"],
                 "ettr": full["ettr"]["ettr"], "restarts": full["restarts"], "last_event": full["last_event"],
                 "updated": max((p.stat().st_mtime for p in files if p.is_file()), default=None),
             }  # fmt: skip

@@ -56,7 +56,7 @@ def test_status_json_reports_processes_restarts_last_failure_progress_and_ettr(t
     assert actor["last_dump"].endswith("actor-0-x.txt")
     assert report["restarts"] == 1 and report["last_failure"]["process"] == "actor"
     assert report["progress"] == {"step": 10, "max_train_steps": 10, "samples": 80, "reward_mean": 1.0, "reward_smoothed": pytest.approx(0.55),
-                                  "reward_smoothed_steps": 10, "policy_version": None, "time": 1030.0}  # fmt: skip
+                                  "reward_smoothed_steps": 10, "policy_version": None, "time": 1030.0, "eval": None}  # fmt: skip
     ettr = report["ettr"]
     assert ettr["wall_s"] == 32 and ettr["failures"][0]["recovery_s"] == 11.0  # quiet from 1001, step 1 recorded at 1012
     assert 0 < ettr["ettr"] < 1 and report["last_event"]["event"] == "run_stopped"
@@ -90,7 +90,7 @@ def test_runs_lists_live_and_finished_runs_newest_first_and_skips_other_folders(
     assert (live["status"], live["step"], live["max_train_steps"]) == ("running", 2, 10)
     assert (old["status"], old["step"], old["reward_mean"]) == ("finished", 10, 1.0)
     assert live["ettr"] is not None and old["last_event"]["event"] == "run_stopped"
-    table = CliRunner().invoke(app, ["runs", str(tmp_path)], terminal_width=200)
+    table = CliRunner().invoke(app, ["runs", str(tmp_path)], env={"COLUMNS": "200"})
     assert table.exit_code == 0 and "live" in table.output and "2/10" in table.output and "run_stopped" in table.output
 
 
@@ -129,7 +129,7 @@ def test_a_fast_llm_run_reports_the_steps_and_documents_its_events_announced(tmp
 
     report = json.loads(CliRunner().invoke(app, ["status", str(run_dir.root), "--json"]).output)
     assert report["progress"] == {"step": 6, "max_train_steps": 10, "samples": 1578, "reward_mean": None, "reward_smoothed": None,
-                                  "reward_smoothed_steps": 0, "policy_version": 6, "time": 1016.0}  # fmt: skip
+                                  "reward_smoothed_steps": 0, "policy_version": 6, "time": 1016.0, "eval": None}  # fmt: skip
     text = CliRunner().invoke(app, ["status", str(run_dir.root)]).output
     assert "step 6  samples 1578" in text
     (listed,) = json.loads(CliRunner().invoke(app, ["runs", str(tmp_path), "--json"]).output)
@@ -171,3 +171,56 @@ def test_a_short_run_averages_the_steps_it_has():
     assert recent_reward([]) is None and recent_reward([{"step": 1}]) is None
     assert reward_text(0.6, 0.4, 2) == "0.400 (mean of 2 steps; last 0.600)"
     assert reward_text(0.6, 0.6, 1) == "0.600" and reward_text(None, None, 0) == "-"
+
+
+def write_evals(run_dir: RunDir, *records: dict) -> None:
+    with open(run_dir.metrics, "a") as handle:
+        handle.write("".join(json.dumps({"kind": "eval", "step": r["policy_version"], **r}) + "\n" for r in records))
+
+
+def test_status_and_runs_show_the_latest_evaluation_beside_the_training_reward(tmp_path):
+    """The newest evaluated version's pass@1 and mean reward; a version written again by a
+    restarted trainer counts as last written, and a run without evaluations shows none."""
+    run_dir = make_run(tmp_path, "evaluated", status="finished", steps=10, t0=1000.0)
+    make_run(tmp_path, "plain", status="finished", steps=3, t0=3000.0)
+    per_source = {"easy": {"prompts": 2, "k": 4, "reward_mean": 0.875, "pass@1": 0.875, "pass@4": 1.0, "correct": [4, 3]},
+                  "hard": {"prompts": 1, "k": 4, "reward_mean": 0.25, "pass@1": 0.25, "pass@4": 1.0, "correct": [1]}}  # fmt: skip
+    write_evals(
+        run_dir,
+        {"policy_version": 10, "prompts": 3, "k": 4, "reward_mean": 0.1, "pass@1": 0.1, "pass@4": 0.3, "time": 1031.0},
+        {"policy_version": 5, "prompts": 3, "k": 4, "reward_mean": 0.2, "pass@1": 0.2, "pass@4": 0.5, "time": 1020.0},
+        {"policy_version": 10, "prompts": 3, "k": 4, "reward_mean": 0.6667, "pass@1": 0.6667, "pass@4": 1.0, "correct": [4, 3, 1],
+         "per_source": per_source, "eval_s": 1.5, "time": 1040.0},  # version 10 again, after a trainer restart
+    )  # fmt: skip
+    expected = {"policy_version": 10, "prompts": 3, "k": 4, "reward_mean": 0.6667, "pass@1": 0.6667, "pass@4": 1.0, "time": 1040.0,
+                "per_source": {"easy": {"policy_version": None, "prompts": 2, "k": 4, "reward_mean": 0.875, "pass@1": 0.875, "pass@4": 1.0},
+                               "hard": {"policy_version": None, "prompts": 1, "k": 4, "reward_mean": 0.25, "pass@1": 0.25, "pass@4": 1.0}}}  # fmt: skip
+
+    report = json.loads(CliRunner().invoke(app, ["status", str(run_dir.root), "--json"]).output)
+    assert report["progress"]["eval"] == expected
+    assert report["progress"]["step"] == 10 and report["progress"]["reward_smoothed"] == pytest.approx(0.55)  # evals are no steps
+    text = CliRunner().invoke(app, ["status", str(run_dir.root)], env={"COLUMNS": "250"}).output
+    lines = text.splitlines()
+    after_step = lines[next(i for i, line in enumerate(lines) if line.startswith("step 10 ")) + 1]
+    assert after_step == "eval v10 (3 prompts x 4): pass@1 0.667, pass@4 1.000, reward 0.667"  # beside the training reward
+    assert "  easy: pass@1 0.875, pass@4 1.000, reward 0.875" in text and "  hard: pass@1 0.250, pass@4 1.000, reward 0.250" in text
+    assert "eval v" not in CliRunner().invoke(app, ["status", str(tmp_path / "plain")], env={"COLUMNS": "250"}).output
+
+    listed = {Path(r["run_dir"]).name: r for r in json.loads(CliRunner().invoke(app, ["runs", str(tmp_path), "--json"]).output)}
+    assert listed["evaluated"]["eval"] == expected and listed["plain"]["eval"] is None
+    table = CliRunner().invoke(app, ["runs", str(tmp_path)], env={"COLUMNS": "250"}).output
+    assert "eval pass@1 / reward" in table
+    (row,) = [line for line in table.splitlines() if "evaluated" in line]
+    assert "0.550 (mean of 10 steps; last 1.000)" in row and "0.667 / 0.667 (v10)" in row
+    (plain,) = [line for line in table.splitlines() if "plain" in line]
+    assert [cell.strip() for cell in plain.split("│")][5] == "-"  # its eval column
+
+
+def test_a_damaged_eval_figure_shows_as_missing_not_as_a_crash():
+    from rlrun.cli.render import eval_detail, eval_text
+    from rlrun.cli.status import eval_figures
+
+    figures = eval_figures({"kind": "eval", "policy_version": 4, "prompts": 2, "k": 1, "reward_mean": "NaN", "pass@1": float("nan"), "time": 9.0})
+    assert figures == {"policy_version": 4, "prompts": 2, "k": 1, "reward_mean": None, "pass@1": None, "time": 9.0}
+    assert eval_text(figures) == "- / - (v4)" and eval_text(None) == "-"
+    assert eval_detail(figures) == "eval v4 (2 prompts x 1): pass@1 -, reward -"
