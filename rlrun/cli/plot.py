@@ -1,5 +1,6 @@
 """`rlrun plot RUN_DIR`: one PNG of a run — reward over steps and over wall-clock seconds,
-throughput over steps, restarts marked.
+throughput over steps, restarts marked; with held-out evaluations (records of kind "eval"), their
+pass@1 and mean reward over policy version and over wall-clock seconds, per source too.
 
 Draws metrics.jsonl and events.jsonl with matplotlib's Agg canvas (no display, no pyplot state);
 the pure parts are functions over plain data. A run with no metrics is refused (RunDirError);
@@ -17,11 +18,12 @@ from itertools import pairwise
 from pathlib import Path
 
 from rlrun.errors import EnvironmentProblem, RunDirError
-from rlrun.telemetry.metrics import final_records, read_metrics
+from rlrun.telemetry.metrics import eval_records, final_records, read_metrics
 from rlrun.rundir import RunDir
 from rlrun.supervisor.events import read_events
 
 SIZE_PX = (1000, 950)  # width, height of the PNG
+SIZE_PX_EVAL = (1000, 1250)  # with the evaluation panels below the others
 DPI = 100
 MAX_LABELS = 12  # more markers than this are drawn without their process names
 # Every task rlrun ships (arithmetic, gsm8k) scores an answer 1 (right) or 0 (wrong): a step's mean
@@ -46,6 +48,19 @@ class PlotResult:
     steps: int
     restarts: int
     failures: int
+    evaluations: int = 0  # evaluated policy versions drawn
+
+
+@dataclass(frozen=True)
+class EvalLine:
+    """The figures of one evaluated set of prompts over the evaluated versions: every prompt (source
+    None) or one source's. NaN: a figure (or a time) the record lacks, drawn as a gap."""
+
+    source: str | None
+    versions: list[int]
+    times: list[float]
+    pass_at_1: list[float]
+    reward_mean: list[float]
 
 
 def throughput(records: list[dict]) -> list[tuple[int, float, float]]:
@@ -122,6 +137,23 @@ def band(mean: list[float], std: list[float], low: float, high: float) -> tuple[
     return [held(m - s) for m, s in zip(mean, std)], [held(m + s) for m, s in zip(mean, std)]
 
 
+def eval_lines(evals: list[dict]) -> list[EvalLine]:
+    """Every prompt's line, then one per source named in any record's `per_source` (sorted), over the
+    versions of `evals` (one record per version, by version: `eval_records`)."""
+
+    def number(value) -> float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return float(value) if ok else math.nan
+
+    def line(source: str | None) -> EvalLine:
+        parts = [r if source is None else (r.get("per_source") or {}).get(source) or {} for r in evals]
+        return EvalLine(source, [r["policy_version"] for r in evals], [number(r.get("time")) for r in evals],
+                        [number(p.get("pass@1")) for p in parts], [number(p.get("reward_mean")) for p in parts])  # fmt: skip
+
+    sources = sorted({str(s) for r in evals if isinstance(r.get("per_source"), dict) for s in r["per_source"]})
+    return [line(None)] + [line(s) for s in sources] if evals else []
+
+
 def run_start(records: list[dict], events: list[dict]) -> float:
     """When the run began: its first supervisor event, else the start of its first recorded step."""
     first_step = records[0]["time"] - float(records[0].get("step_time_s") or 0.0)
@@ -140,11 +172,14 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
         )
     events = read_events(run_dir.events)
     marks = markers(events, records)
+    evals = eval_records(run_dir.metrics)
     target = Path(out) if out is not None else run_dir.plot
     restarts = sum(1 for m in marks if m.kind == "restart")
     failures = sum(1 for m in marks if m.kind == "failure")
     title = f"{run_dir.root.name}: {records[-1]['step']} steps, {records[-1].get('samples', 0)} samples, {restarts} restart{'' if restarts == 1 else 's'}"
-    fig = figure(records, marks, title, start=run_start(records, events))
+    if evals:
+        title += f", {len(evals)} evaluation{'' if len(evals) == 1 else 's'}"
+    fig = figure(records, marks, title, start=run_start(records, events), evals=evals)
     tmp = target.with_name(f".{target.name}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -156,11 +191,13 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
         raise RunDirError(
             f"cannot write the plot to {target}: {exc.strerror or exc}. Choose another path with --out."
         ) from None
-    return PlotResult(path=target, steps=len(records), restarts=restarts, failures=failures)
+    return PlotResult(path=target, steps=len(records), restarts=restarts, failures=failures, evaluations=len(evals))
 
 
-def figure(records: list[dict], marks: list[Marker], title: str, start: float):
-    """Three panels, markers on each: reward over steps (±std) and over seconds since `start`, tokens/s."""
+def figure(records: list[dict], marks: list[Marker], title: str, start: float, evals: list[dict] = ()):
+    """Three panels, markers on each: reward over steps (±std) and over seconds since `start`, tokens/s;
+    with `evals` (eval records, by version), two more below: their figures over policy version and
+    over seconds since `start`."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -175,9 +212,11 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float):
     smooth = smoothed(mean, window)
     seconds = [r["time"] - start for r in records]
 
-    fig = Figure(figsize=(SIZE_PX[0] / DPI, SIZE_PX[1] / DPI), dpi=DPI)
+    size = SIZE_PX_EVAL if evals else SIZE_PX
+    fig = Figure(figsize=(size[0] / DPI, size[1] / DPI), dpi=DPI)
     FigureCanvasAgg(fig)
-    reward_ax, clock_ax, rate_ax = fig.subplots(3, 1)
+    grid = fig.add_gridspec(4 if evals else 3, 2)
+    reward_ax, clock_ax, rate_ax = (fig.add_subplot(grid[row, :]) for row in range(3))
     rate_ax.sharex(reward_ax)
     fig.suptitle(title)
     fig.subplots_adjust(hspace=0.4)
@@ -221,4 +260,36 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float):
                                fontsize=7, color=color, ha="right", va="top")  # fmt: skip
     for ax in (reward_ax, clock_ax, rate_ax) if rates else (reward_ax, clock_ax):
         ax.legend(loc="lower right", fontsize=8)
+    if evals:
+        version_ax, eval_clock_ax = fig.add_subplot(grid[3, 0]), fig.add_subplot(grid[3, 1])
+        fig.subplots_adjust(top=0.93)  # the taller figure: its title as close as without evaluations
+        lines = eval_lines(list(evals))
+        _eval_panels(version_ax, eval_clock_ax, lines, start)
+        end = max([seconds[-1], 1.0, *(t - start for t in lines[0].times if not math.isnan(t))])
+        for ax in (clock_ax, eval_clock_ax):  # the same seconds on both: an evaluation sits under its steps
+            ax.set_xlim(0.0, end)
+        for mark in marks:
+            color, style = styles[mark.kind]
+            version_ax.axvline(mark.step, color=color, linestyle=style, linewidth=1.0, alpha=0.8)
+            eval_clock_ax.axvline(mark.time - start, color=color, linestyle=style, linewidth=1.0, alpha=0.8)
     return fig
+
+
+def _eval_panels(version_ax, clock_ax, lines: list[EvalLine], start: float) -> None:
+    """pass@1 (solid) and mean reward (dashed) of every line, over policy version and over seconds."""
+    finite = [v for line in lines for v in (*line.pass_at_1, *line.reward_mean) if not math.isnan(v)]
+    for i, line in enumerate(lines):
+        colour = "black" if line.source is None else f"C{i - 1}"
+        name = "all prompts" if line.source is None else line.source
+        seconds = [t - start for t in line.times]
+        for ax, x in ((version_ax, line.versions), (clock_ax, seconds)):
+            ax.plot(x, line.pass_at_1, color=colour, marker="o", markersize=3, linewidth=1.5, label=f"{name}: pass@1")
+            ax.plot(x, line.reward_mean, color=colour, marker="s", markersize=3, linewidth=1.0, linestyle="--", label=f"{name}: reward")
+    version_ax.set_xlabel("policy version (optimizer steps trained)")
+    clock_ax.set_xlabel("wall-clock seconds since the run started")
+    for ax in (version_ax, clock_ax):
+        ax.set_title("held-out evaluation", fontsize=9)
+        ax.set_ylabel("pass@1, reward")
+        ax.set_ylim(min([REWARD_RANGE[0], *finite]) - 0.02, max([REWARD_RANGE[1], *finite]) + 0.02)
+        ax.grid(alpha=0.3)
+    version_ax.legend(loc="best", fontsize=7, ncol=2 if len(lines) > 2 else 1)

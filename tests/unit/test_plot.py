@@ -171,3 +171,49 @@ def test_the_figure_has_a_wall_clock_panel_and_its_band_stays_in_0_1():
     band_paths = reward_ax.collections[0].get_paths()[0].vertices
     assert band_paths[:, 1].max() <= 1.0 and band_paths[:, 1].min() >= 0.65 - 1e-9  # 0.95 ± 0.3, held at 1
     assert rate_ax.get_xlabel() == "optimizer step"
+
+
+def write_evals(run_dir: RunDir, *records: dict) -> None:
+    with open(run_dir.metrics, "a") as handle:
+        handle.write("".join(json.dumps({"kind": "eval", "step": r["policy_version"], "k": 1, **r}) + "\n" for r in records))
+
+
+def test_a_run_with_evaluations_gets_eval_panels_over_version_and_seconds_one_line_per_source(tmp_path):
+    from rlrun.cli.plot import SIZE_PX_EVAL, figure
+
+    run_dir = make_run(tmp_path / "run", events=[{"time": T0 - 8.0, "event": "run_started"}])  # steps end at T0 + 2, 4, ..., 24
+    by_source = lambda easy, hard: {"easy": {"pass@1": easy, "reward_mean": easy}, "hard": {"pass@1": hard, "reward_mean": hard / 2}}  # noqa: E731
+    write_evals(
+        run_dir,
+        {"policy_version": 0, "prompts": 4, "pass@1": 0.25, "reward_mean": 0.3, "per_source": by_source(0.5, 0.0), "time": T0 + 1.0},
+        {"policy_version": 6, "prompts": 4, "pass@1": 0.5, "reward_mean": 0.55, "per_source": by_source(0.75, 0.25), "time": T0 + 14.0},
+        {"policy_version": 12, "prompts": 4, "pass@1": 0.75, "reward_mean": 0.8, "per_source": by_source(1.0, 0.5), "time": T0 + 30.0},
+        {"policy_version": 6, "prompts": 4, "pass@1": 0.5, "reward_mean": 0.6, "per_source": by_source(0.75, 0.25), "time": T0 + 16.0},  # rewritten after a restart
+    )  # fmt: skip
+    result = plot_run(run_dir)
+    assert (result.steps, result.evaluations) == (12, 3)
+    import matplotlib.image
+
+    assert matplotlib.image.imread(result.path).shape[:2] == (SIZE_PX_EVAL[1], SIZE_PX_EVAL[0])
+
+    from rlrun.telemetry.metrics import eval_records, final_records, read_metrics
+
+    recs = final_records(read_metrics(run_dir.metrics))
+    fig = figure(recs, [], "t", start=T0 - 8.0, evals=eval_records(run_dir.metrics))
+    reward_ax, clock_ax, rate_ax, version_ax, eval_clock_ax = fig.axes
+    drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in version_ax.get_lines()}
+    assert drawn == {
+        "all prompts: pass@1": ([0, 6, 12], [0.25, 0.5, 0.75]), "all prompts: reward": ([0, 6, 12], [0.3, 0.6, 0.8]),
+        "easy: pass@1": ([0, 6, 12], [0.5, 0.75, 1.0]), "easy: reward": ([0, 6, 12], [0.5, 0.75, 1.0]),
+        "hard: pass@1": ([0, 6, 12], [0.0, 0.25, 0.5]), "hard: reward": ([0, 6, 12], [0.0, 0.125, 0.25]),
+    }  # fmt: skip
+    seconds = {line.get_label(): list(line.get_xdata()) for line in eval_clock_ax.get_lines()}
+    assert seconds["all prompts: pass@1"] == seconds["hard: reward"] == [9.0, 24.0, 38.0]  # since the run started, T0 - 8
+    assert "policy version" in version_ax.get_xlabel() and "wall-clock seconds" in eval_clock_ax.get_xlabel()
+    assert clock_ax.get_xlim() == eval_clock_ax.get_xlim() == (0.0, 38.0)  # the last evaluation, after the last step (32 s)
+
+
+def test_a_run_without_evaluations_keeps_three_panels_and_its_size(tmp_path):
+    run_dir = make_run(tmp_path / "run")
+    assert plot_run(run_dir).evaluations == 0
+    check_png(run_dir.plot)
