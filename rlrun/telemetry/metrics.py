@@ -86,12 +86,18 @@ def summed_actor_counters(states: list[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
-    """The numeric fields of a record that are plotted as scalars (not step, not time)."""
-    return {
-        key: float(value)
-        for key, value in record.items()
-        if key not in NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool)
-    }
+    """The numeric fields of a record that are plotted as scalars (not step, not time); an
+    evaluation's figures per source (`per_source`) as `<source>/<field>`."""
+
+    def numeric(part: Mapping[str, Any]) -> dict[str, float]:
+        return {k: float(v) for k, v in part.items() if k not in NOT_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+    out = numeric(record)
+    sources = record.get("per_source")
+    for source, part in sources.items() if isinstance(sources, Mapping) else ():
+        if isinstance(part, Mapping):
+            out.update({f"{source}/{key}": value for key, value in numeric(part).items()})
+    return out
 
 
 def require(package: str) -> None:

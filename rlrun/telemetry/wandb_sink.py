@@ -1,7 +1,7 @@
-"""Weights & Biases for `metrics.wandb=true`: the trainer's step scalars and the supervisor's
-restart/failure events, in one W&B run per rlrun run (docs/operations.md). Its id is kept in
-`<run>/wandb-run-id`, so a restarted trainer and `rlrun resume` continue it. Events newer than the
-last step sent go with the next step. `wandb` (an extra) is imported here only, when the sink is made.
+"""Weights & Biases for `metrics.wandb=true`: the trainer's step scalars, its held-out evaluations
+(`eval/...`) and the supervisor's restart/failure events, in one W&B run per rlrun run
+(docs/operations.md). Its id is kept in `<run>/wandb-run-id`, so a restarted trainer and
+`rlrun resume` continue it. Events newer than the last step sent go with the next step. `wandb` (an extra) is imported here only, when the sink is made.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from rlrun.telemetry.metrics import require, scalars
 from rlrun.rundir import RunDir
 
 EVENTS_SENT = ("process_failed", "process_restarted", "process_stalled", "stack_dump")
+EVAL_X = "eval/policy_version"  # W&B charts the eval/ scalars over this, not over W&B's step
 require_wandb = partial(require, "wandb")
 
 
@@ -34,7 +35,7 @@ def event_line(event: Mapping[str, Any]) -> str:
 
 
 class WandbSink:
-    """Logs step records and new supervisor events to one W&B run."""
+    """Logs step records, eval records and new supervisor events to one W&B run."""
 
     def __init__(self, run_dir: RunDir, project: str, mode: str, last_step_time: Optional[float] = None) -> None:
         require_wandb()
@@ -45,6 +46,8 @@ class WandbSink:
             project=project, id=run_id(run_dir), resume="allow", dir=str(run_dir.root), mode=mode,
             name=run_dir.root.name, config=config,
         )  # fmt: skip
+        self._run.define_metric(EVAL_X)
+        self._run.define_metric("eval/*", step_metric=EVAL_X)
         self._since = last_step_time or 0.0  # events up to the last step sent were sent with it
 
     def log(self, record: Mapping[str, Any], events: list[Mapping[str, Any]] = ()) -> None:
@@ -57,6 +60,15 @@ class WandbSink:
             data["supervisor/event"] = "\n".join(event_line(e) for e in new)
         self._run.log(data, step=record.get("step"))
         self._since = max([self._since, float(record.get("time") or 0), *[float(e.get("time", 0)) for e in new]])
+
+    def log_eval(self, record: Mapping[str, Any]) -> None:
+        """An evaluation's scalars as `eval/<field>` (per source `eval/<source>/<field>`), charted
+        over EVAL_X. Logged at its version's W&B step, or the step in progress when W&B is past it
+        (an evaluation recorded after the next step's record, or after a resume): W&B drops a row
+        older than its current step."""
+        data = {f"eval/{key}": value for key, value in scalars(record).items()}
+        step = record.get("step")
+        self._run.log(data, step=max(step if type(step) is int else 0, self._run.step))
 
     def close(self) -> None:
         import wandb

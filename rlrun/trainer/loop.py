@@ -75,7 +75,7 @@ class Trainer:
         self.recorder = StepRecorder(cfg, run_dir, self.stopping) if self.main else None
         self.eval_gate = None  # rank 0, with eval.every_steps: evaluated weights stay until their result is in
         if self.main and cfg.eval.every_steps:
-            self.eval_gate = EvalGate(cfg.eval, t.max_train_steps, self.stopping, heartbeat, self.recorder.metrics.write)
+            self.eval_gate = EvalGate(cfg.eval, t.max_train_steps, self.stopping, heartbeat, self.recorder.write_eval)
         replacing = self.eval_gate.wait_for if self.eval_gate else (lambda version: None)
         self.weights = WeightPublisher(
             t, run_dir, redis, vllm, self.parallel, broadcast, self.stopping.requested, heartbeat, before_replacing=replacing

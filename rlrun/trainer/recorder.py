@@ -1,6 +1,7 @@
 """Rank 0's record of each optimizer step: one line of metrics.jsonl carrying the run's ETTR so far
 (to TensorBoard and W&B too when they are on), the step's group ids in trained_groups.jsonl, the
-record on the trainer's events stream, and the log line.
+record on the trainer's events stream, and the log line; and of each held-out evaluation
+(`write_eval`): metrics.jsonl, TensorBoard and W&B.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+import threading
 import time
 
 from rlrun.config import RunConfig
@@ -30,6 +32,7 @@ class StepRecorder:
         self.metrics = MetricsWriter(run_dir.metrics, run_dir.tensorboard if cfg.metrics.tensorboard else None)
         self.history = read_metrics(run_dir.metrics)  # every record so far, this run's earlier launches too: for ETTR
         self.wandb = None
+        self._writing = threading.Lock()  # an evaluation may be written from an overlapped weight update's thread
         if cfg.metrics.wandb:  # the same W&B run for every trainer attempt and every launch of this run
             from rlrun.telemetry.wandb_sink import WandbSink
 
@@ -64,9 +67,10 @@ class StepRecorder:
         events = read_events(self.run_dir.events)
         ratio = split_wall_time(events, self.history, now=record["time"]).ettr  # rlrun/ettr.py
         record["ettr"] = round(ratio, 4) if ratio is not None else None
-        self.metrics.write(record)
-        if self.wandb is not None:
-            self.wandb.log(record, events)
+        with self._writing:
+            self.metrics.write(record)
+            if self.wandb is not None:
+                self.wandb.log(record, events)
         with open(self.run_dir.trained_groups, "a") as handle:  # a restarted step appears again, later
             handle.write(json.dumps({"step": state.step, "groups": [g.group_id for g in groups]}) + "\n")
         self.stopping.call(lambda: redis.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", **record})}, maxlen=10_000))
@@ -76,6 +80,14 @@ class StepRecorder:
             record["reward_mean"], record["loss"], record["clip_fraction"], record["step_time_s"],
         )  # fmt: skip
         return record
+
+    def write_eval(self, record: dict) -> None:
+        """A held-out evaluation's record (`rlrun/trainer/eval_gate.py`): a line of metrics.jsonl,
+        and `eval/...` scalars in TensorBoard and W&B when they are on."""
+        with self._writing:
+            self.metrics.write(record)
+            if self.wandb is not None:
+                self.wandb.log_eval(record)
 
     def close(self) -> None:
         self.metrics.close()

@@ -84,3 +84,38 @@ def test_offline_files_hold_the_scalars_the_events_and_the_config_and_a_resume_c
     runs = [r.run for f in run_files for r in offline_records(f) if r.WhichOneof("record_type") == "run"]
     config = {item.key: item.value_json for item in runs[0].config.update}
     assert runs[0].project == "rlrun-test" and runs[0].run_id == run_id and '"max_train_steps":3' in config["trainer"]
+
+
+def test_evaluations_are_eval_scalars_over_the_policy_version_and_none_is_dropped(tmp_path, monkeypatch):
+    """An evaluation goes in at its version's step; one recorded after a later step (an overlapped
+    weight update) goes in at that step, not behind it, where W&B would drop it."""
+    from rlrun.telemetry.wandb_sink import EVAL_X, WandbSink
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.root.mkdir()
+    t = time.time()
+    per_source = {"easy": {"prompts": 1, "k": 1, "reward_mean": 1.0, "pass@1": 1.0, "correct": [1]}}
+
+    def evaluation(version: int, pass_at_1: float) -> dict:
+        return {"kind": "eval", "step": version, "policy_version": version, "prompts": 2, "k": 1, "reward_mean": pass_at_1,
+                "pass@1": pass_at_1, "correct": [1, 0], "per_source": per_source, "eval_s": 0.5, "time": t + version}  # fmt: skip
+
+    sink = WandbSink(run_dir, "rlrun-test", "offline")
+    sink.log_eval(evaluation(0, 0.0))  # the weights training starts from, before any step
+    sink.log({"step": 1, "time": t + 1, "reward_mean": 0.25})
+    sink.log({"step": 2, "time": t + 2, "reward_mean": 0.5})
+    sink.log_eval(evaluation(2, 0.5))  # while step 2's row is open
+    sink.log({"step": 3, "time": t + 3, "reward_mean": 0.75})
+    sink.log({"step": 4, "time": t + 4, "reward_mean": 0.8})
+    sink.log_eval(evaluation(3, 0.75))  # after step 4's record
+    sink.close()
+
+    (run_file,) = (run_dir.root / "wandb").glob("offline-run-*/run-*.wandb")
+    rows = history(run_file)
+    evals = [(r["_step"], r[EVAL_X], r["eval/pass@1"], r["eval/easy/pass@1"]) for r in rows if EVAL_X in r]
+    assert evals == [(0, 0, 0.0, 1.0), (2, 2, 0.5, 1.0), (4, 3, 0.75, 1.0)]
+    assert [(r["_step"], r["reward_mean"]) for r in rows if "reward_mean" in r] == [(1, 0.25), (2, 0.5), (3, 0.75), (4, 0.8)]
+    assert not any("eval/correct" in r or "eval/step" in r for r in rows)  # per-prompt counts and the step are no scalars
+    metrics = {r.metric.glob_name or r.metric.name: r.metric.step_metric for r in offline_records(run_file) if r.WhichOneof("record_type") == "metric"}
+    assert metrics.get("eval/*") == EVAL_X

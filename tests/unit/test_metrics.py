@@ -173,3 +173,51 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     assert (written["reward_mean"], written["reward_std"], written["tokens"], written["policy_lag_max"]) == (0.5, 0.5, 12, 1)
     # versions [0, 1, 1] against the step's trained weights (policy_version 2 - 1): lags 1, 0, 0
     assert (written["policy_lag_mean"], written["samples_spanning_update"]) == (pytest.approx(1 / 3, abs=1e-4), 4)
+
+
+EVAL = {"kind": "eval", "step": 4, "policy_version": 4, "prompts": 3, "k": 2, "reward_mean": 0.5, "pass@1": 0.5, "pass@2": 0.6667,
+        "correct": [2, 1, 0], "per_source": {"easy": {"prompts": 2, "k": 2, "reward_mean": 0.75, "pass@1": 0.75, "pass@2": 1.0, "correct": [2, 1]},
+                                             "hard": {"prompts": 1, "k": 2, "reward_mean": 0.0, "pass@1": 0.0, "pass@2": 0.0, "correct": [0]}},
+        "eval_s": 1.5, "time": 1004.5}  # fmt: skip
+
+
+def test_an_evaluations_scalars_are_its_figures_and_each_sources_under_its_name():
+    assert scalars(EVAL) == {
+        "policy_version": 4.0, "prompts": 3.0, "k": 2.0, "reward_mean": 0.5, "pass@1": 0.5, "pass@2": 0.6667, "eval_s": 1.5,
+        "easy/prompts": 2.0, "easy/k": 2.0, "easy/reward_mean": 0.75, "easy/pass@1": 0.75, "easy/pass@2": 1.0,
+        "hard/prompts": 1.0, "hard/k": 2.0, "hard/reward_mean": 0.0, "hard/pass@1": 0.0, "hard/pass@2": 0.0,
+    }  # fmt: skip
+
+
+def test_the_recorders_write_eval_goes_to_metrics_jsonl_tensorboard_and_wandb(tmp_path):
+    """What the trainer hands EvalGate: one call that writes the eval record everywhere a step's goes
+    (W&B: a stand-in for the sink, which tests/integration/test_wandb_offline.py checks for real)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rlrun.rundir import RunDir
+    from rlrun.telemetry.metrics import eval_records
+    from rlrun.trainer.recorder import StepRecorder
+    from rlrun.trainer.stopping import Stopping
+
+    class Sink:
+        def __init__(self) -> None:
+            self.evals: list[dict] = []
+
+        def log_eval(self, record) -> None:
+            self.evals.append(dict(record))
+
+        def close(self) -> None:
+            pass
+
+    cfg, _ = compose(["metrics.tensorboard=true"])
+    run_dir = RunDir(Path(tmp_path))
+    recorder = StepRecorder(cfg, run_dir, Stopping(FakeRedis({})))
+    recorder.wandb = sink = Sink()
+    recorder.write_eval(EVAL)
+    recorder.close()
+    assert eval_records(run_dir.metrics) == [EVAL] and read_metrics(run_dir.metrics) == []  # an eval record, no step's
+    assert sink.evals == [EVAL]
+    events = EventAccumulator(str(run_dir.tensorboard))
+    events.Reload()
+    assert {"eval/pass@1", "eval/pass@2", "eval/reward_mean", "eval/easy/pass@1", "eval/hard/reward_mean"} <= set(events.Tags()["scalars"])
+    assert [(e.step, e.value, e.wall_time) for e in events.Scalars("eval/easy/pass@1")] == [(4, 0.75, 1004.5)]
