@@ -1,7 +1,8 @@
 """Weights & Biases for `metrics.wandb=true`: the trainer's step scalars, its held-out evaluations
 (`eval/...`) and the supervisor's restart/failure events, in one W&B run per rlrun run
 (docs/operations.md). Its id is kept in `<run>/wandb-run-id`, so a restarted trainer and
-`rlrun resume` continue it. Events newer than the last step sent go with the next step. `wandb` (an extra) is imported here only, when the sink is made.
+`rlrun resume` continue it. Events newer than the last step sent go with the next step. `wandb`
+(an extra) is imported here only, when the sink is made.
 """
 
 from __future__ import annotations
