@@ -325,3 +325,57 @@ def usage(placed: Mapping[str, Sequence[str]], pids: Mapping[str, int | None], n
         held = [p.used_bytes or 0 for gpu in ids for p in nvml.processes(gpu) if p.pid in tree]
         out[name] = ProcessGpus(tuple(ids), sum(held), {gpu: nvml.utilization(gpu) for gpu in ids})
     return out
+
+
+# --- nothing of the run left on its GPUs after it stops -----------------------------------------------
+
+
+class GroupsSeen:
+    """A spawner that remembers the process group of everything it started (each local process's
+    guard leads one): after the stop, what still holds the run's GPUs in one of them is the run's."""
+
+    def __init__(self, spawner) -> None:
+        self._spawner = spawner
+        self.groups: set[int] = set()
+
+    def spawn(self, spec):
+        handle = self._spawner.spawn(spec)
+        self.groups.add(handle.pid)
+        return handle
+
+    def close(self) -> None:
+        self._spawner.close()
+
+    def server_hosts(self) -> dict[str, str]:
+        return self._spawner.server_hosts()
+
+
+def end_leftovers(plan: GpuPlan, groups: set[int], emit: Callable[..., None], nvml: Callable[[], Nvml] | None = None,
+                  pgid_of: Callable[[int], int] | None = None, kill: Callable[[int, int], None] | None = None) -> list[int]:  # fmt: skip
+    """After the run stopped: every process on its GPUs still in one of its process groups
+    (`groups`) is named in an event (`gpu_leftover_killed`) and SIGKILLed; the pids ended. NVML
+    missing: nothing asked, nothing ended."""
+    import os
+    import signal
+
+    pgid_of, kill = pgid_of or os.getpgid, kill or os.kill
+    try:
+        found = (nvml or open_nvml)()
+    except NvmlUnavailable:
+        return []
+    ended = []
+    for gpu in sorted({g for ids in plan.gpus.values() for g in ids}):
+        for p in found.processes(gpu):
+            try:
+                group = pgid_of(p.pid)
+            except (ProcessLookupError, PermissionError):
+                continue  # gone, or not a pid of this machine's (a container's NVML may show the host's)
+            if group not in groups or p.pid in ended:
+                continue
+            emit("gpu_leftover_killed", pid=p.pid, gpu=gpu, group=group, used_bytes=p.used_bytes)
+            try:
+                kill(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            ended.append(p.pid)
+    return ended

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import yaml
 
-from rlrun.cluster.gpus import NOT_PLACED, GpuPlan, find_visible
+from rlrun.cluster.gpus import NOT_PLACED, GpuPlan, GroupsSeen, end_leftovers, find_visible
 from rlrun.run import preflight, runlock
 from rlrun.config import RunConfig
 from rlrun.errors import ProcessFailed, RunDirError
@@ -135,6 +135,8 @@ def train(
     try:
         spawner = built.world.spawner(run_dir)  # one per launch: a retry keeps its placement
         gpus = gpu_plan(built)  # this machine's, at every launch (a resume may run on another)
+        if gpus.on_gpus:
+            spawner = GroupsSeen(spawner)  # its groups: what of the run may hold a GPU after the stop
         if gpus.on_gpus:  # what `rlrun status` shows beside each process
             events.emit("gpus_placed", source=gpus.visible.source, gpus={name: list(ids) for name, ids in gpus.gpus.items()})
         for attempt in range(1, PORT_ATTEMPTS + 1):
@@ -174,6 +176,8 @@ def train(
             supervisor.stop_all()
             if on_tick and progress is not None:
                 on_tick(supervisor.processes, progress.read(cfg))
+        if isinstance(spawner, GroupsSeen):  # nothing of the run left on its GPUs
+            end_leftovers(gpus, spawner.groups, events.emit)
         if spawner is not None:
             spawner.close()  # world=ray: the agents and the placement group go
         run_dir.write_state(status=status, stopped_at=time.time())

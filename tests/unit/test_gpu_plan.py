@@ -390,3 +390,54 @@ def test_status_of_a_run_not_on_gpus_has_no_gpu_part(tmp_path):
     run = RunDir(tmp_path / "run")
     run.create({"kind": "rlrun-run"})
     assert status.gpu_usage(run, []) == ({}, "")
+
+
+# --- after the stop: nothing of the run left on its GPUs ----------------------------------------------------
+
+
+def test_after_the_stop_what_of_the_run_still_holds_its_gpus_is_named_and_killed():
+    import signal
+
+    plan = plan_of(2, *CUDA)  # vllm-0 on "0", trainer on "1"
+    nvml = RecordedNvml({"0": [[gpus.GpuProcess(11, GiB), gpus.GpuProcess(99, GiB)]], "1": [[gpus.GpuProcess(12, None), gpus.GpuProcess(13, GiB)]]})
+    groups = {11: 500, 12: 600, 99: 900}  # 13: gone already
+    killed, events = [], []
+
+    def pgid_of(pid):
+        if pid not in groups:
+            raise ProcessLookupError(pid)
+        return groups[pid]
+
+    ended = gpus.end_leftovers(plan, {500, 600}, lambda e, **f: events.append((e, f)), lambda: nvml, pgid_of,
+                               lambda pid, sig: killed.append((pid, sig)))  # fmt: skip
+    assert ended == [11, 12] and killed == [(11, signal.SIGKILL), (12, signal.SIGKILL)]  # not 99: another group, not ours
+    assert events == [("gpu_leftover_killed", {"pid": 11, "gpu": "0", "group": 500, "used_bytes": GiB}),
+                      ("gpu_leftover_killed", {"pid": 12, "gpu": "1", "group": 600, "used_bytes": None})]  # fmt: skip
+    assert gpus.end_leftovers(plan, {500}, lambda e, **f: None, no_nvml) == []  # no NVML: nothing asked, nothing ended
+
+
+def test_a_real_leftover_in_one_of_the_run_s_groups_is_ended(tmp_path):
+    import subprocess
+
+    from rlrun.supervisor.local import LocalSpawner
+
+    seen = gpus.GroupsSeen(LocalSpawner())
+    spec = launch.plan_specs(build(compose([])[0]), RunDir(tmp_path), gpus.NOT_PLACED)[0]
+    handle = seen.spawn(dataclasses.replace(spec, argv=[sys.executable, "-c", "import sys; sys.stdin.read()"], secret_env={},
+                                            log_path=tmp_path / "left.log"))  # fmt: skip
+    assert seen.groups == {handle.pid}
+    # The guard's child: in the guard's group, as an engine core left holding memory would be.
+    child = next(iter(_wait_for_children(handle.pid)))
+    nvml = RecordedNvml({"0": [[gpus.GpuProcess(child, GiB)]]})
+    plan = gpus.GpuPlan(gpus.Visible(("0",), "fake"), {spec.name: ("0",)})
+    assert gpus.end_leftovers(plan, seen.groups, lambda e, **f: None, lambda: nvml) == [child]
+    while handle.poll() is None:  # the guard exits once its child is killed
+        time.sleep(0.05)
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+
+
+def _wait_for_children(pid: int) -> set[int]:
+    while not gpus.descendants_of(pid):
+        time.sleep(0.05)
+    return gpus.descendants_of(pid)
