@@ -21,6 +21,8 @@ generator. Every system trains on that same batch:
                   completion_logprobs (kept verbatim below), whose chunks' backward each allocated
                   a zero gradient of the whole logits
   rlrun-fused-adamw  rlrun with AdamW(fused=True), the optimizer TRL's Trainer picks by default
+  rlrun-sdpa-math rlrun with torch's math kernel for scaled_dot_product_attention (the profile's
+                  second cost is the CPU flash-attention kernel's backward)
   rlrun-step      rlrun.trainer.step.optimizer_step as the trainer calls it, one figure: it needs
                   nothing newer than optimizer_step, so a checkout of an older commit measures its
                   own step (`git worktree add /tmp/old <commit>`, then run this file there with
@@ -53,7 +55,7 @@ import time
 from pathlib import Path
 
 PHASES = ["prep", "backbone fwd", "head fwd", "loss", "head bwd", "backbone bwd", "optimizer"]
-SYSTEMS = ["rlrun", "rlrun-old-head", "rlrun-fused-adamw", "rlrun-step", "trl"]
+SYSTEMS = ["rlrun", "rlrun-old-head", "rlrun-fused-adamw", "rlrun-sdpa-math", "rlrun-step", "trl"]
 OLD_CHUNK_ELEMENTS = 1 << 24
 
 
@@ -158,13 +160,16 @@ def trl_inputs(batch):
 class RlrunSystem:
     """rlrun's step on one rank, one pass (rlrun/trainer/step.py's body), phase by phase."""
 
-    def __init__(self, model, optimizer, cfg, batch, marks: Marks, head: str, parallel) -> None:
+    def __init__(self, model, optimizer, cfg, batch, marks: Marks, head: str, parallel, math_attention: bool = False) -> None:
         self.model, self.optimizer, self.cfg, self.batch, self.marks, self.head = model, optimizer, cfg, batch, marks, head
-        self.parallel = parallel
+        self.parallel, self.math_attention = parallel, math_attention
         self.losses: list[float] = []
 
     def step(self) -> None:
+        import contextlib
+
         import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
         from rlrun.trainer.losses import policy_loss
         from rlrun.trainer.step import collate
@@ -183,7 +188,8 @@ class RlrunSystem:
         else:
             first, keep, logprobs_of = 0, {}, old_completion_logprobs
         mask, old = batch["mask"][:, first + 1 :], batch["old_logprobs"][:, first + 1 :]
-        with self.parallel.autocast(t.mixed_precision):
+        kernel = sdpa_kernel(SDPBackend.MATH) if self.math_attention else contextlib.nullcontext()
+        with self.parallel.autocast(t.mixed_precision), kernel:
             logits = self.model(input_ids=ids, attention_mask=batch["attention_mask"], **keep).logits
             logprobs = logprobs_of(logits, ids[:, first:])
             marks("head")
@@ -297,6 +303,8 @@ def build_systems(names: list[str], folder: Path, cfg, batch, out_dir: str) -> t
         for name in rlrun_names:
             if name == "rlrun-step":
                 built[name] = RlrunStep(model, plain, cfg, batch, marks[name], parallel)
+            elif name == "rlrun-sdpa-math":
+                built[name] = RlrunSystem(model, plain, cfg, batch, marks[name], "new", parallel, math_attention=True)
             elif name == "rlrun-fused-adamw":
                 fused = torch.optim.AdamW(model.parameters(), fused=True, **adamw)
                 built[name] = RlrunSystem(model, fused, cfg, batch, marks[name], "new", parallel)
@@ -360,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="counted rounds (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="rounds not counted (default 1)")
     parser.add_argument("--threads", default="1,2", help="torch thread counts, comma-separated (default 1,2)")
-    parser.add_argument("--systems", default="rlrun,rlrun-old-head,rlrun-fused-adamw,rlrun-step,trl", help=f"of {', '.join(SYSTEMS)}")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"of {', '.join(SYSTEMS)}")
     parser.add_argument("--samples", type=int, default=None, help="samples a step (default trainer.train_batch_size)")
     parser.add_argument("--new-tokens", type=int, default=None, help="longest completion (default actor.max_new_tokens)")
     parser.add_argument("--min-new-tokens", type=int, default=None, help="shortest completion (default: --new-tokens)")
