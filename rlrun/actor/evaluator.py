@@ -42,13 +42,13 @@ class Evaluator:
     def __init__(
         self, eval_cfg: EvalConfig, last_version: int, problems: list[Problem], encode: Callable[[Problem], list[int]],
         decode: Callable[[list[int]], str], scorer: Scorer, redis, urls: list[str], max_new_tokens: int, concurrency: int,
-        request_timeout_s: float,
+        request_timeout_s: float, seed: int = 0,
     ) -> None:  # fmt: skip
         self.cfg, self.last_version, self.scorer, self.redis, self.urls = eval_cfg, last_version, scorer, redis, urls
         self.problems = problems[: eval_cfg.max_prompts] if eval_cfg.max_prompts else problems
         self.encode, self.decode = encode, decode
         self.max_new_tokens = eval_cfg.max_new_tokens or max_new_tokens
-        self.concurrency, self.request_timeout_s = concurrency, request_timeout_s
+        self.concurrency, self.request_timeout_s, self.seed = concurrency, request_timeout_s, seed
         self._finished: set[int] = set()  # versions with a result in Redis (asked once each)
         self._attempts: dict[int, int] = {}
 
@@ -63,10 +63,8 @@ class Evaluator:
 
     async def evaluate(self, client: httpx.AsyncClient, version: int) -> None:
         """Sample and score every eval prompt at `version`, and write its one result."""
-        started = time.time()
-        gate = asyncio.Semaphore(self.concurrency)
         try:
-            results = await asyncio.gather(*(self._prompt(client, gate, version, i, p) for i, p in enumerate(self.problems)))
+            result = await self.measure(client, version)
         except VersionChanged as exc:
             self._attempts[version] = self._attempts.get(version, 0) + 1
             if self._attempts[version] < ATTEMPTS:
@@ -74,11 +72,18 @@ class Evaluator:
                 return
             result = {"version": version, "abandoned": str(exc), "time": round(time.time(), 3)}
         else:
-            figures = summarize(results, self.cfg.pass_threshold)
-            result = {"version": version, **figures, "eval_s": round(time.time() - started, 3), "time": round(time.time(), 3)}
-            log.info("evaluation of policy version %d: %s", version, {k: v for k, v in figures.items() if k != "per_source"})
+            log.info("evaluation of policy version %d: %s", version, {k: v for k, v in result.items() if k not in ("per_source", "correct")})
         self.redis.hset(names.EVAL_RESULTS, str(version), json.dumps(result))
         self._finished.add(version)
+
+    async def measure(self, client: httpx.AsyncClient, version: int) -> dict:
+        """The figures of every eval prompt sampled at `version` (VersionChanged when vLLM says a
+        token came from other weights); `rlrun eval` measures a checkpoint with it too."""
+        started = time.time()
+        gate = asyncio.Semaphore(self.concurrency)
+        results = await asyncio.gather(*(self._prompt(client, gate, version, i, p) for i, p in enumerate(self.problems)))
+        figures = summarize(results, self.cfg.pass_threshold)
+        return {"version": version, **figures, "eval_s": round(time.time() - started, 3), "time": round(time.time(), 3)}
 
     async def _prompt(self, client, gate: asyncio.Semaphore, version: int, i: int, problem: Problem) -> PromptResult:
         k = self.cfg.samples_per_prompt
@@ -88,7 +93,7 @@ class Evaluator:
             async for delta in generate(
                 client, self.urls[i % len(self.urls)], self.encode(problem), n=k, max_tokens=self.max_new_tokens,
                 temperature=self.cfg.temperature, timeout_s=self.request_timeout_s, min_tokens=0, stream=False,
-                cache_salt=f"eval-v{version}",
+                cache_salt=f"eval-v{version}", seed=self.seed + i,  # prompt i's samples: the same random draws at every version
             ):  # fmt: skip
                 ids[delta.index].extend(delta.token_ids)
                 if delta.finish_reason is not None:
@@ -100,3 +105,16 @@ class Evaluator:
         call = GroupCall(problem.prompt, problem.row, [self.decode(x) for x in ids], ids, infos, isinstance(problem.prompt, tuple))
         score = await self.scorer.score(call)
         return PromptResult(score.rewards if score.rewards is not None else [0.0] * k, problem.source)
+
+
+def evaluator_for(cfg, problems: list[Problem], tokenizer, render_prompt, scorer: Scorer, redis, urls: list[str]) -> Evaluator:
+    """The run's evaluator over `problems` (the actor's and `rlrun eval`'s one way to build it);
+    `render_prompt`: the model's chat template, or None to give prompts as they are."""
+    render = render_prompt or (lambda prompt: prompt)
+    return Evaluator(
+        cfg.eval, cfg.trainer.max_train_steps, problems,
+        encode=lambda problem: tokenizer.encode(render(problem.prompt), add_special_tokens=False),
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), scorer=scorer, redis=redis, urls=urls,
+        max_new_tokens=cfg.actor.max_new_tokens, concurrency=cfg.actor.max_concurrent_groups,
+        request_timeout_s=cfg.actor.request_timeout_s, seed=cfg.run.seed * 1_000_003,
+    )  # fmt: skip

@@ -138,6 +138,9 @@ class Actor:
         try:
             await self.evaluator.evaluate(client, version)
         except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+            if refused(exc):  # every retry would be refused the same way: stop, naming it
+                self._failure = ConfigError(f"vLLM refused the evaluation's request: {exc}. Change the eval.* setting it names.")
+                return
             log.warning("evaluation of policy version %d failed (%s): it starts again", version, exc)
             await asyncio.sleep(RETRY_DELAY_S)
 

@@ -37,7 +37,7 @@ class Delta:
 
 
 def request_body(prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float, min_tokens: int,
-                 stream: bool, cache_salt: str | None) -> dict:  # fmt: skip
+                 stream: bool, cache_salt: str | None, seed: int | None = None) -> dict:  # fmt: skip
     body = {
         "model": SERVED_MODEL_NAME,
         "token_ids": prompt_ids,
@@ -50,6 +50,8 @@ def request_body(prompt_ids: list[int], *, n: int, max_tokens: int, temperature:
     }  # fmt: skip
     if cache_salt:
         body["cache_salt"] = cache_salt
+    if seed is not None:  # the request's own random stream: the same samples whatever else the server runs
+        body["sampling_params"]["seed"] = seed
     return body
 
 
@@ -65,9 +67,10 @@ async def generate(
     min_tokens: int = 0,
     stream: bool = True,
     cache_salt: str | None = None,
+    seed: int | None = None,
 ) -> AsyncIterator[Delta]:
     body = request_body(prompt_ids, n=n, max_tokens=max_tokens, temperature=temperature, min_tokens=min_tokens,
-                        stream=stream, cache_salt=cache_salt)  # fmt: skip
+                        stream=stream, cache_salt=cache_salt, seed=seed)  # fmt: skip
     if not stream:
         response = await client.post(f"{url}{ROUTE}", json=body, timeout=timeout_s)
         _raise_for_status(response.status_code, response.text, response)

@@ -220,9 +220,9 @@ def validate(cfg: RunConfig) -> None:
         f"dataset.num_problems must be at least 1 with dataset=arithmetic: it generates that many problems (got {cfg.dataset.num_problems}).",
     )
     need(
-        cfg.model.source != "tiny" or cfg.dataset.name == "arithmetic",
-        "model=tiny has a character vocabulary made for dataset=arithmetic; choose a real model for "
-        f"dataset={cfg.dataset.name}.",
+        cfg.model.source != "tiny" or cfg.dataset.name in ("arithmetic", "files"),
+        "model=tiny has a character vocabulary made for dataset=arithmetic (sums as text, which dataset=files may "
+        f"hold too); choose a real model for dataset={cfg.dataset.name}.",
     )
     need(
         cfg.model.source != "tiny" or not cfg.model.chat_template,

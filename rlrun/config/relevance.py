@@ -28,7 +28,11 @@ RULES: list[Rule] = [
     *[(f"dataset.{key}", lambda c: c.dataset.name != "reasoning_gym", "it configures dataset=reasoning_gym only: remove it or set dataset=reasoning_gym")
       for key in ("task", "task_args", "answer_format")],
     *[(f"dataset.{key}", lambda c: c.dataset.name != "gsm8k", "it says where dataset=gsm8k is loaded from; the other datasets are generated: remove it or choose dataset=gsm8k")
-      for key in ("hf_path", "hf_config", "split")],
+      for key in ("hf_path", "hf_config")],
+    ("dataset.split", lambda c: c.dataset.name not in ("gsm8k", "files"),
+     "it picks the split of dataset=gsm8k or of dataset=files' `datasets` folders: remove it"),
+    *[(f"dataset.{key}", lambda c: c.dataset.name != "files", "it names dataset=files' own files: set dataset=files, or remove it")
+      for key in ("train_files", "eval_files", "eval_split")],
     ("trainer.fast_llm", lambda c: c.trainer.backend != "fast_llm", "it configures the Fast-LLM trainer only: set trainer=fast_llm, or remove it"),
     ("trainer.nproc_per_node", lambda c: c.trainer.backend != "hf",
      "it sets the ranks of rlrun's own trainer (trainer=hf): set trainer.fast_llm.nproc_per_node for Fast-LLM"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 
-from rlrun.actor.evaluator import Evaluator
+from rlrun.actor.evaluator import evaluator_for
 from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.loop import Actor
 from rlrun.actor.partition import group_namespace
@@ -44,14 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         scorer = scorer_for(task.rewards, cfg.reward)
         evaluator = None
         if k == 0 and cfg.eval.every_steps and task.eval_problems:  # actor 0 evaluates
-            render = render_prompt or (lambda prompt: prompt)
-            evaluator = Evaluator(
-                cfg.eval, cfg.trainer.max_train_steps, task.eval_problems,
-                encode=lambda problem: tokenizer.encode(render(problem.prompt), add_special_tokens=False),
-                decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), scorer=scorer, redis=redis,
-                urls=role.vllm_urls, max_new_tokens=cfg.actor.max_new_tokens, concurrency=cfg.actor.max_concurrent_groups,
-                request_timeout_s=cfg.actor.request_timeout_s,
-            )  # fmt: skip
+            evaluator = evaluator_for(cfg, task.eval_problems, tokenizer, render_prompt, scorer, redis, role.vllm_urls)
         actor = Actor(
             cfg, redis, tokenizer, task, role.vllm_urls, ledger, run_name=group_namespace(run_dir.root.name, k, cfg.actor.num_actors),
             api_key=run_dir.read_vllm_api_key(), trainer=view, scorer=scorer, actor_index=k, render_prompt=render_prompt,

@@ -23,6 +23,11 @@ def check_task(dataset: DatasetConfig, reward: RewardConfig, eval_cfg: EvalConfi
                     f"{what} are conversations ({why}), which need the model's chat template: set model.chat_template=true, "
                     "or give plain text prompts."
                 )
+    if eval_cfg.temperature == 0 and eval_cfg.samples_per_prompt > 1:
+        raise TaskInputError(
+            f"eval.samples_per_prompt={eval_cfg.samples_per_prompt} with eval.temperature=0: greedy samples of a prompt are all "
+            "the same (and vLLM refuses n > 1 when greedy). Set eval.samples_per_prompt=1, or eval.temperature above 0 for pass@k."
+        )
     if eval_cfg.every_steps and not task.eval_problems:
         raise TaskInputError(
             "eval.every_steps is set but there is nothing to evaluate: give dataset.eval_files, dataset.eval_split or "

@@ -67,4 +67,5 @@ def _figures(results: Sequence[PromptResult], threshold: float, k: int) -> dict:
         "reward_mean": round(statistics.fmean(x for r in results for x in r.rewards), 6),
         "pass@1": round(statistics.fmean(pass_at_k(k, c, 1) for c in correct), 6),
         f"pass@{k}": round(statistics.fmean(pass_at_k(k, c, k) for c in correct), 6),
+        "correct": correct,  # per prompt, in eval-row order: how many of its k samples were correct
     }

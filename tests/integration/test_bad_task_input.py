@@ -162,6 +162,13 @@ def test_an_eval_fraction_taking_every_row(task, nothing_starts):
     task.refused([*files(task), "dataset.eval_fraction=0.96"], "dataset.eval_fraction=0.96 of 10 rows leaves none to train on")
 
 
+def test_several_greedy_samples_per_eval_prompt(task, nothing_starts):
+    task.refused(
+        [*files(task), "dataset.eval_fraction=0.2", "eval.every_steps=2", "eval.samples_per_prompt=4"],
+        "eval.samples_per_prompt=4 with eval.temperature=0", "greedy samples of a prompt are all the same",
+    )  # fmt: skip
+
+
 def test_an_empty_eval_file(task, nothing_starts):
     empty = task.text("eval.jsonl", "\n")
     task.refused([*files(task), f"dataset.eval_files=[{empty}]", "eval.every_steps=2"], f"{empty}: it holds no rows")
