@@ -468,6 +468,36 @@ def export(
     console.print(f"exported step {result.step} ({result.checkpoint}) to {result.path}: {len(result.files)} files", highlight=False, soft_wrap=True)
 
 
+@app.command("eval")
+def eval_checkpoint(
+    run_dir: Path = typer.Argument(..., help="A run directory (running or finished) whose task has held-out rows."),
+    step: Optional[int] = typer.Option(None, "--step", "--checkpoint", min=0, help="The checkpoint of this step (default: the newest complete one)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    """Evaluate a checkpoint on the run's held-out rows, as the run evaluates (a vLLM server of its own
+    for the checkpoint), beside the run's own figure of that version."""
+    from rlrun.cli import evaluate as evaluating
+
+    with _errors(debug):
+        result = evaluating.evaluate(run_dir, step)
+    for warning in result.warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    if as_json:
+        print(json.dumps({"checkpoint": str(result.checkpoint), "version": result.version, "figures": result.figures, "in_run": result.in_run}))
+        return
+    k = result.figures["k"]
+    table = Table(title=f"evaluation of {result.checkpoint} (policy version {result.version})")
+    for column in ("", "prompts", "reward_mean", "pass@1", f"pass@{k}"):
+        table.add_column(column)
+    for label, figures in (("now", result.figures), ("in the run", result.in_run)):
+        if figures is not None:
+            table.add_row(label, str(figures["prompts"]), f"{figures['reward_mean']:.4f}", f"{figures['pass@1']:.4f}", f"{figures.get(f'pass@{k}', float('nan')):.4f}")
+    console.print(table)
+    if result.in_run is None:
+        console.print(f"the run recorded no evaluation of version {result.version}", highlight=False)
+
+
 @app.command()
 def plot(
     run_dir: Path = typer.Argument(..., help="A run directory (running or finished)."),

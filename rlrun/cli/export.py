@@ -41,7 +41,7 @@ def export(run_root: Path, out: Path, step: Optional[int] = None) -> Exported:
     out = Path(out).expanduser().absolute()
     _check_out(out, run)
     warnings: list[str] = []
-    source = _chosen(run, step, warnings)
+    source = chosen_checkpoint(run, step, warnings)
     state = checkpoint.read_state(source)
     tokenizer_from = None if checkpoint.has_tokenizer(source) else _model_folder(run)
     if not checkpoint.has_tokenizer(source):
@@ -78,7 +78,7 @@ def _check_out(out: Path, run: RunDir) -> None:
         raise RunDirError(f"{out} is inside the run directory {run.root}: export to a folder outside it (the run's files are left as they are).")
 
 
-def _chosen(run: RunDir, step: Optional[int], warnings: list[str]) -> Path:
+def chosen_checkpoint(run: RunDir, step: Optional[int], warnings: list[str]) -> Path:
     """The checkpoint to copy: step `step`'s if whole, else the newest a resume would load."""
     if step is not None:
         path = run.checkpoint(step)
