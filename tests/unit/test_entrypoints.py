@@ -31,7 +31,7 @@ def test_the_runs_role_processes_start_from_their_entry_points(tmp_path):
     assert rlrun_modules(cfg, tmp_path) == {
         "trainer": "rlrun.entrypoints.trainer", "actor-0": "rlrun.entrypoints.actor", "actor-1": "rlrun.entrypoints.actor",
     }  # fmt: skip
-    fast_llm, _ = compose(["trainer=fast_llm"])  # Fast-LLM itself is not ours: its weight follower is
+    fast_llm, _ = compose(["trainer=fast_llm", "trainer.device=cpu"])  # Fast-LLM itself is not ours: its weight follower is
     assert rlrun_modules(fast_llm, tmp_path) == {"weights": "rlrun.entrypoints.weights", "actor": "rlrun.entrypoints.actor"}
 
 
