@@ -348,6 +348,9 @@ def status(
     counts = run_status.recovery(last or {})
     if counts is not None:
         console.print(run_status.describe_recovery(counts), highlight=False, markup=False)
+    failures = run_status.reward_failures(last or {})
+    if failures:
+        console.print(run_status.describe_reward_failures(failures), highlight=False, markup=False)
     console.print(run_status.describe_split(split), highlight=False, markup=False)
 
 

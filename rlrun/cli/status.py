@@ -151,6 +151,7 @@ def report(run_dir: RunDir) -> dict:
         "progress": progress,
         "ettr": time_split(run_dir).to_dict(),
         "recovery": recovery(last),
+        "reward_failures": reward_failures(last),
         "last_event": {k: v for k, v in events[-1].items() if k in shown} if events else None,
         "gpus": dict(zip(("processes", "note"), gpu_usage(run_dir, rows))),
     }
@@ -198,6 +199,33 @@ def recovery(record: dict) -> Optional[dict]:
     if not any(key in record for key in RECOVERY_COUNTERS):
         return None
     return {key: record.get(key) if type(record.get(key)) is int else 0 for key in RECOVERY_COUNTERS}
+
+
+def reward_failures(record: dict) -> dict:
+    """Per reward function, its failed calls so far ({name: {"errors": n, "timeouts": n}}) and the
+    groups dropped for them, from a metrics record; empty when nothing failed."""
+    names = sorted({*(record.get("reward_errors") or {}), *(record.get("reward_timeouts") or {})})
+    out: dict = {
+        name: {"errors": (record.get("reward_errors") or {}).get(name, 0), "timeouts": (record.get("reward_timeouts") or {}).get(name, 0)}
+        for name in names
+    }
+    if record.get("groups_dropped"):
+        out["groups_dropped"] = record["groups_dropped"]
+    return out
+
+
+def describe_reward_failures(failures: dict) -> str:
+    """'reward failures: flaky 3 raised, slow 2 timed out; 1 group dropped' for people."""
+    parts = [
+        ", ".join(f"{n} {what}" for n, what in ((c["errors"], "raised"), (c["timeouts"], "timed out")) if n)
+        for name, c in failures.items() if name != "groups_dropped"
+    ]  # fmt: skip
+    names = [name for name in failures if name != "groups_dropped"]
+    text = "reward failures (scored by reward.on_error; first traceback in the actor's log): " + "; ".join(
+        f"{name} {part}" for name, part in zip(names, parts)
+    )
+    dropped = failures.get("groups_dropped")
+    return text + (f"; {dropped} group(s) dropped" if dropped else "")
 
 
 def describe_recovery(counts: dict) -> str:

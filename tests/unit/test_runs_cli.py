@@ -224,3 +224,19 @@ def test_a_damaged_eval_figure_shows_as_missing_not_as_a_crash():
     assert figures == {"policy_version": 4, "prompts": 2, "k": 1, "reward_mean": None, "pass@1": None, "time": 9.0}
     assert eval_text(figures) == "- / - (v4)" and eval_text(None) == "-"
     assert eval_detail(figures) == "eval v4 (2 prompts x 1): pass@1 -, reward -"
+
+
+def test_status_counts_each_rewards_failed_calls_and_the_groups_dropped(tmp_path):
+    """The actor's per-reward counts, as the last step record carries them (issue 34): text and JSON."""
+    run_dir = make_run(tmp_path, "flaky", status="finished", steps=3, t0=1000.0)
+    last = {"time": 1020.0, "step": 4, "reward_mean": 0.5, "samples": 32, **RECOVERED, "groups_dropped": 2,
+            "reward_errors": {"flaky": 7, "slow": 0}, "reward_timeouts": {"slow": 3}}  # fmt: skip
+    with open(run_dir.metrics, "a") as handle:
+        handle.write(json.dumps(last) + "\n")
+    report = json.loads(CliRunner().invoke(app, ["status", str(run_dir.root), "--json"]).output)
+    assert report["reward_failures"] == {"flaky": {"errors": 7, "timeouts": 0}, "slow": {"errors": 0, "timeouts": 3}, "groups_dropped": 2}
+    text = " ".join(CliRunner().invoke(app, ["status", str(run_dir.root)], env={"COLUMNS": "250"}).output.split())
+    assert "flaky 7 raised; slow 3 timed out; 2 group(s) dropped" in text
+    quiet = make_run(tmp_path, "quiet", status="finished", steps=3, t0=1000.0)  # nothing failed: no line
+    assert json.loads(CliRunner().invoke(app, ["status", str(quiet.root), "--json"]).output)["reward_failures"] == {}
+    assert "reward failures" not in CliRunner().invoke(app, ["status", str(quiet.root)], env={"COLUMNS": "250"}).output
