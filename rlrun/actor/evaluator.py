@@ -81,8 +81,12 @@ class Evaluator:
         token came from other weights); `rlrun eval` measures a checkpoint with it too."""
         started = time.time()
         gate = asyncio.Semaphore(self.concurrency)
-        results = await asyncio.gather(*(self._prompt(client, gate, version, i, p) for i, p in enumerate(self.problems)))
-        figures = summarize(results, self.cfg.pass_threshold)
+        try:  # the first prompt that fails cancels the others: nothing of this evaluation goes on
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._prompt(client, gate, version, i, p)) for i, p in enumerate(self.problems)]
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        figures = summarize([task.result() for task in tasks], self.cfg.pass_threshold)
         return {"version": version, **figures, "eval_s": round(time.time() - started, 3), "time": round(time.time(), 3)}
 
     async def _prompt(self, client, gate: asyncio.Semaphore, version: int, i: int, problem: Problem) -> PromptResult:

@@ -74,6 +74,7 @@ class RewardPool:
         self._all: set[_Worker] = set()
         self._ids = itertools.count()
         self._spawning: set[asyncio.Task] = set()
+        self._closed = False
 
     async def start(self) -> None:
         """Start every worker; TaskInputError when the functions no longer import (preflight checked them)."""
@@ -104,6 +105,8 @@ class RewardPool:
         """Reward `index` on `call`; CallFailed when it raised or timed out, after one more try on
         another worker when the first died under it."""
         for attempt in (1, 2):
+            if self._closed:
+                raise CallFailed("error", "the reward pool is closed (the actor is stopping)")
             worker = await self._idle.get()
             try:
                 answer = await asyncio.wait_for(worker.call(next(self._ids), index, call), self.timeout_s)
@@ -132,13 +135,15 @@ class RewardPool:
         async def replace_it() -> None:
             await worker.kill()
             self._all.discard(worker)
-            self._idle.put_nowait(await self._spawn())
+            if not self._closed:
+                self._idle.put_nowait(await self._spawn())
 
         task = asyncio.ensure_future(replace_it())
         self._spawning.add(task)
         task.add_done_callback(self._spawning.discard)
 
     async def close(self) -> None:
+        self._closed = True
         for task in list(self._spawning):
             task.cancel()
         for worker in list(self._all):
