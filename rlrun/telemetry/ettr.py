@@ -13,6 +13,9 @@ Where they overlap, recovery wins, then start_stop, then a step's own parts. ETT
 
 from __future__ import annotations
 
+import bisect
+import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -64,9 +67,12 @@ class _Launch:
     stopped: bool = False  # ended by run_stopped (not still running, not killed)
 
 
-def split_wall_time(events: list[dict], records: list[dict], now: Optional[float] = None) -> TimeSplit:
-    """Split the run's wall time; `now` ends a launch still running (default: its last record)."""
-    records = sorted((r for r in records if _num(r.get("time")) is not None and isinstance(r.get("step"), int)), key=lambda r: r["time"])
+def split_wall_time(
+    events: list[dict], records: list[dict], now: Optional[float] = None, since: Optional[float] = None, until: Optional[float] = None
+) -> TimeSplit:
+    """Split the run's wall time; `now` ends a launch still running (default: its last record).
+    `since`/`until` count only the time in [since, until) (RunningEttr sums a run in two parts)."""
+    records = sorted((r for r in records if _is_step(r)), key=lambda r: r["time"])
     events = [e for e in events if _num(e.get("time")) is not None]
     launches = _launches(events, records, now)
     if not launches or not records:  # no step records (none yet, or trainer=fast_llm): nothing to split
@@ -90,9 +96,131 @@ def split_wall_time(events: list[dict], records: list[dict], now: Optional[float
     for f in failures:
         end = f.time + f.recovery_s if f.recovery_s is not None else _launch_of(launches, f.time).end
         intervals.append((f.time, end, "recovery"))
-    seconds = _sweep(intervals)
-    wall = sum(launch.end - launch.start for launch in launches)
-    return TimeSplit(wall, seconds, failures)
+    if since is not None or until is not None:
+        low, high = since if since is not None else -math.inf, until if until is not None else math.inf
+        intervals = [(max(start, low), min(end, high), label) for start, end, label in intervals]
+        wall = sum(max(0.0, min(launch.end, high) - max(launch.start, low)) for launch in launches)
+    else:
+        wall = sum(launch.end - launch.start for launch in launches)
+    return TimeSplit(wall, _sweep(intervals), failures)
+
+
+CUT_MARGIN = 8  # step records kept after the cut: a step may begin before the record of the one before it
+STALL_LOOKBACK_S = 60.0  # how far before a failure _onset looks for the stall that caused it
+
+
+class RunningEttr:
+    """The run's ETTR after each new step record, at a cost that does not grow with the run.
+
+    The wall time before a cut (the time of a recent step record) is split once and kept as two
+    sums; each step splits only what follows the cut (split_wall_time over the records and events
+    since then, the launch holding the cut standing for what came before it in that launch). The
+    cut moves forward only over what nothing can change any more. A new record or event that
+    would change the time before the cut (dated before it, a step retaken from before it, a failure
+    whose onset lies before it) makes it start again from `reload()`: every event and every step
+    record so far, whose split is then split_wall_time's over the whole history.
+    """
+
+    def __init__(self, events: list[dict], records: list[dict], reload: Callable[[], tuple[list[dict], list[dict]]]) -> None:
+        self._reload = reload
+        self.reloads = 0  # how many times the whole history was read again
+        self._start(events, records)
+
+    def add(self, events: list[dict], record: dict, now: Optional[float]) -> Optional[float]:
+        """ETTR with the `events` appended since the last call and the new step `record`; `now`
+        ends the launch still running, as in split_wall_time."""
+        events = [e for e in events if _num(e.get("time")) is not None]
+        if self._reaches_before_cut(events, record):
+            self._restart()
+        else:
+            self._events += events
+        if _is_step(record):
+            self._records.append(record)
+        split = split_wall_time(self._events, self._records, now=now, since=self._cut)
+        if self._cut is not None and any(f.time < self._cut for f in split.failures):
+            self._restart()  # a stall's onset before the cut
+            self._records.append(record)
+            split = split_wall_time(self._events, self._records, now=now)
+        training, wall = self._training + split.seconds["training"], self._wall + split.wall_s
+        if _is_step(record):
+            self._advance(split.failures, record["step"], now)
+        return training / wall if wall > 0 else None
+
+    @property
+    def held(self) -> int:
+        """How many records and events it holds: those since the cut, not the run's."""
+        return len(self._records) + len(self._events)
+
+    def _start(self, events: list[dict], records: list[dict]) -> None:
+        self._events = [e for e in events if _num(e.get("time")) is not None]
+        self._records = [r for r in records if _is_step(r)]
+        self._cut: Optional[float] = None
+        self._training = self._wall = 0.0  # seconds before the cut
+        self._max_step_before_cut: Optional[int] = None  # of the records begun before the cut
+
+    def _restart(self) -> None:
+        self.reloads += 1
+        self._start(*self._reload())
+
+    def _reaches_before_cut(self, events: list[dict], record: dict) -> bool:
+        if self._cut is None:
+            return False
+        if any(e["time"] < self._cut for e in events):
+            return True
+        if not _is_step(record):
+            return False
+        return _begin(record) < self._cut or (self._max_step_before_cut is not None and record["step"] <= self._max_step_before_cut)
+
+    def _advance(self, failures: list[FailureCost], newest_step: int, now: Optional[float]) -> None:
+        """Move the cut to the latest record time that leaves CUT_MARGIN records after it and
+        before which nothing can change: no step record begun before it is taken again by a later
+        step (their steps are below the newest), no failure across it (begun before it, and still in
+        recovery or recorded after it), and it lies in a launch (whose start stands for the events
+        before the cut that are dropped: what those launches held before the cut is clipped away)."""
+        if len(self._records) <= CUT_MARGIN:
+            return
+        records = sorted(self._records, key=lambda r: r["time"])
+        launches = _launches(sorted(self._events, key=lambda e: e["time"]), records, now)
+        by_begin = sorted(records, key=_begin)
+        begins = [_begin(r) for r in by_begin]
+        top_step: list[int] = []
+        for r in by_begin:  # the highest step among the records begun before each
+            top_step.append(max(r["step"], top_step[-1]) if top_step else r["step"])
+        failed = [(e["time"], _onset(self._events, e)) for e in self._events if e.get("event") == "process_failed"]
+        for record in reversed(records[: len(records) - CUT_MARGIN + 1]):
+            cut = record["time"]
+            if self._cut is not None and cut <= self._cut:
+                return
+            begun = bisect.bisect_left(begins, cut)
+            highest = max([s for s in (self._max_step_before_cut, top_step[begun - 1] if begun else None) if s is not None], default=None)
+            if highest is not None and highest >= newest_step:
+                continue
+            launch = next((launch for launch in launches if launch.start <= cut <= launch.end), None)
+            if launch is None:
+                continue
+            if any(f.time < cut and (f.recovery_s is None or f.time + f.recovery_s > cut) for f in failures):
+                continue
+            if any(onset < cut <= t for t, onset in failed):  # a failure recorded after the cut, begun before it
+                continue
+            self._move_cut(cut, launch, records, highest, now)
+            return
+
+    def _move_cut(self, cut: float, launch: _Launch, records: list[dict], highest: Optional[int], now: Optional[float]) -> None:
+        part = split_wall_time(self._events, records, now=now, since=self._cut, until=cut)
+        self._training += part.seconds["training"]
+        self._wall += part.wall_s
+        self._cut, self._max_step_before_cut = cut, highest
+        start = {"time": launch.start, "event": "run_resumed" if launch.resumed else "run_started"}  # the launch so far
+        kept = [
+            e for e in self._events
+            if e["time"] >= cut - STALL_LOOKBACK_S and not (e.get("event") == "process_failed" and e["time"] < cut)
+        ]  # fmt: skip
+        self._events = [start, *kept]
+        self._records = [r for r in records if r["time"] >= cut]
+
+
+def _is_step(record: dict) -> bool:
+    return _num(record.get("time")) is not None and isinstance(record.get("step"), int)
 
 
 def _num(value) -> Optional[float]:

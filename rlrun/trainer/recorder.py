@@ -17,9 +17,10 @@ from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams.codec import encode
 from rlrun.streams.rollouts import Group
-from rlrun.supervisor.events import read_events
-from rlrun.telemetry.ettr import split_wall_time
+from rlrun.supervisor.events import EventTail
+from rlrun.telemetry.ettr import RunningEttr
 from rlrun.telemetry.metrics import MetricsWriter, read_metrics, summed_actor_counters
+from rlrun.telemetry.wandb_sink import EVENTS_SENT
 from rlrun.trainer.checkpoint import TrainerState
 from rlrun.trainer.stopping import Stopping
 
@@ -30,13 +31,16 @@ class StepRecorder:
     def __init__(self, cfg: RunConfig, run_dir: RunDir, stopping: Stopping) -> None:
         self.cfg, self.run_dir, self.stopping = cfg, run_dir, stopping
         self.metrics = MetricsWriter(run_dir.metrics, run_dir.tensorboard if cfg.metrics.tensorboard else None)
-        self.history = read_metrics(run_dir.metrics)  # every record so far, this run's earlier launches too: for ETTR
         self.wandb = None
         self._writing = threading.Lock()  # an evaluation may be written from an overlapped weight update's thread
+        # ETTR over every record and event so far, this run's earlier launches too, read once here:
+        # each step then reads only the events appended since (constant cost per step)
+        events, history = self._history()
+        self.ettr = RunningEttr(events, history, reload=self._history)
         if cfg.metrics.wandb:  # the same W&B run for every trainer attempt and every launch of this run
             from rlrun.telemetry.wandb_sink import WandbSink
 
-            last = self.history[-1]["time"] if self.history else None
+            last = history[-1]["time"] if history else None
             self.wandb = WandbSink(run_dir, cfg.metrics.wandb_project, cfg.metrics.wandb_mode, last_step_time=last)
 
     def record(self, state: TrainerState, metrics: dict, groups: list[Group], bad_messages: int) -> dict:
@@ -63,14 +67,14 @@ class StepRecorder:
             "time": round(time.time(), 3),
             **{k: round(v, 6) if isinstance(v, float) else v for k, v in metrics.items()},
         }
-        self.history.append(record)
-        events = read_events(self.run_dir.events)
-        ratio = split_wall_time(events, self.history, now=record["time"]).ettr  # rlrun/ettr.py
+        events = self._events.read()
+        self._sent_events += [e for e in events if e.get("event") in EVENTS_SENT]
+        ratio = self.ettr.add(events, record, now=record["time"])  # may read the history again: _history
         record["ettr"] = round(ratio, 4) if ratio is not None else None
         with self._writing:
             self.metrics.write(record)
             if self.wandb is not None:
-                self.wandb.log(record, events)
+                self.wandb.log(record, self._sent_events)
         with open(self.run_dir.trained_groups, "a") as handle:  # a restarted step appears again, later
             handle.write(json.dumps({"step": state.step, "groups": [g.group_id for g in groups]}) + "\n")
         self.stopping.call(lambda: redis.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", **record})}, maxlen=10_000))
@@ -80,6 +84,15 @@ class StepRecorder:
             record["reward_mean"], record["loss"], record["clip_fraction"], record["step_time_s"],
         )  # fmt: skip
         return record
+
+    def _history(self) -> tuple[list[dict], list[dict]]:
+        """Every event and step record so far, read from the start; the events read on from there.
+        Of the events, only those the W&B sink reads (EVENTS_SENT: it sends them and counts the
+        failures and restarts among them) stay in memory: as many as failures, not steps."""
+        self._events = EventTail(self.run_dir.events)
+        events = self._events.read()
+        self._sent_events = [e for e in events if e.get("event") in EVENTS_SENT]
+        return events, read_metrics(self.run_dir.metrics)
 
     def write_eval(self, record: dict) -> None:
         """A held-out evaluation's record (`rlrun/trainer/eval_gate.py`): a line of metrics.jsonl,

@@ -3,11 +3,13 @@ each failure, computed by hand for small event/metrics histories."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlrun.telemetry.ettr import BUCKETS, split_wall_time
+from rlrun.telemetry.ettr import BUCKETS, RunningEttr, split_wall_time
 
 
 def ev(t, kind, **fields):
@@ -111,3 +113,101 @@ def test_a_stall_costs_from_when_the_process_went_quiet_not_from_when_it_was_dec
     (failure,) = split.failures
     assert failure.time == 18 and failure.recovery_s == 22  # quiet from 18, the next step ends at 40
     assert split.seconds["recovery"] == 22
+
+
+def history(seed: int, steps: int, odd: bool = False) -> list[tuple[list[dict], dict, bool]]:
+    """A run step by step: (the events since the last step, the step's record, whether a new trainer
+    started before it). Several launches (stopped, or killed and resumed), trainer restarts from a
+    checkpoint (steps taken again), failures of other roles, stalls caught after a quiet time.
+    `odd` adds what a run should not write but ETTR must still read: steps that overlap, an event
+    dated before the steps already recorded, a step retaken long after, a stall quiet for minutes."""
+    rng = random.Random(seed)
+    t, step, checkpoint = 1000.0, 0, 0
+    pending, ticks, fresh = [ev(t, "run_started")], [], True
+    while len(ticks) < steps:
+        draw = rng.random()
+        if draw < 0.02:  # the trainer dies: restarted from its last checkpoint
+            pending += [ev(t + 1, "process_failed", process="trainer", reason="SIGKILL"), ev(t + 4, "process_restarted", process="trainer")]
+            t, step, fresh = t + rng.uniform(5, 30), checkpoint, True
+        elif draw < 0.04:  # another role fails; the steps go on
+            pending.append(ev(t + rng.uniform(0, 1), "process_failed", process=rng.choice(["actor", "vllm-0"]), reason="exit 1"))
+        elif draw < 0.05:  # a stall: quiet, then declared and restarted
+            quiet = rng.uniform(100, 400) if odd else rng.uniform(1, 8)
+            pending += [ev(t + 0.5, "process_stalled", process="actor", quiet_s=quiet), ev(t + 0.6, "process_failed", process="actor", reason="stalled")]
+        elif draw < 0.065:  # the launch ends, stopped or killed, and the run is resumed later
+            if rng.random() < 0.5:
+                pending.append(ev(t + 2, "run_stopped", status="stopped"))
+            t += rng.uniform(3, 1000)
+            pending.append(ev(t, "run_resumed"))
+            t, step, fresh = t + rng.uniform(2, 90), checkpoint, True
+        if odd and rng.random() < 0.02:
+            pending.append(ev(t - rng.uniform(0, 200), "process_ready", process="actor"))  # dated in the past
+        if odd and rng.random() < 0.01:
+            step = max(0, step - rng.randint(10, 40))  # a step retaken long after
+        step_time = rng.uniform(0.5, 12)
+        begin = t + (rng.uniform(-3, 0.2) if odd else rng.uniform(0.01, 0.2))
+        t = max(t, begin + step_time)
+        step += 1
+        checkpoint = step if step % 10 == 0 else checkpoint
+        wait = rng.uniform(0, step_time / 2)
+        ticks.append((pending, rec(round(t, 3), step, step_time, wait=wait, weights=rng.uniform(0, step_time - wait)), fresh))
+        pending, fresh = [], False
+    return ticks
+
+
+def replay(ticks) -> tuple[list[tuple[float | None, float | None]], list[RunningEttr], list[int]]:
+    """Each step's ETTR from RunningEttr (a new one at every trainer start, built from the whole
+    history as the recorder builds it) and from split_wall_time over the whole history."""
+    events: list[dict] = []
+    records: list[dict] = []
+    figures, trackers, held = [], [], []
+    for new_events, record, fresh in ticks:
+        if fresh:
+            trackers.append(RunningEttr(list(events), list(records), reload=lambda: (list(events), list(records))))
+        events += new_events
+        ettr = trackers[-1].add(new_events, record, now=record["time"])
+        records.append(record)
+        figures.append((ettr, split_wall_time(events, records, now=record["time"]).ettr))
+        held.append(trackers[-1].held)
+    return figures, trackers, held
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_running_ettr_is_the_whole_historys_at_every_step_reading_only_whats_new(seed):
+    figures, trackers, held = replay(history(seed, 400))
+    assert all(running == pytest.approx(whole, abs=1e-9) for running, whole in figures), figures
+    assert len(trackers) > 2 and sum(t.reloads for t in trackers) == 0  # never read the history again
+    # what it holds does not grow with the run: records since the cut, events of its last minute
+    assert max(held[200:]) < 60 and max(held[200:]) <= max(held[:200]) + 10
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000))
+def test_running_ettr_is_the_whole_historys_also_for_histories_a_run_should_not_write(seed):
+    figures, trackers, _ = replay(history(seed, 150, odd=True))
+    assert all(running == pytest.approx(whole, abs=1e-9) for running, whole in figures), figures
+
+
+def test_running_ettr_reads_the_history_again_when_an_event_is_dated_before_its_cut():
+    ticks = history(0, 60)
+    events: list[dict] = []
+    records: list[dict] = []
+    tracker = RunningEttr([], [], reload=lambda: (list(events), list(records)))
+    for new_events, record, _ in ticks:
+        events += new_events
+        tracker.add(new_events, record, now=record["time"])
+        records.append(record)
+    late = ev(records[5]["time"], "process_failed", process="vllm-0", reason="exit 1")  # a failure long past, read late
+    events.append(late)
+    record = rec(records[-1]["time"] + 5, records[-1]["step"] + 1, 4)
+    figure = tracker.add([late], record, now=record["time"])
+    assert tracker.reloads == 1
+    assert figure == pytest.approx(split_wall_time(events, [*records, record], now=record["time"]).ettr, abs=1e-9)
+
+
+def test_running_ettr_right_after_a_quick_resume_counts_no_launch_twice():
+    ticks = [([ev(0, "run_started")] if i == 0 else [], rec(10.0 + i, i + 1, 0.9, wait=0.2), i == 0) for i in range(20)]
+    ticks.append(([ev(31, "run_stopped"), ev(34, "run_resumed")], rec(35.0, 21, 0.9), False))  # nothing retaken
+    ticks += [([], rec(36.0 + i, 22 + i, 0.9, wait=0.1), False) for i in range(30)]
+    figures, trackers, _ = replay(ticks)
+    assert all(running == pytest.approx(whole, abs=1e-9) for running, whole in figures), figures
