@@ -423,11 +423,11 @@ def test_a_real_leftover_in_one_of_the_run_s_groups_is_ended(tmp_path):
 
     seen = gpus.GroupsSeen(LocalSpawner())
     spec = launch.plan_specs(build(compose([])[0]), RunDir(tmp_path), gpus.NOT_PLACED)[0]
-    handle = seen.spawn(dataclasses.replace(spec, argv=[sys.executable, "-c", "import sys; sys.stdin.read()"], secret_env={},
-                                            log_path=tmp_path / "left.log"))  # fmt: skip
+    handle = seen.spawn(dataclasses.replace(spec, argv=[sys.executable, "-c", "import time; time.sleep(300)"], secret_env={},
+                                            log_path=tmp_path / "left.log"))  # fmt: skip (not stdin: CI has none, so a read ends at once)
     assert seen.groups == {handle.pid}
     # The guard's child: in the guard's group, as an engine core left holding memory would be.
-    child = next(iter(_wait_for_children(handle.pid)))
+    child = next(iter(_wait_for_children(handle)))
     nvml = RecordedNvml({"0": [[gpus.GpuProcess(child, GiB)]]})
     plan = gpus.GpuPlan(gpus.Visible(("0",), "fake"), {spec.name: ("0",)})
     assert gpus.end_leftovers(plan, seen.groups, lambda e, **f: None, lambda: nvml) == [child]
@@ -437,7 +437,9 @@ def test_a_real_leftover_in_one_of_the_run_s_groups_is_ended(tmp_path):
         os.kill(child, 0)
 
 
-def _wait_for_children(pid: int) -> set[int]:
-    while not gpus.descendants_of(pid):
+def _wait_for_children(handle) -> set[int]:
+    """The guard's children once it has one; the guard ending first fails the test (not a hang)."""
+    while not gpus.descendants_of(handle.pid):
+        assert handle.poll() is None, f"the guard exited ({handle.poll()}) before its child was seen"
         time.sleep(0.05)
-    return gpus.descendants_of(pid)
+    return gpus.descendants_of(handle.pid)
