@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -30,3 +32,13 @@ def settings_refusal(overrides: list[str], *fragments: str) -> str:
     from rlrun.run.preflight import check_settings
 
     return refusal(lambda: check_settings(build(compose(overrides)[0])), *fragments)
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every path under `root` (itself included) with its type, mode, size and mtime: a refused
+    command must leave it as it was."""
+    out = {}
+    for path in [root, *sorted(root.rglob("*"))]:
+        st = path.lstat()
+        out[str(path.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns)
+    return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from rlrun.rundir import RunDir
@@ -26,3 +28,18 @@ def client(server):
     for key in c.scan_iter("*"):
         c.delete(key)
     c.close()
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch):
+    """`rlrun train` run in-process may refuse, never start: the launch's supervisor and model build fail the test."""
+    from rlrun.run import launch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the preflight let this run through: something would have been started")
+
+    monkeypatch.setattr(launch, "Supervisor", refuse)
+    monkeypatch.setattr(launch, "model_path", refuse)
+    handler = signal.getsignal(signal.SIGTERM)  # the CLI installs its own before supervising
+    yield
+    signal.signal(signal.SIGTERM, handler)

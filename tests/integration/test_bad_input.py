@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import stat
 import sys
 from pathlib import Path
 
@@ -26,33 +24,14 @@ from rlrun.cli.app import app
 from rlrun.config import compose
 from rlrun.run.built import build
 
+from tests.refusals import snapshot
+
 pytestmark = pytest.mark.timeout(120)
 
 
 def squash(text: str) -> str:
     """Without whitespace: rich wraps long messages, possibly inside a path."""
     return "".join(text.split())
-
-
-def snapshot(root: Path) -> dict[str, tuple]:
-    """Every path under `root` (itself included) with its type, mode, size and mtime."""
-    out = {}
-    for path in [root, *sorted(root.rglob("*"))]:
-        st = path.lstat()
-        out[str(path.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns)
-    return out
-
-
-@pytest.fixture
-def nothing_starts(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("the preflight let this run through: something would have been started")
-
-    monkeypatch.setattr(launch, "Supervisor", refuse)
-    monkeypatch.setattr(launch, "model_path", refuse)
-    handler = signal.getsignal(signal.SIGTERM)  # the CLI installs its own before supervising
-    yield
-    signal.signal(signal.SIGTERM, handler)
 
 
 @pytest.fixture

@@ -9,8 +9,6 @@ The CLI runs in-process (typer's CliRunner), as in test_bad_input.py; nothing ca
 from __future__ import annotations
 
 import json
-import signal
-import stat
 import textwrap
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rlrun.cli.app import app
-from rlrun.run import launch
+from tests.refusals import snapshot
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,26 +27,6 @@ GOOD_REWARD = "def score(completion, row, info):\n    return float(completion.st
 def squash(text: str) -> str:
     """Without whitespace: rich wraps long messages, possibly inside a path."""
     return "".join(text.split())
-
-
-def snapshot(root: Path) -> dict[str, tuple]:
-    out = {}
-    for path in [root, *sorted(root.rglob("*"))]:
-        st = path.lstat()
-        out[str(path.relative_to(root))] = (stat.S_IFMT(st.st_mode), st.st_size, st.st_mtime_ns)
-    return out
-
-
-@pytest.fixture
-def nothing_starts(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("the preflight let this run through: something would have been started")
-
-    monkeypatch.setattr(launch, "Supervisor", refuse)
-    monkeypatch.setattr(launch, "model_path", refuse)
-    handler = signal.getsignal(signal.SIGTERM)  # the CLI installs its own before supervising
-    yield
-    signal.signal(signal.SIGTERM, handler)
 
 
 class Task:

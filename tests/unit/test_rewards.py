@@ -9,7 +9,6 @@ import textwrap
 
 import pytest
 
-from rlrun.errors import ExitCode
 from rlrun.task.rewards import (
     GroupCall,
     RewardSpec,
@@ -20,19 +19,10 @@ from rlrun.task.rewards import (
     reward_in_process,
     reward_specs,
 )
-from rlrun.task.rows import TaskInputError
+
+from tests.refusals import refusal as refused  # a TaskInputError is a ConfigError of exit 2
 
 ROW = {"prompt": "2+3=", "answer": "5", "completion": "a column named like TRL's argument", "level": 2}
-
-
-def refused(attempt, *fragments: str) -> str:
-    with pytest.raises(TaskInputError) as info:
-        attempt()
-    message = str(info.value)
-    assert info.value.exit_code == ExitCode.USAGE
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
 
 
 def group(texts: list[str], prompt="2+3=", row=ROW, conversational=False, versions=None) -> GroupCall:
@@ -120,6 +110,7 @@ def _keywords_only(*, completion, row): ...
     "function, expected",
     [(_two, "rlrun"), (_three, "rlrun"), (_optional_info, "rlrun"), (_varargs, "rlrun"), (_async_three, "rlrun"), (_trl, "trl"), (_trl_named, "trl")],
 )
+
 def test_convention(function, expected):
     assert convention(function, "f") == expected
 

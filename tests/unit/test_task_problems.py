@@ -10,21 +10,12 @@ import json
 import pytest
 
 from rlrun.config.schema import DatasetConfig, RewardConfig
-from rlrun.errors import ExitCode
 from rlrun.task.rewards import RewardSpec
-from rlrun.task.tasks import PromptRule, TaskInputError, held_out, load_task, problem
+from rlrun.task.tasks import PromptRule, held_out, load_task, problem
+
+from tests.refusals import refusal as refused  # a TaskInputError is a ConfigError of exit 2
 
 ROW = {"question": "What is 2+3?", "answer": "5", "topic": "sums"}
-
-
-def refused(attempt, *fragments: str) -> str:
-    with pytest.raises(TaskInputError) as info:
-        attempt()
-    message = str(info.value)
-    assert info.value.exit_code == ExitCode.USAGE
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
 
 
 # --- the prompt ------------------------------------------------------------------------------
@@ -174,6 +165,7 @@ def test_load_task_names_the_file_and_row_of_a_bad_prompt(tmp_path):
     ],
     ids=["no-train-files", "no-reward", "eval-takes-all", "weights-count"],
 )
+
 def test_load_task_refuses(tmp_path, dataset, reward, fragment):
     path = files(tmp_path)
     fixed = dataclasses.replace(dataset, train_files=[f.format(p=path) for f in dataset.train_files])
