@@ -50,11 +50,22 @@ def _token_text(value) -> str:
 def chat_renderer(folder: str | Path) -> Callable[[str | Sequence[Mapping]], str]:
     """A prompt -> the text of its conversation, ready for the reply: prompt text is one user
     message; a sequence of {role, content} messages is the conversation itself."""
+    render = compile_template(*read_template(folder))
+
+    def render_prompt(prompt: str | Sequence[Mapping]) -> str:
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return render(messages, add_generation_prompt=True)
+
+    return render_prompt
+
+
+def compile_template(template_text: str, specials: Mapping[str, str]) -> Callable[..., str]:
+    """`render(messages, add_generation_prompt, tools=None) -> text`, as transformers'
+    apply_chat_template(tokenize=False) renders it; one Jinja setup for prompts and multi-turn
+    observations (rlrun/task/turns.py). A TemplateError from the template propagates."""
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    template_text, specials = read_template(folder)
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -67,9 +78,12 @@ def chat_renderer(folder: str | Path) -> Callable[[str | Sequence[Mapping]], str
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     template = env.from_string(template_text)
+    specials = dict(specials)
 
-    def render(prompt: str | Sequence[Mapping]) -> str:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
-        return template.render(messages=messages, add_generation_prompt=True, tools=None, documents=None, **specials)
+    def render(messages: Sequence[Mapping], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
+        return template.render(
+            messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tools=tools,
+            documents=None, **specials,
+        )  # fmt: skip
 
     return render
