@@ -1,11 +1,13 @@
 """The finished-group message the actor publishes and the trainer consumes (JSON, versioned): per
-completion token, the behaviour log-prob vLLM reported and the policy version that produced it.
+completion token, the behaviour log-prob vLLM reported and the policy version that produced it, and
+which completion tokens are observations (multi-turn: tool results, environment feedback) that the
+model did not sample and the loss must not train on.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from rlrun.streams.codec import SCHEMA_VERSION
 
@@ -23,6 +25,22 @@ class Sample:
     finish_reason: str  # "stop" (end of sequence) or "length" (budget spent)
     reward: float
     advantage: float
+    # [start, end) offsets into completion_ids of observation tokens, sorted and disjoint: their
+    # logprobs (0.0) and versions are never read. Empty for a single-turn sample; a message without
+    # the key (an older actor) reads as []. Schema version unchanged: an older reader refuses the
+    # unknown key (MalformedGroup), never trains on observations. Last: positional constructors work.
+    observation_spans: list[list[int]] = field(default_factory=list)
+
+    def sampled(self, values: list) -> list:
+        """The entries of `values` (one per completion token: ids, logprobs, versions) at the
+        tokens the model sampled, in order: the observations' left out."""
+        if not self.observation_spans:
+            return list(values)
+        kept, start = [], 0
+        for begin, end in self.observation_spans:
+            kept += values[start:begin]
+            start = end
+        return kept + values[start:]
 
 
 @dataclass(frozen=True)
@@ -83,3 +101,21 @@ def _check_sample(group_id: str, s: Sample) -> None:
         raise MalformedGroup(f"{what}: reward and advantage must be finite numbers")
     if not isinstance(s.finish_reason, str):
         raise MalformedGroup(f"{what}: finish_reason must be a string")
+    _check_spans(what, s.observation_spans, len(s.completion_ids))
+
+
+def _check_spans(what: str, spans: object, length: int) -> None:
+    """Observation spans as `Sample` defines them: [start, end) integer pairs within the
+    completion's `length` tokens, each non-empty, sorted and not overlapping (adjacent is allowed)."""
+    if not isinstance(spans, list):
+        raise MalformedGroup(f"{what}: observation_spans must be a list of [start, end) pairs")
+    previous_end = 0
+    for span in spans:
+        if not (isinstance(span, list) and len(span) == 2 and all(type(v) is int for v in span)):
+            raise MalformedGroup(f"{what}: observation span {span!r} is not a [start, end) pair of integers")
+        start, end = span
+        if not 0 <= start < end <= length:
+            raise MalformedGroup(f"{what}: observation span {span!r} is empty or outside the {length} completion tokens")
+        if start < previous_end:
+            raise MalformedGroup(f"{what}: observation span {span!r} overlaps or precedes the one before it")
+        previous_end = end

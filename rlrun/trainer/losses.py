@@ -42,9 +42,10 @@ def grpo_loss(
     clip_eps_low: float,
     clip_eps_high: float,
 ) -> LossOutput:
-    """GRPO: token ratio exp(logp_t - old_t), clipped surrogate, mean over all completion tokens of
+    """GRPO: token ratio exp(logp_t - old_t), clipped surrogate, mean over all scored tokens of
     the batch (DAPO's token mean: every token weighs the same). logprobs, old_logprobs, mask [B, T];
-    advantages [B]; tokens of mask 0 (prompt, padding) count neither in the value nor the gradient."""
+    advantages [B]; tokens of mask 0 (prompt, observations, padding) count neither in the value nor
+    the gradient."""
     m, log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
     ratio = torch.exp(log_ratio)
     per_token, is_clipped = clipped_surrogate(ratio, advantages[:, None], clip_eps_low, clip_eps_high)
@@ -60,7 +61,8 @@ def gspo_loss(
     clip_eps_high: float,
 ) -> LossOutput:
     """GSPO (Zheng et al. 2025): sequence ratio s_i = exp(mean_t (logp_t - old_t)) over sequence
-    i's completion tokens, clipped surrogate per sequence, mean over the sequences that have any."""
+    i's tokens of mask 1 (the ones the model sampled: observations excluded), clipped surrogate per
+    sequence, mean over the sequences that have any."""
     m, log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
     lengths = m.sum(dim=1)
     seq_ratio = torch.exp(log_ratio.sum(dim=1) / lengths.clamp(min=1.0))

@@ -48,7 +48,8 @@ class StepRecorder:
         returns the record written."""
         redis = self.stopping.redis
         rewards = [s.reward for g in groups for s in g.samples]
-        versions = [v for g in groups for s in g.samples for v in s.versions]
+        # The model's tokens only: observations (multi-turn) were not sampled, by any version.
+        versions = [v for g in groups for s in g.samples for v in s.sampled(s.versions)]
         actors = names.actor_states(self.cfg.actor.num_actors)
         record = {
             "step": state.step,
@@ -56,12 +57,13 @@ class StepRecorder:
             "policy_version": state.policy_version,
             "reward_mean": round(sum(rewards) / len(rewards), 4),
             "reward_std": round(statistics.pstdev(rewards), 4),
-            "tokens": sum(len(s.completion_ids) for g in groups for s in g.samples),
+            # tokens trained on (throughput in `rlrun plot`): an observation's are context, not trained
+            "tokens": len(versions),
             # how many versions behind the weights that trained on them the tokens were sampled
             "policy_lag_max": (state.policy_version - 1 - min(versions)) if versions else 0,
             "behaviour_version_max": max(versions) if versions else 0,  # newest version vLLM sampled with
             "policy_lag_mean": round(state.policy_version - 1 - statistics.fmean(versions), 4) if versions else 0.0,
-            "samples_spanning_update": sum(1 for g in groups for s in g.samples if len(set(s.versions)) > 1),
+            "samples_spanning_update": sum(1 for g in groups for s in g.samples if len(set(s.sampled(s.versions))) > 1),
             "bad_messages": bad_messages,
             **self.stopping.call(lambda: summed_actor_counters([redis.hgetall(key) for key in actors]), {}),
             "time": round(time.time(), 3),

@@ -74,15 +74,18 @@ def optimizer_step(model, optimizer, samples: list, cfg, parallel: Parallel, dev
 
 def scored_from(mask) -> int:
     """The first position whose next-token log-prob the loss reads: the one before the earliest
-    completion token of the batch (`mask` [B, T]); the last position when no token is scored."""
+    scored token of the batch (`mask` [B, T]: a sampled token, never an observation); the last
+    position when no token is scored."""
     scored = mask[:, 1:].any(dim=0).nonzero()
     return int(scored[0]) if len(scored) else mask.shape[1] - 1
 
 
 def collate(samples, device, policy_version: int = 0) -> dict:
-    """Pad prompt+completion sequences; mask and old log-probs are aligned with input_ids;
-    `sampled_by_current` is 1 for a sample whose every token vLLM sampled with `policy_version`
-    (not one spanning an update: its later tokens saw keys and values the earlier weights computed)."""
+    """Pad prompt+completion sequences; mask and old log-probs are aligned with input_ids, the mask
+    1 on the tokens the model sampled only (0 on prompt, observations, padding);
+    `sampled_by_current` is 1 for a sample whose every sampled token vLLM sampled with
+    `policy_version` (not one spanning an update: its later tokens saw keys and values the earlier
+    weights computed; an observation's version says nothing about the weights, so it is skipped)."""
     import torch
 
     length = max(len(p) + len(s.completion_ids) for p, s in samples)
@@ -98,9 +101,12 @@ def collate(samples, device, policy_version: int = 0) -> dict:
         input_ids[row, : len(seq)] = torch.tensor(seq)
         attention[row, : len(seq)] = 1
         mask[row, len(prompt) : len(seq)] = 1.0
+        for start, end in sample.observation_spans:  # not sampled: no loss, no ratio, no diff metric
+            mask[row, len(prompt) + start : len(prompt) + end] = 0.0
         old[row, len(prompt) : len(seq)] = torch.tensor(sample.logprobs, dtype=torch.float32)
         advantages[row] = sample.advantage
-        current[row] = float(bool(sample.versions) and all(v == policy_version for v in sample.versions))
+        versions = sample.sampled(sample.versions)
+        current[row] = float(bool(versions) and all(v == policy_version for v in versions))
     return {
         "input_ids": input_ids.to(device),
         "attention_mask": attention.to(device),

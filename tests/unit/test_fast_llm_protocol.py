@@ -48,6 +48,20 @@ def test_span_conventions_mask_the_same_prompt_tokens():
         prompt_span(0)
 
 
+def test_each_observation_is_one_more_masked_span_after_the_prompt_in_either_convention():
+    # prompt 3 tokens; completion m [o o] m m [o o] m: observations at [1, 3) and [5, 7)
+    sample = Sample(0, [10, 11, 12, 13, 14, 15, 16, 17], [-0.5, 0.0, 0.0, -1.0, -0.25, 0.0, 0.0, -2.0], [3] * 8,
+                    "stop", 1.0, 1.5, observation_spans=[[1, 3], [5, 7]])  # fmt: skip
+    exclusive = document([1, 2, 3], sample, "exclusive")
+    assert exclusive["loss_masking_spans"] == [[0, 3], [4, 6], [8, 10]]
+    assert [exclusive["tokens"][b:e] for b, e in exclusive["loss_masking_spans"]] == [[1, 2, 3], [11, 12], [15, 16]]
+    inclusive = document([1, 2, 3], sample, "inclusive")
+    assert inclusive["loss_masking_spans"] == [[0, 2], [4, 5], [8, 9]]
+    assert [inclusive["tokens"][b : e + 1] for b, e in inclusive["loss_masking_spans"]] == [[1, 2, 3], [11, 12], [15, 16]]
+    # one old log-prob per token still: 0 on the prompt and on the observations
+    assert exclusive["old_log_probabilities"] == [0.0, 0.0, 0.0, -0.5, 0.0, 0.0, -1.0, -0.25, 0.0, 0.0, -2.0]
+
+
 def test_group_gives_one_document_per_sample_in_order():
     group = Group(group_id="run/0", prompt_index=0, prompt_ids=[1, 2], samples=[_sample(0, advantage=-1.0), _sample(1, completion=(4,), logprobs=(-2.0,))])
     bodies = [json.loads(data) for data in encode_group(group)]

@@ -133,6 +133,20 @@ def test_prompt_and_padding_do_not_matter(algo):
     assert torch.isfinite(logprobs2.grad).all()
 
 
+def test_gspo_sequence_ratio_is_over_the_models_tokens_only():
+    # A multi-turn sequence: model tokens (ratios 1.2, 0.9), an observation of 2 tokens (mask 0,
+    # ratios that would dominate any mean), a model token (ratio 1.1). s = (1.2 * 0.9 * 1.1) ** (1/3)
+    # = 1.0591, not the 5-token mean's exp((ln 1.188 + 50 + 20) / 5).
+    logprobs = torch.tensor([[LN(1.2), LN(0.9), 50.0, 20.0, LN(1.1)]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0, 0, 1]])
+    out = gspo_loss(logprobs, torch.zeros(1, 5), torch.tensor([1.0]), mask, 0.2, 0.28)
+    s = (1.2 * 0.9 * 1.1) ** (1 / 3)
+    assert out.mean_ratio == pytest.approx(s, rel=1e-6)
+    assert out.loss.item() == pytest.approx(-s, rel=1e-6)  # unclipped: s < 1.28
+    out.loss.backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[-s / 3, -s / 3, 0.0, 0.0, -s / 3]]))
+
+
 @pytest.mark.parametrize("algo", ["grpo", "gspo"])
 def test_ratio_one_gives_minus_mean_advantage(algo):
     # on-policy (logp == old): every ratio is 1, nothing clipped, loss = -mean(A) (equal lengths)

@@ -175,6 +175,29 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     assert (written["policy_lag_mean"], written["samples_spanning_update"]) == (pytest.approx(1 / 3, abs=1e-4), 4)
 
 
+def test_the_trainer_record_counts_and_ages_the_models_tokens_not_the_observations(tmp_path):
+    """A multi-turn step: the observation tokens (versions 0, the actor's filler) are neither
+    trained-on tokens nor sampled by a version, so they change no count and no lag."""
+    from rlrun.streams.rollouts import Group, Sample
+    from rlrun.rundir import RunDir
+    from rlrun.trainer.checkpoint import TrainerState
+    from rlrun.trainer.recorder import StepRecorder
+    from rlrun.trainer.stopping import Stopping
+
+    cfg, _ = compose(["trainer.max_train_steps=3"])
+    run_dir = RunDir(Path(tmp_path))
+    recorder = StepRecorder(cfg, run_dir, Stopping(FakeRedis({})))
+    # 5 tokens each, 2 of them an observation: 3 sampled tokens, all by version 2
+    samples = [Sample(i, [1, 2, 3, 4, 5], [-0.1, 0.0, 0.0, -0.2, -0.3], [2, 0, 0, 2, 2], "stop", 1.0, 0.0, [[1, 3]]) for i in range(2)]
+    written = recorder.record(TrainerState(step=3, samples_processed=4, policy_version=3),
+                              {"loss": 0.1, "clip_fraction": 0.0, "mean_ratio": 1.0, "step_time_s": 0.5},
+                              [Group("run/0", 0, [5, 6], samples)], bad_messages=0)  # fmt: skip
+    recorder.close()
+    assert written["tokens"] == 6
+    assert (written["policy_lag_max"], written["policy_lag_mean"], written["behaviour_version_max"]) == (0, 0.0, 2)
+    assert written["samples_spanning_update"] == 0
+
+
 EVAL = {"kind": "eval", "step": 4, "policy_version": 4, "prompts": 3, "k": 2, "reward_mean": 0.5, "pass@1": 0.5, "pass@2": 0.6667,
         "correct": [2, 1, 0], "per_source": {"easy": {"prompts": 2, "k": 2, "reward_mean": 0.75, "pass@1": 0.75, "pass@2": 1.0, "correct": [2, 1]},
                                              "hard": {"prompts": 1, "k": 2, "reward_mean": 0.0, "pass@1": 0.0, "pass@2": 0.0, "correct": [0]}},

@@ -46,12 +46,16 @@ def prompt_span(prompt_length: int, span_end: SpanEnd = "exclusive") -> list[int
 
 
 def document(prompt_ids: list[int], sample: Sample, span_end: SpanEnd = "exclusive") -> dict:
-    """The Fast-LLM document of one sample (plain data, before JSON)."""
+    """The Fast-LLM document of one sample (plain data, before JSON): the loss masks the prompt
+    and each observation (multi-turn tokens the model did not sample), one span each."""
     if len(sample.logprobs) != len(sample.completion_ids):
         raise ValueError(f"sample {sample.index}: {len(sample.completion_ids)} tokens but {len(sample.logprobs)} log-probs")
+    shift = len(prompt_ids)  # completion offsets to document positions
+    last = 0 if span_end == "exclusive" else 1  # an inclusive span ends on its last token, not after it
+    observations = [[shift + start, shift + end - last] for start, end in sample.observation_spans]
     return {
         "tokens": [int(t) for t in prompt_ids] + [int(t) for t in sample.completion_ids],
-        "loss_masking_spans": [prompt_span(len(prompt_ids), span_end)],
+        "loss_masking_spans": [prompt_span(len(prompt_ids), span_end), *observations],
         "advantage": float(sample.advantage),
         "old_log_probabilities": [0.0] * len(prompt_ids) + [float(lp) for lp in sample.logprobs],
     }
