@@ -43,14 +43,15 @@ class JournalLedger(Journal):
             offset = sample.journaled
             runs = []
             finish = sample.finish_reason if sample.finished and not sample.finish_recorded else None
+            turn_end = sample.turn_end if sample.turn_end is not None and not sample.turn_end_recorded else None
             relabel = version_runs(sample.versions[: sample.journaled]) if sample.relabel_pending else []
             for version, same in groupby(sample.versions[offset:]):
                 end = offset + len(list(same))
                 runs.append(Append(group_id, sample.index, offset, sample.completion_ids[offset:end], sample.logprobs[offset:end], version))
                 offset = end
-            if finish is not None or relabel:  # on the last run, or alone (no tokens: no version)
+            if finish is not None or relabel or turn_end is not None:  # on the last run, or alone (no tokens: no version)
                 last = runs.pop() if runs else Append(group_id, sample.index, offset, [], [], 0)
-                runs.append(replace(last, finish_reason=finish, relabel=relabel))
+                runs.append(replace(last, finish_reason=finish, relabel=relabel, turn_end=turn_end))
             appends.extend(runs)
             owners.extend([sample.index] * len(runs))
         results = self.append_many(appends)
@@ -59,6 +60,19 @@ class JournalLedger(Journal):
             if index not in last or last[index].accepted:  # keep the first refusal, else the last answer
                 last[index] = result
         return [last[s.index] for s in samples if s.index in last]
+
+    def append_observation(self, group_id: str, sample: SampleState, finish: Optional[str] = None) -> WriteResult:
+        """The sample's last observation (its tokens, and the step's answer that made them), once
+        its model tokens are journaled; with `finish` the conversation ends with it (the last step)."""
+        observation = sample.observations[-1]
+        start, end = observation["start"], observation["end"]
+        payload = {k: v for k, v in observation.items() if k not in ("start", "end")}
+        version = sample.versions[start] if end > start else 0
+        append = Append(
+            group_id, sample.index, start, sample.completion_ids[start:end], sample.logprobs[start:end], version,
+            finish_reason=finish, observation=payload,
+        )  # fmt: skip
+        return self.append_many([append])[0]
 
     def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]:
         stream_id = super().deliver(group_id, stream, messages)
@@ -79,11 +93,16 @@ def flush(ledger: "JournalLedger | MemoryLedger", group_id: str, samples: list[S
     """Append the samples' unjournaled tokens, record their finishes and relabels, in one round
     trip. An accepted append moves the sample's marks; a refused one is left as it was: the actor's
     view and the journal's disagree, and the caller takes the journal's (`SampleState.take_journal`)."""
-    batch = [s for s in samples if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded) or s.relabel_pending]
+    batch = [
+        s for s in samples
+        if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded) or s.relabel_pending
+        or (s.turn_end is not None and not s.turn_end_recorded)
+    ]  # fmt: skip
     flushed = [Flushed(s, s.journaled, r) for s, r in zip(batch, ledger.append_samples(group_id, batch))]
     for f in flushed:
         if f.result.accepted:
             f.sample.journaled, f.sample.finish_recorded, f.sample.relabel_pending = f.result.length, f.sample.finished, False
+            f.sample.turn_end_recorded = f.sample.turn_end is not None
     return flushed
 
 
@@ -107,6 +126,9 @@ class MemoryLedger:
 
     def append_samples(self, group_id: str, samples: list[SampleState]) -> list[WriteResult]:
         return [WriteResult(True, len(s.completion_ids), "ok") for s in samples]
+
+    def append_observation(self, group_id: str, sample: SampleState, finish: Optional[str] = None) -> WriteResult:
+        return WriteResult(True, len(sample.completion_ids), "ok")
 
     def reset(self, group_id: str, index: int) -> None:
         pass

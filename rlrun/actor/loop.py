@@ -23,6 +23,7 @@ from typing import Callable
 
 import httpx
 
+from rlrun.actor.conversation import Conversations, fits, is_last_turn, messages_for, outcome_of, turn_budget
 from rlrun.actor.evaluator import Evaluator
 from rlrun.actor.ledger import JournalLedger, MemoryLedger, flush
 from rlrun.actor.partition import prompt_position
@@ -31,12 +32,15 @@ from rlrun.actor.sampling import LiveGroup, SampleState, close_if_spent, count_k
 from rlrun.actor.trainer_view import TrainerView
 from rlrun.actor.vllm_client import generate
 from rlrun.config import RunConfig
-from rlrun.task.pool import Scorer
+from rlrun.task.environment import INTERRUPTED, Step, StepCall, TurnInfo, as_step
+from rlrun.task.turns import Observation, parse_tool_calls
+from rlrun.task.pool import CallFailed, Scorer
 from rlrun.task.rewards import GroupCall, SampleInfo
 from rlrun.task.tasks import Task, problem_index
 from rlrun.errors import ConfigError
 from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import is_stale, plan_replay
+from rlrun.journal.records import FINAL_REASONS
 from rlrun.streams.rollouts import Group, Sample
 from rlrun.streams import names
 from rlrun.rules.advantages import group_advantages
@@ -52,11 +56,12 @@ class Actor:
         self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str],
         ledger: JournalLedger | MemoryLedger, run_name: str, api_key: str = "",
         *, trainer: TrainerView, scorer: Scorer, actor_index: int = 0, render_prompt: Callable[[str], str] | None = None,
-        evaluator: Evaluator | None = None,
+        evaluator: Evaluator | None = None, conversations: Conversations | None = None,
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
         self.scorer, self.evaluator = scorer, evaluator  # the rewards' worker pool; actor 0's evaluation (None: none)
         self.render_prompt = render_prompt or (lambda text: text)  # model.chat_template: the model's chat format
+        self.conversations = conversations  # environment.step: rollouts of several turns (None: one turn)
         self.trainer = trainer  # the run's bound backend's view (built once, by the role's entry point)
         self.index, self.num_actors = actor_index, cfg.actor.num_actors
         self.state_key = names.actor_state(actor_index, cfg.actor.num_actors)  # its own progress hash
@@ -85,6 +90,16 @@ class Actor:
             "request_errors": 0,
             "groups_dropped": 0,  # not trained on: a reward failed and reward.on_error=drop_group
         }
+        if conversations is not None:  # environment.step: its steps, counted like the tokens
+            self.counters.update({
+                "env_steps": 0,  # steps the environment ran (tool calls, feedback, the last step's reward)
+                "env_steps_reused": 0,  # answers kept from the journal at a (re)start of the actor, not run again
+                "env_steps_rerun": 0,  # steps a crash cut, run again (the step function allows it)
+                "env_steps_interrupted": 0,  # steps a crash cut, not run again (rerun_interrupted=False): the model is told
+                "env_step_timeouts": 0,  # steps stopped at environment.timeout_s: the model is told
+                "env_step_errors": 0,  # steps that raised: the conversation ends with reward 0
+                "observations_truncated": 0,  # cut to environment.max_observation_tokens, saying so
+            })  # fmt: skip
 
     async def run(self) -> None:
         self._continue_counters()
@@ -93,6 +108,8 @@ class Actor:
         limits = httpx.Limits(max_connections=self.cfg.actor.max_concurrent_groups * self.cfg.algo.group_size)
         headers = bearer_header(self.api_key) if self.api_key else {}
         await self.scorer.pool.start()
+        if self.conversations is not None:
+            await self.conversations.pool.start()
         async with httpx.AsyncClient(limits=limits, timeout=self.cfg.actor.request_timeout_s, headers=headers) as client:
             running: set[asyncio.Task] = set()
             evaluating: set[asyncio.Task] = set()
@@ -131,6 +148,8 @@ class Actor:
                     task.cancel()
                 await asyncio.gather(*running, *evaluating, return_exceptions=True)
                 await self.scorer.pool.close()
+                if self.conversations is not None:
+                    await self.conversations.pool.close()
         log.info("trainer said training_done; actor stops (%s)", self.counters)
 
     async def _evaluate(self, client: httpx.AsyncClient, version: int) -> None:
@@ -178,10 +197,20 @@ class Actor:
         return problem_index(position, len(self.task.problems), self.cfg.run.seed)
 
     def _prompt_ids(self, problem_index: int) -> list[int]:
-        return self.tokenizer.encode(self.render_prompt(self.task.problems[problem_index].prompt), add_special_tokens=False)
+        prompt = self.task.problems[problem_index].prompt
+        if self.conversations is not None:  # the chat template shows the tools, where there are some
+            text = self.conversations.turns.prompt_text(prompt, self.conversations.tools or None)
+        else:
+            text = self.render_prompt(prompt)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @property
+    def _budget(self) -> int:
+        """A group's token budget per sample: a conversation's whole, or one completion's."""
+        return self.conversations.limits.max_total_tokens if self.conversations else self.cfg.actor.max_new_tokens
 
     def _open_group(self) -> LiveGroup:
-        h = self.ledger.open_next(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self.cfg.actor.max_new_tokens, self.run_name)
+        h = self.ledger.open_next(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self._budget, self.run_name)
         samples = [SampleState(index=i) for i in range(h.group_size)]
         return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), h.max_new_tokens, samples)
 
@@ -198,8 +227,11 @@ class Actor:
             log.warning("journal record %s is unreadable (%s): %s", key, reason, what)
         self.counters["journal_corrupt_records"] += len(corrupt)
         version, staleness = self.trainer.policy_version(), self.cfg.actor.max_prefix_staleness
-        plan = plan_replay(groups, current_version=version, max_prefix_staleness=staleness)
-        resumed = resume(plan)
+        talking = self.conversations is not None
+        plan = plan_replay(groups, current_version=version, max_prefix_staleness=staleness, conversations=talking)
+        resumed = resume(plan, conversations=talking)
+        if talking:  # every answer the journal holds is used as it is
+            self.counters["env_steps_reused"] += sum(len(s.observations) for g in resumed.groups for s in g.samples)
         for group_id, index in resumed.resets:
             self.ledger.reset(group_id, index)
         self.counters["tokens_reused"] += resumed.tokens_reused
@@ -222,15 +254,19 @@ class Actor:
             # next server (the failed one may be restarting), continuing from the tokens kept.
             url = self.urls[(group.cursor + failures) % len(self.urls)]
             version = self.trainer.policy_version()
-            for sample in group.samples:
-                if failures and is_stale(sample, version, self.cfg.actor.max_prefix_staleness):
-                    self._drop_stale(group, sample)  # (a replay's prefixes were judged by its plan)
-                close_if_spent(sample, budget)  # recorded by the flush below
+            if self.conversations is not None:
+                await self._answer_turns(group)
+            else:
+                for sample in group.samples:
+                    if failures and is_stale(sample, version, self.cfg.actor.max_prefix_staleness):
+                        self._drop_stale(group, sample)  # (a replay's prefixes were judged by its plan)
+                    close_if_spent(sample, budget)  # recorded by the flush below
             pending = [s for s in group.samples if not s.finished]
             if not pending:
                 break
             # The samples that start from the prompt in one request (n of them); one request for each
-            # continued from a prefix of its own (only after a lost request or a restart).
+            # continued from a prefix of its own (after a lost request or a restart, or the next
+            # turn of a conversation: its prompt is the conversation so far).
             fresh = [s for s in pending if not s.completion_ids]
             requests = ([fresh] if fresh else []) + [[s] for s in pending if s.completion_ids]
             try:
@@ -250,14 +286,88 @@ class Actor:
                         "algo.group_size ...)."
                     ) from exc
                 self.counters["request_errors"] += 1
+                self._count_interrupted(pending)
                 failures += 1
                 log.warning("group %s: request to %s failed (%s); continuing from the tokens kept", group.group_id, url, exc)
                 await asyncio.sleep(RETRY_DELAY_S)
             finally:
                 self._flush(group, group.samples)
-            self._count_interrupted(pending)
         self._flush(group, group.samples)  # finishes decided locally (budget spent)
         await self._publish(group)
+
+    async def _answer_turns(self, group: LiveGroup) -> None:
+        """Have the environment answer every turn of `group` that ended (a turn whose budget is
+        spent ends here, as "length"); each answer is journaled before the next turn starts."""
+        for sample in group.samples:
+            if not sample.finished and not sample.step_due and turn_budget(sample, self.conversations.limits) == 0:
+                sample.end_turn("length")
+        due = [s for s in group.samples if s.step_due]
+        if due:
+            self._flush(group, due)  # a turn's end is in the journal before its step runs
+            await asyncio.gather(*(self._answer(group, s) for s in due))
+
+    async def _answer(self, group: LiveGroup, sample: SampleState) -> None:
+        """One step of the environment for `sample`'s last turn, and what it makes of the conversation."""
+        talk, problem = self.conversations, self.task.problems[group.prompt_index]
+        last = is_last_turn(sample, talk.limits)
+        if sample.step_interrupted and not talk.rerun_interrupted:
+            self.counters["env_steps_interrupted"] += 1
+            answer = Step(observation=INTERRUPTED)
+        else:
+            self.counters["env_steps_rerun"] += int(sample.step_interrupted)
+            answer = await self._step(group, sample, problem, last)
+        outcome = outcome_of(answer, last) if answer is not None else None
+        if outcome is None or outcome.finish_reason is not None:  # (None: the step raised)
+            self._end_conversation(group, sample, *((outcome.finish_reason, outcome.reward) if outcome else ("stop", 0.0)))
+            return
+        content, truncated = talk.turns.truncate(outcome.observation.observation, talk.limits.max_observation_tokens)
+        self.counters["observations_truncated"] += int(truncated)
+        observation = Observation(content, outcome.observation.role, outcome.observation.name)
+        ids = talk.turns.observation_ids(observation, model_stopped=sample.turn_end == "stop")
+        if not fits(sample, len(ids), talk.limits):  # no room for it and a next turn: the budget ends it
+            self._end_conversation(group, sample, "length", 0.0)
+            return
+        sample.observe(ids, {"role": observation.role, "content": content, "name": observation.name, "truncated": truncated})
+        self._journal_observation(group, sample)
+
+    async def _step(self, group: LiveGroup, sample: SampleState, problem, last: bool) -> Step | None:
+        """The environment's answer in a worker; a timeout is told to the model; None: the step raised."""
+        talk = self.conversations
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        info = TurnInfo(
+            group.group_id, sample.index, len(sample.turn_ends), sample.turn_end or "length", len(sample.completion_ids),
+            last, max(sample.versions, default=0),
+        )  # fmt: skip
+        call = StepCall(messages_for(problem.prompt, sample, decode, parse_tool_calls), problem.row, info, talk.tools)
+        self.counters["env_steps"] += 1
+        try:
+            return as_step(await talk.pool.call(0, call))
+        except CallFailed as exc:
+            if exc.kind == "timeout":
+                self.counters["env_step_timeouts"] += 1
+                return Step(observation=f"the step timed out after {talk.timeout_s:g} s")
+            self.counters["env_step_errors"] += 1
+            if self.counters["env_step_errors"] == 1:  # the first; the counter says how many followed
+                log.error("environment.step raised (the conversation ends with reward 0; counted in env_step_errors):\n%s", exc.detail)
+            return None
+
+    def _end_conversation(self, group: LiveGroup, sample: SampleState, finish_reason: str, reward: float) -> None:
+        """The last step: the conversation finishes with its reward, in one journal entry."""
+        end = len(sample.completion_ids)
+        sample.observations.append({"done": True, "reward": reward, "start": end, "end": end})
+        sample.turn_end, sample.step_interrupted = None, False
+        sample.finish_reason, sample.reward = finish_reason, reward
+        self._journal_observation(group, sample, finish=finish_reason)
+
+    def _journal_observation(self, group: LiveGroup, sample: SampleState, finish: str | None = None) -> None:
+        result = self.ledger.append_observation(group.group_id, sample, finish=finish)
+        if result.accepted:
+            sample.journaled, sample.finish_recorded = result.length, sample.finished
+            self._audit({"kind": "observed", "group": group.group_id, "index": sample.index, "turn": len(sample.turn_ends),
+                         **sample.observations[-1], "token_ids": sample.completion_ids[sample.observations[-1]["start"] : result.length]})  # fmt: skip
+        else:
+            log.error("journal refused an observation of %s/%d (%s): re-reading it", group.group_id, sample.index, result.reason)
+            self._resync(group, sample)
 
     def _count_interrupted(self, samples: list[SampleState]) -> None:
         """What a failed request left: samples continued next from the tokens they hold, each
@@ -275,8 +385,15 @@ class Actor:
         start, actor = len(prefix), self.cfg.actor
         for sample in samples:
             sample.finish_reason = None  # an interrupted sample being continued
-        max_tokens = remaining_budget(samples[0], group.max_new_tokens)
+        talking = self.conversations is not None
+        if talking:  # the rest of this turn's budget, within the conversation's
+            start = len(prefix) - samples[0].turn_start
+            max_tokens = turn_budget(samples[0], self.conversations.limits)
+        else:
+            max_tokens = remaining_budget(samples[0], group.max_new_tokens)
         self.counters["requests"] += 1
+        if self.audit_path is not None:
+            self._audit({"kind": "request", "group": group.group_id, "indexes": [s.index for s in samples], "prefix": len(prefix)})
         if self._in_flight == 0:
             self._busy_since = time.monotonic()
         self._in_flight += 1
@@ -292,8 +409,12 @@ class Actor:
                 sample.append(delta.token_ids, delta.logprobs, version)
                 self.counters["tokens_generated"] += len(delta.token_ids)
                 if delta.finish_reason is not None:  # the choice's last chunk: its versions
-                    sample.relabel(start, token_versions(delta.spans, len(sample.completion_ids) - start, version))
-                    sample.finish_reason = delta.finish_reason
+                    first = len(prefix)
+                    sample.relabel(first, token_versions(delta.spans, len(sample.completion_ids) - first, version))
+                    if not talking:
+                        sample.finish_reason = delta.finish_reason
+                    elif delta.finish_reason in FINAL_REASONS:  # the turn ended: the environment answers it next
+                        sample.end_turn(delta.finish_reason)
                 if len(sample.completion_ids) - sample.journaled >= actor.journal_flush_tokens:
                     self._flush(group, [sample])  # long generations: small batches as they come
         finally:
@@ -338,6 +459,9 @@ class Actor:
     async def _publish(self, group: LiveGroup) -> None:
         """Score the group in the reward workers, then deliver it once (a group whose reward failed
         under reward.on_error=drop_group is marked delivered with nothing published)."""
+        if self.conversations is not None:  # the environment's rewards, from its last steps
+            self._deliver(group, [s.reward or 0.0 for s in group.samples])
+            return
         problem = self.task.problems[group.prompt_index]
         texts = [self.tokenizer.decode(s.completion_ids, skip_special_tokens=True) for s in group.samples]
         version = self.trainer.policy_version()
@@ -354,16 +478,19 @@ class Actor:
                 self.counters["groups_dropped"] += 1
                 self._audit({"kind": "dropped", "group": group.group_id, "failures": score.failures})
             return
-        rewards = score.rewards
+        self._deliver(group, score.rewards)
+
+    def _deliver(self, group: LiveGroup, rewards: list[float]) -> None:
         advantages = group_advantages(rewards, self.cfg.algo.normalize_advantage_std)
         message = Group(
             group_id=group.group_id,
             prompt_index=group.prompt_index,
             prompt_ids=group.prompt_ids,
             samples=[
-                Sample(s.index, s.completion_ids, s.logprobs, s.versions, s.finish_reason or "length", r, a)
+                Sample(s.index, s.completion_ids, s.logprobs, s.versions, s.finish_reason or "length", r, a,
+                       observation_spans=s.observation_spans)
                 for s, r, a in zip(group.samples, rewards, advantages)
-            ],
+            ],  # fmt: skip
         )
         stream, messages = self.trainer.destination(message)
         if self.ledger.deliver(group.group_id, stream, messages) is not None:

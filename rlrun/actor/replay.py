@@ -24,8 +24,10 @@ class Resumed:
     samples_continued: int  # samples generated on from a kept prefix
 
 
-def resume(plan: ReplayPlan) -> Resumed:
-    """The actor's live groups for `plan`, each with the budget its group was opened with."""
+def resume(plan: ReplayPlan, conversations: bool = False) -> Resumed:
+    """The actor's live groups for `plan`, each with the budget its group was opened with. A
+    conversation's budget is the whole conversation's: one that spent it is left to the actor,
+    whose environment still has to answer its last turn."""
     groups, resets, reused, continued = [], [], 0, 0
     for group in plan.groups:
         h, samples = group.header, []
@@ -36,8 +38,9 @@ def resume(plan: ReplayPlan) -> Resumed:
                 resets.append((h.group_id, p.index))
             elif p.action is Action.KEEP:
                 sample.finish_reason, sample.finish_recorded = p.finish_reason, True
-            elif not close_if_spent(sample, h.max_new_tokens):
+            elif conversations or not close_if_spent(sample, h.max_new_tokens):
                 continued += 1
+            sample.take_conversation(p.turn_ends, p.observations)
             reused += len(sample.completion_ids)
             samples.append(sample)
         groups.append(LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), h.max_new_tokens, samples))

@@ -29,6 +29,25 @@ class SampleState:
     finish_recorded: bool = False  # the journal knows it is finished
     relabel_pending: bool = False  # versions of journaled tokens changed since they were appended
     kept_counted: int = 0  # of its tokens, those already counted as kept (reused, not generated again)
+    # A conversation (environment.step): its tokens after the prompt are model turns and the
+    # observations between them. `turn_end` is set when a model turn ended and the environment
+    # has not answered it yet (recorded in the journal with the turn's last tokens).
+    turn_start: int = 0  # where the current model turn began
+    turn_ends: list[list] = field(default_factory=list)  # [where, how] each model turn ended
+    observations: list[dict] = field(default_factory=list)  # the environment's answers, with their [start, end)
+    turn_end: Optional[str] = None
+    turn_end_recorded: bool = False
+    step_interrupted: bool = False  # the journal holds the turn's end but not its step's answer: a crash cut the step
+    reward: Optional[float] = None  # the environment's, once it said done
+
+    @property
+    def step_due(self) -> bool:
+        """A model turn ended and the environment has yet to answer it."""
+        return not self.finished and self.turn_end is not None
+
+    @property
+    def observation_spans(self) -> list[list[int]]:
+        return [[o["start"], o["end"]] for o in self.observations if o["end"] > o["start"]]
 
     @property
     def finished(self) -> bool:
@@ -58,6 +77,34 @@ class SampleState:
         self.relabel_pending = False
         self.journaled = 0
         self.kept_counted = 0
+        self.turn_start, self.turn_ends, self.observations = 0, [], []
+        self.turn_end, self.turn_end_recorded, self.reward, self.step_interrupted = None, False, None, False
+
+    def end_turn(self, reason: str) -> None:
+        """The model's turn ended (`reason`: stop or length); the environment answers it next."""
+        self.turn_end, self.turn_end_recorded = reason, False
+        self.turn_ends.append([len(self.completion_ids), reason])
+
+    def observe(self, token_ids: list[int], payload: dict) -> None:
+        """The environment's answer and the tokens it renders to: the next turn starts after them.
+        Never sampled: log-prob 0, and the version of the turn they answer (the trainer masks them)."""
+        start = len(self.completion_ids)
+        version = self.versions[-1] if self.versions else 0
+        self.append_all(list(token_ids), [0.0] * len(token_ids), [version] * len(token_ids))
+        self.observations.append({**payload, "start": start, "end": len(self.completion_ids)})
+        self.turn_start, self.turn_end, self.step_interrupted = len(self.completion_ids), None, False
+
+    def take_conversation(self, turn_ends: list[list], observations: list[dict]) -> None:
+        """A conversation as the journal holds it: a turn that ended after the last observation
+        was recorded awaits its step (interrupted); a final step's payload holds the reward."""
+        self.turn_ends, self.observations = list(turn_ends), [dict(o) for o in observations]
+        answered = max((o["start"] for o in self.observations), default=-1)
+        self.turn_start = max((o["end"] for o in self.observations if o["end"] > o["start"]), default=0)
+        pending = [how for end, how in self.turn_ends if end > answered and end == len(self.completion_ids)]
+        self.turn_end, self.turn_end_recorded = (pending[-1], True) if pending and not self.finished else (None, False)
+        self.step_interrupted = self.turn_end is not None
+        final = [o for o in self.observations if o.get("done")]
+        self.reward = float(final[-1]["reward"]) if final and final[-1].get("reward") is not None else None
 
     def take_journal(self, stored: Optional[SampleRecord]) -> None:
         """Become what the journal holds of this sample (nothing when `stored` is None): its view
@@ -67,6 +114,7 @@ class SampleState:
         if stored is not None:
             self.append_all(stored.token_ids, stored.logprobs, stored.versions)
             self.finish_reason, self.finish_recorded = stored.finish_reason, stored.finished
+            self.take_conversation(stored.turn_ends, stored.observations)
         self.journaled = len(self.completion_ids)
         self.kept_counted = min(counted, self.journaled)
 

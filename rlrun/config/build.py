@@ -205,6 +205,23 @@ def validate(cfg: RunConfig) -> None:
         f"actor.max_new_tokens ({act.max_new_tokens}) must be below model.max_model_len "
         f"({cfg.model.max_model_len}) to leave room for the prompt.",
     )
+    env = cfg.environment
+    if env.step:
+        need(
+            env.max_total_tokens < cfg.model.max_model_len,
+            f"environment.max_total_tokens ({env.max_total_tokens}) must be below model.max_model_len "
+            f"({cfg.model.max_model_len}): a conversation is the prompt and that many tokens.",
+        )
+        need(not cfg.reward.functions, "environment.step gives the reward (its last step's answer): remove reward.functions.")
+        need(
+            not cfg.eval.every_steps,
+            "eval.every_steps with environment.step: evaluating conversations is not built yet; set eval.every_steps=0.",
+        )
+    need(not env.tools or bool(env.step), "environment.tools without environment.step: the step runs the tools; set both.")
+    need(
+        not env.tools or cfg.model.chat_template,
+        "environment.tools are shown to the model through its chat template: set model.chat_template=true.",
+    )
     k = act.num_actors
     need(
         k <= 1 or t.backend != "fast_llm",

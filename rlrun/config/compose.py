@@ -80,16 +80,19 @@ def absolute_task_paths(data: dict) -> None:
         found = Path(path).expanduser()
         return str(found.resolve()) if found.exists() else path
 
-    dataset, reward = data.get("dataset") or {}, data.get("reward") or {}
+    def absolute_ref(ref):
+        where, _, name = ref.rpartition(":") if isinstance(ref, str) else ("", "", "")
+        return f"{absolute(where)}:{name}" if where.endswith(".py") else ref
+
+    dataset, reward, environment = data.get("dataset") or {}, data.get("reward") or {}, data.get("environment") or {}
     for key in ("train_files", "eval_files"):
         if isinstance(dataset.get(key), list):
             dataset[key] = [absolute(p) if isinstance(p, str) else p for p in dataset[key]]
     if isinstance(reward.get("functions"), list):
-        refs = []
-        for ref in reward["functions"]:
-            where, _, name = ref.rpartition(":") if isinstance(ref, str) else ("", "", "")
-            refs.append(f"{absolute(where)}:{name}" if where.endswith(".py") else ref)
-        reward["functions"] = refs
+        reward["functions"] = [absolute_ref(ref) for ref in reward["functions"]]
+    for key in ("step", "tools"):
+        if environment.get(key):
+            environment[key] = absolute_ref(environment[key])
 
 
 def load_resolved(path: Path) -> RunConfig:

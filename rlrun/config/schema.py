@@ -84,6 +84,19 @@ class RewardConfig:
 
 
 @dataclass(frozen=True)
+class EnvironmentConfig:
+    """Rollouts of several turns: an environment answers every model turn (docs/your-task.md)."""
+
+    step: Optional[str] = None  # module:function or path/to/file.py:function called after every model turn with the conversation so far (rlrun/task/environment.py); null: rollouts of one turn, scored by reward.*
+    tools: Optional[str] = None  # module:NAME or file.py:NAME: a list of tool schemas given to the model through its chat template (needs model.chat_template=true)
+    max_turns: Count = 4  # model turns per conversation; the step after the last one ends it
+    max_total_tokens: Count = 256  # the conversation's tokens after the prompt (model turns and observations); each turn also stops at actor.max_new_tokens
+    max_observation_tokens: Count = 64  # an observation longer than this is cut, with a note saying so
+    timeout_s: Seconds = 30.0  # a step running longer is stopped (its worker killed): the model is told it timed out
+    workers: Count = 2  # processes running steps (a crashed or hung one is replaced)
+
+
+@dataclass(frozen=True)
 class EvalConfig:
     """Held-out evaluation on the run's vLLM servers with the exact policy version (docs/your-task.md)."""
 
@@ -295,6 +308,7 @@ class RunConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  # per-step metrics outputs (absent in configs saved before it existed)
     reward: RewardConfig = field(default_factory=RewardConfig)  # the rewards (absent in configs saved before it existed)
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (absent in configs saved before it existed)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)  # rollouts of several turns (absent in configs saved before it existed)
 
     @property
     def groups_per_step(self) -> int:

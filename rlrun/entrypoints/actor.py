@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 
+from rlrun.actor.conversation import conversations_for
 from rlrun.actor.evaluator import evaluator_for
 from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.loop import Actor
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         actor = Actor(
             cfg, redis, tokenizer, task, role.vllm_urls, ledger, run_name=group_namespace(run_dir.root.name, k, cfg.actor.num_actors),
             api_key=run_dir.read_vllm_api_key(), trainer=view, scorer=scorer, actor_index=k, render_prompt=render_prompt,
-            evaluator=evaluator,
+            evaluator=evaluator, conversations=conversations_for(cfg, role.model_path, tokenizer),
         )  # fmt: skip
         if cfg.actor.audit:
             run_dir.audit.mkdir(exist_ok=True)

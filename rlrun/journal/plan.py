@@ -34,6 +34,8 @@ class SamplePlan:
     prefix_versions: list[int] = field(default_factory=list)
     finish_reason: Optional[str] = None  # keep: the recorded reason
     dropped_tokens: int = 0  # restart: tokens of a stale prefix that were dropped
+    turn_ends: list[list] = field(default_factory=list)  # a conversation's, as recorded (SampleRecord)
+    observations: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -63,15 +65,18 @@ def is_stale(sample, current_version: int, max_staleness: int) -> bool:
 
 
 def plan_replay(
-    groups: list[GroupRecord], *, current_version: int, max_prefix_staleness: int
+    groups: list[GroupRecord], *, current_version: int, max_prefix_staleness: int, conversations: bool = False
 ) -> ReplayPlan:
-    """The replay plan for `groups` when vLLM serves policy `current_version`."""
+    """The replay plan for `groups` when vLLM serves policy `current_version`. `conversations`:
+    no prefix is stale, whatever its age: dropping one would run its finished steps (tools) again;
+    the behaviour log-probs the journal keeps make its old tokens correct to train on."""
     if max_prefix_staleness < 0:
         raise ValueError(f"max_prefix_staleness must be >= 0, got {max_prefix_staleness}")
     counters = ReplayCounters()
     planned = []
     for group in sorted(groups, key=lambda g: g.cursor):
-        samples = [_plan_sample(s, current_version, max_prefix_staleness, counters) for s in group.samples]
+        staleness = max(current_version, max_prefix_staleness) if conversations else max_prefix_staleness
+        samples = [_plan_sample(s, current_version, staleness, counters) for s in group.samples]
         planned.append(GroupPlan(group.header, samples))
     return ReplayPlan(groups=planned, counters=counters)
 
@@ -91,4 +96,6 @@ def _plan_sample(sample: SampleRecord, version: int, staleness: int, counters: R
         prefix_logprobs=list(sample.logprobs),
         prefix_versions=list(sample.versions),
         finish_reason=sample.finish_reason if sample.finished else None,
+        turn_ends=[list(t) for t in sample.turn_ends],
+        observations=[dict(o) for o in sample.observations],
     )

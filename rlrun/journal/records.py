@@ -68,6 +68,11 @@ class SampleRecord:
     logprobs: list[float] = field(default_factory=list)  # sampled-token logprob, one per token
     versions: list[int] = field(default_factory=list)  # policy version that produced each token
     finish_reason: Optional[str] = None  # "stop" | "length" once finished, else None
+    # A conversation (environment.step): where its model turns ended (token counts), and what the
+    # environment answered: each observation's payload with the [start, end) of its tokens; the
+    # last step's (done, reward) has no tokens. Empty for a sample of one turn.
+    turn_ends: list[list] = field(default_factory=list)  # [token count, "stop" | "length"] per ended turn
+    observations: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         what = f"sample {self.group_id!r}#{self.index}"
@@ -168,7 +173,10 @@ class LogEntry:
     """One entry of a group's token log: `append` tokens of policy `version` at `offset`, or `reset`.
     An append may also carry `relabel`: `[start, end, version]` runs that set the versions of the
     sample's tokens in [start, end) (the finish of a sample whose earlier tokens were journaled with
-    a provisional version, before vLLM said which weights sampled them)."""
+    a provisional version, before vLLM said which weights sampled them). In a conversation an
+    append may also say that the model's turn ended with its tokens (`turn_end`: the reason), or
+    that its tokens render the environment's `observation` (its payload: what the step returned,
+    so the step is never run again; no tokens for the last step, which carries the reward)."""
 
     kind: str  # "append" | "reset"
     index: int
@@ -177,14 +185,17 @@ class LogEntry:
     logprobs: list[float] = field(default_factory=list)
     version: int = 0
     relabel: list[list[int]] = field(default_factory=list)
+    turn_end: Optional[str] = None
+    observation: Optional[dict] = None
 
     def to_json(self) -> str:
         if self.kind == "reset":
             record = {"kind": "reset", "index": self.index}
         else:
             record = asdict(self)
-            if not self.relabel:
-                del record["relabel"]  # most appends: nothing to relabel, no bytes for it
+            for optional in ("relabel", "turn_end", "observation"):
+                if not record[optional]:
+                    del record[optional]  # most appends: none of these, no bytes for them
         return dumps({"schema_version": SCHEMA_VERSION, **record}, CorruptRecord)
 
     @classmethod
@@ -222,7 +233,21 @@ class LogEntry:
             logprobs=[float(v) for v in logprobs],
             version=_int(_field(data, "version", kind), f"{what}: version"),
             relabel=[list(run) for run in relabel],
+            turn_end=_turn_end(data.get("turn_end"), what),
+            observation=_observation(data.get("observation"), what),
         )
+
+
+def _turn_end(value: Any, what: str) -> Optional[str]:
+    if value is not None and value not in FINAL_REASONS:
+        raise CorruptRecord(f"{what}: turn_end must be one of {FINAL_REASONS}, got {value!r}")
+    return value
+
+
+def _observation(value: Any, what: str) -> Optional[dict]:
+    if value is not None and not isinstance(value, dict):
+        raise CorruptRecord(f"{what}: observation must be an object, got {value!r}")
+    return value
 
 
 def version_runs(versions: list[int]) -> list[list[int]]:

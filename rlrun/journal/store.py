@@ -88,6 +88,8 @@ class Append:
     version: int
     finish_reason: str | None = None
     relabel: Sequence[Sequence[int]] = ()
+    turn_end: str | None = None  # a conversation's model turn ended with these tokens
+    observation: dict | None = None  # these tokens render the environment's answer (LogEntry)
 
 
 class LoadResult(NamedTuple):
@@ -119,9 +121,9 @@ return {'ok', cur}
 # A batch of appends, each checked on its own against its sample's length, each optionally
 # finishing its sample (one round trip for a whole request's tokens and finishes). Repeating a
 # finish (no tokens, same length, same reason) is accepted: a retry. An entry with no tokens is
-# logged only when it relabels.
+# logged only when it says something besides its tokens (a relabel, a turn's end, an observation).
 # KEYS: (group hash, group log) per append. ARGV: (index, expected offset, n, entry, finish
-# reason or "", "1" if it relabels else "") per append.
+# reason or "", "1" if it must be logged without tokens else "") per append.
 _APPEND = """
 local out = {}
 for a = 1, #KEYS / 2 do
@@ -129,7 +131,7 @@ for a = 1, #KEYS / 2 do
   local i = ARGV[6 * a - 5]
   local off, n = tonumber(ARGV[6 * a - 4]), tonumber(ARGV[6 * a - 3])
   local fin = ARGV[6 * a - 1]
-  local relabels = ARGV[6 * a] ~= ''
+  local says = ARGV[6 * a] ~= ''
   local st = redis.call('HMGET', h, 'state', i .. ':state', i .. ':len', i .. ':finish')
   local status, len = 'ok', 0
   if not st[1] then status = 'unknown'
@@ -143,7 +145,7 @@ for a = 1, #KEYS / 2 do
     elseif off < len then status = 'duplicate'
     elseif off > len then status = 'gap'
     else
-      if n > 0 or relabels then redis.call('RPUSH', lg, ARGV[6 * a - 2]) end
+      if n > 0 or says then redis.call('RPUSH', lg, ARGV[6 * a - 2]) end
       if n > 0 then
         len = len + n
         redis.call('HSET', h, i .. ':len', len, i .. ':state', 'generating')
@@ -282,9 +284,15 @@ class Journal:
             tokens = [int(t) for t in item.token_ids]
             logprobs = [float(p) for p in item.logprobs]
             relabel = [[int(v) for v in run] for run in item.relabel]
-            entry = LogEntry("append", item.index, item.expected_offset, tokens, logprobs, int(item.version), relabel)
+            if item.turn_end is not None and item.turn_end not in FINAL_REASONS:
+                raise ValueError(f"turn_end {item.turn_end!r} does not end a turn (one of {FINAL_REASONS})")
+            entry = LogEntry(
+                "append", item.index, item.expected_offset, tokens, logprobs, int(item.version), relabel,
+                item.turn_end, dict(item.observation) if item.observation is not None else None,
+            )  # fmt: skip
+            says = relabel or item.turn_end is not None or item.observation is not None
             keys += [self.key(f"group:{item.group_id}"), self.key(f"log:{item.group_id}")]
-            args += [item.index, item.expected_offset, len(tokens), entry.to_json(), item.finish_reason or "", "1" if relabel else ""]
+            args += [item.index, item.expected_offset, len(tokens), entry.to_json(), item.finish_reason or "", "1" if says else ""]
         reply = self._append(keys=keys, args=args)
         return [
             WriteResult(accepted=reply[k] == "ok", length=int(reply[k + 1]), reason=reply[k])
@@ -412,6 +420,8 @@ def fold_group(group_id: str, fields: dict[str, str], entries: list[str]) -> tup
     tokens: list[list[int]] = [[] for _ in range(size)]
     logprobs: list[list[float]] = [[] for _ in range(size)]
     versions: list[list[int]] = [[] for _ in range(size)]
+    turn_ends: list[list[list]] = [[] for _ in range(size)]
+    observations: list[list[dict]] = [[] for _ in range(size)]
     bad: list[str | None] = [None] * size
     problems: list[str] = []
 
@@ -433,15 +443,20 @@ def fold_group(group_id: str, fields: dict[str, str], entries: list[str]) -> tup
             continue
         if entry.kind == "reset":
             tokens[i], logprobs[i], versions[i], bad[i] = [], [], [], None
+            turn_ends[i], observations[i] = [], []
             continue
         if bad[i]:
             continue
         if entry.offset != len(tokens[i]):
             bad[i] = f"log entry {position} appends at offset {entry.offset} to a sample of {len(tokens[i])} tokens"
             continue
+        if entry.observation is not None:
+            observations[i].append({**entry.observation, "start": len(tokens[i]), "end": len(tokens[i]) + len(entry.token_ids)})
         tokens[i] += entry.token_ids
         logprobs[i] += entry.logprobs
         versions[i] += [entry.version] * len(entry.token_ids)
+        if entry.turn_end is not None:
+            turn_ends[i].append([len(tokens[i]), entry.turn_end])
         for start, end, version in entry.relabel:
             if end > len(tokens[i]):
                 bad[i] = f"log entry {position} relabels tokens [{start}, {end}) of a sample of {len(tokens[i])} tokens"
@@ -459,7 +474,7 @@ def fold_group(group_id: str, fields: dict[str, str], entries: list[str]) -> tup
             try:
                 sample = SampleRecord(
                     group_id, i, state, tokens[i], logprobs[i], versions[i],
-                    finish if state == "finished" else None,
+                    finish if state == "finished" else None, turn_ends[i], observations[i],
                 )
             except CorruptRecord as exc:
                 reason = str(exc)

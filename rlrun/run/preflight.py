@@ -288,9 +288,10 @@ def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
         if d.hf_path.startswith(("/", "./", "../", "~")) and not Path(d.hf_path).expanduser().exists():
             raise EnvironmentProblem(f"dataset.hf_path={d.hf_path} does not exist. Point it at a local copy of the dataset or at a hub id.")
         return
-    from rlrun.task.checks import check_task
+    from rlrun.task.checks import check_environment, check_task
 
     task = check_task(d, cfg.reward, cfg.eval, seed=cfg.run.seed, chat_template=cfg.model.chat_template)
+    check_environment(cfg.environment)
     if not task.problems:
         raise ConfigError(f"dataset={d.name} holds no problems (split {d.split!r}). Choose another dataset.split or dataset.")
 

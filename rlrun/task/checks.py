@@ -7,7 +7,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from rlrun.config.schema import DatasetConfig, EvalConfig, RewardConfig
+from rlrun.config.schema import DatasetConfig, EnvironmentConfig, EvalConfig, RewardConfig
+from rlrun.task.environment import load_step, load_tools
 from rlrun.task.rewards import GroupCall, SampleInfo, call_reward, load_function
 from rlrun.task.rows import TaskInputError
 from rlrun.task.tasks import Task, load_task
@@ -47,6 +48,13 @@ def check_task(dataset: DatasetConfig, reward: RewardConfig, eval_cfg: EvalConfi
         if isinstance(outcome, BaseException):
             raise TaskInputError(f"reward {spec.ref} failed on the first training row ({_frames(outcome)}). Fix the function (or the row).")
     return task
+
+
+def check_environment(environment: EnvironmentConfig) -> None:
+    """The step function imports and takes (messages, row, info); the tools are tool schemas."""
+    if environment.step:
+        load_step(environment.step)
+    load_tools(environment.tools)
 
 
 def _within(action, timeout_s: float) -> Any:

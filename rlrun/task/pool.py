@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rlrun.task.environment import StepCall
 from rlrun.task.rewards import GroupCall, RewardSpec
 from rlrun.task.rows import TaskInputError
 
@@ -44,7 +45,7 @@ class _Worker:
     def __init__(self, process: asyncio.subprocess.Process, conventions: list[str]) -> None:
         self.process, self.conventions = process, conventions
 
-    async def call(self, call_id: int, index: int, call: GroupCall) -> Any:
+    async def call(self, call_id: int, index: int, call: GroupCall | StepCall) -> Any:
         data = pickle.dumps((call_id, index, call))
         try:
             self.process.stdin.write(HEADER.pack(len(data)) + data)
@@ -65,11 +66,12 @@ class _Worker:
 
 
 class RewardPool:
-    """`size` worker processes, each holding every reward function of `refs`."""
+    """`size` worker processes, each holding every reward function of `refs` (with `environment`,
+    every step function: then `conventions` says for each whether it may be run again)."""
 
-    def __init__(self, refs: list[str], size: int, timeout_s: float) -> None:
-        self.refs, self.size, self.timeout_s = refs, size, timeout_s
-        self.conventions: list[str] = []
+    def __init__(self, refs: list[str], size: int, timeout_s: float, environment: bool = False) -> None:
+        self.refs, self.size, self.timeout_s, self.environment = refs, size, timeout_s, environment
+        self.conventions: list = []
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._all: set[_Worker] = set()
         self._ids = itertools.count()
@@ -85,7 +87,7 @@ class RewardPool:
 
     async def _spawn(self) -> _Worker:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", WORKER_MODULE, *self.refs, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            sys.executable, "-m", WORKER_MODULE, *(["--environment"] if self.environment else []), *self.refs, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip (its stderr is the actor's: the functions' prints and tracebacks land in the actor's log)
         worker = _Worker(process, [])
         self._all.add(worker)
@@ -101,7 +103,7 @@ class RewardPool:
         worker.conventions = value
         return worker
 
-    async def call(self, index: int, call: GroupCall) -> list[float | None]:
+    async def call(self, index: int, call: GroupCall | StepCall) -> Any:
         """Reward `index` on `call`; CallFailed when it raised or timed out, after one more try on
         another worker when the first died under it."""
         for attempt in (1, 2):

@@ -75,12 +75,23 @@ def reward_specs(functions: Sequence[str], weights: Sequence[float]) -> list[Rew
 
 
 def load_function(ref: str) -> Callable:
-    """The function `ref` names, imported; TaskInputError saying why it cannot be."""
+    """The reward function `ref` names, imported; TaskInputError saying why it cannot be."""
+    function = load_attribute(ref, "reward")
+    if not callable(function):
+        where, name = ref.rsplit(":", 1)
+        raise TaskInputError(f"reward {ref}: {where} has no function {name!r}.")
+    convention(function, ref)  # refuses a signature it cannot call
+    return function
+
+
+def load_attribute(ref: str, what: str) -> Any:
+    """What `module:NAME` or `path/to/file.py:NAME` names, imported (None when the module has no
+    NAME); TaskInputError saying why the module cannot be imported. `what` names the setting."""
     where, name = ref.rsplit(":", 1)
     if where.endswith(".py"):
         path = Path(where).expanduser()
         if not path.is_file():
-            raise TaskInputError(f"reward {ref}: no file {path}.")
+            raise TaskInputError(f"{what} {ref}: no file {path}.")
         module_name = f"rlrun_reward_{abs(hash(str(path.resolve())))}"
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
@@ -88,17 +99,13 @@ def load_function(ref: str) -> Callable:
         try:
             spec.loader.exec_module(module)
         except Exception as exc:  # noqa: BLE001 - whatever the user's module raised at import
-            raise TaskInputError(f"reward {ref}: importing {path} raised {type(exc).__name__}: {exc}") from None
+            raise TaskInputError(f"{what} {ref}: importing {path} raised {type(exc).__name__}: {exc}") from None
     else:
         try:
             module = importlib.import_module(where)
         except Exception as exc:  # noqa: BLE001
-            raise TaskInputError(f"reward {ref}: cannot import module {where!r} ({type(exc).__name__}: {exc}).") from None
-    function = getattr(module, name, None)
-    if not callable(function):
-        raise TaskInputError(f"reward {ref}: {where} has no function {name!r}.")
-    convention(function, ref)  # refuses a signature it cannot call
-    return function
+            raise TaskInputError(f"{what} {ref}: cannot import module {where!r} ({type(exc).__name__}: {exc}).") from None
+    return getattr(module, name, None)
 
 
 def convention(function: Callable, ref: str) -> str:
