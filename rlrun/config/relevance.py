@@ -38,6 +38,8 @@ RULES: list[Rule] = [
      "it sets the ranks of rlrun's own trainer (trainer=hf): set trainer.fast_llm.nproc_per_node for Fast-LLM"),
     *[(f"trainer.{key}", lambda c: c.trainer.backend != "hf", "rlrun's own trainer only (trainer=hf): remove it")
       for key in ("sharding", "mixed_precision", "activation_checkpointing", "weight_transfer", "overlap_weight_update")],
+    ("trainer.weight_sync_timeout_s", lambda c: c.trainer.backend != "hf" or c.trainer.weight_transfer != "broadcast",
+     "it bounds the hf trainer's weight broadcast only: set trainer.weight_transfer=broadcast, or remove it"),
     ("supervisor.weights", lambda c: c.trainer.backend != "fast_llm",
      "the weight follower runs with trainer=fast_llm only: set trainer=fast_llm, or remove it"),
     ("world.cpu_affinity", lambda c: c.world.kind != "local", "Ray or SLURM places the processes: remove it, or set world=local"),

@@ -182,6 +182,7 @@ class TrainerConfig:
     activation_checkpointing: bool = False  # hf: recompute activations in backward (less memory, more compute)
     weight_transfer: Literal["disk", "broadcast"] = "disk"  # hf: weights to vLLM after each step: a safetensors folder each server reloads, or broadcast from rank 0 over torch.distributed (gloo on CPU, NCCL on GPUs; a folder only at checkpoints and while a server restarts)
     overlap_weight_update: bool = False  # hf: hand a step's weights to vLLM while the next step trains (rank 0 holds one extra CPU copy of the weights meanwhile); false: the step waits for vLLM. No gain measured on 2 shared CPU cores (bench/README.md)
+    weight_sync_timeout_s: Seconds = 60.0  # hf, weight_transfer=broadcast: the longest one collective of a weight update (or forming its group) may take; past it the update fails and the trainer exits to be restarted (its restart policy), instead of waiting on a stuck peer (NCCL: for as long as it lives)
     fast_llm: FastLlmConfig = field(default_factory=FastLlmConfig)  # backend=fast_llm only
 
     @property

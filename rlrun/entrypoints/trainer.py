@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             from rlrun.trainer.weight_broadcast import BroadcastSync
 
             broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, collective_backend(cfg.trainer.device),
-                                      prefix=run_prefix(run_dir.read_vllm_api_key()))  # fmt: skip
+                                      cfg.trainer.weight_sync_timeout_s, prefix=run_prefix(run_dir.read_vllm_api_key()))  # fmt: skip
         trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast, stop)
         trainer.train()
     finally:

@@ -108,7 +108,7 @@ class ProgressReader:
             if self.reported is not None:
                 state["trainer"]["reported_by_its_events"] = {"step": self.reported[0], "samples": self.reported[1]}
             state["policy_version_served"] = client.get(names.POLICY_VERSION)
-            state["waits"]["trainer"] = t.get("waiting_for") or "nothing it says (in a step, or a trainer that does not say)"
+            state["waits"]["trainer"] = trainer_wait(t, now)
             streams = {}
             for k in range(k_all):
                 name, a = actor_name(k, k_all), client.hgetall(names.actor_state(k, k_all)) or {}
@@ -142,6 +142,19 @@ class ProgressReader:
         # Kept so that the end of a run (Redis stopped) still shows the final step and reward.
         self._last[key] = value
         return value
+
+
+def trainer_wait(trainer_state: dict, now: float) -> str:
+    """What the trainer waits for, as a stalled run's report says it (`trainer_state`: its hash as
+    read): a weight update in flight first, to which version and for how long, then what its
+    heartbeat says."""
+    said = trainer_state.get("waiting_for") or ""
+    version, since = trainer_state.get(names.UPDATING_WEIGHTS_TO), trainer_state.get(names.UPDATING_WEIGHTS_SINCE)
+    if version is not None and since is not None:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(since)))
+        update = f"its weight update to policy version {version}, in progress for {now - float(since):.0f} s (since {started})"
+        return f"{update}; {said}" if said else update
+    return said or "nothing it says (in a step, or a trainer that does not say)"
 
 
 def _stream_info(client, stream: str) -> dict:

@@ -28,6 +28,10 @@ def trained_entries(stream: str) -> str:
 # restarted actor, a resumed supervisor, a Redis back from its AOF), writing it twice changes
 # nothing, and no reader has to find where in a stream this launch's events start.
 TRAINING_DONE = "training_done"
+# TRAINER_STATE's fields while the hf trainer hands a policy version to vLLM: the version, and since
+# when (epoch seconds); deleted when the update ends. A stalled run's report names a stuck update.
+UPDATING_WEIGHTS_TO = "updating_weights_to"
+UPDATING_WEIGHTS_SINCE = "updating_weights_since"
 
 
 def training_done(trainer_state: dict) -> bool:

@@ -78,7 +78,8 @@ class Trainer:
             self.eval_gate = EvalGate(cfg.eval, t.max_train_steps, self.stopping, heartbeat, self.recorder.write_eval)
         replacing = self.eval_gate.wait_for if self.eval_gate else (lambda version: None)
         self.weights = WeightPublisher(
-            t, run_dir, redis, vllm, self.parallel, broadcast, self.stopping.requested, heartbeat, before_replacing=replacing
+            t, run_dir, redis, vllm, self.parallel, broadcast, self.stopping.requested, heartbeat, before_replacing=replacing,
+            updating=self.published.updating,
         )
 
     # --- the loop ------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """What the hf trainer tells the rest of the run in its state hash (`names.TRAINER_STATE`): every
-rank's heartbeat (the liveness probe wants each fresh) and what it waits for; rank 0's progress,
-the entries of each stream its steps read (the actors' back-pressure, `actor/trainer_view.py`),
-`ready_pid` and the one "done" signal (`names.TRAINING_DONE`).
+rank's heartbeat (the liveness probe wants each fresh) and what it waits for; the weight update in
+flight (to which version, since when); rank 0's progress, the entries of each stream its steps read
+(the actors' back-pressure, `actor/trainer_view.py`), `ready_pid` and the one "done" signal
+(`names.TRAINING_DONE`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ class StatePublisher:
         else:
             self.stopping.call(lambda: redis.hset(names.TRAINER_STATE, names.rank_heartbeat(self.rank), time.time()))
 
+    def updating(self, version: int | None) -> None:
+        """Rank 0 hands policy `version` to vLLM from now on (None: that update ended, done or not)."""
+        redis = self.stopping.redis
+        if version is None:
+            self.stopping.call(lambda: redis.hdel(names.TRAINER_STATE, names.UPDATING_WEIGHTS_TO, names.UPDATING_WEIGHTS_SINCE))
+        else:
+            mapping = {names.UPDATING_WEIGHTS_TO: version, names.UPDATING_WEIGHTS_SINCE: time.time()}
+            self.stopping.call(lambda: redis.hset(names.TRAINER_STATE, mapping=mapping))
+
     def progress(self, state: TrainerState, positions: dict[str, Position], **extra) -> None:
         """Rank 0's progress, and per stream the entries the steps taken read."""
         mapping = {
@@ -45,7 +55,8 @@ class StatePublisher:
 
     def ready(self, state: TrainerState, positions: dict[str, Position]) -> None:
         """Every rank is up: the supervisor's readiness probe reads `ready_pid`. A done signal an
-        earlier trainer left is cleared: it is not this one's, not yet."""
+        earlier trainer left is cleared: it is not this one's, not yet; so is an update it left unfinished."""
+        self.updating(None)
         self.progress(state, positions, ready_pid=os.getpgrp(), **{names.TRAINING_DONE: 0})
 
     def done(self, state: TrainerState, positions: dict[str, Position]) -> None:

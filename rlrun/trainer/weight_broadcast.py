@@ -2,7 +2,9 @@
 of Fast-LLM's weight broadcast group (wire format: rlrun/weights/broadcast.py).
 
 `BroadcastSync` is one weight update (docs/architecture.md, "Weight updates"); any failure drops
-the group and raises, and a receiver loads nothing before the whole broadcast arrived.
+the group and raises, and a receiver loads nothing before the whole broadcast arrived. A collective
+(or the forming of the group) that takes longer than trainer.weight_sync_timeout_s is
+`WeightSyncTimeout`, which nothing retries: the trainer exits and its restart policy restarts it.
 """
 
 from __future__ import annotations
@@ -10,18 +12,39 @@ from __future__ import annotations
 import datetime
 import logging
 import pickle
+import time
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
-from rlrun.weights.broadcast import SOURCE_RANK, WEIGHTS_SHARD, broadcast_tensor, member_of, serve_store
+from rlrun.weights.broadcast import SOURCE_RANK, WEIGHTS_SHARD, CollectiveTimeout, broadcast_tensor, member_of, serve_store
 from rlrun.inference.admin import in_thread, results, version_label
 
 log = logging.getLogger("rlrun.trainer.weights")
 
-TIMEOUT_S = 60.0  # forming the group, and each collective of a broadcast: a peer gone fails it by then
+TIMEOUT_S = 60.0  # trainer.weight_sync_timeout_s's default: forming the group, and each collective of a broadcast
+
+
+class WeightSyncTimeout(Exception):
+    """A weight update's collective, or the forming of its group, took longer than its timeout: a
+    vLLM server stopped taking part. Not a RuntimeError, so that no retry takes it: a timed-out
+    NCCL communicator is not used again, the trainer exits and is restarted."""
+
+
+class Activity:
+    """What the sender does now and since when (monotonic), read by the watchdog of another thread."""
+
+    def __init__(self) -> None:
+        self.doing: tuple[float, str] | None = None
+
+    def start(self, what: str) -> None:
+        self.doing = (time.monotonic(), what)
+
+    def end(self) -> None:
+        self.doing = None
 
 
 class WeightBroadcaster:
@@ -35,6 +58,7 @@ class WeightBroadcaster:
         # Blocks until every receiver has joined (each joins in its weight-transfer engine's thread).
         self.member = member_of(self.store, SOURCE_RANK, receivers + 1, transport, timeout, namespace, host)
         self.device = self.member.device
+        self.activity = Activity()  # the collective in progress (BroadcastSync's watchdog reads it)
 
     def _broadcast_object(self, value) -> None:
         payload = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8).to(self.device)
@@ -44,12 +68,19 @@ class WeightBroadcaster:
     def send(self, weights: dict[str, torch.Tensor]) -> int:
         """Broadcast every tensor of `weights` (a full state dict), then the end marker; the bytes sent."""
         sent = 0
-        for name, tensor in weights.items():
-            tensor = tensor.detach().to(self.device).contiguous()
-            self._broadcast_object((WEIGHTS_SHARD, name, tuple(tensor.shape), tensor.dtype))
-            broadcast_tensor(self.member, tensor)
-            sent += tensor.numel() * tensor.element_size()
-        self._broadcast_object(None)
+        try:
+            for n, (name, tensor) in enumerate(weights.items(), start=1):
+                self.activity.start(f"sending {name} ({n} of {len(weights)} tensors)")
+                tensor = tensor.detach().to(self.device).contiguous()
+                self._broadcast_object((WEIGHTS_SHARD, name, tuple(tensor.shape), tensor.dtype))
+                broadcast_tensor(self.member, tensor)
+                sent += tensor.numel() * tensor.element_size()
+            self.activity.start("sending the end marker")
+            self._broadcast_object(None)
+        except CollectiveTimeout as exc:
+            doing = self.activity.doing
+            raise CollectiveTimeout(f"{doing[1] if doing else 'sending'}: {exc}") from exc
+        self.activity.end()
         return sent
 
 
@@ -96,8 +127,9 @@ class BroadcastSync:
     def update(self, weights: dict[str, torch.Tensor], version: int, publish: Callable[[], None],
                while_waiting: Callable[[], None] = lambda: None) -> list[str]:  # fmt: skip
         """Broadcast `weights` (a full state dict) as policy `version` to every server that
-        answers, then `publish()`; the servers that were down. Raises (RuntimeError, httpx errors)
-        when it failed: nothing published, every server keeps what it served."""
+        answers, then `publish()`; the servers that were down. Raises (RuntimeError, httpx errors;
+        WeightSyncTimeout past the timeout) when it failed: nothing published, every server keeps
+        what it served."""
         return self.admin.update(lambda live: self._load(live, weights, version, while_waiting), publish)
 
     def _load(self, live: list[str], weights, version: int, while_waiting) -> list[str]:
@@ -116,6 +148,11 @@ class BroadcastSync:
             if needs_new_group(self.membership, servers, reported):
                 self._form(servers, while_waiting)
             self._broadcast(weights, version, while_waiting)
+        except (WeightSyncTimeout, CollectiveTimeout) as exc:
+            self.close()
+            raise WeightSyncTimeout(f"the weight update to policy version {version} ({', '.join(servers)}) is stuck: {exc} "
+                                    f"(trainer.weight_sync_timeout_s={self.timeout_s:g}); a vLLM server stopped taking part, "
+                                    "the trainer exits to be restarted") from exc  # fmt: skip
         except Exception as exc:
             self.close()
             raise RuntimeError(f"weight broadcast of v{version} to {', '.join(servers)} failed: {exc}") from exc
@@ -133,7 +170,8 @@ class BroadcastSync:
                                       namespace)  # fmt: skip
         forming = in_thread(lambda: WeightBroadcaster(self.host, self.port, len(servers), self.transport, self.timeout_s,
                                                       namespace, store))  # fmt: skip
-        self.sender = results([forming], while_waiting)[0]
+        since = (time.monotonic(), "forming the group")
+        self.sender = self._watched(forming, lambda: since, while_waiting)
         self.membership = Membership(tuple(servers))
 
     def _broadcast(self, weights, version: int, while_waiting) -> None:
@@ -142,10 +180,21 @@ class BroadcastSync:
         receiving = [in_thread(lambda url=url: self.admin.load(url, info, version, self.timeout_s))
                      for url in self.membership.servers]  # fmt: skip
         sender = self.sender
-        sent = results([in_thread(lambda: sender.send(weights))], while_waiting)[0]
+        sent = self._watched(in_thread(lambda: sender.send(weights)), lambda: sender.activity.doing, while_waiting)
         results(receiving, while_waiting)
         self.membership = replace(self.membership, label=version_label(version))
         log.info("weights v%d broadcast (%.1f MB) to %d server(s)", version, sent / 1e6, len(self.membership.servers))
+
+    def _watched(self, future: Future, doing: Callable[[], tuple[float, str] | None], while_waiting):
+        """`future`'s result, `while_waiting()` about once a second meanwhile. WeightSyncTimeout once
+        what `doing()` says (since when, what) has lasted past the timeout: the backend's own
+        timeout is the first bound, this one holds where it does not (NCCL's blocking init)."""
+        while wait([future], timeout=1.0).not_done:
+            while_waiting()
+            current = doing()
+            if current is not None and time.monotonic() - current[0] > self.timeout_s:
+                raise WeightSyncTimeout(f"{current[1]} did not complete in {self.timeout_s:g} s")
+        return future.result()
 
     def close(self) -> None:
         """Forget the group (the store stays: the next formation uses it under a new namespace)."""

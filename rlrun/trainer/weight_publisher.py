@@ -33,17 +33,19 @@ class WeightPublisher:
     """`push` each step's weights (every rank takes part: rank 0 gathers them and hands them over),
     `finish` the update in flight before the trainer says it is done. `broadcast`: None when
     weights go through files. `stop`: set by SIGTERM (a stopping trainer gives an update up: the
-    servers stop with it). `heartbeat(waiting_for=...)` is called while it waits for a server."""
+    servers stop with it). `heartbeat(waiting_for=...)` is called while it waits for a server;
+    `updating(version)` when an update starts, `updating(None)` when it ends (a stalled run's report
+    names a stuck one)."""
 
     def __init__(
         self, t: TrainerConfig, run_dir: RunDir, redis, vllm: VllmAdmin, parallel: Parallel,
         broadcast: "BroadcastSync | None", stop: threading.Event, heartbeat: Callable[..., None], vllm_wait_s: float = VLLM_WAIT_S,
-        before_replacing: Callable[[int], None] = lambda version: None,
+        before_replacing: Callable[[int], None] = lambda version: None, updating: Callable[[int | None], None] = lambda version: None,
     ) -> None:  # fmt: skip
         """`before_replacing(version)`: called before the weights of `version` are replaced (the
         held-out evaluation of that version finishes first)."""
         self.t, self.run_dir, self.redis, self.vllm, self.parallel = t, run_dir, redis, vllm, parallel
-        self.before_replacing = before_replacing
+        self.before_replacing, self.updating = before_replacing, updating
         self.broadcast, self.stop, self.heartbeat, self.vllm_wait_s = broadcast, stop, heartbeat, vllm_wait_s
         self._update: Future | None = None  # the update in flight (overlapped)
         self._last_update_s: float | None = None  # how long the last overlapped update took
@@ -86,6 +88,13 @@ class WeightPublisher:
         save_pretrained writes the folder)."""
         if replacing is not None:
             self.before_replacing(replacing)
+        self.updating(version)
+        try:
+            self._update_servers(bare, weights, version, step)
+        finally:
+            self.updating(None)
+
+    def _update_servers(self, bare, weights: dict, version: int, step: int) -> None:
         publish = lambda: self.redis.set(names.POLICY_VERSION, version)  # noqa: E731
         if self.broadcast is None:  # first the folder: a server (re)starting from now on loads it
             target = write_weights(self.run_dir, bare, weights, version)
@@ -111,7 +120,8 @@ class WeightPublisher:
             log.warning("weights v%d: %s not reachable (restarting: it starts from weights/current)", version, ", ".join(down))
 
     def _until_vllm_answers(self, action):
-        """Retry a weight update while a vLLM server is down (the supervisor restarts it)."""
+        """Retry a weight update while a vLLM server is down (the supervisor restarts it). A stuck
+        broadcast (WeightSyncTimeout) is not retried: it ends the trainer."""
         import httpx
 
         deadline = time.monotonic() + self.vllm_wait_s

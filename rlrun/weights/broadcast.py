@@ -3,7 +3,9 @@
 Fast-LLM's rank 0 (fast_llm/engine/training/streaming.py) opens a group of `external_world_size
 + 1` ranks at `tcp://host:port` and after every `weights_ready` sends, per tensor,
 `broadcast_object((shard, name, shape, dtype))` then the tensor; `broadcast_object(None)` ends it.
-The headers come from the network: unpickled by an allow-list.
+The headers come from the network: unpickled by an allow-list. Every collective, and the forming
+of the group, is bounded by the group's timeout (`CollectiveTimeout`): NCCL would otherwise wait
+for a member that stopped taking part for as long as the process lives.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import datetime
 import io
 import pickle
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -22,6 +25,14 @@ from rlrun.listen import LOOPBACK
 
 SOURCE_RANK = 0  # Fast-LLM's trainer rank 0 sends; the vLLM workers are ranks 1..n
 WEIGHTS_SHARD = "weights"  # the shard of `iter_checkpoint` that holds the model's parameters
+# gloo, NCCL and the store word a timeout differently (and differently per torch version): a
+# failure this close to the deadline is taken for one.
+AT_DEADLINE = 0.95
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective of the group, or forming it, did not complete within the group's timeout: a
+    member stopped taking part (hung, stopped, or never joined)."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,7 @@ class BroadcastGroup:
     rank: int
     world_size: int
     device: torch.device
+    timeout: datetime.timedelta | None = None  # each collective's; None: the backend's own (NCCL: none on the CPU)
 
 
 def serve_store(host: str, port: int, world_size: int, timeout_s: float) -> dist.TCPStore:
@@ -72,20 +84,42 @@ def member_of(
         options._timeout = timeout
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=host) if host in LOOPBACK
                             else dist.ProcessGroupGloo.create_default_device()]  # fmt: skip
-        group, device = dist.ProcessGroupGloo(prefixed, rank, world_size, options), torch.device("cpu")
+        group = bounded(f"forming the group as rank {rank} of {world_size}", timeout,
+                        lambda: dist.ProcessGroupGloo(prefixed, rank, world_size, options))  # fmt: skip
+        device = torch.device("cpu")
     elif backend == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
-        group = dist.ProcessGroupNCCL(prefixed, rank, world_size, timeout)
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
     else:
         raise ValueError(f"unknown broadcast backend {backend!r} (gloo or nccl)")
-    return BroadcastGroup(group, rank, world_size, device)
+    return BroadcastGroup(group, rank, world_size, device, timeout)
+
+
+def bounded(what: str, timeout: datetime.timedelta | None, action):
+    """`action()`; a failure at its deadline raised as CollectiveTimeout naming `what`."""
+    started = time.monotonic()
+    try:
+        return action()
+    except Exception as exc:
+        took = time.monotonic() - started
+        if timeout is None or took < AT_DEADLINE * timeout.total_seconds():
+            raise
+        raise CollectiveTimeout(f"{what} did not complete in {timeout.total_seconds():g} s ({exc})") from exc
 
 
 def broadcast_tensor(member: BroadcastGroup, tensor: torch.Tensor) -> torch.Tensor:
-    """Rank 0's `tensor` on every member, in place (Fast-LLM's `broadcast`: rootRank, rootTensor 0)."""
+    """Rank 0's `tensor` on every member, in place (Fast-LLM's `broadcast`: rootRank, rootTensor 0).
+    With a timeout the wait blocks the CPU until the collective is done (NCCL's plain wait only
+    orders the stream, and the next `.item()` would then wait forever) or raises CollectiveTimeout."""
     options = dist.BroadcastOptions()
     options.rootRank, options.rootTensor = SOURCE_RANK, 0
-    member.group.broadcast([tensor], options).wait()
+    what = f"a broadcast of {tuple(tensor.shape)} {tensor.dtype} as rank {member.rank} of {member.world_size}"
+    if member.timeout is None:
+        member.group.broadcast([tensor], options).wait()
+    else:
+        bounded(what, member.timeout, lambda: member.group.broadcast([tensor], options).wait(member.timeout))
     return tensor
 
 

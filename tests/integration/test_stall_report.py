@@ -1,7 +1,8 @@
 """What a stalled run's report says, read from the run's real Redis: where the trainer waits, where
 each actor waits and the back-pressure between them (the state of issue 26's deadlock: a trainer
 set back to step 10 waiting for groups, an actor counting groups the trainer would never read);
-and the progress of a trainer that publishes no state of its own (Fast-LLM), from its events."""
+a weight update in flight that is stuck; and the progress of a trainer that publishes no state of
+its own (Fast-LLM), from its events."""
 
 from __future__ import annotations
 
@@ -46,6 +47,28 @@ def test_the_report_names_what_the_trainer_and_the_actor_wait_for(server, client
     stream = report["streams"][names.GROUPS_STREAM]
     assert stream["entries"] == 24 * per_step and stream[f"group {names.TRAINER_GROUP}"]["lag"] == 0
     assert report["trainer"]["step"] == "17" and report["policy_version_served"] == "17"
+
+
+def test_the_report_names_a_weight_update_that_is_stuck(server, client):
+    """What the hf trainer's rank 0 publishes while it hands a version to vLLM (StatePublisher.updating),
+    read back by the stalled run's report: which version, for how long."""
+    from rlrun.trainer.published_state import StatePublisher
+    from rlrun.trainer.stopping import Stopping
+
+    cfg, _ = compose(["recipe=math_grpo"])
+    published = StatePublisher(Stopping(client), rank=0, max_train_steps=20)
+    published.updating(18)
+    published.heartbeat()
+    client.hset(names.TRAINER_STATE, names.UPDATING_WEIGHTS_SINCE, time.time() - 300)  # as if it began 5 minutes ago
+    progress = ProgressReader(server.url, server.run_dir)
+
+    path = write_report(server.run_dir.diagnostics, "run-stalled", "no progress for 300 s", progress.stall_state(cfg, build(cfg).backend.trainer_view))
+
+    report = yaml.safe_load(path.read_text().split("\n\n", 1)[1])
+    assert re.match(r"its weight update to policy version 18, in progress for 30\d s \(since ", report["waits"]["trainer"]), report["waits"]
+    assert report["trainer"][names.UPDATING_WEIGHTS_TO] == "18"
+    published.updating(None)  # the update ended: the report no longer names it
+    assert progress.stall_state(cfg, build(cfg).backend.trainer_view)["waits"]["trainer"].startswith("nothing it says")
 
 
 def test_the_report_says_so_when_redis_cannot_be_read(tmp_path):

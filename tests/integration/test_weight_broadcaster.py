@@ -1,12 +1,15 @@
 """The hf trainer's weight sender (rlrun/trainer/weight_broadcast.py) against the receiver every
 vLLM worker runs (rlrun/weights/broadcast.py), over gloo on 127.0.0.1: what two
-receivers get is, tensor for tensor, what was sent, twice in a row over one group; and a group
-formed again on the same store after a member was killed."""
+receivers get is, tensor for tensor, what was sent, twice in a row over one group; a group
+formed again on the same store after a member was killed; and an update to a member that stopped
+taking part (joined and never receives, or never joined) failed at trainer.weight_sync_timeout_s,
+naming the update, instead of waiting on it."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
 import time
 
 import pytest
@@ -14,7 +17,7 @@ import torch
 
 from rlrun.weights import broadcast
 from rlrun.streams.server import pick_free_port
-from rlrun.trainer.weight_broadcast import WeightBroadcaster
+from rlrun.trainer.weight_broadcast import BroadcastSync, WeightBroadcaster, WeightSyncTimeout
 from tests.processes import listening_sockets, off_loopback, report_from_child, report_to_parent
 
 pytestmark = pytest.mark.timeout(120)
@@ -110,3 +113,50 @@ def test_torchs_own_store_listens_everywhere_and_lets_any_client_list_its_keys_o
     ours.set("run-1234/formation-1/key", "value")
     client = dist.TCPStore(HOST, ours.port, 2, is_master=False, timeout=datetime.timedelta(seconds=10))
     assert "run-1234/formation-1/key" in client.list_keys() and client.get("run-1234/formation-1/key") == b"value"
+
+
+class StuckServer:
+    """Stands in for VllmAdmin in front of one vLLM server whose weight-transfer engine joins the
+    group in a thread (as vLLM's does) and then never receives: a hung server; `joins=False`: one
+    whose join never happens."""
+
+    URL = "http://127.0.0.1:1"
+
+    def __init__(self, joins: bool) -> None:
+        self.joins, self.members = joins, []
+
+    def update(self, load, publish):  # VllmAdmin.update without the pause and resume
+        down = load([self.URL])
+        publish()
+        return down
+
+    def weight_version(self, url):
+        return "default"
+
+    def join_broadcast(self, url, host, port, rank, world_size, backend, timeout_s, namespace=""):
+        if self.joins:
+            join = lambda: self.members.append(broadcast.join(host, port, rank, world_size, backend, 30, namespace=namespace))  # noqa: E731
+            threading.Thread(target=join, daemon=True).start()
+
+    def load(self, url, update_info, version, timeout_s=None):
+        threading.Event().wait(timeout_s)  # its /update_weights: a server that never receives never answers
+
+
+@pytest.mark.parametrize("joins", [True, False], ids=["joined-never-receives", "never-joins"])
+def test_an_update_to_a_member_that_stopped_taking_part_fails_at_the_timeout_naming_the_update(joins):
+    server = StuckServer(joins)
+    sync = BroadcastSync(server, HOST, pick_free_port(HOST), "gloo", timeout_s=2.0, prefix="run-x/")
+    published, beats = [], []
+    started = time.monotonic()
+    with pytest.raises(WeightSyncTimeout) as failed:
+        sync.update(weights(3), 3, lambda: published.append(3), lambda: beats.append(time.monotonic()))
+    took = time.monotonic() - started
+    assert 1.9 <= took < 8, took  # the timeout, not forever (nor the receivers' own 30 s)
+    message = str(failed.value)
+    assert f"the weight update to policy version 3 ({StuckServer.URL}) is stuck" in message, message
+    assert "trainer.weight_sync_timeout_s=2" in message and "did not complete in 2 s" in message, message
+    stuck_at = "sending model.embed_tokens.weight (1 of 4 tensors)" if joins else "forming the group"
+    assert stuck_at in message, message
+    assert published == [] and sync.membership is None and sync.sender is None  # nothing published, the group dropped
+    assert beats  # the trainer's heartbeat went on meanwhile
+    assert len(server.members) == (1 if joins else 0)

@@ -1,12 +1,14 @@
 """trainer.overlap_weight_update: a step's weights go to vLLM in a thread while the next step
 trains. What it must keep: the weights sent are those of the step (a copy, not the parameters the
-next step changes), at most one update is in flight, and an update's failure is the trainer's.
-Driven through `WeightPublisher` as the trainer builds it (one rank, trainer.weight_transfer=
-broadcast), with a stand-in for the broadcast to vLLM and a small torch model."""
+next step changes), at most one update is in flight, and an update's failure is the trainer's (a
+stuck one at once, not retried). Driven through `WeightPublisher` as the trainer builds it (one
+rank, trainer.weight_transfer=broadcast), with a stand-in for the broadcast to vLLM and a small
+torch model."""
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -51,12 +53,12 @@ class Redis:
         self.strings[key] = value
 
 
-def publisher(tmp_path, hand_over, vllm_wait_s: float = 600.0) -> tuple[WeightPublisher, Redis]:
+def publisher(tmp_path, hand_over, vllm_wait_s: float = 600.0, updating=lambda version: None) -> tuple[WeightPublisher, Redis]:
     redis = Redis()
     weights = WeightPublisher(
         TrainerConfig(weight_transfer="broadcast", overlap_weight_update=True), RunDir(Path(tmp_path)), redis, vllm=None,
         parallel=Parallel(Ranks()), broadcast=Broadcast(hand_over), stop=threading.Event(), heartbeat=lambda **_: None,
-        vllm_wait_s=vllm_wait_s,
+        vllm_wait_s=vllm_wait_s, updating=updating,
     )  # fmt: skip
     return weights, redis
 
@@ -117,3 +119,21 @@ def test_without_overlap_the_step_waits_for_the_update(tmp_path):
     weights, redis = publisher(tmp_path, lambda w, version: sent.append(version))
     weights.push(Model(), version=1, step=1, overlap=False)
     assert sent == [1] and redis.strings[names.POLICY_VERSION] == 1
+
+
+def test_a_stuck_update_is_not_retried_and_the_trainer_said_which_version_it_was_updating_to(tmp_path):
+    from rlrun.trainer.weight_broadcast import WeightSyncTimeout
+
+    said = []
+
+    def hand_over(weights, version):
+        said.append(("during", list(said)))
+        raise WeightSyncTimeout("sending weight (1 of 1 tensors) did not complete in 60 s")
+
+    weights, redis = publisher(tmp_path, hand_over, vllm_wait_s=600.0, updating=said.append)  # a failure is retried for 600 s
+    started = time.monotonic()
+    with pytest.raises(WeightSyncTimeout):
+        weights.push(Model(), version=4, step=4, overlap=False)
+    assert time.monotonic() - started < 1.5  # not retried (a retry waits 2 s first)
+    assert said == [4, ("during", [4]), None]  # the state says "updating to 4" while it lasts, and no longer after
+    assert names.POLICY_VERSION not in redis.strings

@@ -26,6 +26,12 @@ class Redis:
             raise redis.ConnectionError("Connection refused")
         self.hashes.setdefault(key, {}).update(mapping or {field: value})
 
+    def hdel(self, key, *fields):
+        if self.gone:
+            raise redis.ConnectionError("Connection refused")
+        for name in fields:
+            self.hashes.get(key, {}).pop(name, None)
+
 
 def lost() -> None:
     raise redis.ConnectionError("Connection refused")

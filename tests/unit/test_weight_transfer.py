@@ -1,11 +1,13 @@
 """trainer.weight_transfer=broadcast: the key's validation, its port and role file, and one weight
 update of `BroadcastSync` over httpx's mock transport with a recording stand-in for the sender:
-which servers (re)join the group, when it is formed again, and that a failure publishes nothing
-and resumes every paused server. The real broadcast into vLLM: tests/integration/test_vllm_weight_updates.py."""
+which servers (re)join the group, when it is formed again, that a failure publishes nothing
+and resumes every paused server, and that a forming that never returns is a timeout. The real broadcast into vLLM: tests/integration/test_vllm_weight_updates.py."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import httpx
 import pytest
@@ -20,7 +22,7 @@ from rlrun.run.built import build
 from rlrun.rundir import RunDir
 from rlrun.trainer import weight_broadcast
 from rlrun.trainer.parallel import collective_backend
-from rlrun.trainer.weight_broadcast import BroadcastSync, Membership, needs_new_group
+from rlrun.trainer.weight_broadcast import BroadcastSync, Membership, WeightSyncTimeout, needs_new_group
 
 A, B, C = "http://127.0.0.1:8001", "http://127.0.0.1:8002", "http://127.0.0.1:8003"
 
@@ -133,6 +135,7 @@ class FakeSender:
         FakeSender.formed.append(receivers)
         self.namespace = namespace
         self.sent: list[dict] = []
+        self.activity = weight_broadcast.Activity()  # what the watchdog reads while a send takes long
 
     def send(self, weights) -> int:
         self.sent.append(weights)
@@ -212,6 +215,25 @@ def test_a_failed_receive_publishes_nothing_resumes_everyone_and_the_next_update
     servers.fail_receive = set()
     sync.update(WEIGHTS, 2, lambda: published.append(True))
     assert published == [True] and FakeSender.formed == [3, 3]
+
+
+class HangsForming(FakeSender):
+    """A sender whose forming never returns and never raises: NCCL's blocking communicator init
+    waits for a member that will not come, with no timeout of its own."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        threading.Event().wait()
+
+
+def test_forming_that_never_returns_is_a_weight_sync_timeout_all_the_same(sync, monkeypatch):
+    sync, servers = sync
+    monkeypatch.setattr(weight_broadcast, "WeightBroadcaster", HangsForming)
+    sync.timeout_s = 0.5
+    started = time.monotonic()
+    with pytest.raises(WeightSyncTimeout, match=r"policy version 1 .* forming the group did not complete in 0.5 s"):
+        sync.update(WEIGHTS, 1, lambda: pytest.fail("published a stuck update"))
+    assert time.monotonic() - started < 5  # the watchdog, about once a second
+    assert all(servers.of(s)[-1] == "resume" for s in (A, B, C))  # no server left paused
 
 
 def test_no_server_answering_is_an_error_the_trainer_retries(sync):
