@@ -28,8 +28,9 @@ from rlrun.telemetry.metrics import read_metrics
 from rlrun.rundir import RunDir
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Launch and supervise asynchronous GRPO/GSPO training runs.")
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)  # messages stay whole lines (grep, logs)
+# emoji=False: "my_env.py:two: ..." names a function, never the emoji :two:
+console = Console(emoji=False)
+err_console = Console(stderr=True, soft_wrap=True, emoji=False)  # messages stay whole lines (grep, logs)
 
 OVERRIDES_HELP = "Hydra overrides, e.g. recipe=math_grpo trainer.max_train_steps=50 run.dir=runs/mine"
 

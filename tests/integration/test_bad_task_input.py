@@ -207,3 +207,79 @@ def test_an_eval_split_of_a_file(task, nothing_starts):
     rows = task.rows()
     task.refused([*files(task, rows), "dataset.eval_split=test", "eval.every_steps=2"],
                  f"dataset.eval_split=test picks a split of a `datasets` folder or hub dataset, but {rows} is a file")  # fmt: skip
+
+
+# --- the environment (several turns) --------------------------------------------------------------
+
+GOOD_ENV = """
+    TOOLS = [{"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {}}}]
+    NOT_TOOLS = ["add"]
+
+
+    def step(messages, row, info):
+        return {"done": True, "reward": float(row["answer"] in messages[-1]["content"])}
+
+
+    def two(messages, row):
+        return {"done": True}
+"""
+
+
+def environment(task: Task, function: str = "step") -> list[str]:
+    """A run of several turns on the built-in task, its step from the workspace (the tiny model's
+    max_model_len is 64: the conversation's 40 tokens fit)."""
+    env = task.text("my_env.py", GOOD_ENV)
+    return [f"environment.step={env}:{function}", "environment.max_total_tokens=40"]
+
+
+def test_the_good_environment_passes_the_same_preflight(task):
+    env = task.text("my_env.py", GOOD_ENV)
+    for extra in ([], ["model=smollm2_135m", "model.chat_template=true", f"environment.tools={env}:TOOLS"]):
+        result = CliRunner().invoke(app, ["train", f"run.dir={task.run}", *environment(task), *extra, "--dry-run"])
+        assert result.exit_code == 0, result.stderr + result.stdout
+    assert not task.run.exists()
+
+
+@pytest.mark.parametrize(
+    "case, fragments",
+    [
+        ("conversation longer than the model", ["environment.max_total_tokens (256) must be below model.max_model_len (64)"]),
+        ("reward functions beside the step", ["environment.step gives the reward (its last step's answer): remove reward.functions."]),
+        ("evaluation", ["eval.every_steps with environment.step: evaluating conversations is not built yet; set eval.every_steps=0."]),
+        ("tools without a step", ["environment.tools without environment.step: the step runs the tools; set both."]),
+        ("tools without a chat template", ["environment.tools are shown to the model through its chat template: set model.chat_template=true."]),
+    ],
+)
+def test_an_environment_the_config_refuses(task, nothing_starts, case, fragments):
+    env = task.text("my_env.py", GOOD_ENV)
+    reward = task.text("my_reward.py", GOOD_REWARD)
+    overrides = {
+        "conversation longer than the model": [f"environment.step={env}:step"],
+        "reward functions beside the step": [*environment(task), f"reward.functions=[{reward}:score]"],
+        "evaluation": [*environment(task), "dataset.eval_fraction=0.2", "eval.every_steps=2"],
+        "tools without a step": ["model=smollm2_135m", "model.chat_template=true", f"environment.tools={env}:TOOLS"],
+        "tools without a chat template": [*environment(task), f"environment.tools={env}:TOOLS"],
+    }[case]
+    task.refused(overrides, *fragments)
+
+
+def test_an_environment_step_in_a_missing_file(task, nothing_starts):
+    missing = task.root / "nope.py"
+    task.refused([f"environment.step={missing}:step", "environment.max_total_tokens=40"], f"environment.step {missing}:step: no file {missing}.")
+
+
+def test_an_environment_file_without_the_step_function(task, nothing_starts):
+    env = task.text("my_env.py", GOOD_ENV)
+    task.refused(environment(task, "respond"), f"environment.step {env}:respond: {env} has no function 'respond'.")
+
+
+def test_an_environment_step_with_the_wrong_signature(task, nothing_starts):
+    """Named as written: `:two:` is also an emoji code, which the console must not render."""
+    env = task.text("my_env.py", GOOD_ENV)
+    task.refused(environment(task, "two"), f"environment.step {env}:two: a step takes (messages, row, info)", "docs/your-task.md")
+
+
+def test_environment_tools_that_are_not_tool_schemas(task, nothing_starts):
+    env = task.text("my_env.py", GOOD_ENV)
+    task.refused([*environment(task), "model=smollm2_135m", "model.chat_template=true", f"environment.tools={env}:NOT_TOOLS"],
+                 f"environment.tools: {env}:NOT_TOOLS is not a list of tool schemas")  # fmt: skip

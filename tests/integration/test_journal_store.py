@@ -392,3 +392,80 @@ def test_a_finish_that_relabels_is_logged_even_without_tokens_and_one_that_does_
     stored = read(journal, g.group_id)
     assert stored.samples[0].versions == [4, 5, 5] and stored.samples[0].finished
     assert stored.samples[1].versions == [4] and stored.samples[1].finish_reason == "stop"
+
+
+# --- conversations (environment.step) -----------------------------------------------------------
+
+TOOL = {"role": "tool", "content": "5", "name": "add", "truncated": False}
+
+
+def test_a_turns_end_without_tokens_is_logged_and_read_back(journal, client):
+    """A turn whose budget was spent ends with no new tokens: the entry saying so is kept anyway."""
+    g = _open(journal).group_id
+    log = f"{journal.prefix}log:{g}"
+    (tokens,) = journal.append_many([Append(g, 0, 0, [5, 6], [-0.5, -0.25], 3, turn_end="stop")])
+    before = client.llen(log)
+    (ended,) = journal.append_many([Append(g, 1, 0, [], [], 0, turn_end="length")])
+    assert (tokens.accepted, tokens.length) == (True, 2) and (ended.accepted, ended.length) == (True, 0)
+    assert client.llen(log) == before + 1, "an entry saying a turn ended was dropped for having no tokens"
+    stored = read(journal, g)
+    assert stored.samples[0].turn_ends == [[2, "stop"]] and stored.samples[0].state == "generating"
+    assert stored.samples[1].turn_ends == [[0, "length"]] and stored.samples[1].token_ids == []
+    with pytest.raises(ValueError, match="does not end a turn"):
+        journal.append_many([Append(g, 0, 2, [], [], 0, turn_end="abort")])
+
+
+def test_an_observation_then_a_done_step_without_tokens_reads_back_finished_with_its_reward(journal, client):
+    g = _open(journal).group_id
+    journal.append_many([Append(g, 0, 0, [1, 2, 3], [-0.5] * 3, 4, turn_end="stop")])
+    (observed,) = journal.append_many([Append(g, 0, 3, [50, 51], [0.0, 0.0], 4, observation=TOOL)])
+    journal.append_many([Append(g, 0, 5, [7], [-0.125], 5, turn_end="stop")])
+    done = Append(g, 0, 6, [], [], 0, finish_reason="stop", observation={"done": True, "reward": 1.0})
+    (finished,) = journal.append_many([done])
+    assert (observed.accepted, observed.length) == (True, 5) and (finished.accepted, finished.length) == (True, 6)
+    sample = read(journal, g).samples[0]
+    assert sample.finished and sample.finish_reason == "stop"
+    assert sample.token_ids == [1, 2, 3, 50, 51, 7] and sample.versions == [4, 4, 4, 4, 4, 5]
+    assert sample.turn_ends == [[3, "stop"], [6, "stop"]]
+    assert sample.observations == [{**TOOL, "start": 3, "end": 5}, {"done": True, "reward": 1.0, "start": 6, "end": 6}]
+    log = f"{journal.prefix}log:{g}"
+    before = client.llen(log)
+    (again,) = journal.append_many([done])  # a retry after a lost reply
+    assert again.accepted and client.llen(log) == before, "a retried last step was logged twice"
+    (resumed,) = resume(plan_replay([read(journal, g)], current_version=9, max_prefix_staleness=0, conversations=True),
+                        conversations=True).groups[0].samples[:1]  # fmt: skip
+    assert resumed.finished and resumed.reward == 1.0 and not resumed.step_due
+
+
+def test_the_ledger_journals_an_observation_after_the_turns_tokens_are_flushed(client):
+    from rlrun.actor.ledger import JournalLedger, flush
+    from rlrun.actor.sampling import SampleState
+
+    ledger = JournalLedger(client)
+    g = ledger.open_next(lambda c: c, lambda p: [p], 1, 40, "run").group_id
+    sample = SampleState(0)
+    sample.append([1, 2, 3], [-0.5, -0.25, -0.125], 4)
+    sample.end_turn("stop")
+    (flushed,) = flush(ledger, g, [sample])
+    assert flushed.result.accepted and sample.journaled == 3 and sample.turn_end_recorded
+    assert flush(ledger, g, [sample]) == [], "a recorded turn end was journaled again"
+    sample.observe([50, 51], dict(TOOL))
+    result = ledger.append_observation(g, sample)
+    assert (result.accepted, result.length) == (True, 5)
+    stored = read(ledger, g).samples[0]
+    assert stored.token_ids == [1, 2, 3, 50, 51] and stored.logprobs[3:] == [0.0, 0.0] and stored.versions == [4] * 5
+    assert stored.turn_ends == [[3, "stop"]] and stored.observations == [{**TOOL, "start": 3, "end": 5}]
+    # the next turn, and the last step: the conversation ends with its reward, no tokens
+    sample.journaled = result.length
+    sample.append([7], [-0.5], 5)
+    sample.end_turn("length")
+    flush(ledger, g, [sample])
+    sample.observations.append({"done": True, "reward": 0.5, "start": 6, "end": 6})
+    sample.finish_reason = "length"
+    assert ledger.append_observation(g, sample, finish="length").accepted
+    stored = read(ledger, g).samples[0]
+    assert stored.finish_reason == "length" and stored.turn_ends == [[3, "stop"], [6, "length"]]
+    assert stored.observations[-1] == {"done": True, "reward": 0.5, "start": 6, "end": 6}
+    again = SampleState(0)
+    again.take_journal(stored)
+    assert again.reward == 0.5 and again.observation_spans == [[3, 5]] and again.completion_ids == sample.completion_ids

@@ -239,3 +239,74 @@ def test_a_reward_file_that_no_longer_imports_is_a_task_input_error(rewards):
         asyncio.run(main())
     assert workers() == []
 
+
+
+# --- the environment's steps (environment=True) ------------------------------------------------------
+
+STEPS = Path(__file__).resolve().parents[1] / "envs" / "steps.py"
+
+
+def step_call(content: str, turn: int = 1):
+    from rlrun.task.environment import StepCall, TurnInfo
+
+    messages = [{"role": "user", "content": "2+3="}, {"role": "assistant", "content": content}]
+    return StepCall(messages, {"prompt": "2+3=", "answer": "5"}, TurnInfo("run/4", 1, turn, "stop", 3, False))
+
+
+async def stepping(names: list[str], calls: list[tuple[int, object]], size: int = 1):
+    """The pool's conventions and each call's answer (or the CallFailed it raised), in order."""
+    from rlrun.task.pool import CallFailed
+
+    pool = RewardPool([f"{STEPS}:{n}" for n in names], size, TIMEOUT_S, environment=True)
+    await pool.start()
+    answers = []
+    try:
+        for index, c in calls:
+            try:
+                answers.append(await pool.call(index, c))
+            except CallFailed as exc:
+                answers.append(exc)
+    finally:
+        await pool.close()
+    return pool.conventions, answers
+
+
+def test_a_step_runs_in_a_worker_and_answers_its_steps_fields():
+    conventions, answers = asyncio.run(stepping(["echo", "charge", "later"], [(0, step_call("4")), (0, step_call("5", turn=3)), (1, step_call("4")), (2, step_call("4"))]))
+    assert conventions == [True, False, True]  # charge says it must not be run again after a crash
+    observation, done, charged, awaited = answers
+    assert observation == {"observation": "4|5|run/4#1", "role": "tool", "name": "echo", "done": False, "reward": None}
+    assert done == {"observation": None, "role": "tool", "name": None, "done": True, "reward": 1.0}
+    assert charged == {"observation": "charged", "role": "user", "name": None, "done": False, "reward": None}  # a Step
+    assert awaited["done"] and awaited["reward"] == 0.25  # an async step
+    assert workers() == []
+
+
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("number", "a step returns a dict or rlrun.task.environment.Step, not float"),
+        ("misspelt", "the step answered unknown keys ['obs']"),
+        ("no_observation", "a step that is not done answers an observation (text)"),
+    ],
+)
+def test_a_step_answering_something_invalid_is_an_error_naming_the_problem(name, problem):
+    _, (failed, again) = asyncio.run(stepping([name, "echo"], [(0, step_call("4")), (1, step_call("4"))]))
+    assert type(failed).__name__ == "CallFailed" and failed.kind == "error"
+    assert problem in failed.detail
+    assert again["observation"] == "4|5|run/4#1", "the pool stopped answering after an invalid step"
+
+
+def test_a_step_past_the_timeout_is_a_timeout_and_its_worker_replaced():
+    _, (slept, after) = asyncio.run(stepping(["sleepy"], [(0, step_call("sleep")), (0, step_call("4"))]))
+    assert type(slept).__name__ == "CallFailed" and slept.kind == "timeout"
+    assert after["observation"] == "awake", "the pool stopped answering after a timeout"
+    assert workers() == []
+
+
+def test_a_step_with_the_wrong_signature_is_refused_when_the_pool_starts():
+    from rlrun.task.rows import TaskInputError
+
+    with pytest.raises(TaskInputError, match=r"two_arguments: a step takes \(messages, row, info\)"):
+        asyncio.run(stepping(["two_arguments"], []))
+    assert workers() == []
