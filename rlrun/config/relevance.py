@@ -22,9 +22,10 @@ RULES: list[Rule] = [
      "only the tiny model is warm-started (model.source=tiny): remove it"),
     ("model.cache_dir", lambda c: c.model.source not in ("tiny", "gguf"),
      "only the tiny model and GGUF models are built into it (model.source=tiny or gguf): remove it"),
-    ("dataset.max_operand", lambda c: c.dataset.name != "arithmetic", "it shapes dataset=arithmetic only: remove it or set dataset=arithmetic"),
-    ("dataset.num_problems", lambda c: c.dataset.name not in ("arithmetic", "reasoning_gym"),
-     "it sizes the generated datasets only (arithmetic, reasoning_gym): remove it"),
+    ("dataset.max_operand", lambda c: c.dataset.name not in ("arithmetic", "guess"),
+     "it shapes dataset=arithmetic and dataset=guess only: remove it or choose one of them"),
+    ("dataset.num_problems", lambda c: c.dataset.name not in ("arithmetic", "reasoning_gym", "guess"),
+     "it sizes the generated datasets only (arithmetic, reasoning_gym, guess): remove it"),
     *[(f"dataset.{key}", lambda c: c.dataset.name != "reasoning_gym", "it configures dataset=reasoning_gym only: remove it or set dataset=reasoning_gym")
       for key in ("task", "task_args", "answer_format")],
     *[(f"dataset.{key}", lambda c: c.dataset.name != "gsm8k", "it says where dataset=gsm8k is loaded from; the other datasets are generated: remove it or choose dataset=gsm8k")

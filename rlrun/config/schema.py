@@ -52,8 +52,8 @@ class DatasetConfig:
     """Where the problems come from (docs/your-task.md). Every kind gives rows: the prompt from a
     column, a template or chat messages; every other column reaches the rewards untouched."""
 
-    name: Literal["arithmetic", "gsm8k", "reasoning_gym", "files"] = "arithmetic"  # arithmetic: generated; gsm8k: via `datasets`; reasoning_gym: a task of the reasoning-gym library; files: your own rows (train_files)
-    max_operand: Natural = 9  # arithmetic: operands are drawn from 0..max_operand
+    name: Literal["arithmetic", "gsm8k", "reasoning_gym", "files", "guess"] = "arithmetic"  # arithmetic: generated; gsm8k: via `datasets`; reasoning_gym: a task of the reasoning-gym library; files: your own rows (train_files); guess: the guessing game of several turns (environment.step=rlrun.task.guess:step)
+    max_operand: Natural = 9  # arithmetic: operands are drawn from 0..max_operand; guess: the number is from 1 to max_operand
     num_problems: Natural = 100  # arithmetic, reasoning_gym: size of the generated problem set (at least 1)
     task: Optional[str] = None  # reasoning_gym: the library's dataset name (chain_sum, basic_arithmetic, leg_counting, ...)
     task_args: dict[str, Any] = field(default_factory=dict)  # reasoning_gym: the task's own config (e.g. {min_terms: 2, max_terms: 2, max_digits: 2})

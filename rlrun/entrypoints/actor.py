@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     role = role_from_argv("rlrun::actor", argv)
     cfg = role.load_config()
-    task = load_task(cfg.dataset, cfg.run.seed, cfg.reward)
+    task = load_task(cfg.dataset, cfg.run.seed, cfg.reward, scored_by_environment=bool(cfg.environment.step))
     render_prompt = chat_renderer(role.model_path) if cfg.model.chat_template else None
     run_dir, k = role.run, role.actor_index
     if not 0 <= k < cfg.actor.num_actors:

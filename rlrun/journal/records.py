@@ -194,7 +194,7 @@ class LogEntry:
         else:
             record = asdict(self)
             for optional in ("relabel", "turn_end", "observation"):
-                if not record[optional]:
+                if record[optional] is None or record[optional] == []:
                     del record[optional]  # most appends: none of these, no bytes for them
         return dumps({"schema_version": SCHEMA_VERSION, **record}, CorruptRecord)
 

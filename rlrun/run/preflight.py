@@ -290,7 +290,9 @@ def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
         return
     from rlrun.task.checks import check_environment, check_task
 
-    task = check_task(d, cfg.reward, cfg.eval, seed=cfg.run.seed, chat_template=cfg.model.chat_template)
+    task = check_task(
+        d, cfg.reward, cfg.eval, seed=cfg.run.seed, chat_template=cfg.model.chat_template, scored_by_environment=bool(cfg.environment.step)
+    )
     check_environment(cfg.environment)
     if not task.problems:
         raise ConfigError(f"dataset={d.name} holds no problems (split {d.split!r}). Choose another dataset.split or dataset.")

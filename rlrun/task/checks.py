@@ -14,8 +14,10 @@ from rlrun.task.rows import TaskInputError
 from rlrun.task.tasks import Task, load_task
 
 
-def check_task(dataset: DatasetConfig, reward: RewardConfig, eval_cfg: EvalConfig, *, seed: int, chat_template: bool) -> Task:
-    task = load_task(dataset, seed, reward)
+def check_task(
+    dataset: DatasetConfig, reward: RewardConfig, eval_cfg: EvalConfig, *, seed: int, chat_template: bool, scored_by_environment: bool = False
+) -> Task:
+    task = load_task(dataset, seed, reward, scored_by_environment=scored_by_environment)
     if not chat_template:
         for what, problems in (("the training rows", task.problems), ("the eval rows", task.eval_problems)):
             if problems and any(isinstance(p.prompt, tuple) for p in problems):

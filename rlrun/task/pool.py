@@ -79,7 +79,10 @@ class RewardPool:
         self._closed = False
 
     async def start(self) -> None:
-        """Start every worker; TaskInputError when the functions no longer import (preflight checked them)."""
+        """Start every worker; TaskInputError when the functions no longer import (preflight checked them).
+        No functions (an environment gives the rewards): no workers."""
+        if not self.refs:
+            return
         workers = await asyncio.gather(*(self._spawn() for _ in range(self.size)))
         self.conventions = workers[0].conventions
         for worker in workers:
@@ -114,7 +117,8 @@ class RewardPool:
                 answer = await asyncio.wait_for(worker.call(next(self._ids), index, call), self.timeout_s)
             except asyncio.TimeoutError:
                 self._replace(worker)
-                raise CallFailed("timeout", f"no answer within reward.timeout_s={self.timeout_s:g} s") from None
+                setting = "environment.timeout_s" if self.environment else "reward.timeout_s"
+                raise CallFailed("timeout", f"no answer within {setting}={self.timeout_s:g} s") from None
             except WorkerDied as exc:
                 self._replace(worker)
                 if attempt == 2:

@@ -49,8 +49,9 @@ class PromptRule:
     source_column: str | None = None
 
 
-def load_task(dataset: DatasetConfig, seed: int, reward: RewardConfig | None = None) -> Task:
-    """The task `dataset` describes, its rewards from `reward` (None: the dataset's built-in)."""
+def load_task(dataset: DatasetConfig, seed: int, reward: RewardConfig | None = None, *, scored_by_environment: bool = False) -> Task:
+    """The task `dataset` describes, its rewards from `reward` (None: the dataset's built-in);
+    `scored_by_environment`: environment.step gives the rewards (the task needs none of its own)."""
     reward = reward or RewardConfig()
     rows, eval_rows, builtin = _rows(dataset, seed)
     if not eval_rows and dataset.eval_fraction > 0:
@@ -62,8 +63,8 @@ def load_task(dataset: DatasetConfig, seed: int, reward: RewardConfig | None = N
     eval_problems = [problem(row, rule, f"{eval_where}, row {i + 1}") for i, row in enumerate(eval_rows)]
     if not problems:
         raise TaskInputError(f"{where}: no training rows are left (dataset.eval_fraction={dataset.eval_fraction} took them all).")
-    functions = list(reward.functions) or builtin
-    if not functions:
+    functions = [] if scored_by_environment else list(reward.functions) or builtin
+    if not functions and not scored_by_environment:
         raise TaskInputError(
             f"dataset={dataset.name} has no built-in reward: name yours, e.g. reward.functions=[my_reward.py:score] "
             "(docs/your-task.md has the signature)."
@@ -77,6 +78,10 @@ def _rows(dataset: DatasetConfig, seed: int) -> tuple[list[Row], list[Row], list
         from rlrun.task.arithmetic import arithmetic_rows
 
         return arithmetic_rows(dataset.max_operand, dataset.num_problems, seed), [], ["rlrun.task.scorers:exact_answer"]
+    if dataset.name == "guess":
+        from rlrun.task.guess import guess_rows
+
+        return guess_rows(dataset.max_operand, dataset.num_problems, seed), [], []  # scored by its environment
     if dataset.name == "gsm8k":
         from rlrun.task.gsm8k import gsm8k_rows
 

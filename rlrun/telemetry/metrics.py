@@ -25,6 +25,7 @@ FIELDS: dict[str, str] = {
     "reward_mean": "mean reward of this step's samples",
     "reward_std": "standard deviation (population) of the rewards of this step's samples",
     "tokens": "tokens the model sampled in this step's samples, the ones trained on (prompts and multi-turn observations not counted)",
+    "turns_mean": "mean number of model turns in this step's samples (1 without environment.step)",
     "policy_lag_max": "how many policy versions behind the weights that trained on them the oldest tokens of this step were sampled (0: fully on-policy)",
     "behaviour_version_max": "newest policy version that sampled any token of this step",
     "policy_lag_mean": "mean over this step's sampled tokens of how many policy versions behind the trained weights each was sampled",
@@ -40,6 +41,13 @@ FIELDS: dict[str, str] = {
     "requests": "actor, whole run: generation requests sent to vLLM (one per group, but after a failed request or a restart: one per continued sample)",
     "generating_ms": "actor, whole run: milliseconds of wall time with at least one generation request in flight (vLLM had work); the rest it idled, held back by actor.max_steps_ahead",
     "groups_dropped": "actor, whole run: groups not trained on because a reward call failed and reward.on_error=drop_group",
+    "env_steps": "actor, whole run: steps the environment ran (environment.step: tool calls, feedback, last steps)",
+    "env_steps_reused": "actor, whole run: the environment's answers kept from the journal when an actor (re)started, not run again",
+    "env_steps_rerun": "actor, whole run: steps a crash cut before their answer was journaled, run again (the step function allows it)",
+    "env_steps_interrupted": "actor, whole run: steps a crash cut that were not run again (step.rerun_interrupted = False): the model was told",
+    "env_step_timeouts": "actor, whole run: steps stopped after environment.timeout_s: the model was told it timed out",
+    "env_step_errors": "actor, whole run: steps that raised: their conversation ended with reward 0 (the first traceback is in the actor's log)",
+    "observations_truncated": "actor, whole run: observations cut to environment.max_observation_tokens, with a note saying so",
     "reward_errors": "actor, whole run: per reward function, its calls that raised or returned something not a reward ({name: count}; the first traceback of each is in the actor's log)",
     "reward_timeouts": "actor, whole run: per reward function, its calls stopped after reward.timeout_s ({name: count})",
     "time": "wall-clock time (Unix seconds) when the record was written",
@@ -63,7 +71,11 @@ RECOVERY_COUNTERS = (
     "tokens_reused", "samples_continued", "tokens_kept_on_retry", "samples_continued_on_retry", "tokens_regenerated",
     "prefixes_dropped_stale",
 )  # fmt: skip (`rlrun status` shows these)
-ACTOR_COUNTERS = (*RECOVERY_COUNTERS, "groups_published", "requests", "generating_ms", "groups_dropped")
+CONVERSATION_COUNTERS = (
+    "env_steps", "env_steps_reused", "env_steps_rerun", "env_steps_interrupted", "env_step_timeouts", "env_step_errors",
+    "observations_truncated",
+)  # fmt: skip (the actor's, with environment.step: 0 without)
+ACTOR_COUNTERS = (*RECOVERY_COUNTERS, "groups_published", "requests", "generating_ms", "groups_dropped", *CONVERSATION_COUNTERS)
 REWARD_FAILURES = ("reward_errors", "reward_timeouts")  # per reward function: the actor's fields `<kind>.<name>`
 
 NOT_SCALARS = ("step", "time")  # the x axis and the wall time of a scalar, not scalars themselves

@@ -59,6 +59,8 @@ class StepRecorder:
             "reward_std": round(statistics.pstdev(rewards), 4),
             # tokens trained on (throughput in `rlrun plot`): an observation's are context, not trained
             "tokens": len(versions),
+            # a conversation's model turns: one more than the observations between them
+            "turns_mean": round(statistics.fmean(len(s.observation_spans) + 1 for g in groups for s in g.samples), 4),
             # how many versions behind the weights that trained on them the tokens were sampled
             "policy_lag_max": (state.policy_version - 1 - min(versions)) if versions else 0,
             "behaviour_version_max": max(versions) if versions else 0,  # newest version vLLM sampled with

@@ -17,7 +17,7 @@ from tests.refusals import refusal
 GOLDEN = Path(__file__).parent.parent / "golden"
 
 
-@pytest.mark.parametrize("recipe", ["math_gspo", "math_grpo", "smollm2_grpo"])
+@pytest.mark.parametrize("recipe", ["math_gspo", "math_grpo", "smollm2_grpo", "smollm2_guess"])
 def test_recipes_compose_to_their_golden_files(recipe):
     cfg, resolved = compose([f"recipe={recipe}"])
     golden = GOLDEN / f"{recipe}.yaml"

@@ -15,6 +15,7 @@ from rlrun.config.schema import RunConfig
 from rlrun.errors import EnvironmentProblem, ExitCode
 from rlrun.telemetry.metrics import (
     ACTOR_COUNTERS,
+    CONVERSATION_COUNTERS,
     FIELDS,
     MetricsWriter,
     final_records,
@@ -60,7 +61,7 @@ def test_actor_counters_come_from_the_published_hashes_added_up_and_default_to_z
     assert summed_actor_counters([published]) == {"tokens_reused": 120, "samples_continued": 7, "tokens_kept_on_retry": 9,
                                                   "samples_continued_on_retry": 0, "tokens_regenerated": 0, "prefixes_dropped_stale": 0,
                                                   "groups_published": 0, "requests": 0, "generating_ms": 0, "groups_dropped": 0,
-                                                  "reward_errors": {}, "reward_timeouts": {}}  # fmt: skip
+                                                  **dict.fromkeys(CONVERSATION_COUNTERS, 0), "reward_errors": {}, "reward_timeouts": {}}  # fmt: skip
     assert summed_actor_counters([published, {"tokens_reused": "3"}])["tokens_reused"] == 123
     assert summed_actor_counters([{}]) == {**dict.fromkeys(ACTOR_COUNTERS, 0), "reward_errors": {}, "reward_timeouts": {}}
 
