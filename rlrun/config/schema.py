@@ -87,7 +87,7 @@ class RewardConfig:
 class EnvironmentConfig:
     """Rollouts of several turns: an environment answers every model turn (docs/your-task.md)."""
 
-    step: Optional[str] = None  # module:function or path/to/file.py:function called after every model turn with the conversation so far (rlrun/task/environment.py); null: rollouts of one turn, scored by reward.*
+    step: Optional[str] = None  # module:function or path/to/file.py:function called after every model turn with the conversation so far, or the http(s):// URL of a verifier serving it (rlrun/task/environment.py); null: rollouts of one turn, scored by reward.*
     tools: Optional[str] = None  # module:NAME or file.py:NAME: a list of tool schemas given to the model through its chat template (needs model.chat_template=true)
     max_turns: Count = 4  # model turns per conversation; the step after the last one ends it
     max_total_tokens: Count = 256  # the conversation's tokens after the prompt (model turns and observations); each turn also stops at actor.max_new_tokens

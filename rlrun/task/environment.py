@@ -5,6 +5,8 @@ the next observation (a tool's result, feedback) or with done and the conversati
 
     def step(messages: list[dict], row: dict, info: TurnInfo) -> dict | Step
 
+(or a verifier's server: `environment.step=http://127.0.0.1:8000/step`, `ServedStep`)
+
 `messages` are chat messages: the prompt's, then each model turn as `{"role": "assistant",
 "content": text, "tool_calls": [{"name", "arguments"}]}` (calls written in the
 `<tool_call>{...}</tool_call>` format) and each earlier observation. It returns
@@ -97,10 +99,35 @@ def as_step(answer: Any) -> Step:
     return step
 
 
+class ServedStep:
+    """A step served over HTTP by a verifier of the researcher's (`environment.step=http://...`):
+    each step is a POST of {"messages", "row", "info"} as JSON, answered with a step's fields as
+    JSON. `$RLRUN_ENVIRONMENT_TOKEN`, when set, goes with every request as a bearer token."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __call__(self, messages: list[dict], row: dict, info: TurnInfo) -> dict:
+        import os
+
+        import httpx
+
+        token = os.environ.get("RLRUN_ENVIRONMENT_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        body = {"messages": messages, "row": row, "info": asdict(info)}
+        response = httpx.post(self.url, json=body, headers=headers, timeout=None)  # the pool's timeout bounds it
+        if response.status_code != 200:
+            raise RuntimeError(f"{self.url} answered {response.status_code}: {response.text[:300]}")
+        return response.json()
+
+
 def load_step(ref: str) -> Callable:
-    """The step function `ref` names, imported; TaskInputError saying why it cannot be."""
+    """The step function `ref` names, imported, or the verifier serving it at an http(s):// URL;
+    TaskInputError saying why it cannot be."""
     from rlrun.task.rewards import load_attribute
 
+    if ref.startswith(("http://", "https://")):
+        return ServedStep(ref)
     function = load_attribute(ref, "environment.step")
     if not callable(function):
         where, name = ref.rsplit(":", 1)

@@ -310,3 +310,56 @@ def test_a_step_with_the_wrong_signature_is_refused_when_the_pool_starts():
     with pytest.raises(TaskInputError, match=r"two_arguments: a step takes \(messages, row, info\)"):
         asyncio.run(stepping(["two_arguments"], []))
     assert workers() == []
+
+
+def test_a_step_served_over_http_is_posted_the_conversation_with_the_token(monkeypatch):
+    """A verifier's own server (environment.step=http://...): a real HTTP server on loopback."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from rlrun.task.pool import CallFailed
+
+    seen = []
+
+    class Verifier(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.headers.get("Authorization"), body))
+            ok = self.headers.get("Authorization") == "Bearer sesame"
+            answer = {"done": True, "reward": float(body["messages"][-1]["content"] == body["row"]["answer"])}
+            payload = json.dumps(answer if ok else {"error": "who are you"}).encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Verifier)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/step"
+
+    async def ask(token: str):
+        monkeypatch.setenv("RLRUN_ENVIRONMENT_TOKEN", token)  # the workers inherit it
+        pool = RewardPool([url], 1, TIMEOUT_S, environment=True)
+        await pool.start()
+        try:
+            return pool.conventions, [await pool.call(0, step_call("5")), await pool.call(0, step_call("4"))]
+        except CallFailed as exc:
+            return pool.conventions, exc
+        finally:
+            await pool.close()
+
+    try:
+        conventions, (right, wrong) = asyncio.run(ask("sesame"))
+        _, refused = asyncio.run(ask("guess"))
+    finally:
+        server.shutdown()
+    assert conventions == [True] and right["done"] and right["reward"] == 1.0 and wrong["reward"] == 0.0
+    token, body = seen[0]
+    assert token == "Bearer sesame" and body["row"] == {"prompt": "2+3=", "answer": "5"}
+    assert body["info"]["group_id"] == "run/4" and body["messages"][-1] == {"role": "assistant", "content": "5"}
+    assert refused.kind == "error" and "answered 401" in refused.detail
+    assert workers() == []
