@@ -16,11 +16,13 @@ generator. Every system trains on that same batch:
 
   rlrun           rlrun.trainer.step's body phase by phase: collate, the forward with logits from
                   the first scored position on (logits_to_keep), completion_logprobs, policy_loss,
-                  backward, clip_grad_norm_ and AdamW as rlrun/trainer/loop.py builds it
+                  backward, clip_grad_norm_ and AdamW as rlrun/trainer/loop.py builds it (fused
+                  since issue 36; torch's default AdamW on a tree older than `loop.adamw`)
   rlrun-old-head  the same with the head rlrun had before: logits of every position and the old
                   completion_logprobs (kept verbatim below), whose chunks' backward each allocated
                   a zero gradient of the whole logits
-  rlrun-fused-adamw  rlrun with AdamW(fused=True), the optimizer TRL's Trainer picks by default
+  rlrun-unfused-adamw  rlrun with torch's default AdamW (foreach), the trainer's before it was
+                  fused (TRL's Trainer picks fused=True by default)
   rlrun-sdpa-math rlrun with torch's math kernel for scaled_dot_product_attention (the profile's
                   second cost is the CPU flash-attention kernel's backward)
   rlrun-step      rlrun.trainer.step.optimizer_step as the trainer calls it, one figure: it needs
@@ -55,7 +57,7 @@ import time
 from pathlib import Path
 
 PHASES = ["prep", "backbone fwd", "head fwd", "loss", "head bwd", "backbone bwd", "optimizer"]
-SYSTEMS = ["rlrun", "rlrun-old-head", "rlrun-fused-adamw", "rlrun-sdpa-math", "rlrun-step", "trl"]
+SYSTEMS = ["rlrun", "rlrun-old-head", "rlrun-unfused-adamw", "rlrun-sdpa-math", "rlrun-step", "trl"]
 OLD_CHUNK_ELEMENTS = 1 << 24
 
 
@@ -298,16 +300,21 @@ def build_systems(names: list[str], folder: Path, cfg, batch, out_dir: str) -> t
     if rlrun_names:
         model = load_rlrun_model(folder, cfg)
         hook_backbone(model, dispatch)
-        adamw = dict(lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
-        plain = torch.optim.AdamW(model.parameters(), **adamw)  # as rlrun/trainer/loop.py builds it
+        settings = dict(lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+        try:
+            from rlrun.trainer.loop import adamw
+
+            plain = adamw(model.parameters(), t)  # as rlrun/trainer/loop.py builds it
+        except ImportError:  # a tree from before it: torch's default, as that trainer built it
+            plain = torch.optim.AdamW(model.parameters(), **settings)
         for name in rlrun_names:
             if name == "rlrun-step":
                 built[name] = RlrunStep(model, plain, cfg, batch, marks[name], parallel)
             elif name == "rlrun-sdpa-math":
                 built[name] = RlrunSystem(model, plain, cfg, batch, marks[name], "new", parallel, math_attention=True)
-            elif name == "rlrun-fused-adamw":
-                fused = torch.optim.AdamW(model.parameters(), fused=True, **adamw)
-                built[name] = RlrunSystem(model, fused, cfg, batch, marks[name], "new", parallel)
+            elif name == "rlrun-unfused-adamw":
+                unfused = torch.optim.AdamW(model.parameters(), **settings)
+                built[name] = RlrunSystem(model, unfused, cfg, batch, marks[name], "new", parallel)
             else:
                 built[name] = RlrunSystem(model, plain, cfg, batch, marks[name], "old" if name == "rlrun-old-head" else "new", parallel)
     if "trl" in names:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlrun.config import RunConfig
+from rlrun.config.schema import TrainerConfig
 from rlrun.inference.admin import VllmAdmin
 from rlrun.rundir import RunDir
 from rlrun.trainer import checkpoint
@@ -27,6 +28,38 @@ if TYPE_CHECKING:
     from rlrun.trainer.weight_broadcast import BroadcastSync
 
 log = logging.getLogger("rlrun.trainer")
+
+
+FUSED_DEVICES = ("cpu", "cuda")  # the devices of torch's fused AdamW kernels that rlrun trains on (CPU's: torch >= 2.4)
+
+
+def adamw(parameters, t: TrainerConfig):
+    """The trainer's AdamW (trainer.lr, betas, weight_decay): fused, one kernel over every
+    parameter, where each parameter is a floating-point tensor on a device of FUSED_DEVICES
+    (FSDP2's DTensors included: tests/integration/test_trainer_ranks.py), torch's default
+    otherwise (torch would refuse the fused kernel only at the first step). SmolLM2-135M's
+    optimizer phase on CPU: 0.43 → 0.16 s (bench/README.md)."""
+    import torch
+
+    params = list(parameters)
+    fused = all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in params)
+    if not fused:
+        log.info("AdamW not fused: a parameter is not a floating-point tensor on %s", " or ".join(FUSED_DEVICES))
+    return torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, fused=fused or None)
+
+
+def keep_kernel(optimizer, fused: bool) -> None:
+    """After a checkpoint's optimizer state is loaded: its param groups carry the `fused` of the
+    optimizer that wrote it (one written before AdamW was fused: none), so this optimizer's is set
+    back, with each step count where the fused kernel wants it (float32, on its parameter's device)."""
+    import torch
+
+    for group in optimizer.param_groups:
+        group["fused"] = fused
+        for param in group["params"] if fused else ():
+            state = optimizer.state.get(param, {})
+            if "step" in state:
+                state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(param.device)
 
 
 class Trainer:
@@ -58,12 +91,11 @@ class Trainer:
         model.train()
         t = cfg.trainer
         self.model = self.parallel.wrap(model, t.mixed_precision, t.activation_checkpointing)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay
-        )
+        self.optimizer = adamw(self.model.parameters(), t)
         covered: dict | None = {}  # what the loaded checkpoint's steps read (the base model: nothing)
         if resume_from:
             checkpoint.load_optimizer(self.optimizer, resume_from, self.model, self.parallel)
+            keep_kernel(self.optimizer, fused=bool(self.optimizer.defaults["fused"]))
             self.state = checkpoint.read_state(resume_from)
             covered = checkpoint.stream_positions(self.state)
             log.info("resumed from %s at step %d", resume_from, self.state.step)

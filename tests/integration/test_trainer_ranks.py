@@ -1,7 +1,8 @@
 """Two trainer ranks take the same optimizer step as one (rlrun/trainer/step.py, parallel.py).
 
-One batch of groups, one step, GRPO and GSPO, FSDP2 and DDP over gloo on loopback: the 2-rank
-loss, clip fraction, grad norm and updated weights equal the 1-rank ones. Tolerance: 1e-5
+One batch of groups, one step, GRPO and GSPO, FSDP2 and DDP over gloo on loopback, with the
+trainer's fused AdamW: the 2-rank loss, clip fraction, grad norm and updated weights equal the
+1-rank ones. Tolerance: 1e-5
 relative on the scalars, 2e-6 absolute on the weights (lr 1e-3: one Adam step moves a weight by
 about 1e-3, so a wrong normalisation, a rank that skipped its share or a missing gradient
 average moves them by ~1e-3 and fails by three orders of magnitude).
@@ -46,6 +47,7 @@ def groups(seed: int = 0) -> list[Group]:
 def one_step(model_path: str, algo: str, parallel, extra: tuple[str, ...] = ()) -> tuple[dict, dict]:
     from transformers import AutoModelForCausalLM
 
+    from rlrun.trainer.loop import adamw
     from rlrun.trainer.step import optimizer_step
 
     cfg, _ = compose([*overrides(algo), *extra])
@@ -53,7 +55,8 @@ def one_step(model_path: str, algo: str, parallel, extra: tuple[str, ...] = ()) 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     model.train()
     wrapped = parallel.wrap(model, cfg.trainer.mixed_precision, cfg.trainer.activation_checkpointing)
-    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=cfg.trainer.lr, betas=tuple(cfg.trainer.betas))
+    optimizer = adamw(wrapped.parameters(), cfg.trainer)  # as the trainer builds it: fused, over DTensors with FSDP2
+    assert optimizer.defaults["fused"]
     samples = [(g.prompt_ids, s) for g in groups() for s in g.samples]
     metrics = optimizer_step(wrapped, optimizer, samples, cfg, parallel, torch.device("cpu"))
     return metrics, parallel.full_state_dict(wrapped)
