@@ -12,8 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
+import logging
+
 from rlrun.actor.sampling import SampleState
-from rlrun.task.environment import Step
+from rlrun.task.environment import INTERRUPTED, Step, StepCall, TurnInfo, as_step
+from rlrun.task.pool import CallFailed
+from rlrun.task.turns import Observation, parse_tool_calls
+
+log = logging.getLogger("rlrun.actor")
 
 if TYPE_CHECKING:
     from rlrun.task.pool import RewardPool
@@ -106,6 +112,68 @@ class Conversations:
     def rerun_interrupted(self) -> bool:
         """What the step function says (known once the pool started)."""
         return bool(self.pool.conventions[0]) if self.pool.conventions else True
+
+
+async def take_step(talk: Conversations, sample: SampleState, problem, group_id: str, decode, counters: dict) -> None:
+    """Run the environment's step for `sample`'s last turn (in a worker) and apply its answer:
+    the observation's ids appended (`observe`), or the conversation finished with its reward
+    (`finish`). Journaling it is the caller's. A step a crash cut is run again only where the step
+    function allows it; a timeout is told to the model; a step that raised ends it with reward 0.
+    `counters` (the actor's env_* counts) are added to."""
+    last = is_last_turn(sample, talk.limits)
+    if sample.step_interrupted and not talk.rerun_interrupted:
+        counters["env_steps_interrupted"] += 1
+        answer: Optional[Step] = Step(observation=INTERRUPTED)
+    else:
+        counters["env_steps_rerun"] += int(sample.step_interrupted)
+        answer = await _run_step(talk, sample, problem, group_id, decode, last, counters)
+    if answer is None:  # the step raised
+        finish(sample, "stop", 0.0)
+        return
+    outcome = outcome_of(answer, last)
+    if outcome.finish_reason is not None:
+        finish(sample, outcome.finish_reason, outcome.reward)
+        return
+    content, truncated = talk.turns.truncate(outcome.observation.observation, talk.limits.max_observation_tokens)
+    counters["observations_truncated"] += int(truncated)
+    observation = Observation(content, outcome.observation.role, outcome.observation.name)
+    # Whether the turn ends as the template ends one: its end-of-turn id sampled (not another stop
+    # id, such as Qwen's <|endoftext|>), else the observation's ids close the turn first.
+    end_of_turn = list(talk.turns.end_of_turn_ids)
+    stopped = sample.turn_end == "stop" and sample.completion_ids[len(sample.completion_ids) - len(end_of_turn) :] == end_of_turn
+    ids = talk.turns.observation_ids(observation, model_stopped=stopped)
+    if not fits(sample, len(ids), talk.limits):  # no room for it and a next turn: the budget ends it
+        finish(sample, "length", 0.0)
+        return
+    sample.observe(ids, {"role": observation.role, "content": content, "name": observation.name, "truncated": truncated})
+
+
+async def _run_step(talk: Conversations, sample: SampleState, problem, group_id: str, decode, last: bool, counters: dict) -> Optional[Step]:
+    """The environment's answer; a timeout becomes an observation saying so; None: the step raised."""
+    info = TurnInfo(
+        group_id, sample.index, len(sample.turn_ends), sample.turn_end or "length", len(sample.completion_ids), last,
+        max(sample.versions, default=0),
+    )  # fmt: skip
+    call = StepCall(messages_for(problem.prompt, sample, decode, parse_tool_calls), problem.row, info, talk.tools)
+    counters["env_steps"] += 1
+    try:
+        return as_step(await talk.pool.call(0, call))
+    except CallFailed as exc:
+        if exc.kind == "timeout":
+            counters["env_step_timeouts"] += 1
+            return Step(observation=f"the step timed out after {talk.timeout_s:g} s")
+        counters["env_step_errors"] += 1
+        if counters["env_step_errors"] == 1:  # the first; the counter says how many followed
+            log.error("environment.step raised (the conversation ends with reward 0; counted in env_step_errors):\n%s", exc.detail)
+        return None
+
+
+def finish(sample: SampleState, finish_reason: str, reward: float) -> None:
+    """The last step: the conversation ends with its reward (a payload without tokens)."""
+    end = len(sample.completion_ids)
+    sample.observations.append({"done": True, "reward": reward, "start": end, "end": end})
+    sample.turn_end, sample.step_interrupted = None, False
+    sample.finish_reason, sample.reward = finish_reason, reward
 
 
 def conversations_for(cfg, model_path: str, tokenizer) -> Conversations | None:

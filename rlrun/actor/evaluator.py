@@ -20,7 +20,10 @@ from typing import Callable
 
 import httpx
 
-from rlrun.actor.sampling import token_versions
+from collections import defaultdict
+
+from rlrun.actor.conversation import Conversations, take_step, turn_budget
+from rlrun.actor.sampling import SampleState, token_versions
 from rlrun.actor.vllm_client import generate
 from rlrun.config.schema import EvalConfig
 from rlrun.streams import names
@@ -42,13 +45,14 @@ class Evaluator:
     def __init__(
         self, eval_cfg: EvalConfig, last_version: int, problems: list[Problem], encode: Callable[[Problem], list[int]],
         decode: Callable[[list[int]], str], scorer: Scorer, redis, urls: list[str], max_new_tokens: int, concurrency: int,
-        request_timeout_s: float, seed: int = 0,
+        request_timeout_s: float, seed: int = 0, conversations: Conversations | None = None,
     ) -> None:  # fmt: skip
         self.cfg, self.last_version, self.scorer, self.redis, self.urls = eval_cfg, last_version, scorer, redis, urls
         self.problems = problems[: eval_cfg.max_prompts] if eval_cfg.max_prompts else problems
         self.encode, self.decode = encode, decode
         self.max_new_tokens = eval_cfg.max_new_tokens or max_new_tokens
         self.concurrency, self.request_timeout_s, self.seed = concurrency, request_timeout_s, seed
+        self.conversations = conversations  # environment.step: each sample is a conversation, rewarded by the environment
         self._finished: set[int] = set()  # versions with a result in Redis (asked once each)
         self._attempts: dict[int, int] = {}
 
@@ -91,6 +95,10 @@ class Evaluator:
 
     async def _prompt(self, client, gate: asyncio.Semaphore, version: int, i: int, problem: Problem) -> PromptResult:
         k = self.cfg.samples_per_prompt
+        if self.conversations is not None:
+            async with gate:
+                samples = await asyncio.gather(*(self._conversation(client, version, i, j, problem) for j in range(k)))
+            return PromptResult([s.reward or 0.0 for s in samples], problem.source)
         ids: list[list[int]] = [[] for _ in range(k)]
         finishes, spans = [""] * k, [None] * k
         async with gate:
@@ -111,14 +119,46 @@ class Evaluator:
         return PromptResult(score.rewards if score.rewards is not None else [0.0] * k, problem.source)
 
 
-def evaluator_for(cfg, problems: list[Problem], tokenizer, render_prompt, scorer: Scorer, redis, urls: list[str]) -> Evaluator:
+    async def _conversation(self, client, version: int, i: int, j: int, problem: Problem) -> SampleState:
+        """Sample `j` of eval prompt `i` as a conversation: its turns sampled at `version` (each
+        with its own seed), the environment answering each; nothing journaled (a crash redoes it)."""
+        talk, sample, prompt_ids = self.conversations, SampleState(j), self.encode(problem)
+        counters: dict[str, int] = defaultdict(int)  # the actor counts its own conversations only
+        while not sample.finished:
+            budget = turn_budget(sample, talk.limits)
+            if budget:
+                first, finish, spans = len(sample.completion_ids), None, None
+                async for delta in generate(
+                    client, self.urls[i % len(self.urls)], prompt_ids + sample.completion_ids, n=1,
+                    max_tokens=min(budget, self.max_new_tokens), temperature=self.cfg.temperature,
+                    timeout_s=self.request_timeout_s, stream=False, cache_salt=f"eval-v{version}",
+                    seed=self.seed + i + 7919 * (j + 1) * (len(sample.turn_ends) + 1),
+                ):  # fmt: skip
+                    sample.append(delta.token_ids, delta.logprobs, version)
+                    finish, spans = delta.finish_reason or finish, delta.spans or spans
+                sampled = len(sample.completion_ids) - first
+                if sampled and set(token_versions(spans, sampled, version)) != {version}:
+                    raise VersionChanged(f"vLLM sampled an eval conversation with weights other than version {version}")
+                sample.end_turn(finish if finish in ("stop", "length") else "length")
+            else:
+                sample.end_turn("length")
+            await take_step(talk, sample, problem, f"eval-v{version}/{i}", self.decode, counters)
+        return sample
+
+
+def evaluator_for(
+    cfg, problems: list[Problem], tokenizer, render_prompt, scorer: Scorer, redis, urls: list[str], conversations: Conversations | None = None
+) -> Evaluator:
     """The run's evaluator over `problems` (the actor's and `rlrun eval`'s one way to build it);
-    `render_prompt`: the model's chat template, or None to give prompts as they are."""
+    `render_prompt`: the model's chat template, or None to give prompts as they are;
+    `conversations`: the run's environment (its prompts show the tools)."""
     render = render_prompt or (lambda prompt: prompt)
+    if conversations is not None:
+        render = lambda prompt: conversations.turns.prompt_text(prompt, conversations.tools or None)  # noqa: E731
     return Evaluator(
         cfg.eval, cfg.trainer.max_train_steps, problems,
         encode=lambda problem: tokenizer.encode(render(problem.prompt), add_special_tokens=False),
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), scorer=scorer, redis=redis, urls=urls,
         max_new_tokens=cfg.actor.max_new_tokens, concurrency=cfg.actor.max_concurrent_groups,
-        request_timeout_s=cfg.actor.request_timeout_s, seed=cfg.run.seed * 1_000_003,
+        request_timeout_s=cfg.actor.request_timeout_s, seed=cfg.run.seed * 1_000_003, conversations=conversations,
     )  # fmt: skip

@@ -23,7 +23,7 @@ from typing import Callable
 
 import httpx
 
-from rlrun.actor.conversation import Conversations, fits, is_last_turn, messages_for, outcome_of, turn_budget
+from rlrun.actor.conversation import Conversations, take_step, turn_budget
 from rlrun.actor.evaluator import Evaluator
 from rlrun.actor.ledger import JournalLedger, MemoryLedger, flush
 from rlrun.actor.partition import prompt_position
@@ -32,9 +32,7 @@ from rlrun.actor.sampling import LiveGroup, SampleState, close_if_spent, count_k
 from rlrun.actor.trainer_view import TrainerView
 from rlrun.actor.vllm_client import generate
 from rlrun.config import RunConfig
-from rlrun.task.environment import INTERRUPTED, Step, StepCall, TurnInfo, as_step
-from rlrun.task.turns import Observation, parse_tool_calls
-from rlrun.task.pool import CallFailed, Scorer
+from rlrun.task.pool import Scorer
 from rlrun.task.rewards import GroupCall, SampleInfo
 from rlrun.task.tasks import Task, problem_index
 from rlrun.errors import ConfigError
@@ -307,57 +305,11 @@ class Actor:
             await asyncio.gather(*(self._answer(group, s) for s in due))
 
     async def _answer(self, group: LiveGroup, sample: SampleState) -> None:
-        """One step of the environment for `sample`'s last turn, and what it makes of the conversation."""
-        talk, problem = self.conversations, self.task.problems[group.prompt_index]
-        last = is_last_turn(sample, talk.limits)
-        if sample.step_interrupted and not talk.rerun_interrupted:
-            self.counters["env_steps_interrupted"] += 1
-            answer = Step(observation=INTERRUPTED)
-        else:
-            self.counters["env_steps_rerun"] += int(sample.step_interrupted)
-            answer = await self._step(group, sample, problem, last)
-        outcome = outcome_of(answer, last) if answer is not None else None
-        if outcome is None or outcome.finish_reason is not None:  # (None: the step raised)
-            self._end_conversation(group, sample, *((outcome.finish_reason, outcome.reward) if outcome else ("stop", 0.0)))
-            return
-        content, truncated = talk.turns.truncate(outcome.observation.observation, talk.limits.max_observation_tokens)
-        self.counters["observations_truncated"] += int(truncated)
-        observation = Observation(content, outcome.observation.role, outcome.observation.name)
-        ids = talk.turns.observation_ids(observation, model_stopped=sample.turn_end == "stop")
-        if not fits(sample, len(ids), talk.limits):  # no room for it and a next turn: the budget ends it
-            self._end_conversation(group, sample, "length", 0.0)
-            return
-        sample.observe(ids, {"role": observation.role, "content": content, "name": observation.name, "truncated": truncated})
-        self._journal_observation(group, sample)
-
-    async def _step(self, group: LiveGroup, sample: SampleState, problem, last: bool) -> Step | None:
-        """The environment's answer in a worker; a timeout is told to the model; None: the step raised."""
-        talk = self.conversations
+        """One step of the environment for `sample`'s last turn, and its answer journaled."""
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        info = TurnInfo(
-            group.group_id, sample.index, len(sample.turn_ends), sample.turn_end or "length", len(sample.completion_ids),
-            last, max(sample.versions, default=0),
-        )  # fmt: skip
-        call = StepCall(messages_for(problem.prompt, sample, decode, parse_tool_calls), problem.row, info, talk.tools)
-        self.counters["env_steps"] += 1
-        try:
-            return as_step(await talk.pool.call(0, call))
-        except CallFailed as exc:
-            if exc.kind == "timeout":
-                self.counters["env_step_timeouts"] += 1
-                return Step(observation=f"the step timed out after {talk.timeout_s:g} s")
-            self.counters["env_step_errors"] += 1
-            if self.counters["env_step_errors"] == 1:  # the first; the counter says how many followed
-                log.error("environment.step raised (the conversation ends with reward 0; counted in env_step_errors):\n%s", exc.detail)
-            return None
-
-    def _end_conversation(self, group: LiveGroup, sample: SampleState, finish_reason: str, reward: float) -> None:
-        """The last step: the conversation finishes with its reward, in one journal entry."""
-        end = len(sample.completion_ids)
-        sample.observations.append({"done": True, "reward": reward, "start": end, "end": end})
-        sample.turn_end, sample.step_interrupted = None, False
-        sample.finish_reason, sample.reward = finish_reason, reward
-        self._journal_observation(group, sample, finish=finish_reason)
+        problem = self.task.problems[group.prompt_index]
+        await take_step(self.conversations, sample, problem, group.group_id, decode, self.counters)
+        self._journal_observation(group, sample, finish=sample.finish_reason if sample.finished else None)
 
     def _journal_observation(self, group: LiveGroup, sample: SampleState, finish: str | None = None) -> None:
         result = self.ledger.append_observation(group.group_id, sample, finish=finish)

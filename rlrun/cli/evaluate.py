@@ -35,6 +35,7 @@ class Evaluation:
 
 def evaluate(run_root: Path, step: Optional[int] = None) -> Evaluation:
     """Evaluate run `run_root`'s newest usable checkpoint (or step `step`'s) on its held-out rows."""
+    from rlrun.actor.conversation import conversations_for
     from rlrun.actor.evaluator import evaluator_for
     from rlrun.actor.tokenizer import load_tokenizer
     from rlrun.cli.export import chosen_checkpoint
@@ -51,7 +52,7 @@ def evaluate(run_root: Path, step: Optional[int] = None) -> Evaluation:
     cfg = load_resolved(run.config)
     if cfg.eval.every_steps == 0:  # the keys still say how (k, temperature, ...): the defaults
         log.info("the run had no evaluation (eval.every_steps=0): evaluating with the eval.* settings it has")
-    task = load_task(cfg.dataset, cfg.run.seed, cfg.reward)
+    task = load_task(cfg.dataset, cfg.run.seed, cfg.reward, scored_by_environment=bool(cfg.environment.step))
     if not task.eval_problems:
         raise ConfigError(f"{run.root}'s task has no held-out rows (dataset.eval_files, eval_split or eval_fraction): nothing to evaluate.")
     warnings: list[str] = []
@@ -61,11 +62,12 @@ def evaluate(run_root: Path, step: Optional[int] = None) -> Evaluation:
     tokenizer = load_tokenizer(source if checkpoint.has_tokenizer(source) else base)
     render = chat_renderer(source if checkpoint.has_tokenizer(source) else base) if cfg.model.chat_template else None
     scorer = scorer_for(task.rewards, cfg.reward)
+    conversations = conversations_for(cfg, str(source if checkpoint.has_tokenizer(source) else base), tokenizer)
     key = run.read_vllm_api_key()
     logs = Path(tempfile.mkdtemp(prefix="rlrun-eval-"))
     try:
         with _server(cfg, run, source, base, logs) as url:
-            evaluator = evaluator_for(cfg, task.eval_problems, tokenizer, render, scorer, redis=None, urls=[url])
+            evaluator = evaluator_for(cfg, task.eval_problems, tokenizer, render, scorer, None, [url], conversations)
             figures = asyncio.run(_measure(evaluator, scorer, url, key, version))
     except BaseException:
         log.error("the evaluation's vLLM log is kept in %s", logs)
@@ -80,12 +82,15 @@ async def _measure(evaluator, scorer, url: str, key: str, version: int) -> dict:
 
     from rlrun.inference.auth import bearer_header
 
-    await scorer.pool.start()
+    pools = [scorer.pool] + ([evaluator.conversations.pool] if evaluator.conversations else [])
+    for pool in pools:
+        await pool.start()
     try:
         async with httpx.AsyncClient(headers=bearer_header(key) if key else {}) as client:
             return await evaluator.measure(client, version)
     finally:
-        await scorer.pool.close()
+        for pool in pools:
+            await pool.close()
 
 
 class _server:

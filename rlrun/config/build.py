@@ -213,10 +213,6 @@ def validate(cfg: RunConfig) -> None:
             f"({cfg.model.max_model_len}): a conversation is the prompt and that many tokens.",
         )
         need(not cfg.reward.functions, "environment.step gives the reward (its last step's answer): remove reward.functions.")
-        need(
-            not cfg.eval.every_steps,
-            "eval.every_steps with environment.step: evaluating conversations is not built yet; set eval.every_steps=0.",
-        )
     need(not env.tools or bool(env.step), "environment.tools without environment.step: the step runs the tools; set both.")
     need(
         not env.tools or cfg.model.chat_template,

@@ -43,13 +43,14 @@ def main(argv: list[str] | None = None) -> int:
         view = build(cfg).backend.trainer_view(redis, k)  # the role's run, built once
         ledger = JournalLedger(redis, names.journal_prefix(view.stream)) if cfg.actor.journal else MemoryLedger(redis)
         scorer = scorer_for(task.rewards, cfg.reward)
+        conversations = conversations_for(cfg, role.model_path, tokenizer)
         evaluator = None
         if k == 0 and cfg.eval.every_steps and task.eval_problems:  # actor 0 evaluates
-            evaluator = evaluator_for(cfg, task.eval_problems, tokenizer, render_prompt, scorer, redis, role.vllm_urls)
+            evaluator = evaluator_for(cfg, task.eval_problems, tokenizer, render_prompt, scorer, redis, role.vllm_urls, conversations)
         actor = Actor(
             cfg, redis, tokenizer, task, role.vllm_urls, ledger, run_name=group_namespace(run_dir.root.name, k, cfg.actor.num_actors),
             api_key=run_dir.read_vllm_api_key(), trainer=view, scorer=scorer, actor_index=k, render_prompt=render_prompt,
-            evaluator=evaluator, conversations=conversations_for(cfg, role.model_path, tokenizer),
+            evaluator=evaluator, conversations=conversations,
         )  # fmt: skip
         if cfg.actor.audit:
             run_dir.audit.mkdir(exist_ok=True)

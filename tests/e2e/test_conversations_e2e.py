@@ -3,6 +3,7 @@ tool that counts its calls (tests/envs/counting_tool.py), and the actor SIGKILLe
 conversations wait on a step behind a finished tool call: the run ends at the exact step, every
 conversation is trained once, no step whose answer the journal held runs again, the tokens the
 journal held are reused, and every request's prompt was the conversation's ids as sent and sampled.
+Held-out conversations are evaluated with the same environment.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from rlrun.telemetry.metrics import eval_records
 from rlrun.trainer.checkpoint import latest_complete, read_state
 
 from .conftest import audit, current_pid, left_behind, start_rlrun, trained_once, wait_for
@@ -28,6 +30,7 @@ RUN = [
     "recipe=math_grpo", f"trainer.max_train_steps={STEPS}", "trainer.train_batch_size=32", "trainer.checkpoint_every=100",
     f"environment.step={ROOT / 'tests/envs/counting_tool.py'}:step", "environment.max_total_tokens=40", "environment.workers=4",
     "actor.audit=true", "actor.max_concurrent_groups=4", "supervisor.stop_grace_s=5",
+    "dataset.eval_fraction=0.1", "eval.every_steps=2",  # held-out conversations, with the same tool
 ]  # fmt: skip
 
 
@@ -82,7 +85,7 @@ def test_actor_sigkill_mid_conversation_runs_no_finished_step_again(tmp_path):
     journaled = {(r["group"], str(r["index"]), str(r["turn"])) for r in before if r["kind"] == "observed"}
     assert journaled and all(starts[key] == 1 for key in journaled), [k for k in journaled if starts[k] != 1]
     state = actor_counters(run_dir)  # the restarted actor's
-    twice = [key for key, n in starts.items() if n > 1]
+    twice = [key for key, n in starts.items() if n > 1 and not key[0].startswith("eval-")]  # (an evaluation cut is redone)
     assert len(twice) <= state["env_steps_rerun"], (twice, state)
     delivered_at_kill = {r["group_id"] for r in before if r["kind"] == "delivered"}
     assert 0 < len({k for k in journaled if k[0] not in delivered_at_kill}) <= state["env_steps_reused"], state
@@ -108,4 +111,9 @@ def test_actor_sigkill_mid_conversation_runs_no_finished_step_again(tmp_path):
             assert {end for _, end in spans} <= sent.get((group["group_id"], sample["index"]), set())
             for start, end in spans:
                 assert sample["logprobs"][start:end] == [0.0] * (end - start)
+    # The held-out conversations were evaluated at versions 0, 2 and 4, each with the tool.
+    evaluations = eval_records(run_dir / "metrics.jsonl")
+    assert [r["policy_version"] for r in evaluations] == [0, 2, 4] and all("abandoned" not in r for r in evaluations), evaluations
+    assert all(r["prompts"] == 10 and 0.0 <= r["reward_mean"] <= 1.0 for r in evaluations)
+    assert {key[0].split("/")[0] for key in starts if key[0].startswith("eval-")} == {"eval-v0", "eval-v2", "eval-v4"}
     assert left_behind(proc) == []

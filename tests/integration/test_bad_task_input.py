@@ -234,7 +234,8 @@ def environment(task: Task, function: str = "step") -> list[str]:
 
 def test_the_good_environment_passes_the_same_preflight(task):
     env = task.text("my_env.py", GOOD_ENV)
-    for extra in ([], ["model=smollm2_135m", "model.chat_template=true", f"environment.tools={env}:TOOLS"]):
+    evaluated = ["dataset.eval_fraction=0.2", "eval.every_steps=2"]  # conversations are evaluated too
+    for extra in ([], evaluated, ["model=smollm2_135m", "model.chat_template=true", f"environment.tools={env}:TOOLS"]):
         result = CliRunner().invoke(app, ["train", f"run.dir={task.run}", *environment(task), *extra, "--dry-run"])
         assert result.exit_code == 0, result.stderr + result.stdout
     assert not task.run.exists()
@@ -245,7 +246,6 @@ def test_the_good_environment_passes_the_same_preflight(task):
     [
         ("conversation longer than the model", ["environment.max_total_tokens (256) must be below model.max_model_len (64)"]),
         ("reward functions beside the step", ["environment.step gives the reward (its last step's answer): remove reward.functions."]),
-        ("evaluation", ["eval.every_steps with environment.step: evaluating conversations is not built yet; set eval.every_steps=0."]),
         ("tools without a step", ["environment.tools without environment.step: the step runs the tools; set both."]),
         ("tools without a chat template", ["environment.tools are shown to the model through its chat template: set model.chat_template=true."]),
     ],
@@ -256,7 +256,6 @@ def test_an_environment_the_config_refuses(task, nothing_starts, case, fragments
     overrides = {
         "conversation longer than the model": [f"environment.step={env}:step"],
         "reward functions beside the step": [*environment(task), f"reward.functions=[{reward}:score]"],
-        "evaluation": [*environment(task), "dataset.eval_fraction=0.2", "eval.every_steps=2"],
         "tools without a step": ["model=smollm2_135m", "model.chat_template=true", f"environment.tools={env}:TOOLS"],
         "tools without a chat template": [*environment(task), f"environment.tools={env}:TOOLS"],
     }[case]
