@@ -3,8 +3,10 @@
 Each row hides a whole number from 1 to `high`; the model guesses, the environment answers
 "Higher." or "Lower." (or asks for a number), until it guesses right or its turns run out. The
 reward says how soon: 1 on the first turn, a quarter less for every turn after it, 0 when it never
-guesses right. Binary search wins every game of 1..8 in at most 4 turns; a model that ignores the
-answers wins 1 in 8 at each turn.
+guesses right; plus up to FORMAT_BONUS for the share of its replies that are a number and nothing
+else (a pretrained 135M model mostly answers in words at first: without it, wins are too rare to
+learn from in a short run). Binary search wins every game of 1..8 in at most 4 turns; a model that
+ignores the answers wins 1 in 8 at each turn.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import re
 # in 13 of 32 first replies; the longer wording this replaced got 2 of 32 (bench/README.md).
 PROMPT = "Guess my number from 1 to {high}. I will say higher or lower. Reply with one number only."
 PENALTY_PER_TURN = 0.25
+FORMAT_BONUS = 0.25
 NUMBER = re.compile(r"-?\d+")
+ONLY_A_NUMBER = re.compile(r"\s*-?\d+\s*\.?\s*")
 
 
 def guess_rows(high: int, num_problems: int, seed: int) -> list[dict]:
@@ -32,9 +36,15 @@ def step(messages: list[dict], row: dict, info) -> dict:
     found = NUMBER.search(messages[-1]["content"])
     guess = int(found.group()) if found else None
     if guess == row["target"]:
-        return {"done": True, "reward": max(0.0, 1.0 - PENALTY_PER_TURN * (info.turn - 1))}
+        return {"done": True, "reward": max(0.0, 1.0 - PENALTY_PER_TURN * (info.turn - 1)) + format_bonus(messages)}
     if info.last:
-        return {"done": True, "reward": 0.0}
+        return {"done": True, "reward": format_bonus(messages)}
     if guess is None:
         return {"observation": f"Reply with one whole number from 1 to {row['high']}.", "role": "user"}
     return {"observation": "Higher." if row["target"] > guess else "Lower.", "role": "user"}
+
+
+def format_bonus(messages: list[dict]) -> float:
+    """FORMAT_BONUS times the share of the model's replies that are a number and nothing else."""
+    replies = [m["content"] for m in messages if m["role"] == "assistant"]
+    return FORMAT_BONUS * sum(1 for r in replies if ONLY_A_NUMBER.fullmatch(r)) / max(1, len(replies))
