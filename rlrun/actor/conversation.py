@@ -162,6 +162,9 @@ async def _run_step(talk: Conversations, sample: SampleState, problem, group_id:
         if exc.kind == "timeout":
             counters["env_step_timeouts"] += 1
             return Step(observation=f"the step timed out after {talk.timeout_s:g} s")
+        if exc.kind == "interrupted":  # its worker died under it, and it must not run twice
+            counters["env_steps_interrupted"] += 1
+            return Step(observation=INTERRUPTED)
         counters["env_step_errors"] += 1
         if counters["env_step_errors"] == 1:  # the first; the counter says how many followed
             log.error("environment.step raised (the conversation ends with reward 0; counted in env_step_errors):\n%s", exc.detail)

@@ -30,7 +30,8 @@ WORKER_MODULE = "rlrun.entrypoints.reward_worker"
 
 
 class CallFailed(Exception):
-    """A reward call raised (`kind` "error", with its traceback) or ran out of time ("timeout")."""
+    """A reward call raised (`kind` "error", with its traceback) or ran out of time ("timeout"); a
+    step that must not run twice lost its worker under it ("interrupted")."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(detail)
@@ -121,6 +122,8 @@ class RewardPool:
                 raise CallFailed("timeout", f"no answer within {setting}={self.timeout_s:g} s") from None
             except WorkerDied as exc:
                 self._replace(worker)
+                if self.environment and not self.conventions[index]:  # its step must not run twice
+                    raise CallFailed("interrupted", f"{exc}; the step says it must not be run again") from None
                 if attempt == 2:
                     raise CallFailed("error", str(exc)) from None
                 log.warning("%s; the call goes to another worker", exc)

@@ -44,3 +44,23 @@ def sleepy(messages, row, info):
 
 def two_arguments(messages, row):
     return {"done": True}
+
+
+def _dying(messages, row, info):
+    """Notes its call in $RLRUN_STEP_CALLS, then its worker dies (a segfault, an OOM kill)."""
+    import os
+
+    with open(os.environ["RLRUN_STEP_CALLS"], "a") as handle:
+        handle.write(f"{info.group_id}\n")
+    os._exit(1)
+
+
+def dies(messages, row, info):
+    return _dying(messages, row, info)
+
+
+def dies_charging(messages, row, info):
+    return _dying(messages, row, info)
+
+
+dies_charging.rerun_interrupted = False

@@ -363,3 +363,12 @@ def test_a_step_served_over_http_is_posted_the_conversation_with_the_token(monke
     assert body["info"]["group_id"] == "run/4" and body["messages"][-1] == {"role": "assistant", "content": "5"}
     assert refused.kind == "error" and "answered 401" in refused.detail
     assert workers() == []
+
+
+def test_a_step_whose_worker_dies_runs_again_only_if_it_may(tmp_path, monkeypatch):
+    calls = tmp_path / "calls"
+    monkeypatch.setenv("RLRUN_STEP_CALLS", str(calls))
+    _, (rerun, once) = asyncio.run(stepping(["dies", "dies_charging"], [(0, step_call("4")), (1, step_call("4"))], size=2))
+    assert rerun.kind == "error" and once.kind == "interrupted" and "must not be run again" in once.detail
+    assert calls.read_text().count("run/4") == 3  # twice for the one that may run again, once for the other
+    assert workers() == []

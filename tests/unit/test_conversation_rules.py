@@ -294,3 +294,115 @@ def test_resume_keeps_a_finished_conversation_with_its_reward_and_no_step_due():
     (sample,) = resume(plan_replay([record], current_version=9, max_prefix_staleness=0, conversations=True), conversations=True).groups[0].samples
     assert sample.finished and sample.finish_recorded and sample.reward == 0.5
     assert not sample.step_due and not sample.step_interrupted
+
+
+# --- take_step: a step's answer applied to the sample (the pool a stand-in: tests/integration runs real ones) -----
+
+
+class Answers:
+    """A step pool that answers each call with the next of `answers` (a CallFailed is raised)."""
+
+    def __init__(self, *answers, rerun: bool = True) -> None:
+        self.answers, self.conventions, self.calls = list(answers), [rerun], []
+
+    async def call(self, index, call):
+        self.calls.append(call)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+class Characters:
+    """Each character one id: what the observation's ids are, visibly."""
+
+    end_of_turn_ids = (99,)
+
+    def truncate(self, content: str, max_tokens: int):
+        return (content, False) if len(content) <= max_tokens else (content[:max_tokens] + "~", True)
+
+    def observation_ids(self, observation, model_stopped: bool):
+        return ([] if model_stopped else [99]) + [ord(c) for c in observation.content]
+
+
+ROOMY = Limits(max_turns=3, max_total_tokens=200, max_turn_tokens=8, max_observation_tokens=100)
+
+
+def stepped(pool: Answers, sample: SampleState, limits: Limits = ROOMY):
+    import asyncio
+    from collections import Counter
+
+    from rlrun.actor.conversation import Conversations, take_step
+    from rlrun.task.tasks import Problem
+
+    counters: Counter = Counter()
+    talk = Conversations(pool, Characters(), limits, [], timeout_s=5.0)
+    asyncio.run(take_step(talk, sample, Problem("hi", {"answer": "4"}), "run/1", lambda ids: "".join(map(str, ids)), counters))
+    return counters
+
+
+def ended_turn(n: int = 3, stopped: bool = True) -> SampleState:
+    sample = state(n - 1)
+    sample.append_all([99 if stopped else 5], [-0.5], [7])
+    sample.end_turn("stop" if stopped else "length")
+    return sample
+
+
+def test_an_observation_is_appended_as_rendered_and_the_next_turn_starts_after_it():
+    sample = ended_turn()
+    counters = stepped(Answers({"observation": "ab", "role": "tool", "name": "t", "done": False, "reward": None}), sample)
+    assert sample.completion_ids[3:] == [97, 98] and sample.logprobs[3:] == [0.0, 0.0] and sample.turn_start == 5
+    assert sample.observations == [{"role": "tool", "content": "ab", "name": "t", "truncated": False, "start": 3, "end": 5}]
+    assert not sample.finished and counters["env_steps"] == 1
+
+
+def test_a_turn_not_ended_by_the_end_of_turn_id_is_closed_by_the_observation():
+    sample = ended_turn(stopped=False)
+    sample.turn_end = "stop"  # a stop on another id (Qwen's <|endoftext|>): not the template's end
+    stepped(Answers({"observation": "a", "role": "tool", "name": None, "done": False, "reward": None}), sample)
+    assert sample.completion_ids[3:] == [99, 97]
+
+
+def test_a_long_observation_is_cut_and_counted_and_one_that_leaves_no_room_ends_the_conversation():
+    sample = ended_turn()
+    counters = stepped(Answers({"observation": "abcdefg", "role": "user", "name": None, "done": False, "reward": None}), sample, LIMITS)
+    assert sample.observations[-1]["content"] == "abcd~" and counters["observations_truncated"] == 1
+    full = ended_turn(n=16)
+    stepped(Answers({"observation": "abcd", "role": "user", "name": None, "done": False, "reward": None}), full, LIMITS)
+    assert full.finish_reason == "length" and full.reward == 0.0 and full.completion_ids == ended_turn(n=16).completion_ids
+
+
+@pytest.mark.parametrize(
+    "answer, text, counted",
+    [
+        ("timeout", "the step timed out after 5 s", "env_step_timeouts"),
+        ("interrupted", "the call was interrupted (the run restarted) and is not run again", "env_steps_interrupted"),
+    ],
+)
+def test_a_timeout_or_a_lost_step_that_must_not_run_twice_is_told_to_the_model(answer, text, counted):
+    from rlrun.task.pool import CallFailed
+
+    sample = ended_turn()
+    counters = stepped(Answers(CallFailed(answer, "detail")), sample)
+    assert sample.observations[-1]["content"] == text and counters[counted] == 1 and not sample.finished
+
+
+def test_a_step_that_raised_ends_the_conversation_with_reward_zero():
+    from rlrun.task.pool import CallFailed
+
+    sample = ended_turn()
+    counters = stepped(Answers(CallFailed("error", "Traceback ...")), sample)
+    assert sample.finished and sample.reward == 0.0 and counters["env_step_errors"] == 1
+    assert sample.observations[-1] == {"done": True, "reward": 0.0, "start": 3, "end": 3}
+
+
+def test_an_interrupted_step_is_run_again_only_where_the_function_allows_it():
+    again, never = ended_turn(), ended_turn()
+    again.step_interrupted = never.step_interrupted = True
+    done = {"observation": None, "role": "tool", "name": None, "done": True, "reward": 1.0}
+    counts = stepped(Answers(done), again)
+    assert again.reward == 1.0 and counts["env_steps_rerun"] == 1
+    refused = Answers(done, rerun=False)
+    counts = stepped(refused, never)
+    assert refused.calls == [] and counts["env_steps_interrupted"] == 1 and not never.finished
+    assert never.observations[-1]["content"].startswith("the call was interrupted")
