@@ -1,6 +1,7 @@
-"""Handing weights to vLLM, disk vs broadcast, and the trainer's step time with 1 and 2 ranks.
+"""Handing weights to vLLM, disk vs broadcast vs shm, and the trainer's step time with 1 and 2 ranks.
 
     python bench/weight_sync.py [--sizes tiny,100m] [--repeats 3] [--steps 6] [--skip-steps] [--vllm]
+    python bench/weight_sync.py --only-vllm --sizes smollm2 --repeats 3
 
 1. Weight hand-over, for a model built locally (nothing downloaded): `tiny` is rlrun's demo
    shape (~0.3 M parameters), `100m` a ~100 M-parameter Qwen2 (8 layers of 768, vocabulary 32k).
@@ -22,15 +23,18 @@
 3. (--vllm; heavy: run it under the lock) A whole weight update into a real vLLM CPU server
    through the trainer's own code, per model size, --repeats updates each way, each with new
    weights: disk = `rlrun.trainer.weight_publisher.write_weights` (the folder, weights/current) then
-   `VllmAdmin.update_weights` (pause, `rlrun_reload_weights`, reset the prefix cache, publish,
-   resume); broadcast = `BroadcastSync.update` (pause, group check, receive while rank 0 sends,
-   reset, publish, resume), its first update forming the group. `pause` is vLLM's: from the
-   /pause request to the /resume answer (generation stopped); `update` is the trainer's whole
-   call (the disk write, done before the pause, included; `write` alone); `receive`/`load`: the
-   vLLM worker's own report for a broadcast (the tensors in, then vLLM's load into its model); bytes = the folder written (and read
-   back by the server) or the tensors sent. The model folder is served by the server from its
-   start; the `tiny` shape here is the run's real tiny model (warm-started, tied embeddings),
-   `100m` the shape above with the tiny model's tokenizer.
+   `VllmAdmin.update_from_folder` (pause, the engine's reload, publish, resume); broadcast =
+   `BroadcastSync.update` (pause, group check, receive while rank 0 sends, publish, resume), its
+   first update forming the group; shm = `SharedWeights.write` (the copy into the run's file in
+   /dev/shm, before the pause) then `VllmAdmin.update_from_shared`, its first write allocating
+   the file's pages. `pause` is vLLM's: from the /pause request to the /resume answer (generation
+   stopped); `update` is the trainer's whole call (the disk write or the shm copy, done before
+   the pause, included; `write` alone); `receive`/`load`: the vLLM worker's own report from its
+   log (the tensors in, then vLLM's load into its model); bytes = the folder written (and read
+   back by the server), the tensors sent or copied. The model folder is served by the server from
+   its start; the `tiny` shape here is the run's real tiny model (warm-started, tied embeddings),
+   `100m` the shape above with the tiny model's tokenizer, `smollm2` (--only-vllm) recipe=
+   smollm2_grpo's SmolLM2-135M-Instruct (tied).
 
 Prints tables; asserts nothing. Other load on the machine changes the figures a lot.
 """
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import shutil
 import socket
 import statistics
@@ -216,6 +221,9 @@ def model_folder(size: str, root: Path) -> tuple[str, str]:
     from rlrun.config import compose
     from rlrun.models.source import model_path
 
+    if size == "smollm2":
+        smollm2 = model_path(compose(["recipe=smollm2_grpo"])[0], build=True)
+        return smollm2, smollm2
     cfg, _ = compose(["recipe=math_grpo"])
     tiny = model_path(cfg, build=True)
     if size == "tiny":
@@ -233,7 +241,7 @@ def start_vllm(model: str, tokenizer: str, log: Path):
 
     cfg, _ = compose(["recipe=math_grpo"])
     port = free_port()
-    env = {**os.environ, **server_env(cfg.inference), "VLLM_API_KEY": "bench-key"}
+    env = {**os.environ, **server_env(cfg.inference), "VLLM_API_KEY": "bench-key", "VLLM_LOGGING_LEVEL": "INFO"}  # the engine's report
     with open(log, "wb") as out:
         proc = subprocess.Popen(server_argv(cfg.inference, cfg.model, model, port, tokenizer=tokenizer, stream_interval=cfg.actor.journal_flush_tokens), env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -250,8 +258,20 @@ def nudged(state: dict, version: int) -> dict:
     return {name: t + 1e-4 * version for name, t in state.items()}
 
 
+LOADED = re.compile(r"weights loaded from .*?: \d+ tensors, received in ([\d.]+) s, loaded in ([\d.]+) s")
+
+
+def engine_report(log: Path, seen: int) -> tuple[float, float]:
+    """(receive s, load s) of the engine's report after the first `seen` ones in the server's log."""
+    reports = LOADED.findall(log.read_text(errors="replace"))
+    if len(reports) <= seen:
+        return float("nan"), float("nan")
+    return float(reports[seen][0]), float(reports[seen][1])
+
+
 def vllm_updates(size: str, repeats: int, root: Path) -> list[tuple]:
-    """(way, version, pause s, update s, bytes, write s, receive s, load s) for `repeats` disk then `repeats` broadcast updates."""
+    """(way, version, pause s, update s, bytes, write s, receive s, load s) for `repeats` disk, then
+    `repeats` + 1 broadcast, then `repeats` + 1 shm updates (the first of each forms or allocates)."""
     import signal
 
     from transformers import AutoModelForCausalLM
@@ -259,6 +279,7 @@ def vllm_updates(size: str, repeats: int, root: Path) -> list[tuple]:
     from rlrun.rundir import RunDir
     from rlrun.trainer.weight_publisher import write_weights
     from rlrun.trainer.weight_broadcast import BroadcastSync
+    from rlrun.weights.shared import SharedWeights, shared_path
 
     import transformers
 
@@ -270,8 +291,10 @@ def vllm_updates(size: str, repeats: int, root: Path) -> list[tuple]:
         state.pop("lm_head.weight", None)  # as save_pretrained writes a tied model
     run = RunDir(root / f"run-{size}")
     run.weights.mkdir(parents=True)
-    proc, url = start_vllm(folder, tokenizer, root / f"vllm-{size}.log")
+    log = root / f"vllm-{size}.log"
+    proc, url = start_vllm(folder, tokenizer, log)
     out = []
+    shared = SharedWeights(shared_path(f"bench-{os.getpid()}/"))
     try:
         admin = TimedAdmin([url], api_key="bench-key")
         for version in range(1, repeats + 1):
@@ -280,11 +303,11 @@ def vllm_updates(size: str, repeats: int, root: Path) -> list[tuple]:
             started = time.perf_counter()
             target = write_weights(run, model, weights, version)
             written = time.perf_counter()
-            admin.update_weights(str(target), lambda: None)
+            admin.update_from_folder(str(target), version, lambda: None)
             done = time.perf_counter()
             size_bytes = sum(p.stat().st_size for p in target.rglob("*.safetensors"))
             out.append(("disk", version, admin.resumed_at - admin.paused_at, done - started, size_bytes, written - started,
-                        float("nan"), float("nan")))  # fmt: skip
+                        *engine_report(log, len(out))))  # fmt: skip
         sync = BroadcastSync(admin, "127.0.0.1", free_port(), "gloo", timeout_s=120)
         for version in range(repeats + 1, 2 * repeats + 2):  # one more: the first forms the group
             admin.paused_at = None
@@ -293,13 +316,22 @@ def vllm_updates(size: str, repeats: int, root: Path) -> list[tuple]:
             sync.update(weights, version, lambda: None)
             done = time.perf_counter()
             sent = sum(t.numel() * t.element_size() for t in weights.values())
-            (report,) = sync.last_reports
             out.append(("broadcast" if version > repeats + 1 else "broadcast, forming", version,
-                        admin.resumed_at - admin.paused_at, done - started, sent, 0.0,
-                        report["receive_s"], report["load_s"]))  # fmt: skip
+                        admin.resumed_at - admin.paused_at, done - started, sent, 0.0, *engine_report(log, len(out))))  # fmt: skip
         sync.close()
+        for version in range(2 * repeats + 2, 3 * repeats + 3):  # one more: the first allocates the file's pages
+            admin.paused_at = None
+            weights = nudged(state, version)
+            started = time.perf_counter()
+            copied = shared.write(weights)
+            written = time.perf_counter()
+            admin.update_from_shared(str(shared.path), version, lambda: None)
+            done = time.perf_counter()
+            out.append(("shm" if version > 2 * repeats + 2 else "shm, first", version, admin.resumed_at - admin.paused_at,
+                        done - started, copied, written - started, *engine_report(log, len(out))))  # fmt: skip
         admin.close()
     finally:
+        shared.close()
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
     return out
@@ -311,7 +343,7 @@ def vllm_table(sizes: list[str], repeats: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             rows = vllm_updates(size, repeats, Path(tmp))
-            for way in ("disk", "broadcast, forming", "broadcast"):
+            for way in ("disk", "broadcast, forming", "broadcast", "shm, first", "shm"):
                 mine = [r for r in rows if r[0] == way]
                 pause, update = statistics.median(r[2] for r in mine), statistics.median(r[3] for r in mine)
                 write, receive, load = (statistics.median(r[k] for r in mine) for k in (5, 6, 7))
@@ -320,7 +352,7 @@ def vllm_table(sizes: list[str], repeats: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="tiny,100m", help="comma-separated: tiny, 100m")
+    parser.add_argument("--sizes", default="tiny,100m", help="comma-separated: tiny, 100m; smollm2 with --only-vllm")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--skip-steps", action="store_true", help="only the weight hand-over")
@@ -328,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only-vllm", action="store_true", help="only the whole updates into a real vLLM server")
     args = parser.parse_args(argv)
     sizes = [s for s in args.sizes.split(",") if s]
-    unknown = [s for s in sizes if s not in SHAPES]
+    unknown = [s for s in sizes if s not in SHAPES and not (s == "smollm2" and args.only_vllm)]
     if unknown:
         print(f"unknown size(s) {unknown}: choose among {', '.join(SHAPES)}", file=sys.stderr)
         return 2

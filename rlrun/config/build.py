@@ -187,9 +187,15 @@ def validate(cfg: RunConfig) -> None:
         "trainer.weight_transfer=broadcast is the hf trainer's choice: trainer=fast_llm always broadcasts its "
         "weights itself (trainer.fast_llm.broadcast_*). Remove trainer.weight_transfer.",
     )
+    need(
+        t.weight_transfer != "shm" or (t.backend == "hf" and cfg.world.kind == "local"),
+        "trainer.weight_transfer=shm hands the weights through a file in /dev/shm that every vLLM server maps: "
+        "rlrun's own trainer (trainer=hf) with world=local only, the servers on the trainer's host. Use "
+        "trainer.weight_transfer=broadcast or disk.",
+    )
     broadcasting = "trainer=fast_llm" if t.backend == "fast_llm" else "trainer.weight_transfer=broadcast"
     need(
-        (t.backend == "hf" and t.weight_transfer == "disk")
+        (t.backend == "hf" and t.weight_transfer in ("disk", "shm"))
         or (cfg.inference.tensor_parallel_size == 1 and not _sharded_vllm(cfg.inference.extra_args)),
         f"{broadcasting} needs one vLLM worker per server: each server joins the trainer's weight broadcast as "
         "one rank. Set inference.tensor_parallel_size=1, remove --pipeline-parallel-size from inference.extra_args and use "

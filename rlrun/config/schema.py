@@ -180,7 +180,7 @@ class TrainerConfig:
     sharding: Literal["auto", "fsdp2", "ddp"] = "auto"  # hf, nproc_per_node>1: auto is FSDP2 where torch has fully_shard, DDP otherwise
     mixed_precision: Literal["none", "bf16"] = "none"  # hf: bf16 compute (FSDP2 reduces gradients in fp32)
     activation_checkpointing: bool = False  # hf: recompute activations in backward (less memory, more compute)
-    weight_transfer: Literal["disk", "broadcast"] = "disk"  # hf: weights to vLLM after each step: a safetensors folder each server reloads, or broadcast from rank 0 over torch.distributed (gloo on CPU, NCCL on GPUs; a folder only at checkpoints and while a server restarts)
+    weight_transfer: Literal["disk", "broadcast", "shm"] = "disk"  # hf: weights to vLLM after each step: a safetensors folder each server reloads, broadcast from rank 0 over torch.distributed (gloo on CPU, NCCL on GPUs), or shm: copied into a file in /dev/shm that every server maps (world=local: the servers on the trainer's host); broadcast and shm write a folder only at checkpoints and while a server restarts
     overlap_weight_update: bool = False  # hf: hand a step's weights to vLLM while the next step trains (rank 0 holds one extra CPU copy of the weights meanwhile); false: the step waits for vLLM. No gain measured on 2 shared CPU cores (bench/README.md)
     weight_sync_timeout_s: Seconds = 60.0  # hf, weight_transfer=broadcast: the longest one collective of a weight update (or forming its group) may take; past it the update fails and the trainer exits to be restarted (its restart policy), instead of waiting on a stuck peer (NCCL: for as long as it lives)
     fast_llm: FastLlmConfig = field(default_factory=FastLlmConfig)  # backend=fast_llm only

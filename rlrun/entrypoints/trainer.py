@@ -25,7 +25,7 @@ log = logging.getLogger("rlrun.trainer")
 @exit_2_on(log, ConfigError, checkpoint.CorruptCheckpoint, DiskFull)
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
-    redis = vllm = parallel = broadcast = trainer = None
+    redis = vllm = parallel = broadcast = shared = trainer = None
     stop = threading.Event()  # SIGTERM (the supervisor's orderly stop, a SLURM job's end): stop at the next step boundary
     clients = []  # Redis clients: stopping, a Redis that stopped with us is not waited for
 
@@ -52,10 +52,14 @@ def main(argv: list[str] | None = None) -> int:
 
             broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, collective_backend(cfg.trainer.device),
                                       cfg.trainer.weight_sync_timeout_s, prefix=run_prefix(run_dir.read_vllm_api_key()))  # fmt: skip
-        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast, stop)
+        if cfg.trainer.weight_transfer == "shm" and parallel.ranks.is_main:
+            from rlrun.weights.shared import SharedWeights, shared_path
+
+            shared = SharedWeights(shared_path(run_prefix(run_dir.read_vllm_api_key())))
+        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast, stop, shared)
         trainer.train()
     finally:
-        for part in (trainer, broadcast, vllm, parallel, redis):
+        for part in (trainer, broadcast, shared, vllm, parallel, redis):
             if part is not None:
                 part.close()
     return 0

@@ -70,6 +70,14 @@ class VllmAdmin:
 
         return self.update(load_each, publish)
 
+    def update_from_shared(self, path: str, version: int, publish: Callable[[], None]) -> list[str]:
+        """Every server that answers loads the shared weights file `path` (rlrun/weights/shared.py) as `version`."""
+
+        def load_each(live: list[str]) -> list[str]:
+            return [url for url in live if not self._answers(lambda: self.load(url, {"shm": path}, version))]
+
+        return self.update(load_each, publish)
+
     def update(self, load: Callable[[list[str]], list[str]], publish: Callable[[], None]) -> list[str]:
         """Pause every server that answers (in flight requests kept), `load(those)` (it returns the
         ones it found down), `publish()`, resume; return the servers that were down. Raises
@@ -100,7 +108,8 @@ class VllmAdmin:
 
     def load(self, url: str, update_info: dict, version: int, timeout_s: float | None = None) -> None:
         """One weight update of server `url` through its weight-transfer engine: `update_info`
-        `{"path": folder}` or `{"timeout_s": t}` (receive a broadcast), then `version` as its label."""
+        `{"path": folder}`, `{"shm": file}` or `{"timeout_s": t}` (receive a broadcast), then
+        `version` as its label."""
         extra = {"timeout": timeout_s + 30.0} if timeout_s is not None else {}
         self._start_update(url)
         # A failed update ends vLLM's update session itself (the next start works) and labels nothing.

@@ -5,6 +5,9 @@ vLLM's own RL routes (`/init_weight_transfer_engine`, `/start_weight_update`, `/
 and the two ways rlrun moves weights:
 
 - `update_info = {"path": FOLDER}`: a complete safetensors folder (trainer.weight_transfer=disk).
+- `update_info = {"shm": FILE}`: the trainer's weights in a file this worker maps, laid out by
+  `rlrun/weights/shared.py` (trainer.weight_transfer=shm, a server on the trainer's host): views of
+  it, no copy before vLLM's own load.
 - `update_info = {}`: one whole broadcast in Fast-LLM's wire format (`backends/fast_llm/broadcast.py`)
   from rank 0 of the group joined by `init_info` (the hf trainer's =broadcast, and Fast-LLM's own
   push). The join runs in a thread, so the engine keeps serving while the sender starts; the
@@ -30,6 +33,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTr
 from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
 from rlrun.weights import broadcast
+from rlrun.weights.shared import SharedReader
 
 log = logging.getLogger("vllm.rlrun.transfer_engine")  # under vLLM's logger: its level, its handler
 
@@ -49,9 +53,11 @@ class RlrunInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class RlrunUpdateInfo(WeightTransferUpdateInfo):
-    """`path`: a complete safetensors folder to load; None: receive one broadcast."""
+    """`path`: a complete safetensors folder to load; `shm`: a shared weights file to load; neither:
+    receive one broadcast."""
 
     path: str | None = None
+    shm: str | None = None
     timeout_s: float = 600.0  # how long to wait for a join still in progress
 
 
@@ -109,6 +115,7 @@ class RlrunWeightTransferEngine(WeightTransferEngine[RlrunInitInfo, RlrunUpdateI
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
         self._membership: Future | None = None  # the last join; its result is the group
+        self._shared = SharedReader()  # the shared weights file, mapped once
 
     def init_transfer_engine(self, init_info: RlrunInitInfo) -> None:
         joined: Future = Future()
@@ -143,6 +150,9 @@ class RlrunWeightTransferEngine(WeightTransferEngine[RlrunInitInfo, RlrunUpdateI
         started = time.perf_counter()
         if update_info.path is not None:
             weights, loaded = None, folder_tensor_names(update_info.path)
+        elif update_info.shm is not None:
+            weights = list(self._shared.tensors(update_info.shm))
+            loaded = {name for name, _ in weights}
         else:
             weights = self._receive(float(update_info.timeout_s))
             loaded = {name for name, _ in weights}
@@ -152,7 +162,7 @@ class RlrunWeightTransferEngine(WeightTransferEngine[RlrunInitInfo, RlrunUpdateI
                        is_checkpoint_format=True)  # fmt: skip
         retied = retie(self.model, groups, loaded)
         log.info("weights loaded from %s: %d tensors, received in %.3f s, loaded in %.3f s, retied %s",
-                 update_info.path or "the broadcast", len(loaded), received - started, time.perf_counter() - received, retied)  # fmt: skip
+                 update_info.path or update_info.shm or "the broadcast", len(loaded), received - started, time.perf_counter() - received, retied)  # fmt: skip
 
     def _receive(self, timeout_s: float) -> list[tuple[str, torch.Tensor]]:
         membership = self._membership

@@ -26,6 +26,7 @@ from rlrun.trainer.weight_publisher import WeightPublisher
 
 if TYPE_CHECKING:
     from rlrun.trainer.weight_broadcast import BroadcastSync
+    from rlrun.weights.shared import SharedWeights
 
 log = logging.getLogger("rlrun.trainer")
 
@@ -70,9 +71,10 @@ class Trainer:
 
     def __init__(
         self, cfg: RunConfig, run_dir: RunDir, redis, model_path: str, vllm: VllmAdmin, parallel: Parallel | None = None,
-        broadcast: "BroadcastSync | None" = None, stop: threading.Event | None = None,
+        broadcast: "BroadcastSync | None" = None, stop: threading.Event | None = None, shared: "SharedWeights | None" = None,
     ) -> None:
-        """`stop`: set (by SIGTERM) to stop at the next step boundary with a checkpoint there."""
+        """`stop`: set (by SIGTERM) to stop at the next step boundary with a checkpoint there.
+        `broadcast`, `shared`: rank 0's way of handing weights to vLLM (None: folders)."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -111,7 +113,7 @@ class Trainer:
         replacing = self.eval_gate.wait_for if self.eval_gate else (lambda version: None)
         self.weights = WeightPublisher(
             t, run_dir, redis, vllm, self.parallel, broadcast, self.stopping.requested, heartbeat, before_replacing=replacing,
-            updating=self.published.updating,
+            updating=self.published.updating, shared=shared,
         )
 
     # --- the loop ------------------------------------------------------------------------------

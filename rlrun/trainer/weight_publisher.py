@@ -1,6 +1,7 @@
 """The hf trainer's weights handed to every vLLM server after each step: through a folder
-(trainer.weight_transfer=disk: `write_weights`, which each server reloads) or a broadcast from
-rank 0 (=broadcast, `weight_broadcast.py`), in a thread while the next step trains when
+(trainer.weight_transfer=disk: `write_weights`, which each server reloads), a broadcast from
+rank 0 (=broadcast, `weight_broadcast.py`) or a shared memory file every server on the host maps
+(=shm, `rlrun/weights/shared.py`), in a thread while the next step trains when
 trainer.overlap_weight_update is on; a server being restarted is waited for.
 """
 
@@ -23,6 +24,7 @@ from rlrun.trainer.parallel import Parallel
 
 if TYPE_CHECKING:
     from rlrun.trainer.weight_broadcast import BroadcastSync
+    from rlrun.weights.shared import SharedWeights
 
 log = logging.getLogger("rlrun.trainer")
 
@@ -31,8 +33,8 @@ VLLM_WAIT_S = 600.0  # a weight update waits this long for a restarting vLLM ser
 
 class WeightPublisher:
     """`push` each step's weights (every rank takes part: rank 0 gathers them and hands them over),
-    `finish` the update in flight before the trainer says it is done. `broadcast`: None when
-    weights go through files. `stop`: set by SIGTERM (a stopping trainer gives an update up: the
+    `finish` the update in flight before the trainer says it is done. `broadcast`, `shared`: the
+    way weights go (trainer.weight_transfer=broadcast, =shm); both None: through folders. `stop`: set by SIGTERM (a stopping trainer gives an update up: the
     servers stop with it). `heartbeat(waiting_for=...)` is called while it waits for a server;
     `updating(version)` when an update starts, `updating(None)` when it ends (a stalled run's report
     names a stuck one)."""
@@ -41,12 +43,14 @@ class WeightPublisher:
         self, t: TrainerConfig, run_dir: RunDir, redis, vllm: VllmAdmin, parallel: Parallel,
         broadcast: "BroadcastSync | None", stop: threading.Event, heartbeat: Callable[..., None], vllm_wait_s: float = VLLM_WAIT_S,
         before_replacing: Callable[[int], None] = lambda version: None, updating: Callable[[int | None], None] = lambda version: None,
+        shared: "SharedWeights | None" = None,
     ) -> None:  # fmt: skip
         """`before_replacing(version)`: called before the weights of `version` are replaced (the
         held-out evaluation of that version finishes first)."""
         self.t, self.run_dir, self.redis, self.vllm, self.parallel = t, run_dir, redis, vllm, parallel
         self.before_replacing, self.updating = before_replacing, updating
         self.broadcast, self.stop, self.heartbeat, self.vllm_wait_s = broadcast, stop, heartbeat, vllm_wait_s
+        self.shared = shared
         self._update: Future | None = None  # the update in flight (overlapped)
         self._last_update_s: float | None = None  # how long the last overlapped update took
 
@@ -58,6 +62,10 @@ class WeightPublisher:
         weights = self.parallel.full_state_dict(model)  # every rank takes part; rank 0 gets them
         if not self.parallel.ranks.is_main:
             return
+        if self.shared is not None:
+            from rlrun.weights.shared import without_aliases
+
+            weights = without_aliases(weights)  # a tied head once, as a folder holds it
         self.finish()
         bare = self.parallel.unwrapped(model)
         if not overlap:
@@ -96,24 +104,29 @@ class WeightPublisher:
 
     def _update_servers(self, bare, weights: dict, version: int, step: int) -> None:
         publish = lambda: self.redis.set(names.POLICY_VERSION, version)  # noqa: E731
-        if self.broadcast is None:  # first the folder: a server (re)starting from now on loads it
+        if self.broadcast is None and self.shared is None:  # first the folder: a server (re)starting from now on loads it
             target = write_weights(self.run_dir, bare, weights, version)
             down = self._until_vllm_answers(lambda: self.vllm.update_from_folder(str(target), version, publish))
         else:
             from rlrun.trainer.weight_broadcast import disk_copy_due
 
             copied = []  # a folder for the servers that start cold, written at most once per version
+            if self.shared is not None:  # before the pause: the servers read the file only in their update
+                self.shared.write(weights)
+                send = lambda: self.vllm.update_from_shared(str(self.shared.path), version, publish)  # noqa: E731
+            else:
+                send = lambda: self.broadcast.update(weights, version, publish, self.heartbeat)  # noqa: E731
 
-            def broadcast():
+            def in_memory():
                 try:
-                    return self.broadcast.update(weights, version, publish, self.heartbeat)
-                except Exception:  # none answers, or the broadcast failed: a server may be restarting
+                    return send()
+                except Exception:  # none answers, or the update failed: a server may be restarting
                     if not copied:  # it loads weights/current at its start: make that this version
                         copied.append(write_weights(self.run_dir, bare, weights, version))
                         log.info("weights v%d written to weights/current for a vLLM server that starts cold", version)
                     raise
 
-            down = self._until_vllm_answers(broadcast)
+            down = self._until_vllm_answers(in_memory)
             if not copied and disk_copy_due(step, self.t.checkpoint_every, self.t.max_train_steps, down):
                 write_weights(self.run_dir, bare, weights, version)
         if down:

@@ -2,7 +2,7 @@
 engine, every way: in flight (a request streaming across an update is kept, labelled by vLLM's
 spans, and its tokens after the update are the new weights' over the cache the old ones filled),
 what the Fast-LLM stand-in broadcasts (the weight follower's calls), a checkpoint folder (the hf
-trainer's trainer.weight_transfer=disk), and the hf trainer's own broadcast (=broadcast; last,
+trainer's trainer.weight_transfer=disk), the shared weights file (=shm), and the hf trainer's own broadcast (=broadcast; last,
 since it kills and restarts the server to show a restarted one is brought to the newest weights).
 The model ties its embedding and LM head, as Qwen2.5 does. After each update the server's
 log-probabilities match transformers' on the new weights, not on the old ones.
@@ -265,6 +265,42 @@ def test_vllm_serves_a_checkpoint_folder_reloaded_by_the_trainers_call(server, t
     completion, served = greedy(url, prompt)
     expected = transformers_logprobs(model, weights, prompt, completion)
     assert max(abs(a - b) for a, b in zip(served, expected)) < 2e-3
+
+
+def test_vllm_serves_the_shared_weights_file_the_trainer_wrote(server):
+    """trainer.weight_transfer=shm: the trainer's state dict (its tied head written once) copied into
+    the run's file in /dev/shm, which the server maps and loads; twice into the one mapping, each
+    step's weights served. The trainer writes the next step's weights before the pause: until its
+    update the server still serves the last ones (vLLM copied them, it holds no view of the file)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlrun.weights.shared import SharedWeights, shared_path, without_aliases
+
+    url, model = server.url, server.model
+    prompt = AutoTokenizer.from_pretrained(model).encode(PROMPT, add_special_tokens=False)
+    writer = SharedWeights(shared_path(f"run-test-{os.getpid()}/"))
+    admin = VllmAdmin([url], api_key=KEY)
+    try:
+        served_before = None
+        for step in (31, 32):
+            weights = weights_at(load_file(os.path.join(model, "model.safetensors")), step)
+            trainer_model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+            trainer_model.load_state_dict(weights, strict=False)
+            trainer_model.tie_weights()
+            state = without_aliases(trainer_model.state_dict())
+            assert "lm_head.weight" not in state  # the tied head: once, as the embedding
+            writer.write(state)
+            if served_before is not None:  # written, not yet loaded: the server serves what it loaded
+                completion, served = greedy(url, prompt)
+                assert completion == served_before[0] and max(abs(a - b) for a, b in zip(served, served_before[1])) < 1e-4
+            assert admin.update_from_shared(str(writer.path), step, publish=lambda: None) == []
+            assert admin.weight_version(url) == str(step)
+            completion, served = served_before = greedy(url, prompt)
+            expected = transformers_logprobs(model, weights, prompt, completion)
+            assert max(abs(a - b) for a, b in zip(served, expected)) < 2e-3, step
+    finally:
+        admin.close()
+        writer.close()
 
 
 # Every route a local process could use to steer the run: (method, path, body). Each must answer
