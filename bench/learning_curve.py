@@ -11,7 +11,8 @@ Prints, from metrics.jsonl:
   - the reward: mean of the first and of the last `--window` steps, the rise, and the step-to-step
     noise (standard deviation of the per-step mean reward over the last window): the recipe
     learns when the rise is larger than that noise; the curve, smoothed over `--window` steps,
-    every tenth of the run, with the wall-clock seconds of each point;
+    every tenth of the run, with the wall-clock seconds of each point (and the model turns per
+    sample, for a recipe of several turns);
   - time per step (medians, step 1 left out: it includes start-up): the whole step, waiting for
     the actor's groups (generation the trainer could not overlap), training (forward, backward,
     optimizer), the weight update (saving or broadcasting the weights and vLLM loading them), and
@@ -121,8 +122,10 @@ def report(run_dir: Path, window: int) -> None:
     marks = sorted({max(w, round(k * len(records) / 10)) for k in range(1, 11)})
     for end in marks:
         part = records[end - w : end]
+        turns = [r["turns_mean"] for r in part if "turns_mean" in r]  # conversations (environment.step): model turns
         print(f"    step {part[-1]['step']:>4}  t={part[-1]['time'] - t0:7.0f} s  reward {statistics.fmean(r['reward_mean'] for r in part):.3f}  "
-              f"completion tokens/sample {statistics.fmean(r['tokens'] for r in part) / per_step:5.1f}")  # fmt: skip
+              f"completion tokens/sample {statistics.fmean(r['tokens'] for r in part) / per_step:5.1f}"
+              + (f"  turns/sample {statistics.fmean(turns):.2f}" if turns and max(turns) > 1 else ""))  # fmt: skip
     later = [r for r in records if r["step"] != 1]
     step = [r["step_time_s"] for r in later]
     wait = [r["wait_s"] for r in later]
