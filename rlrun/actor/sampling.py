@@ -93,6 +93,7 @@ class SampleState:
         self.append_all(list(token_ids), [0.0] * len(token_ids), [version] * len(token_ids))
         self.observations.append({**payload, "start": start, "end": len(self.completion_ids)})
         self.turn_start, self.turn_end, self.step_interrupted = len(self.completion_ids), None, False
+        self.kept_counted = max(self.kept_counted, len(self.completion_ids))  # finished turns are never at risk
 
     def take_conversation(self, turn_ends: list[list], observations: list[dict]) -> None:
         """A conversation as the journal holds it: a turn that ended after the last observation
@@ -147,6 +148,9 @@ def close_if_spent(sample: SampleState, max_new_tokens: int) -> bool:
 def count_kept(sample: SampleState) -> int:
     """The tokens of an unfinished sample kept for its next request (a request failed) that were
     not counted as kept before, now counted: each kept token counts once, however many retries."""
+    if sample.step_due:  # a conversation's turn that ended whole: its tokens were never at risk
+        sample.kept_counted = len(sample.completion_ids)
+        return 0
     if sample.finished:
         return 0
     new = max(0, len(sample.completion_ids) - sample.kept_counted)

@@ -88,8 +88,10 @@ class Model:
     the request's max_tokens ("length"). It knows a conversation by the ids it has seen and sampled for
     it, records each turn's request, and with `hang` leaves every request after the first unanswered."""
 
-    def __init__(self, chat: Chat, hang: bool = False) -> None:
+    def __init__(self, chat: Chat, hang: bool = False, cut: tuple[int, int] | None = None) -> None:
         self.chat, self.hang, self.hung = chat, hang, 0
+        self.cut = cut  # (sample, turn): its stream breaks halfway (a server lost), once
+        self.partial: dict[int, int] = {}  # sample -> ids of its cut turn it received before the break
         self.requests: dict[tuple[int, int], list[int]] = {}  # (sample, turn) -> token_ids sent
         self.seen: dict[int, list[int]] = {}  # sample -> its conversation so far, as this server saw it
         self.turns: dict[int, int] = {}  # sample -> turns sampled
@@ -102,16 +104,26 @@ class Model:
             samples = list(range(n))
         assert len(samples) == n, f"a request for no conversation this server sampled ({len(ids)} ids)"
         for s in samples:
-            self.requests[(s, self.turns.get(s, 0) + 1)] = ids
+            if s in self.partial:  # the cut turn, continued from what the sample kept
+                self.requests[(s, self.turns[s], "continued")] = ids
+            else:
+                self.requests[(s, self.turns.get(s, 0) + 1)] = ids
         if self.hang and self.seen:  # the server never answers: the actor is stopped meanwhile
             self.hung += 1
             await asyncio.Event().wait()
         eot, choices = list(self.chat.turns.end_of_turn_ids), []
         for i, s in enumerate(samples):
-            turn = self.turns[s] = self.turns.get(s, 0) + 1
-            out = self.chat.written(self.chat.script()[s][turn - 1][0])[:max_tokens]
+            start = self.partial.pop(s, 0)
+            turn = self.turns[s] = self.turns.get(s, 0) + (0 if start else 1)
+            out = self.chat.written(self.chat.script()[s][turn - 1][0])[start:][:max_tokens]
+            if self.cut == (s, turn):  # half of it reaches the actor, then the connection breaks
+                self.cut, self.partial[s], half = None, len(out) // 2, out[: len(out) // 2]
+                self.seen[s] = ids + half
+                chunk = {"index": 0, "token_ids": half, "finish_reason": None,
+                         "logprobs": {"content": [{"token_id": t, "logprob": logprob(s, turn, k)} for k, t in enumerate(half)]}}  # fmt: skip
+                return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Broken(chunk))
             self.seen[s] = ids + out
-            content = [{"token_id": t, "logprob": logprob(s, turn, k)} for k, t in enumerate(out)]
+            content = [{"token_id": t, "logprob": logprob(s, turn, start + k)} for k, t in enumerate(out)]
             choices.append({"index": i, "token_ids": out, "logprobs": {"content": content},
                             "finish_reason": "stop" if out[-len(eot):] == eot else "length",
                             "weight_versions": [{"version": "default", "start": 0, "end": len(out)}]})  # fmt: skip
@@ -119,6 +131,17 @@ class Model:
             return httpx.Response(200, json={"choices": choices})
         lines = [f"data: {json.dumps({'choices': [c]})}\n\n" for c in choices] + ["data: [DONE]\n\n"]
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content="".join(lines).encode())
+
+
+class Broken(httpx.AsyncByteStream):
+    """A stream that sends one chunk, then breaks."""
+
+    def __init__(self, chunk: dict) -> None:
+        self.chunk = chunk
+
+    async def __aiter__(self):
+        yield f"data: {json.dumps({'choices': [self.chunk]})}\n\n".encode()
+        raise httpx.ReadError("the server went away")
 
 
 def actor_for(client, chat: Chat) -> Actor:
@@ -233,3 +256,23 @@ def test_a_restart_mid_conversation_reuses_the_journal_and_runs_no_step_again(cl
     held = sum(len(ids) for index in (0, 1) for _, ids, _ in expected(chat, index)[0][:2])  # turn 1 and its answer
     counts = {k: second.counters[k] for k in ("env_steps_reused", "env_steps", "env_steps_rerun", "tokens_reused", "requests")}
     assert counts == {"env_steps_reused": 2, "env_steps": 2, "env_steps_rerun": 0, "tokens_reused": held, "requests": 2}
+
+
+def test_a_turn_cut_by_a_lost_server_continues_from_its_tokens(client, smollm2, steps, monkeypatch):
+    """Sample 1's second turn breaks halfway (a vLLM server lost): its next request is the
+    conversation and the half it kept, and the trainer gets the same ids as without the break."""
+    import rlrun.actor.loop
+
+    monkeypatch.setattr(rlrun.actor.loop, "RETRY_DELAY_S", 0.0)
+    tokenizer = load_tokenizer(smollm2)
+    chat = Chat(tokenizer, chat_turn_format(smollm2, tokenizer), smollm2)
+    model, actor = Model(chat, cut=(1, 2)), actor_for(client, chat)
+    complete(actor, model, actor._open_group())
+    group = published(client)
+    for sample in group.samples:
+        check_conversation(chat, model, group.prompt_ids, sample)
+    turn_two = model.requests[(1, 2)]
+    half = len(chat.written("6")) // 2
+    assert model.requests[(1, 2, "continued")] == turn_two + group.samples[1].completion_ids[len(turn_two) - len(group.prompt_ids) :][:half]
+    assert actor.counters["request_errors"] == 1 and actor.counters["tokens_kept_on_retry"] == half > 0
+    assert Counter((c["index"], c["turn"]) for c in steps()) == {(0, 1): 1, (1, 1): 1, (0, 2): 1, (1, 2): 1}
