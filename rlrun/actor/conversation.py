@@ -9,10 +9,9 @@ the loss by the trainer (`Sample.observation_spans`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
-
 import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from rlrun.actor.sampling import SampleState
 from rlrun.task.environment import INTERRUPTED, Step, StepCall, TurnInfo, as_step
@@ -78,7 +77,7 @@ def messages_for(
 ) -> list[dict]:
     """The conversation as chat messages, as the environment is shown it: the prompt's, then each
     model turn (its text and the tool calls in it) and each observation, in order."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     start = 0
     answers = {o["start"]: o for o in sample.observations if o["end"] > o["start"]}
     for end, _ in sample.turn_ends:
@@ -134,9 +133,11 @@ async def take_step(talk: Conversations, sample: SampleState, problem, group_id:
     if outcome.finish_reason is not None:
         finish(sample, outcome.finish_reason, outcome.reward)
         return
-    content, truncated = talk.turns.truncate(outcome.observation.observation, talk.limits.max_observation_tokens)
+    step = outcome.observation
+    assert step is not None and step.observation is not None  # not done: the step answered text (checked when read)
+    content, truncated = talk.turns.truncate(step.observation, talk.limits.max_observation_tokens)
     counters["observations_truncated"] += int(truncated)
-    observation = Observation(content, outcome.observation.role, outcome.observation.name)
+    observation = Observation(content, step.role, step.name)
     # Whether the turn ends as the template ends one: its end-of-turn id sampled (not another stop
     # id, such as Qwen's <|endoftext|>), else the observation's ids close the turn first.
     end_of_turn = list(talk.turns.end_of_turn_ids)
@@ -189,6 +190,7 @@ def conversations_for(cfg, model_path: str, tokenizer) -> Conversations | None:
     env = cfg.environment
     if not env.step:
         return None
+    turns: TurnFormat
     if cfg.model.chat_template:
         turns = chat_turn_format(model_path, tokenizer)
     else:

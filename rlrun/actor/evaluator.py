@@ -16,15 +16,14 @@ import asyncio
 import json
 import logging
 import time
+from collections import defaultdict
 from typing import Callable
 
 import httpx
 
-from collections import defaultdict
-
 from rlrun.actor.conversation import Conversations, take_step, turn_budget
 from rlrun.actor.sampling import SampleState, token_versions
-from rlrun.actor.vllm_client import generate
+from rlrun.actor.vllm_client import VersionSpan, generate
 from rlrun.config.schema import EvalConfig
 from rlrun.streams import names
 from rlrun.task.evaluation import PromptResult, is_due, summarize
@@ -100,7 +99,8 @@ class Evaluator:
                 samples = await asyncio.gather(*(self._conversation(client, version, i, j, problem) for j in range(k)))
             return PromptResult([s.reward or 0.0 for s in samples], problem.source)
         ids: list[list[int]] = [[] for _ in range(k)]
-        finishes, spans = [""] * k, [None] * k
+        finishes: list[str] = [""] * k
+        spans: list[list[VersionSpan] | None] = [None] * k
         async with gate:
             async for delta in generate(
                 client, self.urls[i % len(self.urls)], self.encode(problem), n=k, max_tokens=self.max_new_tokens,
@@ -123,6 +123,7 @@ class Evaluator:
         """Sample `j` of eval prompt `i` as a conversation: its turns sampled at `version` (each
         with its own seed), the environment answering each; nothing journaled (a crash redoes it)."""
         talk, sample, prompt_ids = self.conversations, SampleState(j), self.encode(problem)
+        assert talk is not None  # called with an environment only
         counters: dict[str, int] = defaultdict(int)  # the actor counts its own conversations only
         while not sample.finished:
             budget = turn_budget(sample, talk.limits)

@@ -5,6 +5,7 @@ restart and exists so the journal's overhead can be measured against it (`actor.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Optional
@@ -50,8 +51,8 @@ class JournalLedger(Journal):
                 runs.append(Append(group_id, sample.index, offset, sample.completion_ids[offset:end], sample.logprobs[offset:end], version))
                 offset = end
             if finish is not None or relabel or turn_end is not None:  # on the last run, or alone (no tokens: no version)
-                last = runs.pop() if runs else Append(group_id, sample.index, offset, [], [], 0)
-                runs.append(replace(last, finish_reason=finish, relabel=relabel, turn_end=turn_end))
+                final = runs.pop() if runs else Append(group_id, sample.index, offset, [], [], 0)
+                runs.append(replace(final, finish_reason=finish, relabel=relabel, turn_end=turn_end))
             appends.extend(runs)
             owners.extend([sample.index] * len(runs))
         results = self.append_many(appends)
@@ -74,7 +75,7 @@ class JournalLedger(Journal):
         )  # fmt: skip
         return self.append_many([append])[0]
 
-    def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]:
+    def deliver(self, group_id: str, stream: str, messages: Sequence[str]) -> Optional[str]:
         stream_id = super().deliver(group_id, stream, messages)
         self._deliveries += 1
         if self._deliveries % TRIM_EVERY == 0:
@@ -136,7 +137,7 @@ class MemoryLedger:
     def read_group(self, group_id: str) -> tuple[Optional[GroupRecord], list[str]]:
         return None, []
 
-    def deliver(self, group_id: str, stream: str, messages: list[str]) -> Optional[str]:
+    def deliver(self, group_id: str, stream: str, messages: Sequence[str]) -> Optional[str]:
         if not messages:  # a dropped group: nothing to publish, nothing kept to mark
             return ""
         with self.redis.pipeline(transaction=True) as tx:

@@ -32,16 +32,16 @@ from rlrun.actor.sampling import LiveGroup, SampleState, close_if_spent, count_k
 from rlrun.actor.trainer_view import TrainerView
 from rlrun.actor.vllm_client import generate
 from rlrun.config import RunConfig
-from rlrun.task.pool import Scorer
-from rlrun.task.rewards import GroupCall, SampleInfo
-from rlrun.task.tasks import Task, problem_index
 from rlrun.errors import ConfigError
 from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import is_stale, plan_replay
 from rlrun.journal.records import FINAL_REASONS
-from rlrun.streams.rollouts import Group, Sample
-from rlrun.streams import names
 from rlrun.rules.advantages import group_advantages
+from rlrun.streams import names
+from rlrun.streams.rollouts import Group, Sample
+from rlrun.task.pool import Scorer
+from rlrun.task.rewards import GroupCall, SampleInfo
+from rlrun.task.tasks import Messages, Task, problem_index
 
 log = logging.getLogger("rlrun.actor")
 
@@ -49,16 +49,22 @@ RETRY_DELAY_S = 1.0
 PROGRESS_LOG_S = 60.0  # how often the actor's log says how far it got (its heartbeat is every second)
 
 
+def _text(prompt: str | Messages) -> str:
+    """A prompt without a chat template: text (the task's checks refuse conversations without one)."""
+    assert isinstance(prompt, str)
+    return prompt
+
+
 class Actor:
     def __init__(
         self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str],
         ledger: JournalLedger | MemoryLedger, run_name: str, api_key: str = "",
-        *, trainer: TrainerView, scorer: Scorer, actor_index: int = 0, render_prompt: Callable[[str], str] | None = None,
+        *, trainer: TrainerView, scorer: Scorer, actor_index: int = 0, render_prompt: Callable[[str | Messages], str] | None = None,
         evaluator: Evaluator | None = None, conversations: Conversations | None = None,
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
         self.scorer, self.evaluator = scorer, evaluator  # the rewards' worker pool; actor 0's evaluation (None: none)
-        self.render_prompt = render_prompt or (lambda text: text)  # model.chat_template: the model's chat format
+        self.render_prompt = render_prompt or _text  # model.chat_template: the model's chat format
         self.conversations = conversations  # environment.step: rollouts of several turns (None: one turn)
         self.trainer = trainer  # the run's bound backend's view (built once, by the role's entry point)
         self.index, self.num_actors = actor_index, cfg.actor.num_actors
@@ -152,6 +158,7 @@ class Actor:
 
     async def _evaluate(self, client: httpx.AsyncClient, version: int) -> None:
         """One evaluation; a failed request is logged and the version tried again on a later loop."""
+        assert self.evaluator is not None  # called only with one
         try:
             await self.evaluator.evaluate(client, version)
         except (httpx.HTTPError, RuntimeError, ValueError) as exc:
@@ -215,6 +222,7 @@ class Actor:
     def _replay_plan(self) -> list[LiveGroup]:
         groups, corrupt = self.ledger.load_open_groups()
         for key, reason in corrupt:
+            assert isinstance(self.ledger, JournalLedger)  # a MemoryLedger replays nothing
             if ":group:" in key:
                 what = "that group is quarantined (its prompt is skipped; its keys are kept)"
                 self.ledger.quarantine(key.split(":group:", 1)[1])
@@ -296,6 +304,7 @@ class Actor:
     async def _answer_turns(self, group: LiveGroup) -> None:
         """Have the environment answer every turn of `group` that ended (a turn whose budget is
         spent ends here, as "length"); each answer is journaled before the next turn starts."""
+        assert self.conversations is not None  # called only in a conversation
         for sample in group.samples:
             if not sample.finished and not sample.step_due and turn_budget(sample, self.conversations.limits) == 0:
                 sample.end_turn("length")
@@ -308,6 +317,7 @@ class Actor:
         """One step of the environment for `sample`'s last turn, and its answer journaled."""
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         problem = self.task.problems[group.prompt_index]
+        assert self.conversations is not None  # called only in a conversation
         await take_step(self.conversations, sample, problem, group.group_id, decode, self.counters)
         self._journal_observation(group, sample, finish=sample.finish_reason if sample.finished else None)
 
@@ -338,7 +348,7 @@ class Actor:
         for sample in samples:
             sample.finish_reason = None  # an interrupted sample being continued
         talking = self.conversations is not None
-        if talking:  # the rest of this turn's budget, within the conversation's
+        if self.conversations is not None:  # the rest of this turn's budget, within the conversation's
             start = len(prefix) - samples[0].turn_start
             max_tokens = turn_budget(samples[0], self.conversations.limits)
         else:

@@ -10,9 +10,9 @@ from typing import Protocol
 
 from rlrun.actor.partition import share
 from rlrun.config import RunConfig
-from rlrun.streams.rollouts import Group
 from rlrun.streams import names
 from rlrun.streams.codec import encode
+from rlrun.streams.rollouts import Group
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional
 
 import httpx
 
@@ -38,7 +38,7 @@ class Delta:
 
 def request_body(prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float, min_tokens: int,
                  stream: bool, cache_salt: str | None, seed: int | None = None) -> dict:  # fmt: skip
-    body = {
+    body: dict[str, Any] = {
         "model": SERVED_MODEL_NAME,
         "token_ids": prompt_ids,
         "sampling_params": {

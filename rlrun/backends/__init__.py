@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from rlrun.actor.trainer_view import TrainerView
-    from rlrun.rules.completion import Verdict
     from rlrun.config import RunConfig
     from rlrun.parts.progress import ProgressReader
     from rlrun.parts.role_parts import Endpoints, RedisProbe
-    from rlrun.rundir import RunDir
     from rlrun.parts.sockets import Listener
+    from rlrun.rules.completion import Verdict
+    from rlrun.rundir import RunDir
     from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict
 
 # name -> "module:class" of its TrainerBackend (config validation lists these names)
@@ -113,13 +113,21 @@ class TrainerBackend(Protocol):
         """Where the training metrics are when not in metrics.jsonl (shown at the end of a run)."""
 
 
+class BackendClass(Protocol):
+    """A TrainerBackend class: its checkpoint layout, and a backend bound to a config when called."""
+
+    layout: CheckpointLayout
+
+    def __call__(self, cfg: "RunConfig") -> TrainerBackend: ...
+
+
 def backend_for(cfg: "RunConfig") -> TrainerBackend:
     """The backend cfg.trainer.backend names, bound to `cfg`. Called once per run, by
     `rlrun.run.built.build`: everything else is handed the built run."""
     return backend_class(cfg.trainer.backend)(cfg)
 
 
-def backend_class(name: str) -> type:
+def backend_class(name: str) -> BackendClass:
     """The TrainerBackend class registered as `name` (imported on first use)."""
     try:
         module, attribute = _BACKENDS[name].split(":")

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar, Optional
 
-from rlrun.rules import completion
 from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
 from rlrun.config import RunConfig
 from rlrun.parts.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
+from rlrun.rules import completion
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict

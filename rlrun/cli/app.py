@@ -23,9 +23,17 @@ from rich.table import Table
 
 from rlrun.cli import plot as plotting
 from rlrun.cli import status as run_status
-from rlrun.errors import EnvironmentProblem, ExitCode, Interrupted, ProcessFailed, RestartsExhausted, RlrunError, RunDirError
-from rlrun.telemetry.metrics import read_metrics
+from rlrun.errors import (
+    EnvironmentProblem,
+    ExitCode,
+    Interrupted,
+    ProcessFailed,
+    RestartsExhausted,
+    RlrunError,
+    RunDirError,
+)
 from rlrun.rundir import RunDir
+from rlrun.telemetry.metrics import read_metrics
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Launch and supervise asynchronous GRPO/GSPO training runs.")
 # emoji=False: "my_env.py:two: ..." names a function, never the emoji :two:
@@ -67,9 +75,9 @@ def _errors(debug: bool, run: bool = False) -> Iterator[None]:
 def _supervise(built, run_dir, resumed: bool = False) -> None:
     """Run to the end under the live view, then report how it ended. In a SLURM job (world=slurm)
     the signal before its time limit stops the run too, and the job requeues itself."""
-    from rlrun.run import launch
-    from rlrun.cluster import slurm_job
     from rlrun.cli.live import LiveView
+    from rlrun.cluster import slurm_job
+    from rlrun.run import launch
 
     cfg = built.cfg
     job = slurm_job.JobEnv.from_env(os.environ) if cfg.world.kind == "slurm" else None
@@ -123,8 +131,8 @@ def train(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Compose the config, start Redis, vLLM, the trainer and the actor, and supervise them to the end."""
-    from rlrun.run import launch, preflight
     from rlrun.config import compose
+    from rlrun.run import launch, preflight
     from rlrun.run.built import build
 
     overrides = list(overrides or [])
@@ -155,8 +163,8 @@ def submit(
     """Submit the run as a SLURM batch job (world=slurm): create its run directory, write the batch
     script from the config, sbatch it and print the job id. The job requeues itself before its time
     limit; `rlrun status/logs RUN` watch it, `rlrun resume RUN` submits it again after a cancel."""
-    from rlrun.run import launch
     from rlrun.config import compose
+    from rlrun.run import launch
     from rlrun.run.built import build
 
     overrides = list(overrides or [])
@@ -181,9 +189,9 @@ def _print_submitted(run_dir, job: str) -> None:
 
 
 def _print_dry_run(built, resolved: str, launch) -> None:
-    from rlrun.run import preflight
-    from rlrun.parts import sockets
     from rlrun.actor.partition import ownership
+    from rlrun.parts import sockets
+    from rlrun.run import preflight
 
     cfg = built.cfg
     run_dir = RunDir(launch.run_root(cfg))
@@ -437,8 +445,8 @@ def inspect_checkpoint(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Show a checkpoint: step, samples, policy version, completeness, config, files, and the run's token journal."""
-    from rlrun.cli import render as cli_render
     from rlrun.cli import inspection as checkpoint_inspect
+    from rlrun.cli import render as cli_render
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.ERROR, format="%(name)s: %(message)s")
     with _errors(debug):
@@ -517,7 +525,8 @@ def plot(
 def _report_end(built, run_dir, reason: str) -> None:
     """What a finished train/resume prints: why, the last step, the time split, where metrics and plot are."""
     console.print(f"[bold green]finished:[/] {reason}")
-    last = (read_metrics(run_dir.metrics) or [None])[-1]
+    records = read_metrics(run_dir.metrics)
+    last = records[-1] if records else None
     if last:
         console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
     console.print(run_status.describe_split(run_status.time_split(run_dir)), highlight=False, markup=False, soft_wrap=True)

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import shutil
 import tempfile
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -98,7 +99,7 @@ class _server:
 
     def __init__(self, cfg, run: RunDir, weights: Path, tokenizer: str, logs: Path) -> None:
         self.cfg, self.run, self.weights, self.tokenizer, self.logs = cfg, run, weights, tokenizer, logs
-        self._context = None
+        self._context: AbstractContextManager | None = None
 
     def __enter__(self) -> str:
         from rlrun.inference import server
@@ -125,4 +126,5 @@ class _server:
         return url
 
     def __exit__(self, *exc) -> None:
+        assert self._context is not None  # set by __enter__
         self._context.__exit__(*exc)

@@ -129,6 +129,7 @@ def _model_folder(run: RunDir) -> Optional[Path]:
         if cfg.model.source == "hub":  # the hub cache's copy, never fetched here
             from huggingface_hub import snapshot_download
 
+            assert cfg.model.path is not None  # the config's check: set unless model.source=tiny
             folder = Path(snapshot_download(cfg.model.path, local_files_only=True))
         else:
             folder = Path(model_path(cfg, build=False))

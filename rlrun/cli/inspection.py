@@ -339,6 +339,7 @@ def combined_summary(per_actor: dict[str, dict]) -> dict:
 def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> tuple[Optional[dict], Optional[str]]:
     """(journal summary, None) or (None, why not): from `redis_url`, else the run's Redis while it runs."""
     run = RunDir(Path(report.run_dir)) if report.run_dir else None
+    endpoint: Optional[RedisEndpoint]
     if redis_url:
         try:
             has_password = bool(urlsplit(redis_url).password)

@@ -8,13 +8,12 @@ from typing import Optional
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.progress_bar import ProgressBar
 from rich.markup import escape
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from rlrun.parts.progress import Progress
 from rlrun.supervisor import ProcessStatus
-
 
 COLOURS = {"ready": "green", "starting": "yellow", "backoff": "yellow", "failed": "red", "stalled": "red", "exited": "cyan", "stopped": "dim"}
 
@@ -30,7 +29,7 @@ def process_table(processes: list[ProcessStatus], now: Optional[float] = None) -
         table.add_column(column)
     for p in processes:
         running = p.started_at is not None and p.state.value in ("starting", "ready")
-        uptime = f"{now - p.started_at:.0f}s" if running else "-"
+        uptime = f"{now - p.started_at:.0f}s" if running and p.started_at is not None else "-"
         restarts = f"{p.tracker.restarts_used(now)}/{p.spec.restart.max_restarts}" if p.spec.restart.restart else "off"
         alive = f"{now - p.last_alive:.0f}s ago" if running and p.last_alive is not None else "-"
         table.add_row(p.name, str(p.pid or "-"), _state(p.state.value), uptime, restarts, alive, str(p.log_path))

@@ -13,14 +13,15 @@ import contextlib
 import math
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
 from rlrun.errors import EnvironmentProblem, RunDirError
-from rlrun.telemetry.metrics import eval_records, final_records, read_metrics
 from rlrun.rundir import RunDir
 from rlrun.supervisor.events import read_events
+from rlrun.telemetry.metrics import eval_records, final_records, read_metrics
 
 SIZE_PX = (1000, 950)  # width, height of the PNG
 SIZE_PX_EVAL = (1000, 1250)  # with the evaluation panels below the others
@@ -93,6 +94,9 @@ def step_at(time: float, records: list[dict]) -> float:
     return float(points[-1][0])
 
 
+_MARKED: dict[object, str] = {"process_restarted": "restart", "run_resumed": "resume"}  # event → label
+
+
 def markers(events: list[dict], records: list[dict]) -> list[Marker]:
     """Restarts, failures that were not restarted, and resumes, on the step axis of `records`."""
     out = []
@@ -100,7 +104,7 @@ def markers(events: list[dict], records: list[dict]) -> list[Marker]:
         kind = event.get("event")
         when = event.get("time")
         failed = kind == "process_failed" and event.get("action") != "restart"
-        label = "failure" if failed else {"process_restarted": "restart", "run_resumed": "resume"}.get(kind)
+        label = "failure" if failed else _MARKED.get(kind)
         if label is None or not isinstance(when, (int, float)):
             continue
         out.append(Marker(step_at(when, records), label, str(event.get("process", "")), float(when)))
@@ -137,7 +141,7 @@ def band(mean: list[float], std: list[float], low: float, high: float) -> tuple[
     return [held(m - s) for m, s in zip(mean, std)], [held(m + s) for m, s in zip(mean, std)]
 
 
-def eval_lines(evals: list[dict]) -> list[EvalLine]:
+def eval_lines(evals: Sequence[dict]) -> list[EvalLine]:
     """Every prompt's line, then one per source named in any record's `per_source` (sorted), over the
     versions of `evals` (one record per version, by version: `eval_records`)."""
 
@@ -194,7 +198,7 @@ def plot_run(run_dir: RunDir, out: Path | None = None) -> PlotResult:
     return PlotResult(path=target, steps=len(records), restarts=restarts, failures=failures, evaluations=len(evals))
 
 
-def figure(records: list[dict], marks: list[Marker], title: str, start: float, evals: list[dict] = ()):
+def figure(records: list[dict], marks: list[Marker], title: str, start: float, evals: Sequence[dict] = ()):
     """Three panels, markers on each: reward over steps (±std) and over seconds since `start`, tokens/s;
     with `evals` (eval records, by version), two more below: their figures over policy version and
     over seconds since `start`."""

@@ -10,15 +10,18 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:  # `rlrun runs` and `status` render without the checkpoint inspector's imports (redis, Hydra)
+    from rich.console import JustifyMethod
+
     from rlrun.cli.inspection import CheckpointReport
 
 
 def human_size(size: int) -> str:
     value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if value < 1024:
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
+    return f"{value:.1f} GiB"
 
 
 def reward_text(last: Optional[float], smoothed: Optional[float], steps: int) -> str:
@@ -128,7 +131,7 @@ def _text(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _fields(title: str, rows: list[tuple[str, str]], justify: str = "left"):
+def _fields(title: str, rows: list[tuple[str, str]], justify: JustifyMethod = "left"):
     """A two-column table of named values (`some_name` shown as "some name")."""
     from rich.table import Table
 

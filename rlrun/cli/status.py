@@ -10,16 +10,16 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import yaml
 
-from rlrun.run import runlock
 from rlrun.errors import RunDirError
-from rlrun.telemetry.ettr import TimeSplit, split_wall_time
-from rlrun.telemetry.metrics import RECOVERY_COUNTERS, eval_records, final_records, read_metrics
+from rlrun.run import runlock
 from rlrun.rundir import RunDir
 from rlrun.supervisor.events import read_events
+from rlrun.telemetry.ettr import TimeSplit, split_wall_time
+from rlrun.telemetry.metrics import RECOVERY_COUNTERS, eval_records, final_records, read_metrics
 
 DAMAGED = "damaged"  # `rlrun runs`: a run whose files cannot be read (its entry's note says why)
 # `status` and `runs` show the mean reward of this many last steps beside the last step's: one
@@ -262,7 +262,7 @@ def list_runs(root: Path) -> list[dict]:
     if not root.is_dir():
         raise RunDirError(f"{root} is not a directory. Give the folder your runs are in (run.runs_root, default runs/).")
     candidates = [root] if RunDir(root).is_run() else sorted(p for p in root.iterdir() if p.is_dir())
-    runs = []
+    runs: list[dict[str, Any]] = []
     for path in candidates:
         run_dir = RunDir(path.resolve())
         if not run_dir.is_run():

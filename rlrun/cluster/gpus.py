@@ -165,10 +165,12 @@ def plan(
             f"trainer.device={trainer_device} names one GPU, but world=local gives the trainer GPUs of its own and narrows "
             f"CUDA_VISIBLE_DEVICES to them (its first is cuda:0): set trainer.device=cuda."
         )
-    servers = {"vllm": RolePlacement(cpus=0, gpus=tensor_parallel if visible.ids else 0)}
-    trainer = {"trainer": RolePlacement(cpus=0, gpus=1 if trainer_cuda else 0)}
     world = dataclasses.replace(
-        WorldConfig(), redis=RolePlacement(local=True), actor=RolePlacement(cpus=0), **servers, **trainer
+        WorldConfig(),
+        redis=RolePlacement(local=True),
+        actor=RolePlacement(cpus=0),
+        vllm=RolePlacement(cpus=0, gpus=tensor_parallel if visible.ids else 0),
+        trainer=RolePlacement(cpus=0, gpus=1 if trainer_cuda else 0),
     )  # what each process takes, as world.<role>.gpus says it under ray and slurm
     trainer_side = [p for p in processes if placement.role_of(p) == "trainer"] if share else []
     groups = [[p for p in processes if p not in trainer_side], trainer_side]  # shared: each from the first GPU
@@ -185,7 +187,7 @@ def plan(
         for name, where in placed.items():
             gpus[name] = tuple(visible.ids[i] for share_ in where.shares for i in share_.gpus)
     gpus = {name: gpus[name] for name in processes}  # in start order
-    shared = frozenset()
+    shared: frozenset[str] = frozenset()
     if share:
         on_trainer = {g for p in trainer_side for g in gpus[p]}
         on_others = {g for p in groups[0] for g in gpus[p]}

@@ -16,7 +16,7 @@ import logging
 import signal
 import socket
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from rlrun.cluster import placement
 from rlrun.cluster.agent import NodeAgent
@@ -118,7 +118,7 @@ class RayHandle:
     def descendants(self, fresh: bool = False) -> list[int]:
         return []  # recorded and swept by the agent on the process's own node (see the module doc)
 
-    def _call(self, ref) -> tuple[bool, object]:
+    def _call(self, ref) -> tuple[bool, Any]:
         """(answered, value) of an agent call; no answer in time is no news, a dead agent is lost."""
         ray = _ray()
         try:
@@ -205,8 +205,8 @@ class RaySpawner:
         self._local = local or LocalSpawner()
         self._same_machine_only = same_machine_only
         self._group = None
-        self._agents: dict[str, object] = {}  # node id → agent actor
-        self._remote_agent = None  # NodeAgent as a Ray actor class (made once Ray is imported)
+        self._agents: dict[str, Any] = {}  # node id → agent actor (Ray handles are untyped)
+        self._remote_agent: Any = None  # NodeAgent as a Ray actor class (made once Ray is imported)
 
     # --- the Spawner protocol --------------------------------------------------------------------
     def spawn(self, spec: ProcessSpec) -> Handle:
@@ -277,7 +277,12 @@ class RaySpawner:
             return
         connect(self._world.address or "auto")
         ray = _ray()
-        from ray.util.placement_group import get_placement_group, placement_group, placement_group_table, remove_placement_group
+        from ray.util.placement_group import (
+            get_placement_group,
+            placement_group,
+            placement_group_table,
+            remove_placement_group,
+        )
 
         wanted = [bundle for owned in self._reserved.values() for bundle in owned]
         name = f"rlrun-{self._tag}"

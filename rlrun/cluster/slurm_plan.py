@@ -17,6 +17,7 @@ import json
 import re
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -124,7 +125,7 @@ def plan(
             for resource, amount in bundle.items():
                 free[node][resource] -= amount
             landed[name].append(node)
-    next_gpu = Counter()
+    next_gpu: Counter[str] = Counter()
     out: dict[str, Placed] = {}
     for name in processes:
         if not wanted[name]:
@@ -169,7 +170,7 @@ def nodes_wanted(world: WorldConfig) -> list[Node]:
 
 
 def srun_argv(
-    plan_: Plan, process: str, argv: list[str], *, job_id: str, record: Path, log: Path, srun_args: list[str] = (),
+    plan_: Plan, process: str, argv: list[str], *, job_id: str, record: Path, log: Path, srun_args: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
     """The `srun` command that starts `process` (its spec's `argv`) as a step of job `job_id` on

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Optional
 
@@ -31,7 +32,7 @@ from rlrun.supervisor.spec import ProcessSpec
 
 log = logging.getLogger(__name__)
 
-SIGNAL_NAMES = {signal.SIGTERM: "TERM", signal.SIGKILL: "KILL", signal.SIGINT: "INT", signal.SIGUSR1: "USR1", signal.SIGUSR2: "USR2"}
+SIGNAL_NAMES: dict[int, str] = {signal.SIGTERM: "TERM", signal.SIGKILL: "KILL", signal.SIGINT: "INT", signal.SIGUSR1: "USR1", signal.SIGUSR2: "USR2"}
 
 
 class SlurmStepHandle:
@@ -59,7 +60,7 @@ class SlurmStepHandle:
     def poll(self) -> Optional[int]:
         from rlrun.trainer.rank_group import first_failure
 
-        codes = []
+        codes: list[int | None] = []
         for rank in range(self._nodes):
             try:
                 codes.append(int(slurm_step.exit_file(self._record, rank).read_text()))
@@ -94,7 +95,7 @@ class SlurmSpawner:
         job_id: str,
         steps_dir: Path,
         *,
-        srun_args: list[str] = (),
+        srun_args: Sequence[str] = (),
         start_timeout_s: float = 120.0,
         local: Optional[Spawner] = None,
         python: str = sys.executable,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlrun.actor.partition import ownership
 from rlrun.cluster import gpus, placement
@@ -16,6 +17,9 @@ from rlrun.listen import LOOPBACK
 from rlrun.rundir import RunDir
 from rlrun.streams.names import actor_name
 from rlrun.supervisor.local import LocalSpawner, Spawner
+
+if TYPE_CHECKING:
+    from rlrun.cluster.slurm_plan import Plan as SlurmPlan
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ class World:
             return plan.use(process)
         return "own" if self.cfg.world.vllm.gpus > 0 else "cpu"
 
-    def slurm_plan(self, nodes: list) -> "slurm_plan.Plan":
+    def slurm_plan(self, nodes: list) -> SlurmPlan:
         """world=slurm: where each process of the run goes on `nodes` (slurm_plan.Node, batch node
         first); slurm_plan.DoesNotFit when they cannot hold it."""
         from rlrun.cluster import slurm_plan

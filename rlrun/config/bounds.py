@@ -52,7 +52,7 @@ class Range:
         return "0 or more" if self.low == 0 else f"at least {low}"
 
 
-def _default_high(high: float) -> bool:
+def _default_high(high: float | None) -> bool:
     """The caps every count and duration has (not worth stating in a message about its low end)."""
     return high in (INT64_MAX, MAX_SECONDS)
 
@@ -105,7 +105,7 @@ def numeric_keys(cls: type, path: str = "") -> list[tuple[str, Any]]:
 
 def _numeric(tp: Any, key: str) -> list[tuple[str, Any]]:
     bare = _bare(tp)
-    if dataclasses.is_dataclass(bare):
+    if isinstance(bare, type) and dataclasses.is_dataclass(bare):
         return numeric_keys(bare, key)
     if bare in (list, dict):
         return _numeric(typing.get_args(_strip(tp))[-1], f"{key}[]")

@@ -14,12 +14,13 @@ import functools
 import re
 import types
 import typing
-from typing import Any, Literal, Optional, Union
+from collections.abc import Callable
+from typing import Any, Literal, Optional, Union, cast
 
-from rlrun.listen import LOOPBACK
 from rlrun.config import bounds
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
+from rlrun.listen import LOOPBACK
 
 
 def from_dict(cls: type, data: Any) -> Any:
@@ -41,7 +42,7 @@ def to_plain(node) -> dict:
     from omegaconf import OmegaConf
 
     with omegaconf_errors():
-        return OmegaConf.to_container(node, resolve=True, enum_to_str=True, throw_on_missing=True)
+        return cast(dict, OmegaConf.to_container(node, resolve=True, enum_to_str=True, throw_on_missing=True))
 
 
 def instantiate(cls: type, data: dict) -> Any:
@@ -51,7 +52,8 @@ def instantiate(cls: type, data: dict) -> Any:
     for f in dataclasses.fields(cls):
         inner = unwrap_optional(hints[f.name])
         value = data[f.name]
-        kwargs[f.name] = instantiate(inner, value) if dataclasses.is_dataclass(inner) and value is not None else value
+        nested = isinstance(inner, type) and dataclasses.is_dataclass(inner) and value is not None
+        kwargs[f.name] = instantiate(inner, value) if nested else value
     return cls(**kwargs)
 
 
@@ -65,18 +67,23 @@ def _structured(cls: type) -> type:
     fields = []
     for f in dataclasses.fields(cls):
         if f.default_factory is not dataclasses.MISSING:
-            default = dataclasses.field(default_factory=lambda make=f.default_factory: _plain_default(make()))
+            default = dataclasses.field(default_factory=functools.partial(_made_plain, f.default_factory))
         else:
             default = dataclasses.field(default=MISSING if f.default is dataclasses.MISSING else f.default)
         fields.append((f.name, _omega_type(hints[f.name]), default))
     return dataclasses.make_dataclass(cls.__name__, fields)
 
 
+def _made_plain(make: Callable[[], Any]) -> Any:
+    return _plain_default(make())
+
+
 def _plain_default(value: Any) -> Any:
     """A schema default as OmegaConf takes it: a section default as an instance of its copy."""
     if not dataclasses.is_dataclass(value):
         return value
-    return _structured(type(value))(**{f.name: _plain_default(getattr(value, f.name)) for f in dataclasses.fields(value)})
+    section: type = type(value)
+    return _structured(section)(**{f.name: _plain_default(getattr(value, f.name)) for f in dataclasses.fields(value)})
 
 
 def _omega_type(tp: Any) -> Any:
@@ -86,10 +93,10 @@ def _omega_type(tp: Any) -> Any:
     if origin is Literal:
         return enum.Enum("Choice", [(choice, choice) for choice in args])
     if origin is list:
-        return list[_omega_type(args[0])]
+        return list[_omega_type(args[0])]  # type: ignore[misc]  # types built at run time
     if origin is dict:
-        return dict[args[0], _omega_type(args[1])]
-    return _structured(tp) if dataclasses.is_dataclass(tp) else tp
+        return dict[args[0], _omega_type(args[1])]  # type: ignore[misc, valid-type]
+    return _structured(tp) if isinstance(tp, type) and dataclasses.is_dataclass(tp) else tp
 
 
 def unwrap_optional(tp: Any) -> Any:

@@ -11,10 +11,20 @@ import copy
 import re
 import typing
 from pathlib import Path
+from typing import cast
 
 import yaml
 
-from rlrun.config.build import from_dict, omegaconf_errors, to_plain, type_at, typed, unknown_key_message, unwrap_optional, validate
+from rlrun.config.build import (
+    from_dict,
+    omegaconf_errors,
+    to_plain,
+    type_at,
+    typed,
+    unknown_key_message,
+    unwrap_optional,
+    validate,
+)
 from rlrun.config.relevance import ignored_overrides, rule_for
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
@@ -69,7 +79,8 @@ def composed(overrides: list[str]) -> dict:
     from omegaconf import OmegaConf
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3", job_name="rlrun"):
-        return OmegaConf.to_container(hydra_compose(config_name="config", overrides=list(overrides)), resolve=True)
+        composition = hydra_compose(config_name="config", overrides=list(overrides))
+        return cast(dict, OmegaConf.to_container(composition, resolve=True))  # a DictConfig's container is a dict
 
 
 def absolute_task_paths(data: dict) -> None:
@@ -129,22 +140,25 @@ def _check_group_choices(overrides: list[str]) -> None:
 
 def _explain(exc: Exception, overrides: list[str]) -> str:
     text = str(exc)
-    key = re.search(r"Could not override '([\w.]+)'", text) or re.search(r"Key '(\w+)' is not in struct", text)
+    found = re.search(r"Could not override '([\w.]+)'", text) or re.search(r"Key '(\w+)' is not in struct", text)
+    if found is None:
+        if "Could not find" in text or "Available options" in text:
+            return "configuration error: " + " ".join(text.split())
+        return f"invalid override ({', '.join(overrides) or 'none'}): {' '.join(text.split())}"
+    key = found.group(1)
     # A real key that the chosen options leave out of the composed config (trainer.fast_llm.* with
     # trainer=hf, world.address with world=local): say why it does not apply, not "unknown".
     append = re.search(r"To append to your config use (.+)", text)
-    mapping = _free_form_mapping(key.group(1)) if key else None
+    mapping = _free_form_mapping(key)
     if append and mapping:  # new keys in a mapping of the user's own (dataset.task_args)
-        return (f"invalid override: {key.group(1)} adds keys to the mapping {mapping}, which Hydra does with a +: "
-                f"{append.group(1)} (to replace the mapping instead, clear it first: ~{mapping} {append.group(1)}).")
-    rule = rule_for(key.group(1)) if key and type_at(key.group(1)) is not None else None
+        return (
+            f"invalid override: {key} adds keys to the mapping {mapping}, which Hydra does with a +: "
+            f"{append.group(1)} (to replace the mapping instead, clear it first: ~{mapping} {append.group(1)})."
+        )
+    rule = rule_for(key) if type_at(key) is not None else None
     if rule is not None:
-        return f"invalid configuration: {key.group(1)} has no effect here: {rule[2]}."
-    if key:
-        return unknown_key_message(key.group(1))
-    if "Could not find" in text or "Available options" in text:
-        return "configuration error: " + " ".join(text.split())
-    return f"invalid override ({', '.join(overrides) or 'none'}): {' '.join(text.split())}"
+        return f"invalid configuration: {key} has no effect here: {rule[2]}."
+    return unknown_key_message(key)
 
 
 def _free_form_mapping(dotted: str) -> str | None:
@@ -167,7 +181,7 @@ def override_resolved(data: dict, overrides: list[str]) -> tuple[dict, list[tupl
     except HydraException as exc:
         raise ConfigError(f"invalid override ({', '.join(overrides)}): {' '.join(str(exc).split())}") from None
     node = typed(data)
-    changes = []
+    changes: list[tuple[str, object, object]] = []
     for override in parsed:
         if override.type is not OverrideType.CHANGE or override.package is not None or override.is_sweep_override():
             raise ConfigError(

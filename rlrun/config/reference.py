@@ -48,6 +48,7 @@ def source_notes() -> SourceNotes:
         fields = comments.setdefault(node.name, {})
         for item in node.body:
             if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                assert item.end_lineno is not None  # ast.parse sets it
                 fields[item.target.id] = line_comments.get(item.end_lineno, "")
     return SourceNotes(comments, docstrings)
 

@@ -8,7 +8,16 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional
 
 from rlrun.config.bounds import (
-    MAX_CONTEXT, Count, Fraction, Natural, NonNegative, Port, Positive, Range, Seconds, SecondsOrZero,
+    MAX_CONTEXT,
+    Count,
+    Fraction,
+    Natural,
+    NonNegative,
+    Port,
+    Positive,
+    Range,
+    Seconds,
+    SecondsOrZero,
 )
 
 AlgoName = Literal["gspo", "grpo"]

@@ -18,7 +18,6 @@ import signal
 from collections.abc import Coroutine
 from typing import Any, Callable, NoReturn
 
-
 QUIET_LOGGERS = ("httpx",)  # a line per HTTP request (five per weight update and server) would bury the role's own
 
 
@@ -69,6 +68,7 @@ def run_until_sigterm(main: Coroutine[Any, Any, None], on_stop: Callable[[], Non
 
     async def until_sigterm() -> None:
         task = asyncio.current_task()
+        assert task is not None  # this coroutine's own
 
         def stop() -> None:
             nonlocal stopped

@@ -12,8 +12,6 @@ from rlrun.actor.ledger import JournalLedger, MemoryLedger
 from rlrun.actor.loop import Actor
 from rlrun.actor.partition import group_namespace
 from rlrun.actor.tokenizer import load_tokenizer
-from rlrun.task.pool import scorer_for
-from rlrun.task.tasks import load_task
 from rlrun.entrypoints import configure_logging, die_of, exit_2_on, run_process, run_until_sigterm
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.models.chat import chat_renderer
@@ -22,6 +20,8 @@ from rlrun.run.built import build
 from rlrun.streams import names
 from rlrun.streams.names import actor_name
 from rlrun.streams.server import connect, stop_retrying
+from rlrun.task.pool import scorer_for
+from rlrun.task.tasks import load_task
 
 log = logging.getLogger("rlrun.actor")
 

@@ -64,6 +64,7 @@ def main(args: list[str]) -> int:
     run = call_step if environment else call_reward
     while (frame := read_frame(frames_in)) is not None:
         call_id, index, call = frame
+        answer: tuple[str, object]
         try:
             answer = ("ok", run(functions[index], call))
         except BaseException:  # noqa: BLE001 - whatever the reward raised is the caller's to count

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import threading
+from typing import Any
 
 from rlrun.entrypoints import configure_logging, exit_2_on, run_process
 from rlrun.errors import ConfigError
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     redis = vllm = parallel = broadcast = shared = trainer = None
     stop = threading.Event()  # SIGTERM (the supervisor's orderly stop, a SLURM job's end): stop at the next step boundary
-    clients = []  # Redis clients: stopping, a Redis that stopped with us is not waited for
+    clients: list[Any] = []  # Redis clients: stopping, a Redis that stopped with us is not waited for
 
     def on_sigterm(*_) -> None:
         stop.set()

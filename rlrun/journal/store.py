@@ -28,11 +28,10 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import redis
 
-from rlrun.streams.names import GROUPS_STREAM, hash_tag, journal_prefix
 from rlrun.journal.records import (
     FINAL_REASONS,
     CorruptRecord,
@@ -41,6 +40,7 @@ from rlrun.journal.records import (
     LogEntry,
     SampleRecord,
 )
+from rlrun.streams.names import GROUPS_STREAM, hash_tag, journal_prefix
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ class Journal:
         if not appends:
             return []
         keys: list[str] = []
-        args: list[object] = []
+        args: list[str | int] = []
         for item in appends:
             what = f"append to {item.group_id}#{item.index}"
             if len(item.token_ids) != len(item.logprobs):
@@ -346,7 +346,7 @@ class Journal:
 
     def quarantined(self) -> list[str]:
         """Groups taken out of replay because their header was unreadable, in cursor order."""
-        return self.client.zrange(self.key("quarantine"), 0, -1)
+        return cast("list[str]", self.client.zrange(self.key("quarantine"), 0, -1))  # decode_responses=True
 
     def trim_delivered(self, keep_last: int) -> int:
         """Delete the delivered markers older than the last `keep_last` cursors; returns how many."""
@@ -354,7 +354,7 @@ class Journal:
         delivered = self.key("delivered")
         deleted = 0
         while True:
-            old = self.client.zrangebyscore(delivered, "-inf", f"({below}", start=0, num=_TRIM_BATCH)
+            old = cast("list[str]", self.client.zrangebyscore(delivered, "-inf", f"({below}", start=0, num=_TRIM_BATCH))
             if not old:
                 return deleted
             with self.client.pipeline(transaction=True) as pipe:
@@ -366,7 +366,7 @@ class Journal:
     def load_open_groups(self) -> LoadResult:
         """Every open group, in one consistent snapshot, in cursor order. A group whose header is
         corrupt is reported and left out; a corrupt sample is reported and read as pending."""
-        group_ids = self.client.zrange(self.key("open"), 0, -1)
+        group_ids = cast("list[str]", self.client.zrange(self.key("open"), 0, -1))  # decode_responses=True
         groups: list[GroupRecord] = []
         corrupt: list[tuple[str, str]] = []
         for group_id, (fields, entries) in zip(group_ids, self._read(group_ids)):
@@ -473,7 +473,10 @@ def fold_group(group_id: str, fields: dict[str, str], entries: list[str]) -> tup
         if reason is None:
             try:
                 sample = SampleRecord(
-                    group_id, i, state, tokens[i], logprobs[i], versions[i],
+                    group_id,
+                    i,
+                    state,  # type: ignore[arg-type]  # None (no state field) is refused by SampleRecord's own check
+                    tokens[i], logprobs[i], versions[i],
                     finish if state == "finished" else None, turn_ends[i], observations[i],
                 )
             except CorruptRecord as exc:

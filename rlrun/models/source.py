@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rlrun.config import RunConfig
 from rlrun.errors import EnvironmentProblem
-from rlrun.models.gguf import built_folder, ensure_gguf_model
 from rlrun.models import tiny
+from rlrun.models.gguf import built_folder, ensure_gguf_model
 from rlrun.models.tiny import TinyBuild, ensure_tiny_model
 
 
@@ -28,6 +28,7 @@ def model_path(cfg: RunConfig, build: bool) -> str:
         if not build:
             return str(Path(m.cache_dir).expanduser() / TinyBuild(**args).folder_name())
         return str(ensure_tiny_model(Path(m.cache_dir), **args))
+    assert m.path is not None  # the config's check: model.path is set unless model.source=tiny
     if m.source == "gguf":
         return str(ensure_gguf_model(m.cache_dir, m.path) if build else built_folder(m.cache_dir, m.path))
     if m.source == "path":  # a Hugging Face model folder (rlrun.run.preflight.check_model)

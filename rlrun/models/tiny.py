@@ -18,8 +18,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlrun.task.arithmetic import Sum, arithmetic_problems
 from rlrun.models.cache import MARKER, built_once
+from rlrun.task.arithmetic import Sum, arithmetic_problems
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True)
 class TrainerObservation:
     samples_processed: int  # samples the trainer has consumed so far

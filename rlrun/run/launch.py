@@ -18,13 +18,13 @@ from typing import Callable, Optional
 import yaml
 
 from rlrun.cluster.gpus import NOT_PLACED, GpuPlan, GroupsSeen, end_leftovers, find_visible
-from rlrun.run import preflight, runlock
 from rlrun.config import RunConfig
 from rlrun.errors import ProcessFailed, RunDirError
 from rlrun.inference.server import base_url
 from rlrun.models.source import model_path
 from rlrun.parts.progress import Progress, ProgressReader
 from rlrun.parts.role_parts import Endpoints
+from rlrun.run import preflight, runlock
 from rlrun.run.built import BuiltRun
 from rlrun.run.roles import build_specs
 from rlrun.rundir import RunDir
@@ -164,6 +164,7 @@ def train(
                     raise
                 events.emit("port_taken", process=exc.process, attempt=attempt)
                 supervisor.stop_all()
+        assert supervisor is not None and progress is not None  # the loop above breaks once they started, or raises
         reason = supervisor.watch(backend.completion_check(progress), progress_watch(built, run_dir, progress))
         status = "finished"
         return reason
@@ -216,6 +217,7 @@ def _use_external_redis(cfg: RunConfig, run_dir: RunDir) -> None:
     run's processes read it (0600, under secrets/)."""
     from rlrun.streams import external
 
+    assert cfg.streams.url is not None  # called only then
     password = external.read_password(cfg.streams.password_file)
     external.check_and_claim(cfg.streams.url, password, str(run_dir.root.resolve()), claim=True)
     if password is not None:

@@ -190,6 +190,7 @@ def check_model(cfg: RunConfig) -> None:
     if m.source == "gguf":
         from rlrun.models.gguf import gguf_file, require_gguf_reader
 
+        assert m.path is not None  # the config's check: set unless model.source=tiny
         gguf_file(m.path)  # EnvironmentProblem naming the command that brings it
         if check_model_cache(cfg):
             require_gguf_reader()
@@ -207,6 +208,7 @@ def check_model(cfg: RunConfig) -> None:
         return
     if m.source != "path":
         return
+    assert m.path is not None  # the config's check: set unless model.source=tiny
     path = Path(m.path).expanduser()
     if not path.exists():
         raise EnvironmentProblem(f"the model folder model.path={m.path} does not exist. {fix}")

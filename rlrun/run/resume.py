@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import yaml
 
-from rlrun.run import preflight, runlock
 from rlrun.config.compose import config_from_data, override_resolved
 from rlrun.errors import ConfigError, RunDirError
+from rlrun.run import preflight, runlock
 from rlrun.run.built import BuiltRun, build
 from rlrun.rundir import RunDir, write_atomic
 

@@ -55,7 +55,7 @@ def decode(raw: str | bytes) -> dict:
     """The message in `raw`; raises MalformedMessage saying why when it is not a valid message."""
     message = json_object(raw, MalformedMessage, "message")
     if "schema_version" not in message:
-        raise MalformedMessage(f"message has no schema_version: {excerpt(raw)}")
+        raise MalformedMessage(f"message has no schema_version: {excerpt(str(raw))}")
     _check_version(message["schema_version"], raw)
     return message
 

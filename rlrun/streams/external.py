@@ -9,6 +9,7 @@ claimed by another run is refused before anything starts.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 from urllib.parse import urlsplit, urlunsplit
 
 from rlrun.errors import EnvironmentProblem
@@ -69,10 +70,10 @@ def check_and_claim(url: str, password: str | None, owner: str, *, claim: bool) 
         client = connect(process_url(url, password is not None), password, socket_timeout=5.0, reconnect_s=0)
         with client:
             client.ping()
-            current = client.get(OWNER_KEY)
+            current = cast("str | None", client.get(OWNER_KEY))  # decode_responses=True
             if current is None and claim:
                 client.set(OWNER_KEY, owner, nx=True)
-                current = client.get(OWNER_KEY)
+                current = cast("str | None", client.get(OWNER_KEY))  # decode_responses=True
     except redis.AuthenticationError as exc:
         raise EnvironmentProblem(
             f"the Redis at streams.url={url} refused the credentials ({exc}). Check the user in the URL and "

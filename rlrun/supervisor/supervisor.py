@@ -143,7 +143,7 @@ class Supervisor:
             now = self._clock()
             for proc in self.processes:
                 self._advance(proc, now)
-            if clock is not None:
+            if clock is not None and progress is not None:
                 quiet = clock.observe(progress.marker(), self._all_alive(now), now)
                 if quiet is not None:
                     self._run_stalled(progress, clock.last, quiet, now)
@@ -197,6 +197,7 @@ class Supervisor:
             self._spawn(proc)
 
     def _advance_starting(self, proc: ProcessStatus, now: float) -> None:
+        assert proc.pid is not None and proc.started_at is not None  # set by _spawn
         code = self._reap(proc)
         if code is not None:  # a dead process fails fast, not after the readiness timeout
             self._on_exit(proc, code, now, " before it was ready")
@@ -209,6 +210,7 @@ class Supervisor:
             self._kill_stuck(proc, info, now)
 
     def _advance_ready(self, proc: ProcessStatus, now: float) -> None:
+        assert proc.pid is not None  # set by _spawn
         code = self._reap(proc)
         if code is not None:
             self._on_exit(proc, code, now)
@@ -272,6 +274,7 @@ class Supervisor:
         self._events.emit(kind, process=proc.name, pid=proc.pid, attempt=proc.attempt, log=str(proc.log_path))
 
     def _reap(self, proc: ProcessStatus) -> Optional[int]:
+        assert proc.handle is not None  # set by _spawn
         proc.known_descendants.update(proc.handle.descendants())
         code = proc.handle.poll()
         if code is not None:
@@ -280,6 +283,7 @@ class Supervisor:
 
     def kill_attempt(self, proc: ProcessStatus) -> None:
         """SIGKILL the current attempt's whole group (a stalled or hung process; a test's crash)."""
+        assert proc.handle is not None  # set by _spawn
         proc.known_descendants.update(proc.handle.descendants(fresh=True))
         proc.handle.signal_group(signal.SIGKILL)
         proc.exit_code = self._wait_killed(proc)
@@ -287,6 +291,7 @@ class Supervisor:
     def _wait_killed(self, proc: ProcessStatus) -> Optional[int]:
         """The exit code of a SIGKILLed attempt, waited for at most KILL_WAIT_S; None (and an
         `process_unkillable` event) when it would not die."""
+        assert proc.handle is not None  # set by _spawn
         deadline = self._clock() + KILL_WAIT_S
         while (code := proc.handle.poll()) is None and self._clock() < deadline:
             self._sleep(0.05)
@@ -308,6 +313,7 @@ class Supervisor:
         )  # fmt: skip
 
     def _sweep(self, proc: ProcessStatus) -> None:
+        assert proc.handle is not None  # set by _spawn
         proc.handle.signal_group(signal.SIGKILL)
         swept = kill_pids(sorted(proc.known_descendants))
         if swept:

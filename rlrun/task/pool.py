@@ -48,11 +48,13 @@ class _Worker:
 
     async def call(self, call_id: int, index: int, call: GroupCall | StepCall) -> Any:
         data = pickle.dumps((call_id, index, call))
+        stdin, stdout = self.process.stdin, self.process.stdout
+        assert stdin is not None and stdout is not None  # started with pipes
         try:
-            self.process.stdin.write(HEADER.pack(len(data)) + data)
-            await self.process.stdin.drain()
-            header = await self.process.stdout.readexactly(HEADER.size)
-            answer = pickle.loads(await self.process.stdout.readexactly(HEADER.unpack(header)[0]))
+            stdin.write(HEADER.pack(len(data)) + data)
+            await stdin.drain()
+            header = await stdout.readexactly(HEADER.size)
+            answer = pickle.loads(await stdout.readexactly(HEADER.unpack(header)[0]))
         except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
             raise WorkerDied(f"the reward worker (pid {self.process.pid}) died: {exc}") from None
         _, status, value = answer
@@ -93,6 +95,7 @@ class RewardPool:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", WORKER_MODULE, *(["--environment"] if self.environment else []), *self.refs, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip (its stderr is the actor's: the functions' prints and tracebacks land in the actor's log)
+        assert process.stdout is not None  # started with pipes
         worker = _Worker(process, [])
         self._all.add(worker)
         try:

@@ -94,6 +94,8 @@ def load_attribute(ref: str, what: str) -> Any:
             raise TaskInputError(f"{what} {ref}: no file {path}.")
         module_name = f"rlrun_reward_{abs(hash(str(path.resolve())))}"
         spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise TaskInputError(f"{what} {ref}: {path} cannot be imported as a Python module.")
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # dataclasses and pickling look modules up here
         try:
@@ -167,7 +169,8 @@ def _trl_arguments(function: Callable, call: GroupCall) -> dict[str, Any]:
 
 def _run(function: Callable, *args, **kwargs) -> Any:
     result = function(*args, **kwargs)
-    return asyncio.run(result) if inspect.isawaitable(result) else result
+    # asyncio.run refuses an awaitable that is not a coroutine itself, saying so
+    return asyncio.run(result) if inspect.isawaitable(result) else result  # type: ignore[arg-type]
 
 
 def _number(value: Any) -> float:

@@ -282,9 +282,9 @@ def _failures(events: list[dict], records: list[dict], launches: list[_Launch]) 
     seen: set[int] = set()
     for record in records:  # a step taken again counts against the last failure before it
         if record["step"] in seen:
-            before = [i for i, t in enumerate(times) if t < record["time"]]
-            if before:
-                retakes[before[-1]] = retakes.get(before[-1], 0) + 1
+            earlier = [i for i, t in enumerate(times) if t < record["time"]]
+            if earlier:
+                retakes[earlier[-1]] = retakes.get(earlier[-1], 0) + 1
         seen.add(record["step"])
     costs = []
     for i, event in enumerate(failed):

@@ -8,14 +8,14 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import yaml
 
-from rlrun.telemetry.metrics import require, scalars
 from rlrun.rundir import RunDir
+from rlrun.telemetry.metrics import require, scalars
 
 EVENTS_SENT = ("process_failed", "process_restarted", "process_stalled", "stack_dump")
 EVAL_X = "eval/policy_version"  # W&B charts the eval/ scalars over this, not over W&B's step
@@ -38,7 +38,7 @@ def event_line(event: Mapping[str, Any]) -> str:
 class WandbSink:
     """Logs step records, eval records and new supervisor events to one W&B run."""
 
-    def __init__(self, run_dir: RunDir, project: str, mode: str, last_step_time: Optional[float] = None) -> None:
+    def __init__(self, run_dir: RunDir, project: str, mode: Literal["online", "offline"], last_step_time: Optional[float] = None) -> None:
         require_wandb()
         import wandb
 
@@ -51,7 +51,7 @@ class WandbSink:
         self._run.define_metric("eval/*", step_metric=EVAL_X)
         self._since = last_step_time or 0.0  # events up to the last step sent were sent with it
 
-    def log(self, record: Mapping[str, Any], events: list[Mapping[str, Any]] = ()) -> None:
+    def log(self, record: Mapping[str, Any], events: Sequence[Mapping[str, Any]] = ()) -> None:
         """The record's scalars at its step, with the events since the last step sent."""
         data: dict[str, Any] = dict(scalars(record))
         new = [e for e in events if e.get("event") in EVENTS_SENT and float(e.get("time", 0)) > self._since]

@@ -46,9 +46,14 @@ class BatchReader:
         """Where the steps taken so far stand in each stream (rank 0; {} on the others)."""
         return dict(self.intake.positions) if self.intake is not None else {}
 
+    @property
+    def _intake(self) -> GroupIntake:
+        assert self.intake is not None, "only rank 0 reads the groups streams"
+        return self.intake
+
     def rewind(self) -> dict[str, Position]:
         """Rank 0: the groups after what the loaded checkpoint covers are read again, none twice."""
-        return self.intake.rewind(self.covered)
+        return self._intake.rewind(self.covered)
 
     def take(self, step: int) -> Optional[list[Group]]:
         """Step `step`'s groups on every rank (rank 0 reads them once); None on every rank when
@@ -60,7 +65,7 @@ class BatchReader:
 
     def ack_covered(self) -> None:
         """Acknowledge what a checkpoint now covers (rank 0)."""
-        self.stopping.call(lambda: self.intake.ack(self.unacked))
+        self.stopping.call(lambda: self._intake.ack(self.unacked))
         self.unacked = []
 
     def _read_batch(self, step: int) -> tuple[Optional[list[Group]], list[tuple[str, str]]]:
@@ -72,7 +77,7 @@ class BatchReader:
         wanted = self.groups_per_step
         groups: list[Group] = []
         ids: list[tuple[str, str]] = []
-        read_before = dict(self.intake.positions)
+        read_before = dict(self._intake.positions)
 
         def keep_waiting() -> bool:
             self.heartbeat(waiting_for=f"groups ({len(groups)} of {wanted} for step {step})")
@@ -80,13 +85,13 @@ class BatchReader:
 
         while len(groups) < wanted:
             try:
-                messages = self.intake.read(wanted - len(groups), keep_waiting)
+                messages = self._intake.read(wanted - len(groups), keep_waiting)
             except redis.ConnectionError:
                 if not self.stopping.soon():  # else Redis stopped with us (a SLURM job's cancel signals every process)
                     raise
                 messages = []
             if not messages:  # asked to stop
-                self.intake.positions = read_before
+                self._intake.positions = read_before
                 return None, []
             for stream, message_id, fields in messages:
                 ids.append((stream, message_id))

@@ -10,6 +10,7 @@ damaged ones are left, rather than train again from the base model.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import zipfile
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from rlrun.errors import RunDirError
 from rlrun.trainer.disk import temporary_folder
@@ -156,7 +157,7 @@ def problem(path: Path) -> Optional[str]:
     checks = [(OK_MARKER, sizes), (STATE_FILE, state), ("config.json", config)]
     if not sharded:  # the sharded one's files are covered by the manifest's sizes
         checks.append((OPTIMIZER_FILE, optimizer))
-    checks += [(file.name, lambda file=file: _safetensors_problem(file)) for file in weights]
+    checks += [(file.name, functools.partial(_safetensors_problem, file)) for file in weights]
     for name, check in checks:
         why = reading(name, check)
         if why:
@@ -306,7 +307,7 @@ def load_optimizer(optimizer, path: Path, model, parallel) -> None:
 
         # One rank's file names parameters by position; the sharded optimizer wants their names.
         names = [name for name, _ in parallel.unwrapped(model).named_parameters()]
-        full = {
+        full: dict[str, Any] = {
             "state": {names[i]: value for i, value in saved["state"].items()},
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
         }

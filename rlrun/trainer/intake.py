@@ -42,8 +42,8 @@ class Position:
 
 def before(stream_id: str) -> str:
     """The largest stream id below `stream_id` ("5-0" → "4-18446744073709551615")."""
-    ms, _, seq = stream_id.partition("-")
-    ms, seq = int(ms), int(seq or 0)
+    ms_text, _, seq_text = stream_id.partition("-")
+    ms, seq = int(ms_text), int(seq_text or 0)
     if seq > 0:
         return f"{ms}-{seq - 1}"
     return f"{ms - 1}-{2**64 - 1}" if ms > 0 else START
@@ -80,7 +80,7 @@ class GroupIntake:
         """For a checkpoint without positions: where the group stood when that checkpoint acked
         (just before its first pending entry; acks happen at checkpoints only). Right when that
         checkpoint is the newest; a fallback past a newer one cannot be told from Redis."""
-        info = next((g for g in self.redis.xinfo_groups(stream) if g.get("name") == self.group), {})
+        info: dict = next((g for g in self.redis.xinfo_groups(stream) if g.get("name") == self.group), {})
         read, delivered = info.get("entries-read"), info.get("last-delivered-id", START)
         summary = self.redis.xpending(stream, self.group)
         pending = int(summary.get("pending") or 0)

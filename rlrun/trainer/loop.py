@@ -46,7 +46,7 @@ def adamw(parameters, t: TrainerConfig):
     fused = all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in params)
     if not fused:
         log.info("AdamW not fused: a parameter is not a floating-point tensor on %s", " or ".join(FUSED_DEVICES))
-    return torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay, fused=fused or None)
+    return torch.optim.AdamW(params, lr=t.lr, betas=(t.betas[0], t.betas[1]), weight_decay=t.weight_decay, fused=fused or None)
 
 
 def keep_kernel(optimizer, fused: bool) -> None:
@@ -89,7 +89,8 @@ class Trainer:
         self.state = TrainerState(step=0, samples_processed=0, policy_version=0, config_hash=run_dir.config_hash())
         resume_from = checkpoint.resume_point(run_dir.checkpoints)  # damaged ones skipped, with a warning
         source = str(resume_from) if resume_from else model_path
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, cfg.model.dtype)).to(self.device)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, cfg.model.dtype))
+        model = model.to(self.device)  # type: ignore[arg-type]  # transformers' stubs type .to() wrongly
         model.train()
         t = cfg.trainer
         self.model = self.parallel.wrap(model, t.mixed_precision, t.activation_checkpointing)
@@ -108,7 +109,7 @@ class Trainer:
         # Rank 0 alone writes metrics (metrics.jsonl, TensorBoard, W&B).
         self.recorder = StepRecorder(cfg, run_dir, self.stopping) if self.main else None
         self.eval_gate = None  # rank 0, with eval.every_steps: evaluated weights stay until their result is in
-        if self.main and cfg.eval.every_steps:
+        if self.recorder is not None and cfg.eval.every_steps:  # rank 0
             self.eval_gate = EvalGate(cfg.eval, t.max_train_steps, self.stopping, heartbeat, self.recorder.write_eval)
         replacing = self.eval_gate.wait_for if self.eval_gate else (lambda version: None)
         self.weights = WeightPublisher(
@@ -154,6 +155,7 @@ class Trainer:
             paused_s = self.vllm.last_pause_s
             metrics["vllm_paused_s"] = round(paused_s, 4) if paused_s is not None else None
             if self.main:
+                assert self.recorder is not None  # rank 0's
                 record = self.recorder.record(self.state, metrics, groups, self.batches.bad_messages)
                 self.published.progress(self.state, self.batches.positions, reward_mean=record["reward_mean"])
             else:

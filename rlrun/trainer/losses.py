@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+
 @dataclass(frozen=True)
 class LossOutput:
     loss: Tensor  # scalar to call backward() on

@@ -191,11 +191,12 @@ class Parallel:
         size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64, device=device)
         self._wait(dist.broadcast(size, src=0, async_op=True), heartbeat)
         if self.ranks.is_main:
+            assert payload is not None  # rank 0 always has one
             data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
         else:
             data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
         self._wait(dist.broadcast(data, src=0, async_op=True), heartbeat)
-        return payload if self.ranks.is_main else data.cpu().numpy().tobytes()
+        return payload if payload is not None and self.ranks.is_main else data.cpu().numpy().tobytes()
 
     def _collective_device(self):
         import torch

@@ -20,8 +20,7 @@ import subprocess
 import sys
 import time
 
-from rlrun.listen import LOOPBACK
-from rlrun.listen import interface_of
+from rlrun.listen import LOOPBACK, interface_of
 
 POLL_S = 0.1
 STOP_GRACE_S = 10.0  # a rank told to stop (SIGTERM) is SIGKILLed after this long

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable, TypeVar
+from typing import Callable, TypeVar, overload
 
 from rlrun.streams.server import stop_retrying
 
@@ -18,6 +18,7 @@ log = logging.getLogger("rlrun.trainer")
 STOP_RACE_S = 2.0
 
 T = TypeVar("T")
+D = TypeVar("D")
 
 
 class Stopping:
@@ -33,6 +34,10 @@ class Stopping:
         stopping with us, its signal a moment ahead of ours)."""
         return self.requested.is_set() or self.requested.wait(STOP_RACE_S)
 
+    @overload
+    def call(self, action: Callable[[], T], default: D) -> T | D: ...
+    @overload
+    def call(self, action: Callable[[], T], default: None = None) -> T | None: ...
     def call(self, action: Callable[[], T], default: T | None = None) -> T | None:
         """`action()`; while stopping, Redis may be gone already: then `default`, and the step is
         recorded in files only. A lost acknowledgement costs nothing: a restart finds its place

@@ -10,6 +10,7 @@ the group and raises, and a receiver loads nothing before the whole broadcast ar
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import pickle
 import time
@@ -20,8 +21,15 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from rlrun.weights.broadcast import SOURCE_RANK, WEIGHTS_SHARD, CollectiveTimeout, broadcast_tensor, member_of, serve_store
 from rlrun.inference.admin import in_thread, results, version_label
+from rlrun.weights.broadcast import (
+    SOURCE_RANK,
+    WEIGHTS_SHARD,
+    CollectiveTimeout,
+    broadcast_tensor,
+    member_of,
+    serve_store,
+)
 
 log = logging.getLogger("rlrun.trainer.weights")
 
@@ -177,7 +185,7 @@ class BroadcastSync:
     def _broadcast(self, weights, version: int, while_waiting) -> None:
         assert self.membership is not None and self.sender is not None
         info = {"timeout_s": self.timeout_s}
-        receiving = [in_thread(lambda url=url: self.admin.load(url, info, version, self.timeout_s))
+        receiving = [in_thread(functools.partial(self.admin.load, url, info, version, self.timeout_s))
                      for url in self.membership.servers]  # fmt: skip
         sender = self.sender
         sent = self._watched(in_thread(lambda: sender.send(weights)), lambda: sender.activity.doing, while_waiting)

@@ -13,6 +13,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from rlrun.config.schema import TrainerConfig
@@ -62,6 +63,7 @@ class WeightPublisher:
         weights = self.parallel.full_state_dict(model)  # every rank takes part; rank 0 gets them
         if not self.parallel.ranks.is_main:
             return
+        assert weights is not None  # rank 0 gets them
         if self.shared is not None:
             from rlrun.weights.shared import without_aliases
 
@@ -110,12 +112,14 @@ class WeightPublisher:
         else:
             from rlrun.trainer.weight_broadcast import disk_copy_due
 
-            copied = []  # a folder for the servers that start cold, written at most once per version
+            copied: list[Path] = []  # a folder for the servers that start cold, written at most once per version
             if self.shared is not None:  # before the pause: the servers read the file only in their update
                 self.shared.write(weights)
                 send = lambda: self.vllm.update_from_shared(str(self.shared.path), version, publish)  # noqa: E731
             else:
-                send = lambda: self.broadcast.update(weights, version, publish, self.heartbeat)  # noqa: E731
+                broadcast = self.broadcast
+                assert broadcast is not None  # neither the folder nor the shared file: a broadcast
+                send = lambda: broadcast.update(weights, version, publish, self.heartbeat)  # noqa: E731
 
             def in_memory():
                 try:

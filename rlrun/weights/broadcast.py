@@ -80,7 +80,7 @@ def member_of(
     # Fast-LLM's prefix for ranks range(0, n) (`ProcessGroupPool`: range_{start}_{stop}_{step}/)
     prefixed = dist.PrefixStore(f"{namespace}range_0_{world_size}_1/", store)
     if backend == "gloo":
-        options = dist.ProcessGroupGloo._Options()
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # private, not in torch's stubs
         options._timeout = timeout
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=host) if host in LOOPBACK
                             else dist.ProcessGroupGloo.create_default_device()]  # fmt: skip

@@ -100,6 +100,7 @@ class SharedWeights:
         with torch.no_grad():
             for name, tensor in state.items():
                 self._views[name].copy_(tensor.detach())
+        assert self.layout is not None  # set by _create
         return sum(e.nbytes for e in self.layout)
 
     def _create(self, layout: list[Entry]) -> None:

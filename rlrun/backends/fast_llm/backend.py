@@ -10,7 +10,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, ClassVar, Optional
 
-from rlrun.rules import completion
 from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
 from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
 from rlrun.backends.fast_llm.config import LAUNCH_ENV, config_problems, launch_argv, write_config
@@ -19,6 +18,7 @@ from rlrun.backends.fast_llm.installed import choose_revision
 from rlrun.backends.fast_llm.rewind import rewind_group
 from rlrun.config import RunConfig
 from rlrun.parts.role_parts import Endpoints, RedisProbe, child_env, role_command, role_spec
+from rlrun.rules import completion
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.supervisor import EventLog, ProcessSpec, RunVerdict

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -218,7 +218,8 @@ def fast_llm_config(
         generated["data"]["gpu"] = False
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.merge(generated, f.extra))  # mappings merge, the rest replaces
+    merged = OmegaConf.merge(generated, f.extra)  # mappings merge, the rest replaces
+    return cast("dict[str, Any]", OmegaConf.to_container(merged))
 
 
 def config_text(cfg: RunConfig, revision: Revision, **endpoints: Any) -> str:

@@ -89,7 +89,7 @@ class WeightFollower:
     ) -> None:  # fmt: skip
         self.cfg, self.redis, self.admin = cfg, redis, admin
         self.host_store = host_store
-        self._store = None  # the broadcast's TCP store, when this process serves it
+        self._store: object | None = None  # the broadcast's TCP store, when this process serves it
         self.broadcast = (broadcast_host, broadcast_port, broadcast_backend(cfg), cfg.trainer.fast_llm.timeout_s)
         self.stream = cfg.trainer.fast_llm.events_stream
         state = redis.hgetall(names.WEIGHTS_STATE) or {}

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Literal, Optional, TypeGuard, Union
 
-from rlrun.streams.rollouts import Group, Sample
 from rlrun.streams.codec import excerpt, json_object
+from rlrun.streams.rollouts import Group, Sample
 
 EVENT_FIELD = "event"  # Fast-LLM's REDIS_TRAINING_FIELD
 
@@ -90,6 +90,6 @@ def parse_event(fields: Mapping) -> Event:
     raise MalformedEvent(f"unknown event type {kind!r}: {excerpt(str(body))}")
 
 
-def _is_count(value: object) -> bool:
+def _is_count(value: object) -> TypeGuard[int]:
     return type(value) is int and value >= 0  # bool is an int in Python: refuse `true`
 

@@ -9,8 +9,8 @@ from rlrun.actor.trainer_view import Window
 from rlrun.backends.fast_llm.config import docs_per_step
 from rlrun.backends.fast_llm.protocol import encode_group
 from rlrun.config import RunConfig
-from rlrun.streams.rollouts import Group
 from rlrun.streams import names
+from rlrun.streams.rollouts import Group
 
 
 class FastLlmView:
