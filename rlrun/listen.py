@@ -47,8 +47,15 @@ def serve_store(host: str, port: int, world_size: int, timeout_s: float):
     bound_port = sock.getsockname()[1]
     fd = sock.detach()  # the store owns the descriptor from here on
     try:
-        return dist.TCPStore(host, bound_port, world_size, is_master=True, wait_for_workers=False,
-                             timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=fd)  # fmt: skip
+        return dist.TCPStore(
+            host,
+            bound_port,
+            world_size,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            master_listen_fd=fd,
+        )
     except BaseException:
         os.close(fd)
         raise

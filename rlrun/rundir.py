@@ -133,7 +133,9 @@ class RunDir:
         """The numbers of the launches that have a log folder, in order."""
         if not self.logs.is_dir():
             return []
-        found = (p.name[len(LAUNCH_PREFIX):] for p in self.logs.iterdir() if p.is_dir() and p.name.startswith(LAUNCH_PREFIX))
+        found = (
+            p.name[len(LAUNCH_PREFIX) :] for p in self.logs.iterdir() if p.is_dir() and p.name.startswith(LAUNCH_PREFIX)
+        )
         return sorted(int(n) for n in found if n.isdigit())
 
     def for_new_launch(self) -> "RunDir":
@@ -323,7 +325,11 @@ class RunDir:
             return yaml.safe_load(path.read_text())
         except (OSError, ValueError, yaml.YAMLError) as exc:
             why = exc.strerror if isinstance(exc, OSError) else " ".join(str(exc).split())
-            copy = f" (every role file, {self.roles}/<name>.yaml, holds a copy under `config:`)" if path == self.config else ""
+            copy = (
+                f" (every role file, {self.roles}/<name>.yaml, holds a copy under `config:`)"
+                if path == self.config
+                else ""
+            )
             raise RunDirError(f"{path}, {what}, cannot be read ({why}). Restore it from a copy{copy}.") from None
 
     def write_state(self, **fields) -> None:

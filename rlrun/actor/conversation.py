@@ -77,7 +77,9 @@ def messages_for(
 ) -> list[dict]:
     """The conversation as chat messages, as the environment is shown it: the prompt's, then each
     model turn (its text and the tool calls in it) and each observation, in order."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    messages: list[dict[str, Any]] = (
+        [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    )
     start = 0
     answers = {o["start"]: o for o in sample.observations if o["end"] > o["start"]}
     for end, _ in sample.turn_ends:
@@ -141,20 +143,32 @@ async def take_step(talk: Conversations, sample: SampleState, problem, group_id:
     # Whether the turn ends as the template ends one: its end-of-turn id sampled (not another stop
     # id, such as Qwen's <|endoftext|>), else the observation's ids close the turn first.
     end_of_turn = list(talk.turns.end_of_turn_ids)
-    stopped = sample.turn_end == "stop" and sample.completion_ids[len(sample.completion_ids) - len(end_of_turn) :] == end_of_turn
+    stopped = (
+        sample.turn_end == "stop"
+        and sample.completion_ids[len(sample.completion_ids) - len(end_of_turn) :] == end_of_turn
+    )
     ids = talk.turns.observation_ids(observation, model_stopped=stopped)
     if not fits(sample, len(ids), talk.limits):  # no room for it and a next turn: the budget ends it
         finish(sample, "length", 0.0)
         return
-    sample.observe(ids, {"role": observation.role, "content": content, "name": observation.name, "truncated": truncated})
+    sample.observe(
+        ids, {"role": observation.role, "content": content, "name": observation.name, "truncated": truncated}
+    )
 
 
-async def _run_step(talk: Conversations, sample: SampleState, problem, group_id: str, decode, last: bool, counters: dict) -> Optional[Step]:
+async def _run_step(
+    talk: Conversations, sample: SampleState, problem, group_id: str, decode, last: bool, counters: dict
+) -> Optional[Step]:
     """The environment's answer; a timeout becomes an observation saying so; None: the step raised."""
     info = TurnInfo(
-        group_id, sample.index, len(sample.turn_ends), sample.turn_end or "length", len(sample.completion_ids), last,
+        group_id,
+        sample.index,
+        len(sample.turn_ends),
+        sample.turn_end or "length",
+        len(sample.completion_ids),
+        last,
         max(sample.versions, default=0),
-    )  # fmt: skip
+    )
     call = StepCall(messages_for(problem.prompt, sample, decode, parse_tool_calls), problem.row, info, talk.tools)
     counters["env_steps"] += 1
     try:
@@ -168,7 +182,10 @@ async def _run_step(talk: Conversations, sample: SampleState, problem, group_id:
             return Step(observation=INTERRUPTED)
         counters["env_step_errors"] += 1
         if counters["env_step_errors"] == 1:  # the first; the counter says how many followed
-            log.error("environment.step raised (the conversation ends with reward 0; counted in env_step_errors):\n%s", exc.detail)
+            log.error(
+                "environment.step raised (the conversation ends with reward 0; counted in env_step_errors):\n%s",
+                exc.detail,
+            )
         return None
 
 

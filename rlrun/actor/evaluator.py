@@ -42,16 +42,29 @@ class VersionChanged(Exception):
 
 class Evaluator:
     def __init__(
-        self, eval_cfg: EvalConfig, last_version: int, problems: list[Problem], encode: Callable[[Problem], list[int]],
-        decode: Callable[[list[int]], str], scorer: Scorer, redis, urls: list[str], max_new_tokens: int, concurrency: int,
-        request_timeout_s: float, seed: int = 0, conversations: Conversations | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        eval_cfg: EvalConfig,
+        last_version: int,
+        problems: list[Problem],
+        encode: Callable[[Problem], list[int]],
+        decode: Callable[[list[int]], str],
+        scorer: Scorer,
+        redis,
+        urls: list[str],
+        max_new_tokens: int,
+        concurrency: int,
+        request_timeout_s: float,
+        seed: int = 0,
+        conversations: Conversations | None = None,
+    ) -> None:
         self.cfg, self.last_version, self.scorer, self.redis, self.urls = eval_cfg, last_version, scorer, redis, urls
         self.problems = problems[: eval_cfg.max_prompts] if eval_cfg.max_prompts else problems
         self.encode, self.decode = encode, decode
         self.max_new_tokens = eval_cfg.max_new_tokens or max_new_tokens
         self.concurrency, self.request_timeout_s, self.seed = concurrency, request_timeout_s, seed
-        self.conversations = conversations  # environment.step: each sample is a conversation, rewarded by the environment
+        self.conversations = (
+            conversations  # environment.step: each sample is a conversation, rewarded by the environment
+        )
         self._finished: set[int] = set()  # versions with a result in Redis (asked once each)
         self._attempts: dict[int, int] = {}
 
@@ -75,7 +88,11 @@ class Evaluator:
                 return
             result = {"version": version, "abandoned": str(exc), "time": round(time.time(), 3)}
         else:
-            log.info("evaluation of policy version %d: %s", version, {k: v for k, v in result.items() if k not in ("per_source", "correct")})
+            log.info(
+                "evaluation of policy version %d: %s",
+                version,
+                {k: v for k, v in result.items() if k not in ("per_source", "correct")},
+            )
         self.redis.hset(names.EVAL_RESULTS, str(version), json.dumps(result))
         self._finished.add(version)
 
@@ -86,7 +103,9 @@ class Evaluator:
         gate = asyncio.Semaphore(self.concurrency)
         try:  # the first prompt that fails cancels the others: nothing of this evaluation goes on
             async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(self._prompt(client, gate, version, i, p)) for i, p in enumerate(self.problems)]
+                tasks = [
+                    group.create_task(self._prompt(client, gate, version, i, p)) for i, p in enumerate(self.problems)
+                ]
         except BaseExceptionGroup as failed:
             raise failed.exceptions[0] from None
         figures = summarize([task.result() for task in tasks], self.cfg.pass_threshold)
@@ -103,10 +122,18 @@ class Evaluator:
         spans: list[list[VersionSpan] | None] = [None] * k
         async with gate:
             async for delta in generate(
-                client, self.urls[i % len(self.urls)], self.encode(problem), n=k, max_tokens=self.max_new_tokens,
-                temperature=self.cfg.temperature, timeout_s=self.request_timeout_s, min_tokens=0, stream=False,
-                cache_salt=f"eval-v{version}", seed=self.seed + i,  # prompt i's samples: the same random draws at every version
-            ):  # fmt: skip
+                client,
+                self.urls[i % len(self.urls)],
+                self.encode(problem),
+                n=k,
+                max_tokens=self.max_new_tokens,
+                temperature=self.cfg.temperature,
+                timeout_s=self.request_timeout_s,
+                min_tokens=0,
+                stream=False,
+                cache_salt=f"eval-v{version}",
+                seed=self.seed + i,  # prompt i's samples: the same random draws at every version
+            ):
                 ids[delta.index].extend(delta.token_ids)
                 if delta.finish_reason is not None:
                     finishes[delta.index], spans[delta.index] = delta.finish_reason, delta.spans
@@ -114,10 +141,11 @@ class Evaluator:
             if sample_ids and set(token_versions(sample_spans, len(sample_ids), version)) != {version}:
                 raise VersionChanged(f"vLLM sampled an eval prompt with weights other than version {version}")
         infos = [SampleInfo(finishes[j] or "length", len(ids[j]), j, version) for j in range(k)]
-        call = GroupCall(problem.prompt, problem.row, [self.decode(x) for x in ids], ids, infos, isinstance(problem.prompt, tuple))
+        call = GroupCall(
+            problem.prompt, problem.row, [self.decode(x) for x in ids], ids, infos, isinstance(problem.prompt, tuple)
+        )
         score = await self.scorer.score(call)
         return PromptResult(score.rewards if score.rewards is not None else [0.0] * k, problem.source)
-
 
     async def _conversation(self, client, version: int, i: int, j: int, problem: Problem) -> SampleState:
         """Sample `j` of eval prompt `i` as a conversation: its turns sampled at `version` (each
@@ -130,11 +158,17 @@ class Evaluator:
             if budget:
                 first, finish, spans = len(sample.completion_ids), None, None
                 async for delta in generate(
-                    client, self.urls[i % len(self.urls)], prompt_ids + sample.completion_ids, n=1,
-                    max_tokens=min(budget, self.max_new_tokens), temperature=self.cfg.temperature,
-                    timeout_s=self.request_timeout_s, stream=False, cache_salt=f"eval-v{version}",
+                    client,
+                    self.urls[i % len(self.urls)],
+                    prompt_ids + sample.completion_ids,
+                    n=1,
+                    max_tokens=min(budget, self.max_new_tokens),
+                    temperature=self.cfg.temperature,
+                    timeout_s=self.request_timeout_s,
+                    stream=False,
+                    cache_salt=f"eval-v{version}",
                     seed=self.seed + i + 7919 * (j + 1) * (len(sample.turn_ends) + 1),
-                ):  # fmt: skip
+                ):
                     sample.append(delta.token_ids, delta.logprobs, version)
                     finish, spans = delta.finish_reason or finish, delta.spans or spans
                 sampled = len(sample.completion_ids) - first
@@ -148,7 +182,14 @@ class Evaluator:
 
 
 def evaluator_for(
-    cfg, problems: list[Problem], tokenizer, render_prompt, scorer: Scorer, redis, urls: list[str], conversations: Conversations | None = None
+    cfg,
+    problems: list[Problem],
+    tokenizer,
+    render_prompt,
+    scorer: Scorer,
+    redis,
+    urls: list[str],
+    conversations: Conversations | None = None,
 ) -> Evaluator:
     """The run's evaluator over `problems` (the actor's and `rlrun eval`'s one way to build it);
     `render_prompt`: the model's chat template, or None to give prompts as they are;
@@ -157,9 +198,17 @@ def evaluator_for(
     if conversations is not None:
         render = lambda prompt: conversations.turns.prompt_text(prompt, conversations.tools or None)  # noqa: E731
     return Evaluator(
-        cfg.eval, cfg.trainer.max_train_steps, problems,
+        cfg.eval,
+        cfg.trainer.max_train_steps,
+        problems,
         encode=lambda problem: tokenizer.encode(render(problem.prompt), add_special_tokens=False),
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), scorer=scorer, redis=redis, urls=urls,
-        max_new_tokens=cfg.actor.max_new_tokens, concurrency=cfg.actor.max_concurrent_groups,
-        request_timeout_s=cfg.actor.request_timeout_s, seed=cfg.run.seed * 1_000_003, conversations=conversations,
-    )  # fmt: skip
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        scorer=scorer,
+        redis=redis,
+        urls=urls,
+        max_new_tokens=cfg.actor.max_new_tokens,
+        concurrency=cfg.actor.max_concurrent_groups,
+        request_timeout_s=cfg.actor.request_timeout_s,
+        seed=cfg.run.seed * 1_000_003,
+        conversations=conversations,
+    )

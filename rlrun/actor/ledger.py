@@ -31,7 +31,9 @@ class JournalLedger(Journal):
         self._cursor = self.cursor()
 
     def open_next(self, index_for, ids_for, size, budget, run) -> GroupHeader:
-        r = self.open_group(index_for, ids_for, group_size=size, max_new_tokens=budget, run=run, cursor_hint=self._cursor)
+        r = self.open_group(
+            index_for, ids_for, group_size=size, max_new_tokens=budget, run=run, cursor_hint=self._cursor
+        )
         self._cursor = r.cursor + 1
         return r.header
 
@@ -48,9 +50,20 @@ class JournalLedger(Journal):
             relabel = version_runs(sample.versions[: sample.journaled]) if sample.relabel_pending else []
             for version, same in groupby(sample.versions[offset:]):
                 end = offset + len(list(same))
-                runs.append(Append(group_id, sample.index, offset, sample.completion_ids[offset:end], sample.logprobs[offset:end], version))
+                runs.append(
+                    Append(
+                        group_id,
+                        sample.index,
+                        offset,
+                        sample.completion_ids[offset:end],
+                        sample.logprobs[offset:end],
+                        version,
+                    )
+                )
                 offset = end
-            if finish is not None or relabel or turn_end is not None:  # on the last run, or alone (no tokens: no version)
+            if (
+                finish is not None or relabel or turn_end is not None
+            ):  # on the last run, or alone (no tokens: no version)
                 final = runs.pop() if runs else Append(group_id, sample.index, offset, [], [], 0)
                 runs.append(replace(final, finish_reason=finish, relabel=relabel, turn_end=turn_end))
             appends.extend(runs)
@@ -70,9 +83,15 @@ class JournalLedger(Journal):
         payload = {k: v for k, v in observation.items() if k not in ("start", "end")}
         version = sample.versions[start] if end > start else 0
         append = Append(
-            group_id, sample.index, start, sample.completion_ids[start:end], sample.logprobs[start:end], version,
-            finish_reason=finish, observation=payload,
-        )  # fmt: skip
+            group_id,
+            sample.index,
+            start,
+            sample.completion_ids[start:end],
+            sample.logprobs[start:end],
+            version,
+            finish_reason=finish,
+            observation=payload,
+        )
         return self.append_many([append])[0]
 
     def deliver(self, group_id: str, stream: str, messages: Sequence[str]) -> Optional[str]:
@@ -95,14 +114,21 @@ def flush(ledger: "JournalLedger | MemoryLedger", group_id: str, samples: list[S
     trip. An accepted append moves the sample's marks; a refused one is left as it was: the actor's
     view and the journal's disagree, and the caller takes the journal's (`SampleState.take_journal`)."""
     batch = [
-        s for s in samples
-        if len(s.completion_ids) > s.journaled or (s.finished and not s.finish_recorded) or s.relabel_pending
+        s
+        for s in samples
+        if len(s.completion_ids) > s.journaled
+        or (s.finished and not s.finish_recorded)
+        or s.relabel_pending
         or (s.turn_end is not None and not s.turn_end_recorded)
-    ]  # fmt: skip
+    ]
     flushed = [Flushed(s, s.journaled, r) for s, r in zip(batch, ledger.append_samples(group_id, batch))]
     for f in flushed:
         if f.result.accepted:
-            f.sample.journaled, f.sample.finish_recorded, f.sample.relabel_pending = f.result.length, f.sample.finished, False
+            f.sample.journaled, f.sample.finish_recorded, f.sample.relabel_pending = (
+                f.result.length,
+                f.sample.finished,
+                False,
+            )
             f.sample.turn_end_recorded = f.sample.turn_end is not None
     return flushed
 

@@ -57,11 +57,23 @@ def _text(prompt: str | Messages) -> str:
 
 class Actor:
     def __init__(
-        self, cfg: RunConfig, redis, tokenizer, task: Task, server_urls: list[str],
-        ledger: JournalLedger | MemoryLedger, run_name: str, api_key: str = "",
-        *, trainer: TrainerView, scorer: Scorer, actor_index: int = 0, render_prompt: Callable[[str | Messages], str] | None = None,
-        evaluator: Evaluator | None = None, conversations: Conversations | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: RunConfig,
+        redis,
+        tokenizer,
+        task: Task,
+        server_urls: list[str],
+        ledger: JournalLedger | MemoryLedger,
+        run_name: str,
+        api_key: str = "",
+        *,
+        trainer: TrainerView,
+        scorer: Scorer,
+        actor_index: int = 0,
+        render_prompt: Callable[[str | Messages], str] | None = None,
+        evaluator: Evaluator | None = None,
+        conversations: Conversations | None = None,
+    ) -> None:
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
         self.scorer, self.evaluator = scorer, evaluator  # the rewards' worker pool; actor 0's evaluation (None: none)
         self.render_prompt = render_prompt or _text  # model.chat_template: the model's chat format
@@ -76,7 +88,10 @@ class Actor:
         self.audit_path: Path | None = None  # set when actor.audit is on
         self._failure: BaseException | None = None
         self._last_heartbeat = 0.0
-        self._last_progress: tuple[float, dict[str, int]] = (0.0, {})  # when it last logged progress, and its counters then
+        self._last_progress: tuple[float, dict[str, int]] = (
+            0.0,
+            {},
+        )  # when it last logged progress, and its counters then
         self._in_flight, self._busy_since = 0, 0.0  # requests in flight, and since when some were
         self._held_since = 0.0  # since when back-pressure has kept it from opening a group (0: it is not)
         self.counters = {  # whole-run counts, published in ACTOR_STATE (see _continue_counters)
@@ -95,15 +110,17 @@ class Actor:
             "groups_dropped": 0,  # not trained on: a reward failed and reward.on_error=drop_group
         }
         if conversations is not None:  # environment.step: its steps, counted like the tokens
-            self.counters.update({
-                "env_steps": 0,  # steps the environment ran (tool calls, feedback, the last step's reward)
-                "env_steps_reused": 0,  # answers kept from the journal at a (re)start of the actor, not run again
-                "env_steps_rerun": 0,  # steps a crash cut, run again (the step function allows it)
-                "env_steps_interrupted": 0,  # steps a crash cut, not run again (rerun_interrupted=False): the model is told
-                "env_step_timeouts": 0,  # steps stopped at environment.timeout_s: the model is told
-                "env_step_errors": 0,  # steps that raised: the conversation ends with reward 0
-                "observations_truncated": 0,  # cut to environment.max_observation_tokens, saying so
-            })  # fmt: skip
+            self.counters.update(
+                {
+                    "env_steps": 0,  # steps the environment ran (tool calls, feedback, the last step's reward)
+                    "env_steps_reused": 0,  # answers kept from the journal at a (re)start of the actor, not run again
+                    "env_steps_rerun": 0,  # steps a crash cut, run again (the step function allows it)
+                    "env_steps_interrupted": 0,  # steps a crash cut, not run again (rerun_interrupted=False): the model is told
+                    "env_step_timeouts": 0,  # steps stopped at environment.timeout_s: the model is told
+                    "env_step_errors": 0,  # steps that raised: the conversation ends with reward 0
+                    "observations_truncated": 0,  # cut to environment.max_observation_tokens, saying so
+                }
+            )
 
     async def run(self) -> None:
         self._continue_counters()
@@ -114,7 +131,9 @@ class Actor:
         await self.scorer.pool.start()
         if self.conversations is not None:
             await self.conversations.pool.start()
-        async with httpx.AsyncClient(limits=limits, timeout=self.cfg.actor.request_timeout_s, headers=headers) as client:
+        async with httpx.AsyncClient(
+            limits=limits, timeout=self.cfg.actor.request_timeout_s, headers=headers
+        ) as client:
             running: set[asyncio.Task] = set()
             evaluating: set[asyncio.Task] = set()
 
@@ -163,7 +182,9 @@ class Actor:
             await self.evaluator.evaluate(client, version)
         except (httpx.HTTPError, RuntimeError, ValueError) as exc:
             if refused(exc):  # every retry would be refused the same way: stop, naming it
-                self._failure = ConfigError(f"vLLM refused the evaluation's request: {exc}. Change the eval.* setting it names.")
+                self._failure = ConfigError(
+                    f"vLLM refused the evaluation's request: {exc}. Change the eval.* setting it names."
+                )
                 return
             log.warning("evaluation of policy version %d failed (%s): it starts again", version, exc)
             await asyncio.sleep(RETRY_DELAY_S)
@@ -215,7 +236,9 @@ class Actor:
         return self.conversations.limits.max_total_tokens if self.conversations else self.cfg.actor.max_new_tokens
 
     def _open_group(self) -> LiveGroup:
-        h = self.ledger.open_next(self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self._budget, self.run_name)
+        h = self.ledger.open_next(
+            self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self._budget, self.run_name
+        )
         samples = [SampleState(index=i) for i in range(h.group_size)]
         return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), h.max_new_tokens, samples)
 
@@ -246,9 +269,12 @@ class Actor:
         self.counters["prefixes_dropped_stale"] += plan.counters.prefixes_dropped_stale
         if plan.groups:
             log.info(
-                "replaying the journal: %d groups, %d tokens kept, %d samples continued, %s", len(plan.groups),
-                resumed.tokens_reused, resumed.samples_continued, plan.counters,
-            )  # fmt: skip
+                "replaying the journal: %d groups, %d tokens kept, %d samples continued, %s",
+                len(plan.groups),
+                resumed.tokens_reused,
+                resumed.samples_continued,
+                plan.counters,
+            )
         return resumed.groups
 
     async def _complete(self, client: httpx.AsyncClient, group: LiveGroup) -> None:
@@ -279,7 +305,8 @@ class Actor:
                 # Wait for every request before retrying any: a retry must never run beside
                 # a request still streaming into the same sample.
                 outcomes = await asyncio.gather(
-                    *(self._request(client, url, group, samples, version) for samples in requests), return_exceptions=True
+                    *(self._request(client, url, group, samples, version) for samples in requests),
+                    return_exceptions=True,
                 )
                 failed = [o for o in outcomes if isinstance(o, BaseException)]
                 if failed:
@@ -294,7 +321,9 @@ class Actor:
                 self.counters["request_errors"] += 1
                 self._count_interrupted(pending)
                 failures += 1
-                log.warning("group %s: request to %s failed (%s); continuing from the tokens kept", group.group_id, url, exc)
+                log.warning(
+                    "group %s: request to %s failed (%s); continuing from the tokens kept", group.group_id, url, exc
+                )
                 await asyncio.sleep(RETRY_DELAY_S)
             finally:
                 self._flush(group, group.samples)
@@ -325,10 +354,23 @@ class Actor:
         result = self.ledger.append_observation(group.group_id, sample, finish=finish)
         if result.accepted:
             sample.journaled, sample.finish_recorded = result.length, sample.finished
-            self._audit({"kind": "observed", "group": group.group_id, "index": sample.index, "turn": len(sample.turn_ends),
-                         **sample.observations[-1], "token_ids": sample.completion_ids[sample.observations[-1]["start"] : result.length]})  # fmt: skip
+            self._audit(
+                {
+                    "kind": "observed",
+                    "group": group.group_id,
+                    "index": sample.index,
+                    "turn": len(sample.turn_ends),
+                    **sample.observations[-1],
+                    "token_ids": sample.completion_ids[sample.observations[-1]["start"] : result.length],
+                }
+            )
         else:
-            log.error("journal refused an observation of %s/%d (%s): re-reading it", group.group_id, sample.index, result.reason)
+            log.error(
+                "journal refused an observation of %s/%d (%s): re-reading it",
+                group.group_id,
+                sample.index,
+                result.reason,
+            )
             self._resync(group, sample)
 
     def _count_interrupted(self, samples: list[SampleState]) -> None:
@@ -355,18 +397,30 @@ class Actor:
             max_tokens = remaining_budget(samples[0], group.max_new_tokens)
         self.counters["requests"] += 1
         if self.audit_path is not None:
-            self._audit({"kind": "request", "group": group.group_id, "indexes": [s.index for s in samples], "prefix": len(prefix)})
+            self._audit(
+                {
+                    "kind": "request",
+                    "group": group.group_id,
+                    "indexes": [s.index for s in samples],
+                    "prefix": len(prefix),
+                }
+            )
         if self._in_flight == 0:
             self._busy_since = time.monotonic()
         self._in_flight += 1
         try:
             async for delta in generate(
-                client, url, group.prompt_ids + list(prefix), n=len(samples), max_tokens=max_tokens,
-                temperature=actor.temperature, timeout_s=actor.request_timeout_s,
+                client,
+                url,
+                group.prompt_ids + list(prefix),
+                n=len(samples),
+                max_tokens=max_tokens,
+                temperature=actor.temperature,
+                timeout_s=actor.request_timeout_s,
                 min_tokens=max(0, actor.min_new_tokens - start),
                 stream=max_tokens > actor.journal_flush_tokens,  # else the journal needs nothing before the end
                 cache_salt=f"v{version}",  # no prompt KV reused from before the last update (architecture.md)
-            ):  # fmt: skip
+            ):
                 sample = samples[delta.index]  # the request's n choices are `samples`, in order
                 sample.append(delta.token_ids, delta.logprobs, version)
                 self.counters["tokens_generated"] += len(delta.token_ids)
@@ -390,12 +444,22 @@ class Actor:
         for f in flush(self.ledger, group.group_id, samples):
             if f.result.accepted:
                 self._audit(
-                    {"kind": "journaled", "group": group.group_id, "index": f.sample.index, "offset": f.offset,
-                     "token_ids": f.sample.completion_ids[f.offset : f.result.length],
-                     "logprobs": f.sample.logprobs[f.offset : f.result.length]}
-                )  # fmt: skip
+                    {
+                        "kind": "journaled",
+                        "group": group.group_id,
+                        "index": f.sample.index,
+                        "offset": f.offset,
+                        "token_ids": f.sample.completion_ids[f.offset : f.result.length],
+                        "logprobs": f.sample.logprobs[f.offset : f.result.length],
+                    }
+                )
             else:  # our view and the journal's disagree: the journal is the truth
-                log.error("journal refused an append to %s/%d (%s): re-reading it", group.group_id, f.sample.index, f.result.reason)
+                log.error(
+                    "journal refused an append to %s/%d (%s): re-reading it",
+                    group.group_id,
+                    f.sample.index,
+                    f.result.reason,
+                )
                 self._resync(group, f.sample)
 
     def _resync(self, group: LiveGroup, sample: SampleState) -> None:
@@ -412,7 +476,9 @@ class Actor:
             self.ledger.reset(group.group_id, sample.index)
 
     def _drop_stale(self, group: LiveGroup, sample: SampleState) -> None:
-        log.info("dropping a stale prefix of %d tokens in %s/%d", len(sample.completion_ids), group.group_id, sample.index)
+        log.info(
+            "dropping a stale prefix of %d tokens in %s/%d", len(sample.completion_ids), group.group_id, sample.index
+        )
         self.counters["prefixes_dropped_stale"] += 1
         self.counters["tokens_regenerated"] += len(sample.completion_ids)
         self.ledger.reset(group.group_id, sample.index)
@@ -430,9 +496,15 @@ class Actor:
         infos = [
             SampleInfo(s.finish_reason or "length", len(s.completion_ids), s.index, max(s.versions, default=version))
             for s in group.samples
-        ]  # fmt: skip
-        call = GroupCall(problem.prompt, problem.row, texts, [list(s.completion_ids) for s in group.samples], infos,
-                         conversational=isinstance(problem.prompt, tuple))  # fmt: skip
+        ]
+        call = GroupCall(
+            problem.prompt,
+            problem.row,
+            texts,
+            [list(s.completion_ids) for s in group.samples],
+            infos,
+            conversational=isinstance(problem.prompt, tuple),
+        )
         score = await self.scorer.score(call)
         if score.rewards is None:
             stream, _ = self.trainer.destination(Group(group.group_id, group.prompt_index, group.prompt_ids, []))
@@ -449,10 +521,18 @@ class Actor:
             prompt_index=group.prompt_index,
             prompt_ids=group.prompt_ids,
             samples=[
-                Sample(s.index, s.completion_ids, s.logprobs, s.versions, s.finish_reason or "length", r, a,
-                       observation_spans=s.observation_spans)
+                Sample(
+                    s.index,
+                    s.completion_ids,
+                    s.logprobs,
+                    s.versions,
+                    s.finish_reason or "length",
+                    r,
+                    a,
+                    observation_spans=s.observation_spans,
+                )
                 for s, r, a in zip(group.samples, rewards, advantages)
-            ],  # fmt: skip
+            ],
         )
         stream, messages = self.trainer.destination(message)
         if self.ledger.deliver(group.group_id, stream, messages) is not None:
@@ -465,7 +545,9 @@ class Actor:
                 handle.write(json.dumps({"time": time.time(), "pid": os.getpid(), **record}) + "\n")
 
 
-def progress_line(counters: dict[str, int], before: dict[str, int], elapsed_s: float, in_flight: int, held_s: float) -> str:
+def progress_line(
+    counters: dict[str, int], before: dict[str, int], elapsed_s: float, in_flight: int, held_s: float
+) -> str:
     """One line of the actor's log: how far it got in all and over the last `elapsed_s`, and what
     holds it now (`before`: its counters at the previous line, or those it started from)."""
     groups, tokens = counters["groups_published"], counters["tokens_generated"]

@@ -49,5 +49,6 @@ def group_namespace(run: str, actor: int, num_actors: int) -> str:
 def ownership(num_actors: int, num_servers: int) -> dict[str, list[str]]:
     """Process names: each actor → the vLLM servers it sends to (what --dry-run shows)."""
     return {
-        actor_name(k, num_actors): [f"vllm-{i}" for i in servers_of(k, num_actors, num_servers)] for k in range(num_actors)
+        actor_name(k, num_actors): [f"vllm-{i}" for i in servers_of(k, num_actors, num_servers)]
+        for k in range(num_actors)
     }

@@ -16,7 +16,14 @@ from pathlib import Path
 # transformers classes whose encode(add_special_tokens=False) / decode(skip_special_tokens=True)
 # are those of tokenizer.json's pipeline (tests/unit/test_actor_tokenizer.py checks it on the tiny model).
 PLAIN_CLASSES = frozenset(
-    {"Qwen2Tokenizer", "Qwen2TokenizerFast", "GPT2Tokenizer", "GPT2TokenizerFast", "PreTrainedTokenizerFast", "TokenizersBackend"}
+    {
+        "Qwen2Tokenizer",
+        "Qwen2TokenizerFast",
+        "GPT2Tokenizer",
+        "GPT2TokenizerFast",
+        "PreTrainedTokenizerFast",
+        "TokenizersBackend",
+    }
 )
 
 

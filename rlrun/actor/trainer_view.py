@@ -67,8 +67,14 @@ class HfView:
         trained = int(state.get(names.trained_entries(self.stream), 0))
         delivered = int(self.redis.xlen(self.stream))
         limit = (served - step + 1 + self.cfg.actor.max_steps_ahead) * self.groups_per_step
-        detail = {"stream": self.stream, "entries": delivered, "trained_entries": trained, "in_flight": in_flight,
-                  "trainer_step": step, "policy_version": served}  # fmt: skip
+        detail = {
+            "stream": self.stream,
+            "entries": delivered,
+            "trained_entries": trained,
+            "in_flight": in_flight,
+            "trainer_step": step,
+            "policy_version": served,
+        }
         return Window("groups", max(0, delivered - trained) + in_flight, limit, detail)
 
     def done(self) -> bool:

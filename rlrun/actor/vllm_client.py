@@ -36,18 +36,30 @@ class Delta:
     spans: Optional[list[VersionSpan]] = None  # on the choice's last delta only
 
 
-def request_body(prompt_ids: list[int], *, n: int, max_tokens: int, temperature: float, min_tokens: int,
-                 stream: bool, cache_salt: str | None, seed: int | None = None) -> dict:  # fmt: skip
+def request_body(
+    prompt_ids: list[int],
+    *,
+    n: int,
+    max_tokens: int,
+    temperature: float,
+    min_tokens: int,
+    stream: bool,
+    cache_salt: str | None,
+    seed: int | None = None,
+) -> dict:
     body: dict[str, Any] = {
         "model": SERVED_MODEL_NAME,
         "token_ids": prompt_ids,
         "sampling_params": {
-            "n": n, "max_tokens": max_tokens, "min_tokens": min_tokens, "temperature": temperature,
+            "n": n,
+            "max_tokens": max_tokens,
+            "min_tokens": min_tokens,
+            "temperature": temperature,
             "logprobs": 0,  # the sampled token's log-prob only
             "detokenize": False,  # token ids are all the actor reads
         },
         "stream": stream,
-    }  # fmt: skip
+    }
     if cache_salt:
         body["cache_salt"] = cache_salt
     if seed is not None:  # the request's own random stream: the same samples whatever else the server runs
@@ -69,8 +81,16 @@ async def generate(
     cache_salt: str | None = None,
     seed: int | None = None,
 ) -> AsyncIterator[Delta]:
-    body = request_body(prompt_ids, n=n, max_tokens=max_tokens, temperature=temperature, min_tokens=min_tokens,
-                        stream=stream, cache_salt=cache_salt, seed=seed)  # fmt: skip
+    body = request_body(
+        prompt_ids,
+        n=n,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        min_tokens=min_tokens,
+        stream=stream,
+        cache_salt=cache_salt,
+        seed=seed,
+    )
     if not stream:
         response = await client.post(f"{url}{ROUTE}", json=body, timeout=timeout_s)
         _raise_for_status(response.status_code, response.text, response)
@@ -95,7 +115,9 @@ async def generate(
 
 def _raise_for_status(status: int, text: str, response: httpx.Response) -> None:
     if status != 200:
-        raise httpx.HTTPStatusError(f"vLLM answered {status}: {text[:300]}", request=response.request, response=response)
+        raise httpx.HTTPStatusError(
+            f"vLLM answered {status}: {text[:300]}", request=response.request, response=response
+        )
 
 
 def _delta(choice: dict) -> Delta:

@@ -141,9 +141,7 @@ def checkpoint_layouts() -> list[CheckpointLayout]:
     return [backend_class(name).layout for name in NAMES]
 
 
-def recorded_fields(
-    path: Path, step: Optional[int], file: str, read: Callable[[], dict], warnings: list[str]
-) -> dict:
+def recorded_fields(path: Path, step: Optional[int], file: str, read: Callable[[], dict], warnings: list[str]) -> dict:
     """A layout's `read_fields`: the step in the folder name, then what `read()` gets from `file`."""
     if not (path / file).is_file():
         warnings.append(f"no {file}: step taken from the folder name")

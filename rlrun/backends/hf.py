@@ -51,8 +51,12 @@ class HfLayout:
     def read_fields(self, path: Path, warnings: list[str]) -> dict:
         def read() -> dict:
             state = checkpoint.read_state(path)
-            fields = {"step": state.step, "samples_processed": state.samples_processed,
-                      "policy_version": state.policy_version, "checkpoint_config_hash": state.config_hash}  # fmt: skip
+            fields = {
+                "step": state.step,
+                "samples_processed": state.samples_processed,
+                "policy_version": state.policy_version,
+                "checkpoint_config_hash": state.config_hash,
+            }
             if state.written_at > 0:
                 fields.update(written_at=state.written_at, written_at_source=checkpoint.STATE_FILE)
             return fields
@@ -108,8 +112,15 @@ class HfBackend:
         if t.nproc_per_node > 1:
             out.append(sockets.tcp_store("trainer", "the trainer's ranks (rank 0 serves it)", ranks_host))
             if t.device.startswith("cuda"):
-                out.append(sockets.Listener("trainer", "NCCL bootstrap of the trainer's ranks", ranks_host, sockets.EPHEMERAL,
-                                            "nothing: NCCL has no authentication"))  # fmt: skip
+                out.append(
+                    sockets.Listener(
+                        "trainer",
+                        "NCCL bootstrap of the trainer's ranks",
+                        ranks_host,
+                        sockets.EPHEMERAL,
+                        "nothing: NCCL has no authentication",
+                    )
+                )
             else:
                 out.append(sockets.gloo_pairs("trainer (each rank)", ranks_host))
         if t.weight_transfer == "broadcast":
@@ -131,12 +142,20 @@ class HfBackend:
         ones above a good one are only warned about (the trainer falls back)."""
         checkpoint.resume_point(run_dir.checkpoints)
 
-    def specs(self, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe, events: EventLog) -> list[ProcessSpec]:
+    def specs(
+        self, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe, events: EventLog
+    ) -> list[ProcessSpec]:
         cfg = self.cfg
         argv, write_role_file = role_command(
-            run_dir, "rlrun.entrypoints.trainer", "trainer", redis_url=endpoints.redis_url, model_path=model_path,
-            vllm_urls=endpoints.vllm_urls, broadcast_host=endpoints.host("trainer", cfg.inference.host), broadcast_port=endpoints.broadcast_port,
-        )  # fmt: skip
+            run_dir,
+            "rlrun.entrypoints.trainer",
+            "trainer",
+            redis_url=endpoints.redis_url,
+            model_path=model_path,
+            vllm_urls=endpoints.vllm_urls,
+            broadcast_host=endpoints.host("trainer", cfg.inference.host),
+            broadcast_port=endpoints.broadcast_port,
+        )
         nproc = cfg.trainer.nproc_per_node
         if nproc > 1:  # one supervised process: a rank that fails takes the group down (rank_group.py)
             argv = [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", str(nproc), "--", *argv]
@@ -146,7 +165,10 @@ class HfBackend:
         fresh = checkpoint.latest_complete(run_dir.checkpoints) is None
         after = ("redis",) if endpoints.redis_port is not None else ()
         trainer = role_spec(
-            cfg, run_dir, "trainer", "trainer",
+            cfg,
+            run_dir,
+            "trainer",
+            "trainer",
             argv=argv,
             before_start=write_role_file,
             env=child_env(cfg.trainer.threads),
@@ -154,7 +176,7 @@ class HfBackend:
             alive=lambda pid: probe.heartbeat(names.TRAINER_STATE, pid, also=others),
             finishes=True,
             after=after if fresh else None,
-        )  # fmt: skip
+        )
         return [trainer]
 
     def completion_check(self, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
@@ -180,4 +202,3 @@ class HfBackend:
 
     def metrics_hint(self, run_dir: RunDir) -> Optional[str]:
         return None  # metrics.jsonl, written by the trainer
-

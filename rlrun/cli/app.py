@@ -35,7 +35,9 @@ from rlrun.errors import (
 from rlrun.rundir import RunDir
 from rlrun.telemetry.metrics import read_metrics
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Launch and supervise asynchronous GRPO/GSPO training runs.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Launch and supervise asynchronous GRPO/GSPO training runs."
+)
 # emoji=False: "my_env.py:two: ..." names a function, never the emoji :two:
 console = Console(emoji=False)
 err_console = Console(stderr=True, soft_wrap=True, emoji=False)  # messages stay whole lines (grep, logs)
@@ -52,7 +54,9 @@ def _fail(exc: BaseException, debug: bool) -> None:
             err_console.print(f"[dim]last lines of {escape(exc.process)}'s log:[/]", highlight=False)
             err_console.print(exc.log_tail, highlight=False, markup=False)  # the log as written, "[...]" included
         raise typer.Exit(int(exc.exit_code))
-    err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))}\nRerun with --debug for the traceback and report it.")
+    err_console.print(
+        f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))}\nRerun with --debug for the traceback and report it."
+    )
     raise typer.Exit(int(ExitCode.INTERNAL))
 
 
@@ -91,7 +95,9 @@ def _supervise(built, run_dir, resumed: bool = False) -> None:
         if job is not None and stops[0] == "TERM":
             # SLURM is ending the job (scancel, preemption, the limit): it has signalled every process
             # and kills what is left, rlrun included, KillWait later. Say so now, then stop in order.
-            outcomes.append(slurm_job.after_stop(run_dir, job, cfg.world, "TERM", launch.checkpoint_step(built, run_dir)))
+            outcomes.append(
+                slurm_job.after_stop(run_dir, job, cfg.world, "TERM", launch.checkpoint_step(built, run_dir))
+            )
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
@@ -110,7 +116,9 @@ def _supervise(built, run_dir, resumed: bool = False) -> None:
             outcome = outcomes[0]
             run_dir.write_state(status=outcome.status)
         else:
-            outcome = slurm_job.after_stop(run_dir, job, cfg.world, stops[0] if stops else "INT", launch.checkpoint_step(built, run_dir))
+            outcome = slurm_job.after_stop(
+                run_dir, job, cfg.world, stops[0] if stops else "INT", launch.checkpoint_step(built, run_dir)
+            )
         if outcome.no_progress:
             raise RestartsExhausted(outcome.message, process="slurm job") from None
         err_console.print(f"[yellow]{outcome.status}:[/] {escape(outcome.message)}", highlight=False)
@@ -127,7 +135,9 @@ def _outside_allocation(cfg) -> bool:
 @app.command(context_settings={"allow_extra_args": False})
 def train(
     overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and the processes; start nothing."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the resolved config and the processes; start nothing."
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Compose the config, start Redis, vLLM, the trainer and the actor, and supervise them to the end."""
@@ -156,8 +166,12 @@ def train(
 
 @app.command(context_settings={"allow_extra_args": False})
 def submit(
-    overrides: Optional[list[str]] = typer.Argument(None, help=OVERRIDES_HELP + " world=slurm world.nodes=4 world.time=24:00:00"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the config, the batch script and where each process goes; submit nothing."),
+    overrides: Optional[list[str]] = typer.Argument(
+        None, help=OVERRIDES_HELP + " world=slurm world.nodes=4 world.time=24:00:00"
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the config, the batch script and where each process goes; submit nothing."
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Submit the run as a SLURM batch job (world=slurm): create its run directory, write the batch
@@ -175,7 +189,9 @@ def submit(
         if cfg.world.kind != "slurm":
             from rlrun.errors import ConfigError
 
-            raise ConfigError("rlrun submit sends the run to SLURM: add world=slurm (and world.nodes=..., world.time=..., world.partition=...).")
+            raise ConfigError(
+                "rlrun submit sends the run to SLURM: add world=slurm (and world.nodes=..., world.time=..., world.partition=...)."
+            )
         if dry_run:
             _print_dry_run(built, resolved, launch)
             return
@@ -185,7 +201,9 @@ def submit(
 
 def _print_submitted(run_dir, job: str) -> None:
     console.print(f"submitted SLURM job [bold]{job}[/]; run directory: [bold]{run_dir.root}[/]")
-    console.print(f"watch it: rlrun status {run_dir.root}   rlrun logs {run_dir.root} -f   squeue -j {job}", highlight=False)
+    console.print(
+        f"watch it: rlrun status {run_dir.root}   rlrun logs {run_dir.root} -f   squeue -j {job}", highlight=False
+    )
 
 
 def _print_dry_run(built, resolved: str, launch) -> None:
@@ -205,14 +223,17 @@ def _print_dry_run(built, resolved: str, launch) -> None:
         env = [f"{k}={v}" for k, v in spec.env.items()] + [f"{k}=<{p}>" for k, p in spec.secret_env.items()]
         table.add_row(spec.name, " ".join(spec.argv), " ".join(env), str(spec.log_path))
     console.print(table)
-    owners = Table(title="which actor sends to which vLLM servers" + (" (and runs on the node of the first)" if cfg.world.kind == "ray" else ""))
+    owners = Table(
+        title="which actor sends to which vLLM servers"
+        + (" (and runs on the node of the first)" if cfg.world.kind == "ray" else "")
+    )
     for column in ("actor", "vLLM servers", "prompts (positions in the run's prompt order)"):
         owners.add_column(column)
     k_all = cfg.actor.num_actors
     for k, (actor, servers) in enumerate(ownership(k_all, cfg.inference.num_servers).items()):
         owners.add_row(actor, ", ".join(servers), f"{k}, {k + k_all}, {k + 2 * k_all}, ..." if k_all > 1 else "all")
     console.print(owners)
-    listening = Table(title="sockets the run will listen on (docs/operations.md, \"What a run listens on\")")
+    listening = Table(title='sockets the run will listen on (docs/operations.md, "What a run listens on")')
     for column in ("process", "what", "host", "port", "a client needs"):
         listening.add_column(column, overflow="fold")
     backend = built.backend
@@ -242,11 +263,17 @@ def _print_gpu_plan(built, gpus) -> None:
     """world=local: each process's GPUs (CUDA_VISIBLE_DEVICES), or why none are placed."""
     if not gpus.on_gpus:
         device = built.cfg.trainer.device
-        console.print(f"GPUs: none placed ({gpus.visible.source}): vLLM as its build runs, the trainer on trainer.device={device}",
-                      highlight=False, markup=False)  # fmt: skip
+        console.print(
+            f"GPUs: none placed ({gpus.visible.source}): vLLM as its build runs, the trainer on trainer.device={device}",
+            highlight=False,
+            markup=False,
+        )
         if device.startswith("cuda"):
-            console.print(f"[yellow]`rlrun train` here would refuse trainer.device={device}: no GPU visible.[/] Preview a GPU machine's "
-                          "plan with CUDA_VISIBLE_DEVICES=0,1,... before the command.", highlight=False)  # fmt: skip
+            console.print(
+                f"[yellow]`rlrun train` here would refuse trainer.device={device}: no GPU visible.[/] Preview a GPU machine's "
+                "plan with CUDA_VISIBLE_DEVICES=0,1,... before the command.",
+                highlight=False,
+            )
         return
     table = Table(title=f"GPUs of each process (world=local; {gpus.visible.source})")
     for column in ("process", "GPUs (CUDA_VISIBLE_DEVICES)", "shared with another process"):
@@ -266,7 +293,16 @@ def _print_slurm_plan(built, run_dir, launch) -> None:
     if job is None:
         nodes = slurm_plan.nodes_wanted(cfg.world)
         where = f"the {cfg.world.nodes} node(s) the job asks for, named node0.. until SLURM names them; node0 runs the batch step"
-        console.print(Syntax(slurm_job.batch_script(cfg.world, run_dir.root, f"rlrun-{run_dir.root.name}", sys.executable, run_dir.slurm / "job-%j.out"), "bash", theme="ansi_dark", background_color="default"))
+        console.print(
+            Syntax(
+                slurm_job.batch_script(
+                    cfg.world, run_dir.root, f"rlrun-{run_dir.root.name}", sys.executable, run_dir.slurm / "job-%j.out"
+                ),
+                "bash",
+                theme="ansi_dark",
+                background_color="default",
+            )
+        )
     else:
         nodes = allocation_nodes(cfg, job, os.environ.get("SLURMD_NODENAME"))
         where = f"the nodes of SLURM job {job.job_id}"
@@ -275,20 +311,31 @@ def _print_slurm_plan(built, run_dir, launch) -> None:
     except slurm_plan.DoesNotFit as exc:
         from rlrun.errors import ConfigError
 
-        raise ConfigError(f"the run does not fit {where}: {exc}. Change world.nodes, world.gpus_per_node or world.<role>.gpus/cpus.") from None
+        raise ConfigError(
+            f"the run does not fit {where}: {exc}. Change world.nodes, world.gpus_per_node or world.<role>.gpus/cpus."
+        ) from None
     table = Table(title=f"where the processes go (world=slurm: {where})")
     for column in ("process", "node", "ranks", "GPUs (indices on the node)"):
         table.add_column(column, overflow="fold")
     for name in plan.placed:
         table.add_row(name, *slurm_plan.describe(plan, name))
     console.print(table)
-    console.print("srun steps (each with --overlap: rlrun divides the nodes; a local process is a subprocess of rlrun in the batch step):")
+    console.print(
+        "srun steps (each with --overlap: rlrun divides the nodes; a local process is a subprocess of rlrun in the batch step):"
+    )
     specs = {spec.name: spec for spec in launch.plan_specs(built, run_dir)}
     for name, placed in plan.placed.items():
         if not placed.local:
             record = run_dir.slurm_steps / f"{name}.<id>.json"
-            argv = slurm_plan.srun_argv(plan, name, specs[name].argv, job_id=job.job_id if job else "$SLURM_JOB_ID", record=record,
-                                        log=specs[name].log_path, srun_args=list(cfg.world.srun_args))  # fmt: skip
+            argv = slurm_plan.srun_argv(
+                plan,
+                name,
+                specs[name].argv,
+                job_id=job.job_id if job else "$SLURM_JOB_ID",
+                record=record,
+                log=specs[name].log_path,
+                srun_args=list(cfg.world.srun_args),
+            )
             console.print(f"  {name}: {' '.join(argv)}", highlight=False, markup=False, soft_wrap=True)
 
 
@@ -321,7 +368,9 @@ def resume(
                 return
         from rlrun.run import launch
 
-        _print_submitted(plan.run_dir, launch.submit_job(plan.built.cfg, plan.run_dir))  # let go first: the job owns the run
+        _print_submitted(
+            plan.run_dir, launch.submit_job(plan.built.cfg, plan.run_dir)
+        )  # let go first: the job owns the run
 
 
 @app.command()
@@ -344,14 +393,19 @@ def status(
         evaluated = run_status.latest_eval(run)
     console.print(f"run {run_dir}: [bold]{state.get('status', 'unknown')}[/]")
     if state.get("slurm_job_id"):
-        console.print(f"SLURM job {state['slurm_job_id']}: {state.get('slurm_job_state') or 'no longer in the queue'}", highlight=False)
+        console.print(
+            f"SLURM job {state['slurm_job_id']}: {state.get('slurm_job_state') or 'no longer in the queue'}",
+            highlight=False,
+        )
     console.print(status_table(rows))
     _print_gpu_usage(*run_status.gpu_usage(run, rows))
     from rlrun.cli.render import eval_detail, reward_text
 
     if last:
         reward = reward_text(last.get("reward_mean"), *(smoothed or (None, 0)))
-        console.print(f"step {last.get('step')}  samples {last.get('samples')}  reward {reward}  policy v{last.get('policy_version')}")
+        console.print(
+            f"step {last.get('step')}  samples {last.get('samples')}  reward {reward}  policy v{last.get('policy_version')}"
+        )
     if evaluated:  # the held-out figures beside the training reward
         console.print(eval_detail(evaluated), highlight=False, markup=False)
     counts = run_status.recovery(last or {})
@@ -404,7 +458,16 @@ def runs(
         event = " ".join(str(last[k]) for k in ("event", "process", "reason", "status") if last.get(k))
         ettr = "-" if run["ettr"] is None else f"{run['ettr']:.2f}"
         reward = reward_text(run["reward_mean"], run["reward_smoothed"], run["reward_smoothed_steps"])
-        table.add_row(Path(run["run_dir"]).name, run["status"], step, reward, eval_text(run["eval"]), ettr, str(run["restarts"]), event or "-")
+        table.add_row(
+            Path(run["run_dir"]).name,
+            run["status"],
+            step,
+            reward,
+            eval_text(run["eval"]),
+            ettr,
+            str(run["restarts"]),
+            event or "-",
+        )
     console.print(table if found else f"no {'other ' if damaged else ''}runs under {root}")
     for run in damaged:
         err_console.print(f"skipped {run['run_dir']}: {run['note']}", highlight=False, markup=False)
@@ -415,7 +478,12 @@ def logs(
     run_dir: Path = typer.Argument(..., help="A run directory."),
     process: str = typer.Option("trainer", "--process", "-c", help="redis, vllm-0, trainer or actor."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines (Ctrl-C to stop)."),
-    launch: Optional[int] = typer.Option(None, "--launch", "-l", help="Which launch (1 = the first `rlrun train`, 2 = the first resume, ...); default the newest."),
+    launch: Optional[int] = typer.Option(
+        None,
+        "--launch",
+        "-l",
+        help="Which launch (1 = the first `rlrun train`, 2 = the first resume, ...); default the newest.",
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Print a process's log (its latest start attempt, in the newest launch unless --launch)."""
@@ -439,9 +507,15 @@ def logs(
 
 @app.command("inspect-checkpoint")
 def inspect_checkpoint(
-    path: Path = typer.Argument(..., help="A checkpoint directory (hf or Fast-LLM layout) or a run directory (its latest complete checkpoint)."),
+    path: Path = typer.Argument(
+        ..., help="A checkpoint directory (hf or Fast-LLM layout) or a run directory (its latest complete checkpoint)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout, for scripts."),
-    redis_url: Optional[str] = typer.Option(None, "--redis-url", help="Read the token journal from this Redis (default: the run's own, while the run is running)."),
+    redis_url: Optional[str] = typer.Option(
+        None,
+        "--redis-url",
+        help="Read the token journal from this Redis (default: the run's own, while the run is running).",
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Show a checkpoint: step, samples, policy version, completeness, config, files, and the run's token journal."""
@@ -466,7 +540,9 @@ def inspect_checkpoint(
 def export(
     run_dir: Path = typer.Argument(..., help="A run directory (running or finished)."),
     out_dir: Path = typer.Argument(..., help="A new (or empty) folder to write the Hugging Face model folder into."),
-    step: Optional[int] = typer.Option(None, "--step", min=0, help="The checkpoint of this step (default: the newest complete one)."),
+    step: Optional[int] = typer.Option(
+        None, "--step", min=0, help="The checkpoint of this step (default: the newest complete one)."
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Copy the run's newest complete checkpoint (or --step N) as a Hugging Face folder: weights,
@@ -477,13 +553,19 @@ def export(
         result = exporting.export(run_dir, out_dir, step)
     for warning in result.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
-    console.print(f"exported step {result.step} ({result.checkpoint}) to {result.path}: {len(result.files)} files", highlight=False, soft_wrap=True)
+    console.print(
+        f"exported step {result.step} ({result.checkpoint}) to {result.path}: {len(result.files)} files",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @app.command("eval")
 def eval_checkpoint(
     run_dir: Path = typer.Argument(..., help="A run directory (running or finished) whose task has held-out rows."),
-    step: Optional[int] = typer.Option(None, "--step", "--checkpoint", min=0, help="The checkpoint of this step (default: the newest complete one)."),
+    step: Optional[int] = typer.Option(
+        None, "--step", "--checkpoint", min=0, help="The checkpoint of this step (default: the newest complete one)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
@@ -496,7 +578,16 @@ def eval_checkpoint(
     for warning in result.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     if as_json:
-        print(json.dumps({"checkpoint": str(result.checkpoint), "version": result.version, "figures": result.figures, "in_run": result.in_run}))
+        print(
+            json.dumps(
+                {
+                    "checkpoint": str(result.checkpoint),
+                    "version": result.version,
+                    "figures": result.figures,
+                    "in_run": result.in_run,
+                }
+            )
+        )
         return
     k = result.figures["k"]
     table = Table(title=f"evaluation of {result.checkpoint} (policy version {result.version})")
@@ -504,7 +595,13 @@ def eval_checkpoint(
         table.add_column(column)
     for label, figures in (("now", result.figures), ("in the run", result.in_run)):
         if figures is not None:
-            table.add_row(label, str(figures["prompts"]), f"{figures['reward_mean']:.4f}", f"{figures['pass@1']:.4f}", f"{figures.get(f'pass@{k}', float('nan')):.4f}")
+            table.add_row(
+                label,
+                str(figures["prompts"]),
+                f"{figures['reward_mean']:.4f}",
+                f"{figures['pass@1']:.4f}",
+                f"{figures.get(f'pass@{k}', float('nan')):.4f}",
+            )
     console.print(table)
     if result.in_run is None:
         console.print(f"the run recorded no evaluation of version {result.version}", highlight=False)
@@ -519,7 +616,10 @@ def plot(
     """Write a PNG of the run: reward (mean ± std) and throughput over steps, restarts marked."""
     with _errors(debug):
         result = plotting.plot_run(RunDir(run_dir.resolve()), out)
-    console.print(f"plot: {result.path} ({result.steps} steps, {result.restarts} restarts, {result.failures} failures)", soft_wrap=True)
+    console.print(
+        f"plot: {result.path} ({result.steps} steps, {result.restarts} restarts, {result.failures} failures)",
+        soft_wrap=True,
+    )
 
 
 def _report_end(built, run_dir, reason: str) -> None:
@@ -529,7 +629,9 @@ def _report_end(built, run_dir, reason: str) -> None:
     last = records[-1] if records else None
     if last:
         console.print(f"last step {last.get('step')}: reward {last.get('reward_mean')}, samples {last.get('samples')}")
-    console.print(run_status.describe_split(run_status.time_split(run_dir)), highlight=False, markup=False, soft_wrap=True)
+    console.print(
+        run_status.describe_split(run_status.time_split(run_dir)), highlight=False, markup=False, soft_wrap=True
+    )
 
     elsewhere = built.backend.metrics_hint(run_dir)
     if elsewhere is not None:

@@ -55,7 +55,9 @@ def evaluate(run_root: Path, step: Optional[int] = None) -> Evaluation:
         log.info("the run had no evaluation (eval.every_steps=0): evaluating with the eval.* settings it has")
     task = load_task(cfg.dataset, cfg.run.seed, cfg.reward, scored_by_environment=bool(cfg.environment.step))
     if not task.eval_problems:
-        raise ConfigError(f"{run.root}'s task has no held-out rows (dataset.eval_files, eval_split or eval_fraction): nothing to evaluate.")
+        raise ConfigError(
+            f"{run.root}'s task has no held-out rows (dataset.eval_files, eval_split or eval_fraction): nothing to evaluate."
+        )
     warnings: list[str] = []
     source = chosen_checkpoint(run, step, warnings)
     version = checkpoint.read_state(source).policy_version
@@ -110,19 +112,30 @@ class _server:
         port = pick_free_port(host)
         url = server.base_url(host, port)
         argv = server.server_argv(
-            replace(self.cfg.inference, num_servers=1), self.cfg.model, str(self.weights), port, tokenizer=self.tokenizer,
-            stream_interval=self.cfg.actor.journal_flush_tokens, host=host,
-        )  # fmt: skip
+            replace(self.cfg.inference, num_servers=1),
+            self.cfg.model,
+            str(self.weights),
+            port,
+            tokenizer=self.tokenizer,
+            stream_interval=self.cfg.actor.journal_flush_tokens,
+            host=host,
+        )
         spec = ProcessSpec(
-            name="vllm-eval", argv=argv, log_path=self.logs / "vllm-eval.log", env=server.server_env(self.cfg.inference),
-            secret_env={"VLLM_API_KEY": self.run.vllm_api_key}, ready=server.HealthCheck(url),
+            name="vllm-eval",
+            argv=argv,
+            log_path=self.logs / "vllm-eval.log",
+            env=server.server_env(self.cfg.inference),
+            secret_env={"VLLM_API_KEY": self.run.vllm_api_key},
+            ready=server.HealthCheck(url),
             ready_timeout_s=self.cfg.inference.ready_timeout_s,
-        )  # fmt: skip
+        )
         self._context = supervised(spec)
         try:
             self._context.__enter__()
         except Exception as exc:
-            raise EnvironmentProblem(f"the evaluation's vLLM server did not start ({exc}); its log: {self.logs / 'vllm-eval.log'}") from None
+            raise EnvironmentProblem(
+                f"the evaluation's vLLM server did not start ({exc}); its log: {self.logs / 'vllm-eval.log'}"
+            ) from None
         return url
 
     def __exit__(self, *exc) -> None:

@@ -46,9 +46,13 @@ def export(run_root: Path, out: Path, step: Optional[int] = None) -> Exported:
     tokenizer_from = None if checkpoint.has_tokenizer(source) else _model_folder(run)
     if not checkpoint.has_tokenizer(source):
         if tokenizer_from is None:
-            warnings.append(f"{source.name} holds no tokenizer and the run's model folder is not here: the export has none")
+            warnings.append(
+                f"{source.name} holds no tokenizer and the run's model folder is not here: the export has none"
+            )
         else:
-            warnings.append(f"{source.name} holds no tokenizer (written by an older rlrun): copied from the run's model folder {tokenizer_from}")
+            warnings.append(
+                f"{source.name} holds no tokenizer (written by an older rlrun): copied from the run's model folder {tokenizer_from}"
+            )
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -73,9 +77,13 @@ def _check_out(out: Path, run: RunDir) -> None:
     if out.exists() and not out.is_dir():
         raise RunDirError(f"{out} is a file: give a new folder (or an empty one) to export into.")
     if out.is_dir() and any(out.iterdir()):
-        raise RunDirError(f"{out} is not empty: give a new folder (or an empty one) to export into; nothing is overwritten.")
+        raise RunDirError(
+            f"{out} is not empty: give a new folder (or an empty one) to export into; nothing is overwritten."
+        )
     if out.resolve() == run.root or run.root in out.resolve().parents:
-        raise RunDirError(f"{out} is inside the run directory {run.root}: export to a folder outside it (the run's files are left as they are).")
+        raise RunDirError(
+            f"{out} is inside the run directory {run.root}: export to a folder outside it (the run's files are left as they are)."
+        )
 
 
 def chosen_checkpoint(run: RunDir, step: Optional[int], warnings: list[str]) -> Path:
@@ -83,8 +91,14 @@ def chosen_checkpoint(run: RunDir, step: Optional[int], warnings: list[str]) -> 
     if step is not None:
         path = run.checkpoint(step)
         if not path.is_dir():
-            have = ", ".join(str(int(p.name.removeprefix("step_"))) for p in sorted(run.checkpoints.glob("step_*"))
-                             if p.name.removeprefix("step_").isdigit()) or "none"  # fmt: skip
+            have = (
+                ", ".join(
+                    str(int(p.name.removeprefix("step_")))
+                    for p in sorted(run.checkpoints.glob("step_*"))
+                    if p.name.removeprefix("step_").isdigit()
+                )
+                or "none"
+            )
             raise RunDirError(f"{run.root} has no checkpoint of step {step} (checkpoints: {have}).")
         if not (path / checkpoint.OK_MARKER).is_file():
             raise RunDirError(f"{path} is half-written (no '{checkpoint.OK_MARKER}' marker): it cannot be exported.")
@@ -96,12 +110,22 @@ def chosen_checkpoint(run: RunDir, step: Optional[int], warnings: list[str]) -> 
     for path, why in found.damaged:
         warnings.append(f"skipped damaged checkpoint {path.name}: {why}")
     if found.usable is None:
-        damaged = f"; every complete one is damaged ({'; '.join(f'{p.name}: {w}' for p, w in found.damaged)})" if found.damaged else ""
-        half = f"; {len(found.half_written)} half-written one(s) skipped" if found.half_written else ""
-        none = "" if any(run.checkpoints.glob("step_*")) else (
-            f" (none in {run.checkpoints.name}/ yet: export copies the hf trainer's checkpoints; a trainer=fast_llm run's are Fast-LLM's own format)"
+        damaged = (
+            f"; every complete one is damaged ({'; '.join(f'{p.name}: {w}' for p, w in found.damaged)})"
+            if found.damaged
+            else ""
         )
-        raise RunDirError(f"{run.root} has no complete checkpoint to export{damaged}{half}{none}. `rlrun inspect-checkpoint {run.root}` says more.")
+        half = f"; {len(found.half_written)} half-written one(s) skipped" if found.half_written else ""
+        none = (
+            ""
+            if any(run.checkpoints.glob("step_*"))
+            else (
+                f" (none in {run.checkpoints.name}/ yet: export copies the hf trainer's checkpoints; a trainer=fast_llm run's are Fast-LLM's own format)"
+            )
+        )
+        raise RunDirError(
+            f"{run.root} has no complete checkpoint to export{damaged}{half}{none}. `rlrun inspect-checkpoint {run.root}` says more."
+        )
     return found.usable
 
 

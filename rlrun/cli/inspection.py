@@ -155,7 +155,9 @@ def _hint(path: Path) -> str:
     return ""
 
 
-def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str], damaged: list[str]) -> CheckpointReport:
+def _read_checkpoint(
+    path: Path, *, selected_from_run: bool, skipped: list[str], damaged: list[str]
+) -> CheckpointReport:
     layout = layout_of(path)
     assert layout is not None  # inspect_path checked
     warnings: list[str] = []
@@ -172,9 +174,17 @@ def _read_checkpoint(path: Path, *, selected_from_run: bool, skipped: list[str],
     if run is not None and config_hash is None:
         warnings.append(f"the run directory {run.root} has no {run.config.name}")
     cfg = _config(run, warnings)
-    config = None if cfg is None else ConfigSummary(
-        cfg.recipe, cfg.algo.name, cfg.model.name, cfg.trainer.backend,
-        cfg.trainer.max_train_steps, cfg.trainer.samples_per_step,
+    config = (
+        None
+        if cfg is None
+        else ConfigSummary(
+            cfg.recipe,
+            cfg.algo.name,
+            cfg.model.name,
+            cfg.trainer.backend,
+            cfg.trainer.max_train_steps,
+            cfg.trainer.samples_per_step,
+        )
     )
     recorded = fields.get("checkpoint_config_hash")
     if recorded and config_hash and recorded != config_hash:
@@ -248,7 +258,9 @@ def journal_summary(client, *, prefix: str = KEY_PREFIX, max_prefix_staleness: O
                 lags.append(version - min(sample.versions))
     stale_prefixes = stale_tokens = None
     if version is not None and max_prefix_staleness is not None:
-        counters = plan_replay(loaded.groups, current_version=version, max_prefix_staleness=max_prefix_staleness).counters
+        counters = plan_replay(
+            loaded.groups, current_version=version, max_prefix_staleness=max_prefix_staleness
+        ).counters
         stale_prefixes, stale_tokens = counters.prefixes_dropped_stale, counters.tokens_dropped_stale
     return {
         "prompt_cursor": journal.cursor(),
@@ -314,9 +326,8 @@ def journal_prefixes_of(built: Optional[BuiltRun]) -> list[tuple[str, str]]:
         return [("actor", KEY_PREFIX)]
     k_all = built.cfg.actor.num_actors
     return [  # a view touches Redis only when asked
-        (actor_name(k, k_all), names.journal_prefix(built.backend.trainer_view(None, k).stream))
-        for k in range(k_all)
-    ]  # fmt: skip
+        (actor_name(k, k_all), names.journal_prefix(built.backend.trainer_view(None, k).stream)) for k in range(k_all)
+    ]
 
 
 def combined_summary(per_actor: dict[str, dict]) -> dict:
@@ -344,7 +355,9 @@ def read_journal(report: CheckpointReport, redis_url: Optional[str] = None) -> t
         try:
             has_password = bool(urlsplit(redis_url).password)
         except ValueError as exc:
-            raise EnvironmentProblem(f"--redis-url {redis_url!r} is not a URL ({exc}); use e.g. redis://127.0.0.1:6379/0") from None
+            raise EnvironmentProblem(
+                f"--redis-url {redis_url!r} is not a URL ({exc}); use e.g. redis://127.0.0.1:6379/0"
+            ) from None
         password = None if has_password or run is None else run.read_redis_password()
         endpoint = RedisEndpoint(redis_url, password)
     else:

@@ -15,7 +15,15 @@ from rich.table import Table
 from rlrun.parts.progress import Progress
 from rlrun.supervisor import ProcessStatus
 
-COLOURS = {"ready": "green", "starting": "yellow", "backoff": "yellow", "failed": "red", "stalled": "red", "exited": "cyan", "stopped": "dim"}
+COLOURS = {
+    "ready": "green",
+    "starting": "yellow",
+    "backoff": "yellow",
+    "failed": "red",
+    "stalled": "red",
+    "exited": "cyan",
+    "stopped": "dim",
+}
 
 
 def _state(state: str) -> str:
@@ -44,7 +52,14 @@ def status_table(rows) -> Table:
     for row in rows:
         failure = row.last_failure + (f" (stacks: {row.last_dump})" if row.last_dump else "")
         # Recorded text is shown as written, never as markup (a reason may hold "[...]").
-        table.add_row(escape(row.name), str(row.pid or "-"), _state(row.state), str(row.restarts), escape(failure or "-"), escape(row.log))
+        table.add_row(
+            escape(row.name),
+            str(row.pid or "-"),
+            _state(row.state),
+            str(row.restarts),
+            escape(failure or "-"),
+            escape(row.log),
+        )
     return table
 
 

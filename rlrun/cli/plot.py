@@ -151,8 +151,13 @@ def eval_lines(evals: Sequence[dict]) -> list[EvalLine]:
 
     def line(source: str | None) -> EvalLine:
         parts = [r if source is None else (r.get("per_source") or {}).get(source) or {} for r in evals]
-        return EvalLine(source, [r["policy_version"] for r in evals], [number(r.get("time")) for r in evals],
-                        [number(p.get("pass@1")) for p in parts], [number(p.get("reward_mean")) for p in parts])  # fmt: skip
+        return EvalLine(
+            source,
+            [r["policy_version"] for r in evals],
+            [number(r.get("time")) for r in evals],
+            [number(p.get("pass@1")) for p in parts],
+            [number(p.get("reward_mean")) for p in parts],
+        )
 
     sources = sorted({str(s) for r in evals if isinstance(r.get("per_source"), dict) for s in r["per_source"]})
     return [line(None)] + [line(s) for s in sources] if evals else []
@@ -206,7 +211,9 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float, e
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise EnvironmentProblem("rlrun plot needs matplotlib, which is not installed: pip install 'rlrun[plot]'.") from None
+        raise EnvironmentProblem(
+            "rlrun plot needs matplotlib, which is not installed: pip install 'rlrun[plot]'."
+        ) from None
 
     steps = [r["step"] for r in records]
     mean = [float(r.get("reward_mean", math.nan)) for r in records]  # missing (or NaN in the file): a gap
@@ -260,8 +267,16 @@ def figure(records: list[dict], marks: list[Marker], title: str, start: float, e
         clock_ax.axvline(mark.time - start, color=color, linestyle=style, linewidth=1.0, alpha=0.8)
         seen.add(mark.kind)
         if len(marks) <= MAX_LABELS and mark.process:
-            reward_ax.annotate(mark.process, (mark.step, 1.0), xycoords=("data", "axes fraction"), rotation=90,
-                               fontsize=7, color=color, ha="right", va="top")  # fmt: skip
+            reward_ax.annotate(
+                mark.process,
+                (mark.step, 1.0),
+                xycoords=("data", "axes fraction"),
+                rotation=90,
+                fontsize=7,
+                color=color,
+                ha="right",
+                va="top",
+            )
     for ax in (reward_ax, clock_ax, rate_ax) if rates else (reward_ax, clock_ax):
         ax.legend(loc="lower right", fontsize=8)
     if evals:
@@ -288,7 +303,16 @@ def _eval_panels(version_ax, clock_ax, lines: list[EvalLine], start: float) -> N
         seconds = [t - start for t in line.times]
         for ax, x in ((version_ax, line.versions), (clock_ax, seconds)):
             ax.plot(x, line.pass_at_1, color=colour, marker="o", markersize=3, linewidth=1.5, label=f"{name}: pass@1")
-            ax.plot(x, line.reward_mean, color=colour, marker="s", markersize=3, linewidth=1.0, linestyle="--", label=f"{name}: reward")
+            ax.plot(
+                x,
+                line.reward_mean,
+                color=colour,
+                marker="s",
+                markersize=3,
+                linewidth=1.0,
+                linestyle="--",
+                label=f"{name}: reward",
+            )
     version_ax.set_xlabel("policy version (optimizer steps trained)")
     clock_ax.set_xlabel("wall-clock seconds since the run started")
     for ax in (version_ax, clock_ax):

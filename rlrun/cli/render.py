@@ -55,10 +55,14 @@ def eval_detail(figures: dict) -> str:
     0.625', then a line per source ('  easy: ...') when the evaluation has sources."""
 
     def numbers(part: dict) -> str:
-        shown = [(key, part.get(key)) for key in part if key.startswith("pass@")] + [("reward", part.get("reward_mean"))]
+        shown = [(key, part.get(key)) for key in part if key.startswith("pass@")] + [
+            ("reward", part.get("reward_mean"))
+        ]
         return ", ".join(f"{name} {'-' if value is None else format(value, '.3f')}" for name, value in shown)
 
-    lines = [f"eval v{_text(figures.get('policy_version'))} ({_text(figures.get('prompts'))} prompts x {_text(figures.get('k'))}): {numbers(figures)}"]
+    lines = [
+        f"eval v{_text(figures.get('policy_version'))} ({_text(figures.get('prompts'))} prompts x {_text(figures.get('k'))}): {numbers(figures)}"
+    ]
     lines += [f"  {source}: {numbers(part)}" for source, part in (figures.get("per_source") or {}).items()]
     return "\n".join(lines)
 
@@ -70,7 +74,9 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
 
     out: list = []
     if report.selected_from_run:
-        out.append(f"run directory {escape(str(report.run_dir))}: latest complete checkpoint is [bold]{escape(report.path)}[/]")
+        out.append(
+            f"run directory {escape(str(report.run_dir))}: latest complete checkpoint is [bold]{escape(report.path)}[/]"
+        )
         for skipped in report.skipped_half_written:
             out.append(f"[yellow]skipped half-written checkpoint {escape(skipped)} (no ok marker)[/]")
         for damaged in report.skipped_damaged:
@@ -80,10 +86,16 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
     main.add_row("path", escape(report.path))
     main.add_row("layout", report.layout)
     main.add_row("step", _text(report.step))
-    for label, value in (("samples processed", report.samples_processed), ("policy version", report.policy_version), ("documents seen", report.documents_seen)):
+    for label, value in (
+        ("samples processed", report.samples_processed),
+        ("policy version", report.policy_version),
+        ("documents seen", report.documents_seen),
+    ):
         if value is not None:
             main.add_row(label, _text(value))
-    when = "-" if report.written_at is None else time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report.written_at))
+    when = (
+        "-" if report.written_at is None else time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(report.written_at))
+    )
     main.add_row("written", f"{when} ({report.written_at_source})")
     if report.complete:
         main.add_row("complete", "yes (ok marker, nothing damaged)")
@@ -93,7 +105,9 @@ def checkpoint_renderables(report: CheckpointReport, journal: Optional[dict], jo
         main.add_row("complete", "[bold red]NO: half-written, no ok marker[/]")
     main.add_row("run directory", escape(report.run_dir) if report.run_dir else "- (not inside a run directory)")
     if report.config_hash or report.checkpoint_config_hash:
-        recorded = f" (recorded in checkpoint: {report.checkpoint_config_hash})" if report.checkpoint_config_hash else ""
+        recorded = (
+            f" (recorded in checkpoint: {report.checkpoint_config_hash})" if report.checkpoint_config_hash else ""
+        )
         main.add_row("config hash", f"{report.config_hash or '-'}{recorded}")
     out.append(main)
 

@@ -97,7 +97,9 @@ def load(run_dir: RunDir) -> tuple[dict, list[ProcessRow], Optional[dict]]:
         if not job:
             state["status"] = "running (supervisor gone: rlrun was killed; use `rlrun resume`)"
         elif state["slurm_job_state"] not in ("RUNNING", "COMPLETING"):  # (its lock may not be seen from another node)
-            state["status"] = f"running (SLURM job {job} is not running: {state['slurm_job_state'] or 'gone'}; use `rlrun resume`)"
+            state["status"] = (
+                f"running (SLURM job {job} is not running: {state['slurm_job_state'] or 'gone'}; use `rlrun resume`)"
+            )
     rows = replay_events(events)
     for row in rows:  # this run directory's files, wherever the run was when they were recorded
         row.log = str(run_dir.here(row.log)) if row.log else ""
@@ -123,7 +125,10 @@ def gpu_usage(run_dir: RunDir, rows: list[ProcessRow], nvml_factory=None) -> tup
         except gpus.NvmlUnavailable as exc:
             note = f"GPU memory and utilisation unknown: {exc}"
     live = {row.name: row.pid for row in rows if row.state in ("starting", "ready")}
-    return {name: {**asdict(u), "gpus": list(u.gpus)} for name, u in gpus.usage(placed.get("gpus") or {}, live, nvml).items()}, note
+    return {
+        name: {**asdict(u), "gpus": list(u.gpus)}
+        for name, u in gpus.usage(placed.get("gpus") or {}, live, nvml).items()
+    }, note
 
 
 def report(run_dir: RunDir) -> dict:
@@ -135,16 +140,24 @@ def report(run_dir: RunDir) -> dict:
     shown = ("time", "event", "process", "reason", "status", "file")
     smoothed = recent_reward(read_metrics(run_dir.metrics))
     progress = {
-        "step": last.get("step", 0), "max_train_steps": _max_train_steps(run_dir),
-        "samples": last.get("samples", 0), "reward_mean": last.get("reward_mean"),
-        "reward_smoothed": smoothed[0] if smoothed else None, "reward_smoothed_steps": smoothed[1] if smoothed else 0,
-        "policy_version": last.get("policy_version"), "time": last.get("time"), "eval": latest_eval(run_dir),
-    }  # fmt: skip
+        "step": last.get("step", 0),
+        "max_train_steps": _max_train_steps(run_dir),
+        "samples": last.get("samples", 0),
+        "reward_mean": last.get("reward_mean"),
+        "reward_smoothed": smoothed[0] if smoothed else None,
+        "reward_smoothed_steps": smoothed[1] if smoothed else 0,
+        "policy_version": last.get("policy_version"),
+        "time": last.get("time"),
+        "eval": latest_eval(run_dir),
+    }
     return {
         "run_dir": str(run_dir.root),
         "status": state.get("status", "unknown"),
-        "live": runlock.holder(run_dir) is not None or (state.get("status") == "running" and state.get("slurm_job_state") == "RUNNING"),
-        "slurm_job": {"id": state["slurm_job_id"], "state": state.get("slurm_job_state")} if state.get("slurm_job_id") else None,
+        "live": runlock.holder(run_dir) is not None
+        or (state.get("status") == "running" and state.get("slurm_job_state") == "RUNNING"),
+        "slurm_job": {"id": state["slurm_job_id"], "state": state.get("slurm_job_state")}
+        if state.get("slurm_job_id")
+        else None,
         "processes": [asdict(row) for row in rows],
         "restarts": sum(row.restarts for row in rows),
         "last_failure": failure and {k: failure.get(k) for k in ("time", "process", "reason", "action")},
@@ -206,7 +219,10 @@ def reward_failures(record: dict) -> dict:
     groups dropped for them, from a metrics record; empty when nothing failed."""
     names = sorted({*(record.get("reward_errors") or {}), *(record.get("reward_timeouts") or {})})
     out: dict = {
-        name: {"errors": (record.get("reward_errors") or {}).get(name, 0), "timeouts": (record.get("reward_timeouts") or {}).get(name, 0)}
+        name: {
+            "errors": (record.get("reward_errors") or {}).get(name, 0),
+            "timeouts": (record.get("reward_timeouts") or {}).get(name, 0),
+        }
         for name in names
     }
     if record.get("groups_dropped"):
@@ -218,8 +234,9 @@ def describe_reward_failures(failures: dict) -> str:
     """'reward failures: flaky 3 raised, slow 2 timed out; 1 group dropped' for people."""
     parts = [
         ", ".join(f"{n} {what}" for n, what in ((c["errors"], "raised"), (c["timeouts"], "timed out")) if n)
-        for name, c in failures.items() if name != "groups_dropped"
-    ]  # fmt: skip
+        for name, c in failures.items()
+        if name != "groups_dropped"
+    ]
     names = [name for name in failures if name != "groups_dropped"]
     text = "reward failures (scored by reward.on_error; first traceback in the actor's log): " + "; ".join(
         f"{name} {part}" for name, part in zip(names, parts)
@@ -240,13 +257,19 @@ def describe_recovery(counts: dict) -> str:
 def announced_step(events: list[dict]) -> Optional[dict]:
     """The last step a trainer without metrics.jsonl (Fast-LLM) announced, as the supervisor
     recorded it (`trainer_step` events: its `weights_ready` step and documents seen); None if none."""
+
     def counts(e: dict) -> bool:  # a damaged line is skipped, as read_events skips one
         return type(e.get("step")) is int and (e.get("samples") is None or type(e.get("samples")) is int)
 
     event = next((e for e in reversed(events) if e.get("event") == "trainer_step" and counts(e)), None)
     if event is None:
         return None
-    return {"step": event["step"], "samples": event.get("samples") or 0, "policy_version": event["step"], "time": event.get("time")}
+    return {
+        "step": event["step"],
+        "samples": event.get("samples") or 0,
+        "policy_version": event["step"],
+        "time": event.get("time"),
+    }
 
 
 def time_split(run_dir: RunDir) -> TimeSplit:
@@ -260,7 +283,9 @@ def list_runs(root: Path) -> list[dict]:
     cannot be read is one entry of status "damaged" with a `note` saying which file and why."""
     root = Path(root)
     if not root.is_dir():
-        raise RunDirError(f"{root} is not a directory. Give the folder your runs are in (run.runs_root, default runs/).")
+        raise RunDirError(
+            f"{root} is not a directory. Give the folder your runs are in (run.runs_root, default runs/)."
+        )
     candidates = [root] if RunDir(root).is_run() else sorted(p for p in root.iterdir() if p.is_dir())
     runs: list[dict[str, Any]] = []
     for path in candidates:
@@ -271,20 +296,40 @@ def list_runs(root: Path) -> list[dict]:
             full = report(run_dir)
         except (RunDirError, OSError, ValueError) as exc:  # one damaged run does not hide the others
             note = " ".join(str(exc).split()) if isinstance(exc, RunDirError) else f"{type(exc).__name__}: {exc}"
-            runs.append({"run_dir": str(path), "status": DAMAGED, "note": note, "step": None, "reward_mean": None, "reward_smoothed": None,
-                         "reward_smoothed_steps": 0, "eval": None, "ettr": None, "restarts": 0, "last_event": None, "updated": None})  # fmt: skip
+            runs.append(
+                {
+                    "run_dir": str(path),
+                    "status": DAMAGED,
+                    "note": note,
+                    "step": None,
+                    "reward_mean": None,
+                    "reward_smoothed": None,
+                    "reward_smoothed_steps": 0,
+                    "eval": None,
+                    "ettr": None,
+                    "restarts": 0,
+                    "last_event": None,
+                    "updated": None,
+                }
+            )
             continue
         progress = full["progress"]
         files = (run_dir.events, run_dir.metrics, run_dir.state)
         runs.append(
             {
-                "run_dir": full["run_dir"], "status": full["status"], "step": progress["step"],
-                "max_train_steps": progress["max_train_steps"], "reward_mean": progress["reward_mean"],
-                "reward_smoothed": progress["reward_smoothed"], "reward_smoothed_steps": progress["reward_smoothed_steps"],
+                "run_dir": full["run_dir"],
+                "status": full["status"],
+                "step": progress["step"],
+                "max_train_steps": progress["max_train_steps"],
+                "reward_mean": progress["reward_mean"],
+                "reward_smoothed": progress["reward_smoothed"],
+                "reward_smoothed_steps": progress["reward_smoothed_steps"],
                 "eval": progress["eval"],
-                "ettr": full["ettr"]["ettr"], "restarts": full["restarts"], "last_event": full["last_event"],
+                "ettr": full["ettr"]["ettr"],
+                "restarts": full["restarts"],
+                "last_event": full["last_event"],
                 "updated": max((p.stat().st_mtime for p in files if p.is_file()), default=None),
-            }  # fmt: skip
+            }
         )
     return sorted(runs, key=lambda r: r["updated"] or 0, reverse=True)
 
@@ -333,10 +378,14 @@ def _attempt_log(run_dir: RunDir, process: str, launch: int) -> Path:
     if not folder.is_dir():
         have = ", ".join(map(str, run_dir.launches())) or "none"
         raise RunDirError(f"{run_dir.root} has no launch {launch}. Launches: {have}.")
-    attempts = {0 if p.name == f"{process}.log" else int(p.name[len(process) + 1 : -4]): p
-                for p in folder.glob(f"{process}*.log")
-                if p.name == f"{process}.log" or p.name[len(process) + 1 : -4].isdigit()}  # fmt: skip
+    attempts = {
+        0 if p.name == f"{process}.log" else int(p.name[len(process) + 1 : -4]): p
+        for p in folder.glob(f"{process}*.log")
+        if p.name == f"{process}.log" or p.name[len(process) + 1 : -4].isdigit()
+    }
     if not attempts:
         known = sorted({p.name.split(".")[0] for p in folder.glob("*.log")})
-        raise RunDirError(f"no log of '{process}' in launch {launch} of {run_dir.root}. Processes: {', '.join(known) or 'none'}.")
+        raise RunDirError(
+            f"no log of '{process}' in launch {launch} of {run_dir.root}. Processes: {', '.join(known) or 'none'}."
+        )
     return attempts[max(attempts)]

@@ -18,7 +18,13 @@ from typing import Optional
 
 # Set by Ray in its worker processes (the agent's environment): they describe the agent's Ray
 # worker, not the process it starts, and would make a child that imports Ray think it is one.
-RAY_WORKER_VARIABLES = ("RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_CLIENT_MODE", "RAY_LD_PRELOAD_ON_WORKERS", "PYTHONBREAKPOINT")
+RAY_WORKER_VARIABLES = (
+    "RAY_JOB_ID",
+    "RAY_RAYLET_PID",
+    "RAY_CLIENT_MODE",
+    "RAY_LD_PRELOAD_ON_WORKERS",
+    "PYTHONBREAKPOINT",
+)
 
 
 class NodeAgent:

@@ -16,7 +16,9 @@ from collections.abc import Iterable, Sequence
 SERVER_PROCESSES = 2  # besides its worker's OpenMP threads, a server runs an API server and an engine core
 
 
-def split_cores(available: Iterable[int], servers: int, threads_per_server: int) -> tuple[list[tuple[int, ...]], tuple[int, ...]] | None:
+def split_cores(
+    available: Iterable[int], servers: int, threads_per_server: int
+) -> tuple[list[tuple[int, ...]], tuple[int, ...]] | None:
     """The cores of each vLLM server and the cores the other processes share, from `available`
     (in order). Each server gets up to `threads_per_server + SERVER_PROCESSES` cores while at least
     one core is left for the rest; None (no pinning) when not every server can have one core."""
@@ -28,7 +30,9 @@ def split_cores(available: Iterable[int], servers: int, threads_per_server: int)
     return [tuple(cores[i * per_server : (i + 1) * per_server]) for i in range(servers)], tuple(cores[taken:])
 
 
-def cores_by_process(available: Iterable[int], server_names: Sequence[str], threads_per_server: int) -> dict[str, tuple[int, ...]]:
+def cores_by_process(
+    available: Iterable[int], server_names: Sequence[str], threads_per_server: int
+) -> dict[str, tuple[int, ...]]:
     """`split_cores` as a map from process name to its cores; `""` maps every other process. Empty: no pinning."""
     split = split_cores(available, len(server_names), threads_per_server)
     if split is None:

@@ -41,7 +41,9 @@ class Nvml(Protocol):
 
     def device_count(self) -> int: ...
 
-    def processes(self, gpu: str) -> list[GpuProcess]: ...  # compute processes holding memory on `gpu` (an index or UUID)
+    def processes(
+        self, gpu: str
+    ) -> list[GpuProcess]: ...  # compute processes holding memory on `gpu` (an index or UUID)
 
     def memory(self, gpu: str) -> tuple[int, int]: ...  # (used, total) bytes
 
@@ -82,7 +84,9 @@ def open_nvml() -> Nvml:
     try:
         import pynvml
     except ImportError:
-        raise NvmlUnavailable(f"NVML's Python bindings are not installed (pip install {NVML_PACKAGE}; in rlrun[gpu])") from None
+        raise NvmlUnavailable(
+            f"NVML's Python bindings are not installed (pip install {NVML_PACKAGE}; in rlrun[gpu])"
+        ) from None
     try:
         pynvml.nvmlInit()
     except Exception as exc:  # pynvml.NVMLError_LibraryNotFound, _DriverNotLoaded, ...
@@ -152,8 +156,14 @@ NOT_PLACED = GpuPlan(Visible((), "not placed by world=local"))
 
 
 def plan(
-    visible: Visible, processes: Sequence[str], ranks: Mapping[str, int], anchors: Mapping[str, str], *,
-    tensor_parallel: int, trainer_device: str, share: bool,
+    visible: Visible,
+    processes: Sequence[str],
+    ranks: Mapping[str, int],
+    anchors: Mapping[str, str],
+    *,
+    tensor_parallel: int,
+    trainer_device: str,
+    share: bool,
 ) -> GpuPlan:
     """The GPUs of each of `processes` (start order; `ranks`: the trainer's; `anchors`: actor → its
     first server) among `visible`. ConfigError when they ask for more than `visible` has."""
@@ -175,7 +185,11 @@ def plan(
     trainer_side = [p for p in processes if placement.role_of(p) == "trainer"] if share else []
     groups = [[p for p in processes if p not in trainer_side], trainer_side]  # shared: each from the first GPU
     needed = [_gpus_wanted(world, group, ranks) for group in groups]
-    total = max(sum(n for n in needed[0].values()), sum(n for n in needed[1].values())) if share else sum(needed[0].values())
+    total = (
+        max(sum(n for n in needed[0].values()), sum(n for n in needed[1].values()))
+        if share
+        else sum(needed[0].values())
+    )
     if total > len(visible.ids):
         raise ConfigError(_over_request(needed, total, visible, share, trainer_cuda))
     node = slurm_plan.Node("this machine", "127.0.0.1", None, len(visible.ids))
@@ -198,7 +212,9 @@ def plan(
 def _gpus_wanted(world: WorldConfig, processes: list[str], ranks: Mapping[str, int]) -> dict[str, int]:
     """Process → the whole GPUs its bundles ask for (placement.bundles, one node)."""
     wanted = placement.bundles(world, processes, dict(ranks))
-    return {name: int(sum(b.get("GPU", 0.0) for b in bs)) for name, bs in wanted.items() if any(b.get("GPU") for b in bs)}
+    return {
+        name: int(sum(b.get("GPU", 0.0) for b in bs)) for name, bs in wanted.items() if any(b.get("GPU") for b in bs)
+    }
 
 
 def _over_request(needed: list[dict[str, int]], total: int, visible: Visible, share: bool, trainer_cuda: bool) -> str:
@@ -257,7 +273,9 @@ class ReleaseWait:
                 return
             if waited >= self.timeout_s:
                 holders = [{"gpu": gpu, "pid": p.pid, "used_bytes": p.used_bytes} for gpu, p in held]
-                self.emit("gpu_memory_held", process=self.process, gpus=list(self.gpus), waited_s=waited, holders=holders)
+                self.emit(
+                    "gpu_memory_held", process=self.process, gpus=list(self.gpus), waited_s=waited, holders=holders
+                )
                 return
             self.sleep(RELEASE_POLL_S)
 
@@ -313,8 +331,12 @@ class ProcessGpus:
     utilization: dict[str, int] = field(default_factory=dict)  # per GPU, the whole GPU's busy %, not the process's own
 
 
-def usage(placed: Mapping[str, Sequence[str]], pids: Mapping[str, int | None], nvml: Nvml | None,
-          descendants: Callable[[int], set[int]] = descendants_of) -> dict[str, ProcessGpus]:  # fmt: skip
+def usage(
+    placed: Mapping[str, Sequence[str]],
+    pids: Mapping[str, int | None],
+    nvml: Nvml | None,
+    descendants: Callable[[int], set[int]] = descendants_of,
+) -> dict[str, ProcessGpus]:
     """Each placed process's GPUs and, for one running (a pid in `pids`) where `nvml` answers, the
     memory its process tree holds on them and their utilisation."""
     out = {}
@@ -352,8 +374,14 @@ class GroupsSeen:
         return self._spawner.server_hosts()
 
 
-def end_leftovers(plan: GpuPlan, groups: set[int], emit: Callable[..., None], nvml: Callable[[], Nvml] | None = None,
-                  pgid_of: Callable[[int], int] | None = None, kill: Callable[[int, int], None] | None = None) -> list[int]:  # fmt: skip
+def end_leftovers(
+    plan: GpuPlan,
+    groups: set[int],
+    emit: Callable[..., None],
+    nvml: Callable[[], Nvml] | None = None,
+    pgid_of: Callable[[int], int] | None = None,
+    kill: Callable[[int, int], None] | None = None,
+) -> list[int]:
     """After the run stopped: every process on its GPUs still in one of its process groups
     (`groups`) is named in an event (`gpu_leftover_killed`) and SIGKILLed; the pids ended. NVML
     missing: nothing asked, nothing ended."""

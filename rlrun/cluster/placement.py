@@ -109,7 +109,9 @@ def shortfall(wanted: dict[str, list[Bundle]], nodes: dict[str, Bundle]) -> list
         have = sum(offer.get(resource, 0.0) for offer in nodes.values())
         if have < amount:
             users = ", ".join(
-                name + (f": {len(bs)} ranks" if len(bs) > 1 else "") for name, bs in placed.items() if any(resource in b for b in bs)
+                name + (f": {len(bs)} ranks" if len(bs) > 1 else "")
+                for name, bs in placed.items()
+                if any(resource in b for b in bs)
             )
             problems.append(f"{resource}: {amount:g} needed in all ({users}), the cluster has {have:g}")
     return problems
@@ -119,14 +121,17 @@ def describe_nodes(nodes: dict[str, Bundle]) -> str:
     return "; ".join(f"{label}: {describe(offer)}" for label, offer in nodes.items()) or "no node alive"
 
 
-def colocate(bundles: dict[str, list[Bundle]], anchors: dict[str, str]) -> tuple[dict[str, list[Bundle]], dict[str, str]]:
+def colocate(
+    bundles: dict[str, list[Bundle]], anchors: dict[str, str]
+) -> tuple[dict[str, list[Bundle]], dict[str, str]]:
     """Bundles merged so that a process runs on its anchor's node (actor k next to its first vLLM
     server): its resources added to the anchor's bundle, where both have exactly one. Returns (the
     bundles to reserve by owning process, in start order; placed process → the bundle's owner)."""
     joined = {
-        name: anchor for name, anchor in anchors.items()
+        name: anchor
+        for name, anchor in anchors.items()
         if name != anchor and len(bundles.get(name, ())) == 1 and len(bundles.get(anchor, ())) == 1
-    }  # fmt: skip
+    }
     reserved: dict[str, list[Bundle]] = {}
     for name, bs in bundles.items():
         if bs and name not in joined:

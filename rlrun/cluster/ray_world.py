@@ -127,7 +127,11 @@ class RayHandle:
             return False, None  # slow, or a transient connection problem
         except ray.exceptions.RayActorError:
             if not self.lost:
-                log.warning("the node agent of %s (node %s) is gone: its process counts as killed", self._name, self.node_id[:12])
+                log.warning(
+                    "the node agent of %s (node %s) is gone: its process counts as killed",
+                    self._name,
+                    self.node_id[:12],
+                )
             self.lost = True
             return False, None
 
@@ -226,7 +230,9 @@ class RaySpawner:
         # one bundle, or ranks that all landed on one node: the command as it is, as in world=local
         return self._start(spec.name, indices[0], list(spec.argv), str(spec.log_path), env, cwd)
 
-    def _start(self, name: str, index: int, argv: list[str], log_path: str, env: dict[str, str], cwd: Optional[str]) -> RayHandle:
+    def _start(
+        self, name: str, index: int, argv: list[str], log_path: str, env: dict[str, str], cwd: Optional[str]
+    ) -> RayHandle:
         ray = _ray()
         for attempt in (1, 2):  # an agent may die between finding it and asking it: once more, anew
             agent, node_id = self._agent_at(index, name)
@@ -236,14 +242,21 @@ class RaySpawner:
             except (ray.exceptions.RayError, TimeoutError) as exc:
                 self._agents.pop(node_id, None)
                 if attempt == 2:
-                    raise EnvironmentProblem(f"the node agent on node {node_id[:12]} could not start {name}: {exc}") from None
+                    raise EnvironmentProblem(
+                        f"the node agent on node {node_id[:12]} could not start {name}: {exc}"
+                    ) from None
         log.info("%s started on node %s (pid %d there)", name, node_id[:12], pid)
         return RayHandle(agent, pid, node_id, name)
 
     def _spawn_spread(
-        self, spec: ProcessSpec, indices: list[int], bundle_nodes: list[str], layout: list[placement.NodeRanks],
-        env: dict[str, str], cwd: Optional[str],
-    ) -> SpreadHandle:  # fmt: skip
+        self,
+        spec: ProcessSpec,
+        indices: list[int],
+        bundle_nodes: list[str],
+        layout: list[placement.NodeRanks],
+        env: dict[str, str],
+        cwd: Optional[str],
+    ) -> SpreadHandle:
         """A rank group per node of `layout`, meeting at rank 0's node (that of the first bundle)."""
         ray = _ray()
         first, _ = self._agent_at(indices[0], spec.name)
@@ -251,22 +264,36 @@ class RaySpawner:
             host = ray.get(first.info.remote(), timeout=START_TIMEOUT_S)["ip"]
             port = ray.get(first.free_port.remote(host), timeout=START_TIMEOUT_S)
         except (ray.exceptions.RayError, TimeoutError) as exc:
-            raise EnvironmentProblem(f"the node agent of {spec.name}'s rank 0 (node {bundle_nodes[0][:12]}) does not answer: {exc}") from None
+            raise EnvironmentProblem(
+                f"the node agent of {spec.name}'s rank 0 (node {bundle_nodes[0][:12]}) does not answer: {exc}"
+            ) from None
         parts: list[RayHandle] = []
         try:
             for group in layout:
                 argv = rank_group.node_command(
-                    list(spec.argv), nproc=group.nproc, first_rank=group.first_rank, node_rank=group.node_rank,
-                    nnodes=len(layout), world_size=len(indices), master_addr=host, master_port=port,
-                )  # fmt: skip
+                    list(spec.argv),
+                    nproc=group.nproc,
+                    first_rank=group.first_rank,
+                    node_rank=group.node_rank,
+                    nnodes=len(layout),
+                    world_size=len(indices),
+                    master_addr=host,
+                    master_port=port,
+                )
                 index = indices[bundle_nodes.index(group.node)]
                 parts.append(self._start(spec.name, index, argv, str(spec.log_path), env, cwd))
         except BaseException:
             for part in parts:  # no rank group left behind by a start that failed half-way
                 part.signal_group(signal.SIGKILL)
             raise
-        log.info("%s: ranks on %d nodes (%s), meeting at %s:%d", spec.name, len(layout),
-                 ", ".join(f"{g.node[:12]}: {g.nproc}" for g in layout), host, port)  # fmt: skip
+        log.info(
+            "%s: ranks on %d nodes (%s), meeting at %s:%d",
+            spec.name,
+            len(layout),
+            ", ".join(f"{g.node[:12]}: {g.nproc}" for g in layout),
+            host,
+            port,
+        )
         return SpreadHandle(parts)
 
     # --- placement -----------------------------------------------------------------------------
@@ -288,7 +315,9 @@ class RaySpawner:
         name = f"rlrun-{self._tag}"
         try:  # a second spawner of the same run (a start retried on new ports) reuses the group
             group = get_placement_group(name)
-            if [dict(b) for b in group.bundle_specs] != wanted or placement_group_table(group).get("state") == "REMOVED":
+            if [dict(b) for b in group.bundle_specs] != wanted or placement_group_table(group).get(
+                "state"
+            ) == "REMOVED":
                 raise ValueError(name)
         except ValueError:
             nodes, _ = self._cluster()
@@ -330,7 +359,9 @@ class RaySpawner:
     def _cluster(self) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
         ray = _ray()
         nodes = {
-            f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})": dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")
+            f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})": dict(n["Resources"])
+            for n in ray.nodes()
+            if n.get("Alive")
         }
         return nodes, dict(ray.available_resources())
 
@@ -359,16 +390,13 @@ class RaySpawner:
                 try:
                     if agent is None:
                         self._remote_agent = self._remote_agent or ray.remote(NodeAgent)
-                        agent = (
-                            self._remote_agent.options(
-                                name=f"rlrun-agent-{self._tag}-{node_id[:16]}",
-                                get_if_exists=True,
-                                num_cpus=0,
-                                max_restarts=0,
-                                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                            )
-                            .remote()
-                        )
+                        agent = self._remote_agent.options(
+                            name=f"rlrun-agent-{self._tag}-{node_id[:16]}",
+                            get_if_exists=True,
+                            num_cpus=0,
+                            max_restarts=0,
+                            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                        ).remote()
                     remaining = max(1.0, deadline - time.monotonic())
                     ray.get(agent.info.remote(), timeout=min(remaining, START_TIMEOUT_S))
                     self._agents[node_id] = agent

@@ -29,7 +29,13 @@ TIME_LIMIT_SIGNAL = "USR1"  # what the batch script's --signal asks SLURM to sen
 # for scancel, "... DUE TO PREEMPTION ***", "DUE TO TIME LIMIT", "DUE TO JOB REQUEUE", ...
 _CANCELLED = re.compile(r"\*\*\* JOB (\d+) ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
 # How a stop by SLURM reads in the run's state ("rlrun status"), by slurmstepd's reason.
-STOP_STATUS = {"": "cancelled", "PREEMPTION": "preempted", "TIME LIMIT": "timed out", "JOB REQUEUE": "requeued", "NODE FAILURE": "node failed"}
+STOP_STATUS = {
+    "": "cancelled",
+    "PREEMPTION": "preempted",
+    "TIME LIMIT": "timed out",
+    "JOB REQUEUE": "requeued",
+    "NODE FAILURE": "node failed",
+}
 # sbatch options rlrun sets itself, which world.sbatch_lines may not change.
 OWN_OPTIONS = ("--output", "-o", "--error", "-e", "--signal", "--requeue", "--no-requeue", "--open-mode", "--parsable")
 
@@ -59,7 +65,10 @@ def sbatch_options(world: WorldConfig, job_name: str, output: Path) -> list[str]
     options.append(f"--time={world.time}")
     options += [f"--partition={world.partition}"] if world.partition else []
     options += [f"--account={world.account}"] if world.account else []
-    options += [f"--signal=B:{TIME_LIMIT_SIGNAL}@{world.signal_lead_s}", "--requeue" if world.requeue else "--no-requeue"]
+    options += [
+        f"--signal=B:{TIME_LIMIT_SIGNAL}@{world.signal_lead_s}",
+        "--requeue" if world.requeue else "--no-requeue",
+    ]
     options += ["--open-mode=append", f"--output={output}"]  # every start of the job appends to one file
     return options + [line.strip() for line in world.sbatch_lines]
 
@@ -84,7 +93,9 @@ def config_problems(world) -> list[str]:
     problems = []
     limit = time_limit_s(world.time)
     if limit is None:
-        problems.append(f"world.time={world.time!r} is not a SLURM time limit: use MM, HH:MM:SS or D-HH:MM:SS (e.g. 24:00:00).")
+        problems.append(
+            f"world.time={world.time!r} is not a SLURM time limit: use MM, HH:MM:SS or D-HH:MM:SS (e.g. 24:00:00)."
+        )
     elif world.signal_lead_s >= limit:
         problems.append(
             f"world.signal_lead_s={world.signal_lead_s} is not shorter than world.time={world.time} ({limit} s): the job would be "
@@ -117,7 +128,12 @@ class JobEnv:
         job = env.get("SLURM_JOB_ID")
         if not job:
             return None
-        return cls(job, int(env.get("SLURM_RESTART_COUNT", "0") or 0), env.get("SLURM_JOB_NODELIST", ""), env.get("SLURM_JOB_CPUS_PER_NODE", ""))
+        return cls(
+            job,
+            int(env.get("SLURM_RESTART_COUNT", "0") or 0),
+            env.get("SLURM_JOB_NODELIST", ""),
+            env.get("SLURM_JOB_CPUS_PER_NODE", ""),
+        )
 
 
 def starts_without_progress(steps_at_start: list[int], step_now: int) -> int:
@@ -167,7 +183,11 @@ class StopOutcome:
 
 def steps_at_starts(run_dir: RunDir, job_id: str) -> list[int]:
     """The checkpoint step each start of job `job_id` found, oldest first (events.jsonl)."""
-    return [int(e.get("checkpoint_step", 0)) for e in read_jsonl(run_dir.events) if e.get("event") == "slurm_job_started" and e.get("job") == job_id]
+    return [
+        int(e.get("checkpoint_step", 0))
+        for e in read_jsonl(run_dir.events)
+        if e.get("event") == "slurm_job_started" and e.get("job") == job_id
+    ]
 
 
 def record_start(run_dir: RunDir, job: JobEnv, world: WorldConfig, step_now: int) -> None:
@@ -181,13 +201,22 @@ def record_start(run_dir: RunDir, job: JobEnv, world: WorldConfig, step_now: int
     if job.restarts > 0 and stuck >= world.max_starts_without_progress:
         message = no_progress_message(stuck, step_now, job.job_id)
         run_dir.write_state(status="stopped: no progress", slurm_job_id=job.job_id)
-        events.emit("slurm_job_stopped", job=job.job_id, signal=None, reason="no progress", checkpoint_step=step_now, action="stop")
+        events.emit(
+            "slurm_job_stopped",
+            job=job.job_id,
+            signal=None,
+            reason="no progress",
+            checkpoint_step=step_now,
+            action="stop",
+        )
         raise RestartsExhausted(message, process="slurm job")
     events.emit("slurm_job_started", job=job.job_id, restart=job.restarts, checkpoint_step=step_now)
     run_dir.write_state(slurm_job_id=job.job_id)
 
 
-def after_stop(run_dir: RunDir, job: JobEnv, world: WorldConfig, signal_name: str, step_now: int, requeue_job=None) -> StopOutcome:
+def after_stop(
+    run_dir: RunDir, job: JobEnv, world: WorldConfig, signal_name: str, step_now: int, requeue_job=None
+) -> StopOutcome:
     """The run has stopped in order on SLURM's signal `signal_name` (USR1: the time limit nears;
     TERM: scancel, preemption, the limit itself; INT: Ctrl-C in salloc): requeue the job when its
     time ran out and this start made progress (or the ones before it, up to the limit), and say so
@@ -205,29 +234,53 @@ def after_stop(run_dir: RunDir, job: JobEnv, world: WorldConfig, signal_name: st
     if reason == "TIME LIMIT":
         stuck = starts_without_progress(steps_at_starts(run_dir, job.job_id), step_now)
         if not world.requeue:
-            status, message = "stopped at the time limit", f"SLURM job {job.job_id} reached its time limit at step {step_now}; world.requeue=false: `rlrun resume RUN` submits it again."
+            status, message = (
+                "stopped at the time limit",
+                f"SLURM job {job.job_id} reached its time limit at step {step_now}; world.requeue=false: `rlrun resume RUN` submits it again.",
+            )
         elif stuck >= world.max_starts_without_progress:
-            status, message, no_progress = "stopped: no progress", no_progress_message(stuck, step_now, job.job_id), True
+            status, message, no_progress = (
+                "stopped: no progress",
+                no_progress_message(stuck, step_now, job.job_id),
+                True,
+            )
         else:
             try:
                 requeue_job(job.job_id)
                 requeued = True
-                status, message = "requeued", f"SLURM job {job.job_id} requeued itself before its time limit; its next start continues from step {step_now}."
+                status, message = (
+                    "requeued",
+                    f"SLURM job {job.job_id} requeued itself before its time limit; its next start continues from step {step_now}.",
+                )
             except EnvironmentProblem as exc:  # not a batch job (salloc), or the controller said no
-                status, message = "stopped at the time limit", f"{exc}. `rlrun resume RUN` continues the run (from step {step_now})."
+                status, message = (
+                    "stopped at the time limit",
+                    f"{exc}. `rlrun resume RUN` continues the run (from step {step_now}).",
+                )
     elif signal_name == "INT":
-        status, message = "interrupted", "interrupted: every process of the run was stopped. `rlrun resume RUN` continues it."
+        status, message = (
+            "interrupted",
+            "interrupted: every process of the run was stopped. `rlrun resume RUN` continues it.",
+        )
     else:
         status = stop_status(reason)
-        message = f"SLURM stopped job {job.job_id} ({status}) at checkpoint step {step_now}; every process was stopped in order. " + (
-            "SLURM starts it again if it requeues preempted jobs; else `rlrun resume RUN` submits it again." if status == "preempted"
-            else "`rlrun resume RUN` submits it again."
-        )  # fmt: skip
+        message = (
+            f"SLURM stopped job {job.job_id} ({status}) at checkpoint step {step_now}; every process was stopped in order. "
+            + (
+                "SLURM starts it again if it requeues preempted jobs; else `rlrun resume RUN` submits it again."
+                if status == "preempted"
+                else "`rlrun resume RUN` submits it again."
+            )
+        )
     run_dir.write_state(status=status, slurm_job_id=job.job_id)
     EventLog(run_dir.events).emit(
-        "slurm_job_stopped", job=job.job_id, signal=signal_name, reason=reason, checkpoint_step=step_now,
+        "slurm_job_stopped",
+        job=job.job_id,
+        signal=signal_name,
+        reason=reason,
+        checkpoint_step=step_now,
         action="requeue" if requeued else "stop",
-    )  # fmt: skip
+    )
     return StopOutcome(status, message, requeued, no_progress)
 
 
@@ -238,9 +291,13 @@ def _run(argv: list[str], what: str, timeout: float = 30.0) -> str:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
-        raise EnvironmentProblem(f"{what} needs SLURM's `{argv[0]}`, which is not on PATH: run rlrun where SLURM's commands are.") from None
+        raise EnvironmentProblem(
+            f"{what} needs SLURM's `{argv[0]}`, which is not on PATH: run rlrun where SLURM's commands are."
+        ) from None
     except subprocess.TimeoutExpired:
-        raise EnvironmentProblem(f"`{' '.join(argv[:3])} ...` did not answer within {timeout:g} s: is slurmctld reachable?") from None
+        raise EnvironmentProblem(
+            f"`{' '.join(argv[:3])} ...` did not answer within {timeout:g} s: is slurmctld reachable?"
+        ) from None
     if done.returncode != 0:
         message = (done.stderr or done.stdout).strip().replace("\n", " ")
         raise EnvironmentProblem(f"{what}: `{shlex.join(argv)}` failed (exit {done.returncode}): {message}")
@@ -264,7 +321,9 @@ def queue_state(job_id: str) -> Optional[str]:
     """The job's state in SLURM's queue (PENDING, RUNNING, COMPLETING, ...); None once SLURM has
     forgotten it or cannot be asked."""
     try:
-        done = subprocess.run(["squeue", "--noheader", "--jobs", job_id, "--format=%T"], capture_output=True, text=True, timeout=15)
+        done = subprocess.run(
+            ["squeue", "--noheader", "--jobs", job_id, "--format=%T"], capture_output=True, text=True, timeout=15
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     state = done.stdout.strip().splitlines()

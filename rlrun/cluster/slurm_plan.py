@@ -89,7 +89,12 @@ class Plan:
 
 
 def plan(
-    world: WorldConfig, processes: list[str], ranks: dict[str, int], spread: frozenset[str], anchors: dict[str, str], nodes: list[Node]
+    world: WorldConfig,
+    processes: list[str],
+    ranks: dict[str, int],
+    spread: frozenset[str],
+    anchors: dict[str, str],
+    nodes: list[Node],
 ) -> Plan:
     """Place `processes` (start order) on `nodes` (the allocation's, batch node first); DoesNotFit
     naming the process that does not fit and what the nodes have left."""
@@ -141,8 +146,15 @@ def plan(
             layout = [placement.NodeRanks(bundle_nodes[0], 0, 0, ranks.get(name, 1))]
         for group in layout:
             count = gpus_per_rank * group.nproc
-            shares.append(NodeShare(group.node, group.node_rank, group.first_rank, group.nproc,
-                                    tuple(range(next_gpu[group.node], next_gpu[group.node] + count))))  # fmt: skip
+            shares.append(
+                NodeShare(
+                    group.node,
+                    group.node_rank,
+                    group.first_rank,
+                    group.nproc,
+                    tuple(range(next_gpu[group.node], next_gpu[group.node] + count)),
+                )
+            )
             next_gpu[group.node] += count
         out[name] = Placed(name, tuple(shares), per_rank[name]["CPU"], anchor=host if host != name else None)
     return Plan(tuple(nodes), out)
@@ -170,7 +182,14 @@ def nodes_wanted(world: WorldConfig) -> list[Node]:
 
 
 def srun_argv(
-    plan_: Plan, process: str, argv: list[str], *, job_id: str, record: Path, log: Path, srun_args: Sequence[str] = (),
+    plan_: Plan,
+    process: str,
+    argv: list[str],
+    *,
+    job_id: str,
+    record: Path,
+    log: Path,
+    srun_args: Sequence[str] = (),
     python: str = sys.executable,
 ) -> list[str]:
     """The `srun` command that starts `process` (its spec's `argv`) as a step of job `job_id` on
@@ -186,17 +205,33 @@ def srun_argv(
         layout = {
             "master_addr": plan_.node(nodes[0]).address,
             "world_size": placed.ranks,
-            "nodes": {s.node: {"node_rank": s.node_rank, "first_rank": s.first_rank, "nproc": s.nproc, "gpus": list(s.gpus)} for s in placed.shares},
+            "nodes": {
+                s.node: {"node_rank": s.node_rank, "first_rank": s.first_rank, "nproc": s.nproc, "gpus": list(s.gpus)}
+                for s in placed.shares
+            },
         }
         wrapper += ["--layout", json.dumps(layout, separators=(",", ":"))]
     elif placed.shares[0].gpus:
         wrapper += ["--gpus", ",".join(map(str, placed.shares[0].gpus))]
     return [
-        "srun", f"--jobid={job_id}", f"--job-name={process}", "--overlap", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
-        "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--kill-on-bad-exit=1", "--export=ALL", "--input=none",
-        f"--output={log}", "--open-mode=append", *srun_args,
-        *wrapper, "--", *argv,
-    ]  # fmt: skip
+        "srun",
+        f"--jobid={job_id}",
+        f"--job-name={process}",
+        "--overlap",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        "--ntasks-per-node=1",
+        f"--nodelist={','.join(nodes)}",
+        "--kill-on-bad-exit=1",
+        "--export=ALL",
+        "--input=none",
+        f"--output={log}",
+        "--open-mode=append",
+        *srun_args,
+        *wrapper,
+        "--",
+        *argv,
+    ]
 
 
 def cpus_per_node(value: str) -> list[int]:
@@ -231,8 +266,11 @@ def describe(plan_: Plan, process: str) -> tuple[str, str, str]:
     else:
         where = ", ".join(placed.nodes)
     if placed.ranks > 1:
-        ranks = "; ".join(f"{s.node}: {_span(s.first_rank, s.nproc)}" + (" (rendezvous)" if s.node_rank == 0 and len(placed.shares) > 1 else "")
-                          for s in placed.shares)  # fmt: skip
+        ranks = "; ".join(
+            f"{s.node}: {_span(s.first_rank, s.nproc)}"
+            + (" (rendezvous)" if s.node_rank == 0 and len(placed.shares) > 1 else "")
+            for s in placed.shares
+        )
     else:
         ranks = "-"
     gpus = "; ".join(f"{s.node}: {','.join(map(str, s.gpus))}" for s in placed.shares if s.gpus) or "none"

@@ -56,9 +56,15 @@ def for_node(layout: dict, node: str, cmd: list[str], port: int) -> list[str]:
     if mine is None:
         raise ValueError(f"node {node} is not in this step's layout ({', '.join(layout['nodes'])})")
     return rank_group.node_command(
-        cmd, nproc=mine["nproc"], first_rank=mine["first_rank"], node_rank=mine["node_rank"], nnodes=len(layout["nodes"]),
-        world_size=layout["world_size"], master_addr=layout["master_addr"], master_port=port,
-    )  # fmt: skip
+        cmd,
+        nproc=mine["nproc"],
+        first_rank=mine["first_rank"],
+        node_rank=mine["node_rank"],
+        nnodes=len(layout["nodes"]),
+        world_size=layout["world_size"],
+        master_addr=layout["master_addr"],
+        master_port=port,
+    )
 
 
 def interface_toward(address: str) -> str | None:
@@ -133,7 +139,12 @@ def main(argv: list[str]) -> int:
         if planned:
             os.environ["CUDA_VISIBLE_DEVICES"] = visible_gpus(planned, os.environ.get("CUDA_VISIBLE_DEVICES"))
         if first:
-            record = {"pid": os.getpid(), "node": node, "job": os.environ.get("SLURM_JOB_ID"), "step": os.environ.get("SLURM_STEP_ID")}
+            record = {
+                "pid": os.getpid(),
+                "node": node,
+                "job": os.environ.get("SLURM_JOB_ID"),
+                "step": os.environ.get("SLURM_STEP_ID"),
+            }
             _write(args.record, json.dumps(record) + "\n")
     except (ValueError, KeyError) as exc:  # a plan that does not fit the job: a restart would meet it again
         print(f"rlrun slurm step on {node}: {exc}", file=sys.stderr, flush=True)

@@ -32,7 +32,13 @@ from rlrun.supervisor.spec import ProcessSpec
 
 log = logging.getLogger(__name__)
 
-SIGNAL_NAMES: dict[int, str] = {signal.SIGTERM: "TERM", signal.SIGKILL: "KILL", signal.SIGINT: "INT", signal.SIGUSR1: "USR1", signal.SIGUSR2: "USR2"}
+SIGNAL_NAMES: dict[int, str] = {
+    signal.SIGTERM: "TERM",
+    signal.SIGKILL: "KILL",
+    signal.SIGINT: "INT",
+    signal.SIGUSR1: "USR1",
+    signal.SIGUSR2: "USR2",
+}
 
 
 class SlurmStepHandle:
@@ -77,7 +83,9 @@ class SlurmStepHandle:
         if self._srun.poll() is not None:
             return
         if self.step is not None and sig in SIGNAL_NAMES:
-            subprocess.run(["scancel", "--quiet", f"--signal={SIGNAL_NAMES[sig]}", self.step], capture_output=True, timeout=30)
+            subprocess.run(
+                ["scancel", "--quiet", f"--signal={SIGNAL_NAMES[sig]}", self.step], capture_output=True, timeout=30
+            )
             if sig != signal.SIGKILL:
                 return  # (a step of a job SLURM is cancelling refuses it: SLURM signals it itself)
         # A kill, or no step yet (srun still creating it): srun's own termination of its step
@@ -113,15 +121,27 @@ class SlurmSpawner:
         self._steps.mkdir(parents=True, exist_ok=True)
         record = self._steps / f"{spec.name}.{uuid.uuid4().hex[:8]}.json"
         argv = slurm_plan.srun_argv(
-            self._plan, spec.name, list(spec.argv), job_id=self._job, record=record, log=spec.log_path.resolve(), srun_args=self._srun_args,
+            self._plan,
+            spec.name,
+            list(spec.argv),
+            job_id=self._job,
+            record=record,
+            log=spec.log_path.resolve(),
+            srun_args=self._srun_args,
             python=self._python,
-        )  # fmt: skip
+        )
         env = {**os.environ, **spec.env}
         env.update({name: path.read_text().strip() for name, path in spec.secret_env.items()})
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(spec.log_path, "ab", buffering=0) as log_file:
             srun = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, cwd=spec.cwd, env=env, start_new_session=True
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=spec.cwd,
+                env=env,
+                start_new_session=True,
             )
         handle = SlurmStepHandle(srun, self._job, record, spec.name, nodes=len(placed.shares))
         deadline = time.monotonic() + self._timeout

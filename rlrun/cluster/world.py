@@ -61,7 +61,9 @@ class World:
         from rlrun.cluster.ray_world import RaySpawner
 
         loopback = cfg.inference.host in LOOPBACK or (cfg.streams.url is None and cfg.streams.host in LOOPBACK)
-        return RaySpawner(cfg.world, self.bundles(), run_tag(run_dir), same_machine_only=loopback, anchors=actor_anchors(cfg))
+        return RaySpawner(
+            cfg.world, self.bundles(), run_tag(run_dir), same_machine_only=loopback, anchors=actor_anchors(cfg)
+        )
 
     def placement_rows(self) -> list[tuple[str, str, str, str]]:
         """What `--dry-run` shows under world=ray, per process (per rank for a trainer whose ranks have
@@ -77,17 +79,34 @@ class World:
             if not owned:
                 rows.append((name, "-", "nothing", "this machine, beside the supervisor (not placed by Ray)"))
             elif anchors.get(name) and per_process.get(anchors[name]):
-                rows.append((name, "-", placement.describe(owned[0]), f"the node of {anchors[name]} (one bundle with it)"))
+                rows.append(
+                    (name, "-", placement.describe(owned[0]), f"the node of {anchors[name]} (one bundle with it)")
+                )
             elif len(owned) > 1:  # one bundle per rank
                 for rank, bundle in enumerate(owned):
                     where = "a node Ray picks for this rank's bundle" + (
-                        " (rank 0's node: the ranks' rendezvous)" if rank == 0 else "; with the other ranks on that node, one rank group"
+                        " (rank 0's node: the ranks' rendezvous)"
+                        if rank == 0
+                        else "; with the other ranks on that node, one rank group"
                     )
                     rows.append((name, f"rank {rank}", placement.describe(bundle), where))
             elif n > 1:
-                per_rank = placement.describe({k: v for k, v in getattr(cfg.world, placement.role_of(name)).bundle().items() if k in placement.PER_RANK})
+                per_rank = placement.describe(
+                    {
+                        k: v
+                        for k, v in getattr(cfg.world, placement.role_of(name)).bundle().items()
+                        if k in placement.PER_RANK
+                    }
+                )
                 shown = ", ".join(f"rank {r}" for r in range(n))
-                rows.append((name, shown, f"{placement.describe(owned[0])} ({per_rank} per rank)", f"a node Ray picks for this bundle; all {n} ranks on it"))
+                rows.append(
+                    (
+                        name,
+                        shown,
+                        f"{placement.describe(owned[0])} ({per_rank} per rank)",
+                        f"a node Ray picks for this bundle; all {n} ranks on it",
+                    )
+                )
             else:
                 rows.append((name, "-", placement.describe(owned[0]), "a node Ray picks for this bundle"))
         return rows
@@ -98,9 +117,15 @@ class World:
         cfg = self.cfg
         if cfg.world.kind != "local":
             return gpus.NOT_PLACED
-        return gpus.plan(visible, self.process_names(), self.process_ranks(), actor_anchors(cfg),
-                         tensor_parallel=cfg.inference.tensor_parallel_size, trainer_device=cfg.trainer.device,
-                         share=cfg.world.share_gpus)  # fmt: skip
+        return gpus.plan(
+            visible,
+            self.process_names(),
+            self.process_ranks(),
+            actor_anchors(cfg),
+            tensor_parallel=cfg.inference.tensor_parallel_size,
+            trainer_device=cfg.trainer.device,
+            share=cfg.world.share_gpus,
+        )
 
     def vllm_gpu_use(self, plan: gpus.GpuPlan, process: str) -> gpus.GpuUse:
         """What a server's GPUs are (its memory default follows): the local plan's word, or
@@ -114,8 +139,14 @@ class World:
         first); slurm_plan.DoesNotFit when they cannot hold it."""
         from rlrun.cluster import slurm_plan
 
-        return slurm_plan.plan(self.cfg.world, self.process_names(), self.process_ranks(), self.spread_processes(),
-                               actor_anchors(self.cfg), nodes)  # fmt: skip
+        return slurm_plan.plan(
+            self.cfg.world,
+            self.process_names(),
+            self.process_ranks(),
+            self.spread_processes(),
+            actor_anchors(self.cfg),
+            nodes,
+        )
 
 
 def run_tag(run_dir: RunDir) -> str:
@@ -179,7 +210,13 @@ def slurm_spawner(world: World, run_dir: RunDir) -> Spawner:
             f"the SLURM job {job.job_id} cannot hold this run: {exc}. Ask for more nodes or GPUs (world.nodes, "
             f"world.gpus_per_node) or less per role (world.<role>.cpus, world.<role>.gpus)."
         ) from None
-    return SlurmSpawner(plan, job.job_id, run_dir.slurm_steps, srun_args=list(cfg.world.srun_args), start_timeout_s=cfg.world.placement_timeout_s)
+    return SlurmSpawner(
+        plan,
+        job.job_id,
+        run_dir.slurm_steps,
+        srun_args=list(cfg.world.srun_args),
+        start_timeout_s=cfg.world.placement_timeout_s,
+    )
 
 
 def _ip(address: str) -> str:

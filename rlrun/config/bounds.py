@@ -71,7 +71,9 @@ Natural = Annotated[int, Range(0, INT64_MAX)]  # zero or more
 Port = Annotated[int, Range(0, 65535, why="0 picks a free port")]
 Positive = Annotated[float, Range(0, open_low=True)]  # finite and above 0
 NonNegative = Annotated[float, Range(0)]  # finite, 0 or more
-Seconds = Annotated[float, Range(0, MAX_SECONDS, open_low=True)]  # a wait: above 0, at most what the machine's timers take
+Seconds = Annotated[
+    float, Range(0, MAX_SECONDS, open_low=True)
+]  # a wait: above 0, at most what the machine's timers take
 SecondsOrZero = Annotated[float, Range(0, MAX_SECONDS)]  # 0: none
 Fraction = Annotated[float, Range(0, 1, open_low=True)]  # (0, 1]
 

@@ -158,7 +158,14 @@ def _kind(tp: Any) -> Optional[str]:
         return "one of " + ", ".join(repr(c) for c in typing.get_args(tp))
     if dataclasses.is_dataclass(tp):
         return "a mapping"
-    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}
+    words = {
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a mapping",
+    }
     return words.get(typing.get_origin(tp) or tp)
 
 
@@ -225,8 +232,14 @@ def validate(cfg: RunConfig) -> None:
             f"environment.max_total_tokens ({env.max_total_tokens}) must be below model.max_model_len "
             f"({cfg.model.max_model_len}): a conversation is the prompt and that many tokens.",
         )
-        need(not cfg.reward.functions, "environment.step gives the reward (its last step's answer): remove reward.functions.")
-    need(not env.tools or bool(env.step), "environment.tools without environment.step: the step runs the tools; set both.")
+        need(
+            not cfg.reward.functions,
+            "environment.step gives the reward (its last step's answer): remove reward.functions.",
+        )
+    need(
+        not env.tools or bool(env.step),
+        "environment.tools without environment.step: the step runs the tools; set both.",
+    )
     need(
         not env.tools or cfg.model.chat_template,
         "environment.tools are shown to the model through its chat template: set model.chat_template=true.",
@@ -238,9 +251,14 @@ def validate(cfg: RunConfig) -> None:
         "own (so that its journal and its stream share one Redis Cluster slot). Use actor.num_actors=1 with "
         "trainer=fast_llm.",
     )
-    need(k <= 1 or act.journal,
-         f"actor.num_actors={k} needs actor.journal=true (the journal is what keeps actors apart).")
-    need(cfg.model.source == "tiny" or bool(cfg.model.path), f"model.path must be set when model.source={cfg.model.source}.")
+    need(
+        k <= 1 or act.journal,
+        f"actor.num_actors={k} needs actor.journal=true (the journal is what keeps actors apart).",
+    )
+    need(
+        cfg.model.source == "tiny" or bool(cfg.model.path),
+        f"model.path must be set when model.source={cfg.model.source}.",
+    )
     need(
         cfg.dataset.name != "arithmetic" or cfg.dataset.num_problems >= 1,
         f"dataset.num_problems must be at least 1 with dataset=arithmetic: it generates that many problems (got {cfg.dataset.num_problems}).",
@@ -293,7 +311,11 @@ def _sharded_vllm(extra_args) -> bool:
     args = [str(a) for a in extra_args]
     for i, arg in enumerate(args):
         for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "-tp", "-pp"):
-            value = arg.split("=", 1)[1] if arg.startswith(flag + "=") else (args[i + 1] if arg == flag and i + 1 < len(args) else None)
+            value = (
+                arg.split("=", 1)[1]
+                if arg.startswith(flag + "=")
+                else (args[i + 1] if arg == flag and i + 1 < len(args) else None)
+            )
             if value is not None and value.strip() not in ("", "1"):
                 return True
     return False
@@ -302,7 +324,10 @@ def _sharded_vllm(extra_args) -> bool:
 def _validate_streams(cfg: RunConfig, need) -> None:
     s = cfg.streams  # (the URL itself: rlrun.streams.external.url_problems, asked by preflight)
     if s.url is None:
-        need(s.password_file is None, "streams.password_file is the password of an external Redis: set streams.url too, or remove it.")
+        need(
+            s.password_file is None,
+            "streams.password_file is the password of an external Redis: set streams.url too, or remove it.",
+        )
         return
     need(
         cfg.trainer.backend != "fast_llm",
@@ -334,7 +359,9 @@ def _validate_world(cfg: RunConfig, need) -> None:
 
 
 def _validate_slurm(cfg: RunConfig, need) -> None:
-    w = cfg.world  # (each key's own range: rlrun/config/bounds.py; its time and options: rlrun.cluster.slurm_job.config_problems)
+    w = (
+        cfg.world
+    )  # (each key's own range: rlrun/config/bounds.py; its time and options: rlrun.cluster.slurm_job.config_problems)
     for key, lines in (("world.sbatch_lines", w.sbatch_lines), ("world.srun_args", w.srun_args)):
         for line in lines:
             need(

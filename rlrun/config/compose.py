@@ -61,7 +61,9 @@ def compose(overrides: list[str]) -> tuple[RunConfig, str]:
         ) from None
     except UnicodeDecodeError as exc:
         chosen = ", ".join(o for o in overrides if o.split("=", 1)[0] in GROUPS) or "the default groups"
-        raise ConfigError(f"a file of {conf_dir()} that {chosen} chose is not UTF-8 text ({exc.reason}): fix that file.") from None
+        raise ConfigError(
+            f"a file of {conf_dir()} that {chosen} chose is not UTF-8 text ({exc.reason}): fix that file."
+        ) from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_explain(exc, overrides)) from None
     absolute_task_paths(data)

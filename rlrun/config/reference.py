@@ -167,7 +167,9 @@ def _section(cls: type, path: str, notes: SourceNotes, shipped: dict, title: str
             default_text = "required" if default is dataclasses.MISSING else f"`{value_text(default)}`"
             used_text = "" if used is dataclasses.MISSING or same(used, default) else f"`{value_text(used)}`"
             comment = notes.comments.get(cls.__name__, {}).get(f.name, "")
-            out.append(f"| `{key}` | {cell(type_name(hints[f.name]))} | {cell(default_text)} | {cell(used_text)} | {cell(comment)} |")
+            out.append(
+                f"| `{key}` | {cell(type_name(hints[f.name]))} | {cell(default_text)} | {cell(used_text)} | {cell(comment)} |"
+            )
         out.append("")
     by_type: dict[type, list[dataclasses.Field]] = {}
     for f in nested:
@@ -206,9 +208,10 @@ def _shared_section(
         default_text = f"`{value_text(default)}`" + (f" ({', '.join(exceptions)})" if exceptions else "")
         used = [(n, shipped.get(f"{path}.{n}.{f.name}", dataclasses.MISSING)) for n in names]
         differing = [
-            f"{n}: `{value_text(v)}`" for n, v in used
+            f"{n}: `{value_text(v)}`"
+            for n, v in used
             if v is not dataclasses.MISSING and not same(v, own.get(n, default))
-        ]  # fmt: skip
+        ]
         comment = notes.comments.get(cls.__name__, {}).get(f.name, "")
         out.append(
             f"| `{cell(f.name)}` | {cell(type_name(hints[f.name]))} | {cell(default_text)} | "

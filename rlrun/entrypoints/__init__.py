@@ -28,7 +28,9 @@ def configure_logging() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def exit_2_on(log: logging.Logger, *never_retried: type[Exception]) -> Callable[[Callable[..., int]], Callable[..., int]]:
+def exit_2_on(
+    log: logging.Logger, *never_retried: type[Exception]
+) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """`main`'s errors that a restart would meet again (a config, damaged checkpoints, a full disk):
     logged in one line and turned into exit 2, which the supervisor never retries (the run stops at
     once with exit 5, naming the role's log). Whatever `main` opened it closes itself first."""

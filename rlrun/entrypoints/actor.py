@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     render_prompt = chat_renderer(role.model_path) if cfg.model.chat_template else None
     run_dir, k = role.run, role.actor_index
     if not 0 <= k < cfg.actor.num_actors:
-        log.error("%s: actor_index %d is not an actor of this run (actor.num_actors=%d)", role.name, k, cfg.actor.num_actors)
+        log.error(
+            "%s: actor_index %d is not an actor of this run (actor.num_actors=%d)", role.name, k, cfg.actor.num_actors
+        )
         return int(ExitCode.USAGE)
     redis = connect(role.redis_url, run_dir.read_redis_password())
     try:
@@ -46,12 +48,25 @@ def main(argv: list[str] | None = None) -> int:
         conversations = conversations_for(cfg, role.model_path, tokenizer)
         evaluator = None
         if k == 0 and cfg.eval.every_steps and task.eval_problems:  # actor 0 evaluates
-            evaluator = evaluator_for(cfg, task.eval_problems, tokenizer, render_prompt, scorer, redis, role.vllm_urls, conversations)
+            evaluator = evaluator_for(
+                cfg, task.eval_problems, tokenizer, render_prompt, scorer, redis, role.vllm_urls, conversations
+            )
         actor = Actor(
-            cfg, redis, tokenizer, task, role.vllm_urls, ledger, run_name=group_namespace(run_dir.root.name, k, cfg.actor.num_actors),
-            api_key=run_dir.read_vllm_api_key(), trainer=view, scorer=scorer, actor_index=k, render_prompt=render_prompt,
-            evaluator=evaluator, conversations=conversations,
-        )  # fmt: skip
+            cfg,
+            redis,
+            tokenizer,
+            task,
+            role.vllm_urls,
+            ledger,
+            run_name=group_namespace(run_dir.root.name, k, cfg.actor.num_actors),
+            api_key=run_dir.read_vllm_api_key(),
+            trainer=view,
+            scorer=scorer,
+            actor_index=k,
+            render_prompt=render_prompt,
+            evaluator=evaluator,
+            conversations=conversations,
+        )
         if cfg.actor.audit:
             run_dir.audit.mkdir(exist_ok=True)
             actor.audit_path = run_dir.audit / f"{actor_name(k, cfg.actor.num_actors)}.jsonl"

@@ -27,7 +27,9 @@ log = logging.getLogger("rlrun.trainer")
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
     redis = vllm = parallel = broadcast = shared = trainer = None
-    stop = threading.Event()  # SIGTERM (the supervisor's orderly stop, a SLURM job's end): stop at the next step boundary
+    stop = (
+        threading.Event()
+    )  # SIGTERM (the supervisor's orderly stop, a SLURM job's end): stop at the next step boundary
     clients: list[Any] = []  # Redis clients: stopping, a Redis that stopped with us is not waited for
 
     def on_sigterm(*_) -> None:
@@ -51,8 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.trainer.weight_transfer == "broadcast" and parallel.ranks.is_main:
             from rlrun.trainer.weight_broadcast import BroadcastSync
 
-            broadcast = BroadcastSync(vllm, role.broadcast_host, role.broadcast_port, collective_backend(cfg.trainer.device),
-                                      cfg.trainer.weight_sync_timeout_s, prefix=run_prefix(run_dir.read_vllm_api_key()))  # fmt: skip
+            broadcast = BroadcastSync(
+                vllm,
+                role.broadcast_host,
+                role.broadcast_port,
+                collective_backend(cfg.trainer.device),
+                cfg.trainer.weight_sync_timeout_s,
+                prefix=run_prefix(run_dir.read_vllm_api_key()),
+            )
         if cfg.trainer.weight_transfer == "shm" and parallel.ranks.is_main:
             from rlrun.weights.shared import SharedWeights, shared_path
 

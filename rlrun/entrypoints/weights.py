@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = role.load_config()
     run_dir = role.run
     redis = connect(role.redis_url, run_dir.read_redis_password())
-    admin = VllmBroadcastAdmin(role.vllm_urls, receive_timeout_s=cfg.trainer.fast_llm.timeout_s, api_key=run_dir.read_vllm_api_key())
+    admin = VllmBroadcastAdmin(
+        role.vllm_urls, receive_timeout_s=cfg.trainer.fast_llm.timeout_s, api_key=run_dir.read_vllm_api_key()
+    )
     try:
         host_store = store_host(cfg) == "rlrun"  # who serves the broadcast's store: the installed Fast-LLM says
         WeightFollower(cfg, redis, admin, role.broadcast_host, role.broadcast_port, host_store).run_forever()

@@ -56,7 +56,13 @@ def version_label(version: int) -> str:
 class VllmAdmin:
     """`api_key`: the run's vLLM key (every route but /health needs it; see auth.py)."""
 
-    def __init__(self, urls: list[str], timeout_s: float | httpx.Timeout = 120.0, api_key: str = "", transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        timeout_s: float | httpx.Timeout = 120.0,
+        api_key: str = "",
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.urls = list(urls)
         headers = bearer_header(api_key) if api_key else {}
         self._client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
@@ -133,13 +139,29 @@ class VllmAdmin:
                 raise refused from None
         self._post(f"{url}/start_weight_update", headers={"Connection": "close"})
 
-    def join_broadcast(self, url: str, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
-                       namespace: str = "") -> None:  # fmt: skip
+    def join_broadcast(
+        self,
+        url: str,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        namespace: str = "",
+    ) -> None:
         """Have server `url` join the broadcast group at host:port as `rank` (it answers at once and
         joins in the background: the sender may start much later). `namespace`: the keys of this
         formation of the group ("" for Fast-LLM's; `broadcast.member_of`)."""
-        info = {"host": host, "port": port, "rank": rank, "world_size": world_size, "backend": backend,
-                "timeout_s": timeout_s, "namespace": namespace}  # fmt: skip
+        info = {
+            "host": host,
+            "port": port,
+            "rank": rank,
+            "world_size": world_size,
+            "backend": backend,
+            "timeout_s": timeout_s,
+            "namespace": namespace,
+        }
         self._post(f"{url}/init_weight_transfer_engine", json={"init_info": info})
 
     def weight_version(self, url: str) -> str:

@@ -40,7 +40,7 @@ def needs_key(scope: dict) -> bool:
     path = scope.get("path", "")
     root = scope.get("root_path", "")
     if root and path.startswith(root):
-        path = path[len(root):]
+        path = path[len(root) :]
     return path not in OPEN_PATHS
 
 
@@ -57,10 +57,18 @@ class RequireApiKey:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})  # before accept: the client sees 403
             return
-        body = json.dumps({"error": "Unauthorized: this server needs the run's API key (Authorization: Bearer ...)"}).encode()
-        await send({
-            "type": "http.response.start", "status": 401,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                        (b"www-authenticate", b"Bearer")],
-        })  # fmt: skip
+        body = json.dumps(
+            {"error": "Unauthorized: this server needs the run's API key (Authorization: Bearer ...)"}
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

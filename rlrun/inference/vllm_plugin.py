@@ -11,6 +11,8 @@ def register() -> None:
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
     try:
-        WeightTransferEngineFactory.register_engine(ENGINE, "rlrun.inference.transfer_engine", "RlrunWeightTransferEngine")
+        WeightTransferEngineFactory.register_engine(
+            ENGINE, "rlrun.inference.transfer_engine", "RlrunWeightTransferEngine"
+        )
     except ValueError:  # registered already in this process
         pass

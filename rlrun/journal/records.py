@@ -24,8 +24,7 @@ def _check_header(data: dict, kind: str) -> None:
     version = data.get("schema_version")
     if type(version) is not int or version != SCHEMA_VERSION:
         raise CorruptRecord(
-            f"{kind} record has unknown schema_version {version!r} "
-            f"(this rlrun reads version {SCHEMA_VERSION})"
+            f"{kind} record has unknown schema_version {version!r} (this rlrun reads version {SCHEMA_VERSION})"
         )
     if data.get("kind") != kind:
         raise CorruptRecord(f"expected a {kind} record, got kind {data.get('kind')!r}")
@@ -85,10 +84,7 @@ class SampleRecord:
         if self.state == "pending" and self.token_ids:
             raise CorruptRecord(f"{what}: pending but holds {len(self.token_ids)} tokens")
         if self.state == "finished" and self.finish_reason not in FINAL_REASONS:
-            raise CorruptRecord(
-                f"{what}: finished with finish_reason {self.finish_reason!r} "
-                f"(one of {FINAL_REASONS})"
-            )
+            raise CorruptRecord(f"{what}: finished with finish_reason {self.finish_reason!r} (one of {FINAL_REASONS})")
         if self.state in ("pending", "generating") and self.finish_reason is not None:
             raise CorruptRecord(f"{what}: {self.state} but has finish_reason {self.finish_reason!r}")
 
@@ -147,9 +143,7 @@ class GroupRecord:
             raise CorruptRecord(f"{what}: {len(self.samples)} samples, expected {self.group_size}")
         for position, sample in enumerate(self.samples):
             if sample.index != position or sample.group_id != self.group_id:
-                raise CorruptRecord(
-                    f"{what}: sample at position {position} is {sample.group_id!r}#{sample.index}"
-                )
+                raise CorruptRecord(f"{what}: sample at position {position} is {sample.group_id!r}#{sample.index}")
 
     @property
     def header(self) -> GroupHeader:
@@ -215,9 +209,7 @@ class LogEntry:
         if not numbers or not all(math.isfinite(v) for v in logprobs):
             raise CorruptRecord(f"{what}: logprobs must be a list of finite numbers")
         if len(token_ids) != len(logprobs):
-            raise CorruptRecord(
-                f"{what}: token_ids and logprobs differ in length ({len(token_ids)}, {len(logprobs)})"
-            )
+            raise CorruptRecord(f"{what}: token_ids and logprobs differ in length ({len(token_ids)}, {len(logprobs)})")
         relabel = data.get("relabel", [])
         runs = isinstance(relabel, list) and all(
             isinstance(run, list) and len(run) == 3 and all(type(v) is int and v >= 0 for v in run) and run[0] <= run[1]

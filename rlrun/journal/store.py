@@ -287,12 +287,26 @@ class Journal:
             if item.turn_end is not None and item.turn_end not in FINAL_REASONS:
                 raise ValueError(f"turn_end {item.turn_end!r} does not end a turn (one of {FINAL_REASONS})")
             entry = LogEntry(
-                "append", item.index, item.expected_offset, tokens, logprobs, int(item.version), relabel,
-                item.turn_end, dict(item.observation) if item.observation is not None else None,
-            )  # fmt: skip
+                "append",
+                item.index,
+                item.expected_offset,
+                tokens,
+                logprobs,
+                int(item.version),
+                relabel,
+                item.turn_end,
+                dict(item.observation) if item.observation is not None else None,
+            )
             says = relabel or item.turn_end is not None or item.observation is not None
             keys += [self.key(f"group:{item.group_id}"), self.key(f"log:{item.group_id}")]
-            args += [item.index, item.expected_offset, len(tokens), entry.to_json(), item.finish_reason or "", "1" if says else ""]
+            args += [
+                item.index,
+                item.expected_offset,
+                len(tokens),
+                entry.to_json(),
+                item.finish_reason or "",
+                "1" if says else "",
+            ]
         reply = self._append(keys=keys, args=args)
         return [
             WriteResult(accepted=reply[k] == "ok", length=int(reply[k + 1]), reason=reply[k])
@@ -451,7 +465,9 @@ def fold_group(group_id: str, fields: dict[str, str], entries: list[str]) -> tup
             bad[i] = f"log entry {position} appends at offset {entry.offset} to a sample of {len(tokens[i])} tokens"
             continue
         if entry.observation is not None:
-            observations[i].append({**entry.observation, "start": len(tokens[i]), "end": len(tokens[i]) + len(entry.token_ids)})
+            observations[i].append(
+                {**entry.observation, "start": len(tokens[i]), "end": len(tokens[i]) + len(entry.token_ids)}
+            )
         tokens[i] += entry.token_ids
         logprobs[i] += entry.logprobs
         versions[i] += [entry.version] * len(entry.token_ids)
@@ -476,8 +492,12 @@ def fold_group(group_id: str, fields: dict[str, str], entries: list[str]) -> tup
                     group_id,
                     i,
                     state,  # type: ignore[arg-type]  # None (no state field) is refused by SampleRecord's own check
-                    tokens[i], logprobs[i], versions[i],
-                    finish if state == "finished" else None, turn_ends[i], observations[i],
+                    tokens[i],
+                    logprobs[i],
+                    versions[i],
+                    finish if state == "finished" else None,
+                    turn_ends[i],
+                    observations[i],
                 )
             except CorruptRecord as exc:
                 reason = str(exc)

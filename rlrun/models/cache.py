@@ -16,7 +16,9 @@ from filelock import FileLock
 MARKER = "rlrun-model.json"  # written last by a build; a folder without it is not a finished build
 
 
-def built_once(cache_dir: str | Path, name: str, build: Callable[[Path], None], before_build: Callable[[], None] = lambda: None) -> Path:
+def built_once(
+    cache_dir: str | Path, name: str, build: Callable[[Path], None], before_build: Callable[[], None] = lambda: None
+) -> Path:
     """`cache_dir/name`, made first by `build(tmp_folder)` if it is not there yet (`build` writes
     MARKER last). `before_build`: checks worth running only when a build is needed."""
     cache_dir = Path(cache_dir).expanduser()

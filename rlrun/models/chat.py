@@ -82,8 +82,11 @@ def compile_template(template_text: str, specials: Mapping[str, str]) -> Callabl
 
     def render(messages: Sequence[Mapping], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
         return template.render(
-            messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tools=tools,
-            documents=None, **specials,
-        )  # fmt: skip
+            messages=[dict(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            documents=None,
+            **specials,
+        )
 
     return render

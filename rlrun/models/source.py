@@ -24,7 +24,12 @@ def model_path(cfg: RunConfig, build: bool) -> str:
     """The folder (or hub id) vLLM and the trainer load. Builds the tiny or GGUF model if asked to."""
     m = cfg.model
     if m.source == "tiny":
-        args = dict(seed=cfg.run.seed, warm_start_steps=m.warm_start_steps, max_operand=cfg.dataset.max_operand, max_model_len=m.max_model_len)
+        args = dict(
+            seed=cfg.run.seed,
+            warm_start_steps=m.warm_start_steps,
+            max_operand=cfg.dataset.max_operand,
+            max_model_len=m.max_model_len,
+        )
         if not build:
             return str(Path(m.cache_dir).expanduser() / TinyBuild(**args).folder_name())
         return str(ensure_tiny_model(Path(m.cache_dir), **args))

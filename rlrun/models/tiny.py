@@ -64,7 +64,9 @@ class TinyBuild:
 def ensure_tiny_model(cache_dir: Path, seed: int, warm_start_steps: int, max_operand: int, max_model_len: int) -> Path:
     """The folder of the tiny model for these parameters, built first if needed (once, under a lock,
     into a temporary sibling renamed into place marker and all: a crash never looks finished)."""
-    build = TinyBuild(seed=seed, warm_start_steps=warm_start_steps, max_operand=max_operand, max_model_len=max_model_len)
+    build = TinyBuild(
+        seed=seed, warm_start_steps=warm_start_steps, max_operand=max_operand, max_model_len=max_model_len
+    )
     return built_once(cache_dir, build.folder_name(), lambda folder: _build(build, folder))
 
 

@@ -44,7 +44,9 @@ class ProgressReader:
         """An event that is malformed or does not fit the run: counted, recorded, never acted on."""
         self.malformed_events += 1
         if self._events is not None:
-            self._events.emit("malformed_message", stream=stream, id=message_id, reason=why, count=self.malformed_events)
+            self._events.emit(
+                "malformed_message", stream=stream, id=message_id, reason=why, count=self.malformed_events
+            )
 
     def redis(self):
         """A client for the run's Redis (made on first use, again after a failure)."""
@@ -71,7 +73,9 @@ class ProgressReader:
         reward = t.get("reward_mean")
         step, samples = int(t.get("step", 0)), int(t.get("samples_processed", 0))
         version = int(t.get("policy_version", 0))
-        if self.reported is not None:  # Fast-LLM: what its events said; vLLM serves the step the weight follower published
+        if (
+            self.reported is not None
+        ):  # Fast-LLM: what its events said; vLLM serves the step the weight follower published
             step, samples, version = self.reported[0], self.reported[1] or 0, self._policy_version(version)
         return Progress(
             step=step,
@@ -116,15 +120,22 @@ class ProgressReader:
                 window = view.window(int(a.get("in_flight", 0) or 0))
                 held = float(a.get("held_by_backpressure_since", 0) or 0)
                 state[name] = {
-                    "in_flight": a.get("in_flight"), "groups_published": a.get("groups_published"),
+                    "in_flight": a.get("in_flight"),
+                    "groups_published": a.get("groups_published"),
                     "heartbeat_age_s": round(now - float(a["heartbeat"]), 1) if a.get("heartbeat") else None,
                     "held_by_backpressure_for_s": round(now - held, 1) if held else 0,
-                    "backpressure": {"unit": window.unit, "waiting": window.waiting, "limit": window.limit,
-                                     "room": window.room, **window.detail},
-                }  # fmt: skip
+                    "backpressure": {
+                        "unit": window.unit,
+                        "waiting": window.waiting,
+                        "limit": window.limit,
+                        "room": window.room,
+                        **window.detail,
+                    },
+                }
                 state["waits"][name] = (
                     f"back-pressure for {now - held:.0f} s: {window.waiting} {window.unit} handed over and not trained, limit {window.limit}"
-                    if held else f"its {a.get('in_flight', '?')} groups in flight (vLLM)"
+                    if held
+                    else f"its {a.get('in_flight', '?')} groups in flight (vLLM)"
                 )
                 streams[view.stream] = _stream_info(client, view.stream)
             state["streams"] = streams
@@ -161,5 +172,7 @@ def _stream_info(client, stream: str) -> dict:
     """Its length and each consumer group's place in it (XINFO GROUPS)."""
     info = {"entries": client.xlen(stream)}
     for group in client.xinfo_groups(stream) if info["entries"] or client.exists(stream) else []:
-        info[f"group {group.get('name')}"] = {k: group.get(k) for k in ("last-delivered-id", "entries-read", "lag", "pending")}
+        info[f"group {group.get('name')}"] = {
+            k: group.get(k) for k in ("last-delivered-id", "entries-read", "lag", "pending")
+        }
     return info

@@ -57,20 +57,28 @@ def read_role_file(path: Path) -> Role:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read the role file {path}: {exc}. Start roles through `rlrun train` / `rlrun resume`, which write it.") from None
+        raise ConfigError(
+            f"cannot read the role file {path}: {exc}. Start roles through `rlrun train` / `rlrun resume`, which write it."
+        ) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ConfigError(f"{path} is not an rlrun role file of format {FORMAT}: write it again with `rlrun resume RUN_DIR`.")
+        raise ConfigError(
+            f"{path} is not an rlrun role file of format {FORMAT}: write it again with `rlrun resume RUN_DIR`."
+        )
     try:  # a field an older file lacks (actor_index) takes its default
         role = Role(**{f.name: data[f.name] for f in fields(Role) if f.name in data})
         return replace(role, run_dir=Path(role.run_dir))
     except TypeError as exc:
-        raise ConfigError(f"the role file {path} is incomplete ({exc!r}): write it again with `rlrun resume RUN_DIR`.") from None
+        raise ConfigError(
+            f"the role file {path} is incomplete ({exc!r}): write it again with `rlrun resume RUN_DIR`."
+        ) from None
 
 
 def role_from_argv(prog: str, argv: list[str] | None = None) -> Role:
     """A child's command line, `python -m <module> ROLE_FILE`, read (ConfigError when unusable)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog=prog, description="Started by rlrun with its role file (<run>/roles/<name>.yaml).")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Started by rlrun with its role file (<run>/roles/<name>.yaml)."
+    )
     parser.add_argument("role_file", type=Path, help="the role file rlrun wrote for this process")
     return read_role_file(parser.parse_args(argv).role_file)

@@ -48,8 +48,13 @@ def role_spec(cfg: RunConfig, run_dir: RunDir, name: str, role: str, **spec) -> 
     settings: RoleSupervision = getattr(sup, role)
     policy = {f.name: getattr(settings, f.name) for f in fields(settings) if f.name != "stall_timeout_s"}
     policy["backoff_max_s"] = max(settings.backoff_max_s, settings.backoff_initial_s)
-    defaults = dict(log_path=run_dir.log(name), ready_timeout_s=sup.ready_timeout_s, stop_grace_s=sup.stop_grace_s,
-                    restart=RestartPolicy(**policy), stall_timeout_s=settings.stall_timeout_s)  # fmt: skip
+    defaults = dict(
+        log_path=run_dir.log(name),
+        ready_timeout_s=sup.ready_timeout_s,
+        stop_grace_s=sup.stop_grace_s,
+        restart=RestartPolicy(**policy),
+        stall_timeout_s=settings.stall_timeout_s,
+    )
     return ProcessSpec(name=name, **{**defaults, **spec})
 
 
@@ -59,7 +64,9 @@ class HeartbeatAges:
     few seconds reads as silence (a healthy process restarted as stalled) or as life. Only a value
     seen for the first time is aged by the clocks, for want of anything better."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time
+    ) -> None:
         self._clock, self._wall_clock = clock, wall_clock
         self._changed: dict[tuple, tuple[float, float]] = {}  # heartbeat -> (its value, when we saw it change)
 

@@ -39,9 +39,20 @@ def planned(cfg: RunConfig, redis_default_user: str, trainer: list[Listener]) ->
         out.append(Listener("redis", "Redis (valkey)", cfg.streams.host, PICKED, redis_auth))
     for i in range(cfg.inference.num_servers):
         name = f"vllm-{i}"
-        out.append(Listener(name, "vLLM OpenAI server", cfg.inference.host, PICKED, "the run's API key (every route but /health)"))
-        out.append(Listener(name, "vLLM's internal sockets (engine and worker)", "127.0.0.1 (vLLM's own; measured with vLLM 0.32)",
-                            EPHEMERAL, "none: vLLM's internals"))  # fmt: skip
+        out.append(
+            Listener(
+                name, "vLLM OpenAI server", cfg.inference.host, PICKED, "the run's API key (every route but /health)"
+            )
+        )
+        out.append(
+            Listener(
+                name,
+                "vLLM's internal sockets (engine and worker)",
+                "127.0.0.1 (vLLM's own; measured with vLLM 0.32)",
+                EPHEMERAL,
+                "none: vLLM's internals",
+            )
+        )
     return out + trainer
 
 
@@ -50,8 +61,16 @@ def gloo_pairs(processes: str, host: str) -> Listener:
     from rlrun.listen import LOOPBACK
 
     where = host if host in LOOPBACK else "the interface of the machine's host name (gloo's default)"
-    return Listener(processes, "gloo pairs of a torch.distributed group", where, EPHEMERAL, "nothing: gloo has no authentication")
+    return Listener(
+        processes, "gloo pairs of a torch.distributed group", where, EPHEMERAL, "nothing: gloo has no authentication"
+    )
 
 
 def tcp_store(process: str, what: str, host: str, port: str = PICKED) -> Listener:
-    return Listener(process, f"torch TCPStore: {what}", host, port, "nothing: TCPStore has no authentication (keys under a per-run prefix)")
+    return Listener(
+        process,
+        f"torch TCPStore: {what}",
+        host,
+        port,
+        "nothing: TCPStore has no authentication (keys under a per-run prefix)",
+    )

@@ -50,9 +50,13 @@ def new_run(built: BuiltRun, resolved_yaml: str, overrides: list[str], root: Opt
     try:
         run_dir.root.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
-        raise RunDirError(f"cannot create the run directory {run_dir.root}: {exc.strerror}. Choose a writable location with run.dir=PATH.") from None
+        raise RunDirError(
+            f"cannot create the run directory {run_dir.root}: {exc.strerror}. Choose a writable location with run.dir=PATH."
+        ) from None
     with runlock.acquire(run_dir):
-        run_dir.create({"kind": "rlrun-run", "recipe": cfg.recipe, "created": time.time(), "overrides": overrides})  # checks again, owned
+        run_dir.create(
+            {"kind": "rlrun-run", "recipe": cfg.recipe, "created": time.time(), "overrides": overrides}
+        )  # checks again, owned
         run_dir.config.write_text(resolved_yaml)
         run_dir.overrides.write_text(yaml.safe_dump(list(overrides)))
         run_dir.write_state(status="created")
@@ -65,7 +69,9 @@ def create_run(built: BuiltRun, resolved_yaml: str, overrides: list[str], root: 
         return run_dir
 
 
-def plan_endpoints(built: BuiltRun, pick_port: Callable[[str], int], hosts: Optional[dict[str, str]] = None) -> Endpoints:
+def plan_endpoints(
+    built: BuiltRun, pick_port: Callable[[str], int], hosts: Optional[dict[str, str]] = None
+) -> Endpoints:
     """Ports picked free here (on inference.host / streams.host); `hosts`: the servers that listen
     on another address (their node's: `Spawner.server_hosts`), which their URLs then name."""
     cfg, hosts = built.cfg, dict(hosts or {})
@@ -76,9 +82,14 @@ def plan_endpoints(built: BuiltRun, pick_port: Callable[[str], int], hosts: Opti
     else:
         redis_port = pick_port(cfg.streams.host)
         redis_url = redis_server.redis_url(hosts.get("redis", cfg.streams.host), redis_port)
-    vllm_urls = [base_url(hosts.get(f"vllm-{i}", cfg.inference.host), pick_port(cfg.inference.host)) for i in range(cfg.inference.num_servers)]
+    vllm_urls = [
+        base_url(hosts.get(f"vllm-{i}", cfg.inference.host), pick_port(cfg.inference.host))
+        for i in range(cfg.inference.num_servers)
+    ]
     broadcast_port = built.backend.broadcast_port(pick_port)
-    return Endpoints(redis_url=redis_url, redis_port=redis_port, vllm_urls=vllm_urls, broadcast_port=broadcast_port, hosts=hosts)
+    return Endpoints(
+        redis_url=redis_url, redis_port=redis_port, vllm_urls=vllm_urls, broadcast_port=broadcast_port, hosts=hosts
+    )
 
 
 def gpu_plan(built: BuiltRun, environ: Optional[dict[str, str]] = None, preview: bool = False) -> GpuPlan:
@@ -99,7 +110,9 @@ def plan_specs(built: BuiltRun, run_dir: RunDir, gpus: Optional[GpuPlan] = None)
     `gpus`: default, this machine's plan."""
     endpoints = plan_endpoints(built, pick_port=lambda host: 0)
     gpus = gpu_plan(built) if gpus is None else gpus
-    return build_specs(built, run_dir, endpoints, model_path(built.cfg, build=False), EventLog(None), gpus)  # nothing runs: nothing recorded
+    return build_specs(
+        built, run_dir, endpoints, model_path(built.cfg, build=False), EventLog(None), gpus
+    )  # nothing runs: nothing recorded
 
 
 PORT_ATTEMPTS = 3  # a service losing its port to another process at start gets new ports
@@ -127,7 +140,9 @@ def train(
         events.emit("run_resumed", previous_status=run_dir.read_state().get("status"), launch=run_dir.launch)
     else:
         events.emit("run_started", launch=run_dir.launch)  # where the run's wall time begins (rlrun/telemetry/ettr.py)
-    run_dir.write_state(status="running", supervisor_pid=os.getpid(), started_at=time.time(), model_path=path, launch=run_dir.launch)
+    run_dir.write_state(
+        status="running", supervisor_pid=os.getpid(), started_at=time.time(), model_path=path, launch=run_dir.launch
+    )
     status = "failed"
     supervisor: Optional[Supervisor] = None
     spawner = None
@@ -138,14 +153,19 @@ def train(
         if gpus.on_gpus:
             spawner = GroupsSeen(spawner)  # its groups: what of the run may hold a GPU after the stop
         if gpus.on_gpus:  # what `rlrun status` shows beside each process
-            events.emit("gpus_placed", source=gpus.visible.source, gpus={name: list(ids) for name, ids in gpus.gpus.items()})
+            events.emit(
+                "gpus_placed", source=gpus.visible.source, gpus={name: list(ids) for name, ids in gpus.gpus.items()}
+            )
         for attempt in range(1, PORT_ATTEMPTS + 1):
             # Ports are picked free, but another program may bind one before our server does:
             # such a start is retried on fresh ports (nothing depends on the old ones yet).
             endpoints = plan_endpoints(built, redis_server.pick_free_port, spawner.server_hosts())
             if endpoints.redis_port is not None:
                 redis_server.write_server_config(
-                    run_dir, endpoints.redis_port, endpoints.host("redis", cfg.streams.host), cfg.streams.appendfsync,
+                    run_dir,
+                    endpoints.redis_port,
+                    endpoints.host("redis", cfg.streams.host),
+                    cfg.streams.appendfsync,
                     default_user=backend.redis_default_user(),
                 )
             progress = ProgressReader(endpoints.redis_url, run_dir, events)
@@ -153,9 +173,13 @@ def train(
             if on_tick is not None:
                 tick = lambda processes, progress=progress: on_tick(processes, progress.read(cfg))  # noqa: E731
             supervisor = Supervisor(
-                build_specs(built, run_dir, endpoints, path, events, gpus), events, spawner=spawner,
-                poll_interval_s=cfg.supervisor.poll_interval_s, on_tick=tick, diagnose=diagnoser_for(cfg, run_dir),
-            )  # fmt: skip
+                build_specs(built, run_dir, endpoints, path, events, gpus),
+                events,
+                spawner=spawner,
+                poll_interval_s=cfg.supervisor.poll_interval_s,
+                on_tick=tick,
+                diagnose=diagnoser_for(cfg, run_dir),
+            )
             try:
                 supervisor.start_all()
                 break
@@ -198,7 +222,9 @@ def progress_watch(built: BuiltRun, run_dir: RunDir, progress: ProgressReader) -
         marker=lambda: progress.read(cfg).step,
         timeout_s=cfg.supervisor.progress_timeout_s,
         suspects=("trainer", *(actor_name(k, k_all) for k in range(k_all))),
-        report=lambda why: write_report(run_dir.diagnostics, "run-stalled", why, progress.stall_state(cfg, built.backend.trainer_view)),
+        report=lambda why: write_report(
+            run_dir.diagnostics, "run-stalled", why, progress.stall_state(cfg, built.backend.trainer_view)
+        ),
         setting="supervisor.progress_timeout_s",
     )
 
@@ -259,7 +285,9 @@ def submit_job(cfg: RunConfig, run_dir: RunDir) -> str:
     run_dir.slurm.mkdir(parents=True, exist_ok=True)
     script = run_dir.slurm / "job.sbatch"
     output = run_dir.slurm / "job-%j.out"
-    script.write_text(slurm_job.batch_script(cfg.world, run_dir.root, f"rlrun-{run_dir.root.name}", sys.executable, output))
+    script.write_text(
+        slurm_job.batch_script(cfg.world, run_dir.root, f"rlrun-{run_dir.root.name}", sys.executable, output)
+    )
     job = slurm_job.submit(script)
     run_dir.write_state(status="submitted", slurm_job_id=job, submitted_at=time.time())
     EventLog(run_dir.events, clock=time.time).emit("slurm_submitted", job=job, script=str(script))

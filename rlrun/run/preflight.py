@@ -82,7 +82,9 @@ def check_dependencies(cfg: RunConfig) -> None:
             "pip install 'rlrun[cpu]' on a laptop, or 'rlrun[gpu]' on GPU machines."
         )
     if importlib.util.find_spec("transformers") is None or importlib.util.find_spec("torch") is None:
-        raise EnvironmentProblem("torch and transformers are needed by the trainer: pip install 'rlrun[cpu]' (or 'rlrun[gpu]').")
+        raise EnvironmentProblem(
+            "torch and transformers are needed by the trainer: pip install 'rlrun[cpu]' (or 'rlrun[gpu]')."
+        )
     check_vllm(installed_vllm_version(), vllm_plugin_registered())
 
     if cfg.metrics.tensorboard:
@@ -145,7 +147,9 @@ def check_run_dir(root: Path, *, fresh: bool) -> None:
         try:
             run.check_can_create()
         except PermissionError as exc:
-            raise RunDirError(f"cannot read the run directory {root}: {exc.strerror}. Choose another location with run.dir=PATH.") from None
+            raise RunDirError(
+                f"cannot read the run directory {root}: {exc.strerror}. Choose another location with run.dir=PATH."
+            ) from None
     existing = _nearest_existing(root)
     if not existing.is_dir():
         raise RunDirError(
@@ -216,7 +220,9 @@ def check_model(cfg: RunConfig) -> None:
         raise EnvironmentProblem(f"model.path={m.path} is a file, not a model folder. {fix}")
     config = path / "config.json"
     if not config.is_file():
-        raise EnvironmentProblem(f"model.path={m.path} is not a Hugging Face model folder: it has no config.json. {fix}")
+        raise EnvironmentProblem(
+            f"model.path={m.path} is not a Hugging Face model folder: it has no config.json. {fix}"
+        )
     try:
         data = json.loads(config.read_text())
     except (OSError, ValueError) as exc:
@@ -288,16 +294,25 @@ def check_dataset(cfg: RunConfig, *, cheap: bool) -> None:
         if importlib.util.find_spec("datasets") is None:
             raise EnvironmentProblem(f"dataset={d.name} needs the `datasets` package: pip install 'rlrun[gpu]'.")
         if d.hf_path.startswith(("/", "./", "../", "~")) and not Path(d.hf_path).expanduser().exists():
-            raise EnvironmentProblem(f"dataset.hf_path={d.hf_path} does not exist. Point it at a local copy of the dataset or at a hub id.")
+            raise EnvironmentProblem(
+                f"dataset.hf_path={d.hf_path} does not exist. Point it at a local copy of the dataset or at a hub id."
+            )
         return
     from rlrun.task.checks import check_environment, check_task
 
     task = check_task(
-        d, cfg.reward, cfg.eval, seed=cfg.run.seed, chat_template=cfg.model.chat_template, scored_by_environment=bool(cfg.environment.step)
+        d,
+        cfg.reward,
+        cfg.eval,
+        seed=cfg.run.seed,
+        chat_template=cfg.model.chat_template,
+        scored_by_environment=bool(cfg.environment.step),
     )
     check_environment(cfg.environment)
     if not task.problems:
-        raise ConfigError(f"dataset={d.name} holds no problems (split {d.split!r}). Choose another dataset.split or dataset.")
+        raise ConfigError(
+            f"dataset={d.name} holds no problems (split {d.split!r}). Choose another dataset.split or dataset."
+        )
 
 
 def check_redis(cfg: RunConfig, root: Path, *, cheap: bool) -> None:

@@ -23,9 +23,14 @@ from rlrun.rundir import RunDir, write_atomic
 # (model, data, algorithm, batch shape) would make the checkpoint and the journal mean something
 # else.
 ALLOWED_OVERRIDES = (
-    "trainer.max_train_steps", "trainer.checkpoint_every", "trainer.keep_checkpoints", "supervisor.*",
-    "inference.ready_timeout_s", "metrics.*", "world.*",
-)  # fmt: skip
+    "trainer.max_train_steps",
+    "trainer.checkpoint_every",
+    "trainer.keep_checkpoints",
+    "supervisor.*",
+    "inference.ready_timeout_s",
+    "metrics.*",
+    "world.*",
+)
 
 
 @dataclass(frozen=True)
@@ -82,14 +87,22 @@ def plan_resume(root, overrides: list[str]) -> ResumePlan:
         )
     more_steps = any(k == "trainer.max_train_steps" for k, _, _ in changes)
     finished = state.get("status") == "finished" and not more_steps
-    history = run_dir.read_yaml(run_dir.overrides, what="the overrides that made the run") if run_dir.overrides.is_file() else []
+    history = (
+        run_dir.read_yaml(run_dir.overrides, what="the overrides that made the run")
+        if run_dir.overrides.is_file()
+        else []
+    )
     if not isinstance(history, list):
-        raise RunDirError(f"{run_dir.overrides} is damaged: it holds {type(history).__name__}, not a list of overrides. Restore it, or write [] into it.")
+        raise RunDirError(
+            f"{run_dir.overrides} is damaged: it holds {type(history).__name__}, not a list of overrides. Restore it, or write [] into it."
+        )
     built = build(cfg)
     if not finished:
         preflight.check(built, run_dir.root, fresh=False)  # packages, model, data, binary, ports, checkpoints
     history = history + [f"resume: {k}={v}" for k, _, v in changes]
-    return ResumePlan(run_dir, built, yaml.safe_dump(new, sort_keys=False), changes, finished, yaml.safe_dump(history), fresh)
+    return ResumePlan(
+        run_dir, built, yaml.safe_dump(new, sort_keys=False), changes, finished, yaml.safe_dump(history), fresh
+    )
 
 
 def apply(plan: ResumePlan) -> None:
@@ -101,7 +114,17 @@ def apply(plan: ResumePlan) -> None:
 
 
 # What squeue shows of a job that has ended (until SLURM forgets it, MinJobAge later).
-ENDED_JOB_STATES = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+ENDED_JOB_STATES = {
+    "COMPLETED",
+    "CANCELLED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 def check_job_gone(run_dir: RunDir) -> None:

@@ -24,7 +24,12 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 
 
 def build_specs(
-    built: "BuiltRun", run_dir: RunDir, endpoints: Endpoints, model_path: str, events: EventLog, gpus: GpuPlan = NOT_PLACED
+    built: "BuiltRun",
+    run_dir: RunDir,
+    endpoints: Endpoints,
+    model_path: str,
+    events: EventLog,
+    gpus: GpuPlan = NOT_PLACED,
 ) -> list[ProcessSpec]:
     """The run's processes in start order; their hooks record what they do in `events`, the
     supervisor's log. `gpus`: world=local's GPUs of each process (`World.gpu_plan`), narrowed in
@@ -40,18 +45,27 @@ def build_specs(
         port = int(url.rsplit(":", 1)[1])
         specs.append(
             role_spec(
-                cfg, run_dir, f"vllm-{i}", "vllm",
+                cfg,
+                run_dir,
+                f"vllm-{i}",
+                "vllm",
                 # Started (and restarted) from the newest weights the trainer published.
-                argv=vllm_server.server_argv(cfg.inference, cfg.model, str(run_dir.current_weights), port, tokenizer=model_path,
-                                             stream_interval=cfg.actor.journal_flush_tokens,
-                                             host=endpoints.host(f"vllm-{i}", cfg.inference.host),
-                                             gpu_use=built.world.vllm_gpu_use(gpus, f"vllm-{i}")),
+                argv=vllm_server.server_argv(
+                    cfg.inference,
+                    cfg.model,
+                    str(run_dir.current_weights),
+                    port,
+                    tokenizer=model_path,
+                    stream_interval=cfg.actor.journal_flush_tokens,
+                    host=endpoints.host(f"vllm-{i}", cfg.inference.host),
+                    gpu_use=built.world.vllm_gpu_use(gpus, f"vllm-{i}"),
+                ),
                 env=vllm_server.server_env(cfg.inference),
                 secret_env={"VLLM_API_KEY": run_dir.vllm_api_key},  # every route but /health (rlrun.inference.auth)
                 ready=vllm_server.HealthCheck(url),
                 alive=vllm_server.HealthCheck(url),
                 ready_timeout_s=cfg.inference.ready_timeout_s,
-            )  # fmt: skip
+            )
         )
     specs += built.backend.specs(run_dir, endpoints, model_path, probe, events)  # the trainer and what serves it
     k_all = cfg.actor.num_actors
@@ -59,13 +73,26 @@ def build_specs(
         urls = [endpoints.vllm_urls[i] for i in servers_of(k, k_all, len(endpoints.vllm_urls))]
         name = actor_name(k, k_all)
         argv, write_role_file = role_command(
-            run_dir, "rlrun.entrypoints.actor", name, redis_url=endpoints.redis_url, model_path=model_path, vllm_urls=urls, actor_index=k
+            run_dir,
+            "rlrun.entrypoints.actor",
+            name,
+            redis_url=endpoints.redis_url,
+            model_path=model_path,
+            vllm_urls=urls,
+            actor_index=k,
         )
         specs.append(
             role_spec(
-                cfg, run_dir, name, "actor", argv=argv, before_start=write_role_file, env=child_env(1), finishes=True,
+                cfg,
+                run_dir,
+                name,
+                "actor",
+                argv=argv,
+                before_start=write_role_file,
+                env=child_env(1),
+                finishes=True,
                 alive=lambda pid, key=names.actor_state(k, k_all): probe.heartbeat(key, pid),
-            )  # fmt: skip
+            )
         )
     if gpus.on_gpus:  # each on its GPUs, restarted once their memory is back
         specs = [on_gpus(spec, gpus, events.emit, cfg.world.gpu_release_timeout_s) for spec in specs]

@@ -36,7 +36,11 @@ class Holder:
     pid: Optional[int]
 
     def describe(self) -> str:
-        return f"rlrun (pid {self.pid})" if self.pid is not None else "another rlrun process (its pid is not visible from here)"
+        return (
+            f"rlrun (pid {self.pid})"
+            if self.pid is not None
+            else "another rlrun process (its pid is not visible from here)"
+        )
 
 
 class RunLock:
@@ -75,7 +79,9 @@ def acquire(run_dir: RunDir, *, patience_s: float = ACQUIRE_PATIENCE_S) -> RunLo
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 os.close(fd)
-                raise RunDirError(f"cannot lock the run directory {run_dir.root} ({path.name}: {exc.strerror}).") from None
+                raise RunDirError(
+                    f"cannot lock the run directory {run_dir.root} ({path.name}: {exc.strerror})."
+                ) from None
         if time.monotonic() >= deadline:
             who = Holder(_pid_holding(fd))
             os.close(fd)

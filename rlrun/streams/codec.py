@@ -64,8 +64,7 @@ def _check_version(version: object, context: object) -> None:
     # bool is an int in Python: `true` must not pass for 1.
     if type(version) is not int or version != SCHEMA_VERSION:
         raise MalformedMessage(
-            f"unknown schema_version {version!r} (this rlrun reads version {SCHEMA_VERSION}): "
-            f"{excerpt(str(context))}"
+            f"unknown schema_version {version!r} (this rlrun reads version {SCHEMA_VERSION}): {excerpt(str(context))}"
         )
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 GROUPS_STREAM = "rlrun:groups"  # finished groups, actor → trainer (one message per group)
 TRAINER_GROUP = "rlrun:trainer"  # the trainer's consumer group on GROUPS_STREAM
 TRAINER_STATE = "rlrun:trainer:state"  # hash: the trainer's progress (steps, samples processed)
-TRAINER_EVENTS = "rlrun:trainer:events"  # stream: each step's record, for observers outside rlrun (nothing in rlrun reads it)
+TRAINER_EVENTS = (
+    "rlrun:trainer:events"  # stream: each step's record, for observers outside rlrun (nothing in rlrun reads it)
+)
 POLICY_VERSION = "rlrun:policy_version"  # string: the policy version vLLM currently serves
 ACTOR_STATE = "rlrun:actor:state"  # hash: the actor's progress (prompt cursor, groups published)
 EVAL_RESULTS = "rlrun:eval"  # hash: policy version -> its evaluation's result (JSON), written once, whole, by actor 0

@@ -115,7 +115,9 @@ def _check_spans(what: str, spans: object, length: int) -> None:
             raise MalformedGroup(f"{what}: observation span {span!r} is not a [start, end) pair of integers")
         start, end = span
         if not 0 <= start < end <= length:
-            raise MalformedGroup(f"{what}: observation span {span!r} is empty or outside the {length} completion tokens")
+            raise MalformedGroup(
+                f"{what}: observation span {span!r} is empty or outside the {length} completion tokens"
+            )
         if start < previous_end:
             raise MalformedGroup(f"{what}: observation span {span!r} overlaps or precedes the one before it")
         previous_end = end

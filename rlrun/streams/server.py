@@ -204,7 +204,9 @@ def connect(
     else a `Redis`. `socket_timeout` bounds every reply; a lost connection is retried for about
     `reconnect_s`, so a Redis the supervisor restarted is picked up again unnoticed."""
     retries = max(0, int(reconnect_s / 2.0))  # the backoff reaches its 2 s cap after a few tries
-    retry = _RetryUnlessRefused(ExponentialBackoff(cap=2.0, base=0.1), retries, supported_errors=(RedisConnectionError, RedisTimeoutError))
+    retry = _RetryUnlessRefused(
+        ExponentialBackoff(cap=2.0, base=0.1), retries, supported_errors=(RedisConnectionError, RedisTimeoutError)
+    )
     parts = urlsplit(url)
     common = dict(
         username=parts.username or (RLRUN_USER if password else None),  # the URL's, else rlrun's ACL user

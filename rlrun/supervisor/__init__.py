@@ -9,4 +9,13 @@ from rlrun.supervisor.spec import ProcessSpec, ProcessState
 from rlrun.supervisor.stall import ProgressWatch
 from rlrun.supervisor.supervisor import ProcessStatus, RunVerdict, Supervisor, supervised
 
-__all__ = ["EventLog", "ProcessSpec", "ProcessState", "ProcessStatus", "ProgressWatch", "RunVerdict", "Supervisor", "supervised"]
+__all__ = [
+    "EventLog",
+    "ProcessSpec",
+    "ProcessState",
+    "ProcessStatus",
+    "ProgressWatch",
+    "RunVerdict",
+    "Supervisor",
+    "supervised",
+]

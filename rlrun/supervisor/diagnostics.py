@@ -26,7 +26,9 @@ def write_report(folder: Path, name: str, reason: str, state: dict, clock=time.t
     import yaml
 
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(clock()))
-    text = f"# rlrun diagnostics: {name}\nreason: {reason}\ntime: {stamp}\n\n" + yaml.safe_dump(state, sort_keys=False, default_flow_style=False)
+    text = f"# rlrun diagnostics: {name}\nreason: {reason}\ntime: {stamp}\n\n" + yaml.safe_dump(
+        state, sort_keys=False, default_flow_style=False
+    )
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path, n = folder / f"{name}-{stamp}.txt", 1
@@ -37,6 +39,7 @@ def write_report(folder: Path, name: str, reason: str, state: dict, clock=time.t
     except OSError:
         return None
     return path
+
 
 LOG_LINES = 40
 CPU_SAMPLE_S = 0.2
@@ -57,7 +60,9 @@ class Diagnoser:
     py_spy: Optional[str] = None  # the py-spy binary; None: find it; "" : do not use it
     clock = staticmethod(time.time)
 
-    def capture(self, process: str, attempt: int, pids: list[int], log_path: Optional[Path], reason: str) -> Optional[Path]:
+    def capture(
+        self, process: str, attempt: int, pids: list[int], log_path: Optional[Path], reason: str
+    ) -> Optional[Path]:
         """Dump `pids` (group leader first) into a new file; None when not even that could be written."""
         deadline = time.monotonic() + self.budget_s
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
@@ -66,7 +71,11 @@ class Diagnoser:
         py_spy = find_py_spy() if self.py_spy is None else (self.py_spy or None)
         dumped = _py_spy_stacks(py_spy, pids, deadline, lines) if py_spy else 0
         if not dumped:
-            lines.append("py-spy gave no stack" + ("" if py_spy else " (not installed)") + ": asking rlrun's own processes (SIGUSR1)")
+            lines.append(
+                "py-spy gave no stack"
+                + ("" if py_spy else " (not installed)")
+                + ": asking rlrun's own processes (SIGUSR1)"
+            )
             _signal_dumps(pids, log_path, deadline, lines)
         tail = log_tail(log_path, LOG_LINES) if log_path else ""
         lines += ["", f"## last {LOG_LINES} lines of {log_path}", tail or "(no log)"]

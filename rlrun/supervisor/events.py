@@ -20,10 +20,21 @@ _NONE = type(None)
 # them in. A line holding one of them with another type (a hand edit, a torn write, another
 # program's line) is not an event of ours: it is skipped, as a line cut short is.
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "time": _NUMBER, "event": (str,), "process": (str,), "pid": (int, _NONE), "log": (str,), "reason": (str,),
-    "action": (str,), "status": (str, _NONE), "file": (str, _NONE), "attempt": (int,), "launch": (int, _NONE),
-    "quiet_s": _NUMBER, "previous_status": (str, _NONE), "exit": (str,),
-}  # fmt: skip
+    "time": _NUMBER,
+    "event": (str,),
+    "process": (str,),
+    "pid": (int, _NONE),
+    "log": (str,),
+    "reason": (str,),
+    "action": (str,),
+    "status": (str, _NONE),
+    "file": (str, _NONE),
+    "attempt": (int,),
+    "launch": (int, _NONE),
+    "quiet_s": _NUMBER,
+    "previous_status": (str, _NONE),
+    "exit": (str,),
+}
 MAX_TEXT = 2000  # characters kept of a string field: an event is a line for people, never a payload
 
 

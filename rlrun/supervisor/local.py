@@ -27,7 +27,9 @@ class Handle(Protocol):
 class Spawner(Protocol):
     def spawn(self, spec: ProcessSpec) -> Handle: ...
     def close(self) -> None: ...  # after the supervisor stopped everything: release what it holds
-    def server_hosts(self) -> dict[str, str]: ...  # server process → the address it must listen on, where not the config's
+    def server_hosts(
+        self,
+    ) -> dict[str, str]: ...  # server process → the address it must listen on, where not the config's
 
 
 class ProcessTree:

@@ -15,10 +15,14 @@ from typing import Callable, Hashable, Optional
 class ProgressWatch:
     """What the supervisor watches besides its processes, and what it does when it stalls."""
 
-    marker: Callable[[], Optional[Hashable]]  # changes with every unit of progress (None: cannot be told now); never raises
+    marker: Callable[
+        [], Optional[Hashable]
+    ]  # changes with every unit of progress (None: cannot be told now); never raises
     timeout_s: float  # no change this long while every process is alive: the run has stalled
     suspects: tuple[str, ...]  # processes dumped and restarted (per their restart policy) when it stalls
-    report: Callable[[str], Optional[Path]]  # writes the run's state (why it is waiting) with this reason; the file; never raises
+    report: Callable[
+        [str], Optional[Path]
+    ]  # writes the run's state (why it is waiting) with this reason; the file; never raises
     setting: str = "progress_timeout_s"  # the config key of timeout_s, named in the reason
 
 

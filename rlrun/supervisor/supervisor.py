@@ -132,7 +132,9 @@ class Supervisor:
                 self._sleep(self._poll)
 
     def _may_start(self, proc: ProcessStatus) -> bool:
-        return all(self.status(name).state in (ProcessState.READY, ProcessState.EXITED) for name in self._after[proc.name])
+        return all(
+            self.status(name).state in (ProcessState.READY, ProcessState.EXITED) for name in self._after[proc.name]
+        )
 
     def watch(self, is_finished: CompletionCheck, progress: Optional[ProgressWatch] = None) -> str:
         """Watch and restart until the completion check says done; with `progress`, a run that
@@ -153,7 +155,9 @@ class Supervisor:
             verdict = is_finished(done)
             if verdict.reject is not None:  # treated as a failure: restarted per its policy
                 proc = self.status(verdict.reject)
-                info = ExitInfo(ExitKind.CRASH, proc.exit_code, f"exited with code 0 before its work was done ({verdict.reason})")
+                info = ExitInfo(
+                    ExitKind.CRASH, proc.exit_code, f"exited with code 0 before its work was done ({verdict.reason})"
+                )
                 self._fail(proc, info, now, info.description)
                 continue
             if verdict.finished:
@@ -165,7 +169,8 @@ class Supervisor:
     def _all_alive(self, now: float) -> bool:
         """Every process ready (its liveness probe passed at this poll) or done."""
         return all(
-            p.state is ProcessState.EXITED or (p.state is ProcessState.READY and (p.spec.alive is None or p.last_alive == now))
+            p.state is ProcessState.EXITED
+            or (p.state is ProcessState.READY and (p.spec.alive is None or p.last_alive == now))
             for p in self.processes
         )
 
@@ -175,8 +180,13 @@ class Supervisor:
         why = f"the run made no progress for {quiet:.0f} s while every process was alive ({watch.setting}={watch.timeout_s:g})"
         report = watch.report(why)
         suspects = [self.status(name) for name in watch.suspects if self.status(name).state is ProcessState.READY]
-        self._events.emit("run_stalled", quiet_s=round(quiet, 1), progress=str(marker), report=str(report) if report else None,
-                          restarting=[p.name for p in suspects])  # fmt: skip
+        self._events.emit(
+            "run_stalled",
+            quiet_s=round(quiet, 1),
+            progress=str(marker),
+            report=str(report) if report else None,
+            restarting=[p.name for p in suspects],
+        )
         log.error("%s; restarting %s (state: %s)", why, ", ".join(p.name for p in suspects) or "nothing", report)
         for proc in suspects:
             self._kill_stuck(proc, ExitInfo(ExitKind.STALLED, None, f"stalled: {why}"), now)
@@ -245,9 +255,15 @@ class Supervisor:
         self._sweep(proc)
         decision = proc.tracker.on_failure(now, info)
         self._events.emit(
-            "process_failed", process=proc.name, pid=proc.pid, reason=what, action=decision.action,
-            delay_s=decision.delay_s, restarts_used=decision.restarts_used, budget=decision.budget,
-        )  # fmt: skip
+            "process_failed",
+            process=proc.name,
+            pid=proc.pid,
+            reason=what,
+            action=decision.action,
+            delay_s=decision.delay_s,
+            restarts_used=decision.restarts_used,
+            budget=decision.budget,
+        )
         if decision.action == "give_up":
             budget_spent = info.kind is not ExitKind.CONFIG_ERROR and proc.spec.restart.restart
             error = RestartsExhausted if budget_spent else ProcessFailed
@@ -296,7 +312,9 @@ class Supervisor:
         while (code := proc.handle.poll()) is None and self._clock() < deadline:
             self._sleep(0.05)
         if code is None:
-            log.error("process '%s' (pid %s) is still there %g s after SIGKILL; left behind", proc.name, proc.pid, KILL_WAIT_S)
+            log.error(
+                "process '%s' (pid %s) is still there %g s after SIGKILL; left behind", proc.name, proc.pid, KILL_WAIT_S
+            )
             self._events.emit("process_unkillable", process=proc.name, pid=proc.pid, waited_s=KILL_WAIT_S)
         return code
 
@@ -308,9 +326,14 @@ class Supervisor:
         path = self._diagnose(proc.name, proc.attempt, pids, proc.log_path, reason)
         proc.last_dump = path
         self._events.emit(
-            "stack_dump", process=proc.name, pid=proc.pid, attempt=proc.attempt, reason=reason,
-            file=str(path) if path else None, took_s=round(self._clock() - started, 2),
-        )  # fmt: skip
+            "stack_dump",
+            process=proc.name,
+            pid=proc.pid,
+            attempt=proc.attempt,
+            reason=reason,
+            file=str(path) if path else None,
+            took_s=round(self._clock() - started, 2),
+        )
 
     def _sweep(self, proc: ProcessStatus) -> None:
         assert proc.handle is not None  # set by _spawn
@@ -332,7 +355,9 @@ class Supervisor:
                 self._sleep(0.05)
             if proc.handle.poll() is None:
                 self._dump(proc, f"still running {proc.spec.stop_grace_s:g} s after SIGTERM")
-                self._events.emit("process_killed", process=proc.name, signal="SIGKILL", after_grace_s=proc.spec.stop_grace_s)
+                self._events.emit(
+                    "process_killed", process=proc.name, signal="SIGKILL", after_grace_s=proc.spec.stop_grace_s
+                )
                 proc.handle.signal_group(signal.SIGKILL)
                 self._wait_killed(proc)
             proc.exit_code = proc.handle.poll()

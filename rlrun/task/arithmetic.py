@@ -37,4 +37,3 @@ def arithmetic_problems(max_operand: int, num_problems: int, seed: int) -> list[
         a, b = divmod(index, max_operand + 1)
         problems.append(Sum(prompt=f"{a}+{b}=", answer=str(a + b)))
     return problems
-

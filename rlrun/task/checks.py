@@ -15,7 +15,13 @@ from rlrun.task.tasks import Task, load_task
 
 
 def check_task(
-    dataset: DatasetConfig, reward: RewardConfig, eval_cfg: EvalConfig, *, seed: int, chat_template: bool, scored_by_environment: bool = False
+    dataset: DatasetConfig,
+    reward: RewardConfig,
+    eval_cfg: EvalConfig,
+    *,
+    seed: int,
+    chat_template: bool,
+    scored_by_environment: bool = False,
 ) -> Task:
     task = load_task(dataset, seed, reward, scored_by_environment=scored_by_environment)
     if not chat_template:
@@ -40,7 +46,9 @@ def check_task(
     for spec in task.rewards:
         function = load_function(spec.ref)
         completion = str(first.row.get("answer", "")) if isinstance(first.row.get("answer"), (str, int, float)) else ""
-        call = GroupCall(first.prompt, first.row, [completion], [[]], [SampleInfo("stop", 0)], isinstance(first.prompt, tuple))
+        call = GroupCall(
+            first.prompt, first.row, [completion], [[]], [SampleInfo("stop", 0)], isinstance(first.prompt, tuple)
+        )
         outcome = _within(lambda: call_reward(function, call), reward.timeout_s)
         if isinstance(outcome, TimeoutError):
             raise TaskInputError(
@@ -48,7 +56,9 @@ def check_task(
                 "make it faster or raise reward.timeout_s."
             )
         if isinstance(outcome, BaseException):
-            raise TaskInputError(f"reward {spec.ref} failed on the first training row ({_frames(outcome)}). Fix the function (or the row).")
+            raise TaskInputError(
+                f"reward {spec.ref} failed on the first training row ({_frames(outcome)}). Fix the function (or the row)."
+            )
     return task
 
 

@@ -85,7 +85,9 @@ def as_step(answer: Any) -> Step:
     elif isinstance(answer, Mapping):
         unknown = set(answer) - set(Step.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"the step answered unknown keys {sorted(unknown)}: use observation, role, name, done, reward")
+            raise ValueError(
+                f"the step answered unknown keys {sorted(unknown)}: use observation, role, name, done, reward"
+            )
         step = Step(**answer)
     else:
         raise TypeError(f"a step returns a dict or rlrun.task.environment.Step, not {type(answer).__name__}")
@@ -135,7 +137,9 @@ def load_step(ref: str) -> Callable:
     try:
         inspect.signature(function).bind(None, None, None)
     except TypeError:
-        raise TaskInputError(f"environment.step {ref}: a step takes (messages, row, info); see docs/your-task.md.") from None
+        raise TaskInputError(
+            f"environment.step {ref}: a step takes (messages, row, info); see docs/your-task.md."
+        ) from None
     except ValueError:
         pass  # a builtin without a readable signature: its first call will tell
     return function

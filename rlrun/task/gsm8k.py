@@ -26,4 +26,3 @@ def gsm8k_rows(path: str, config: str | None, split: str) -> list[dict]:
         {**row, "prompt": PROMPT.format(question=row["question"]), "answer": row["answer"].split("####")[-1].strip()}
         for row in rows
     ]
-

@@ -28,7 +28,9 @@ def guess_rows(high: int, num_problems: int, seed: int) -> list[dict]:
     if high < 2:
         raise ValueError(f"a guessing game needs at least two numbers (dataset.max_operand={high})")
     draw = random.Random(seed)
-    return [{"prompt": PROMPT.format(high=high), "target": draw.randint(1, high), "high": high} for _ in range(num_problems)]
+    return [
+        {"prompt": PROMPT.format(high=high), "target": draw.randint(1, high), "high": high} for _ in range(num_problems)
+    ]
 
 
 def step(messages: list[dict], row: dict, info) -> dict:

@@ -93,8 +93,14 @@ class RewardPool:
 
     async def _spawn(self) -> _Worker:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", WORKER_MODULE, *(["--environment"] if self.environment else []), *self.refs, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip (its stderr is the actor's: the functions' prints and tracebacks land in the actor's log)
+            sys.executable,
+            "-m",
+            WORKER_MODULE,
+            *(["--environment"] if self.environment else []),
+            *self.refs,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )  # its stderr is the actor's: the functions' prints and tracebacks land in the actor's log
         assert process.stdout is not None  # started with pipes
         worker = _Worker(process, [])
         self._all.add(worker)
@@ -103,7 +109,9 @@ class RewardPool:
             status, value = pickle.loads(await process.stdout.readexactly(HEADER.unpack(header)[0]))
         except asyncio.IncompleteReadError:
             await worker.kill()
-            raise TaskInputError(f"a reward worker exited before it loaded {', '.join(self.refs)}: see the log above.") from None
+            raise TaskInputError(
+                f"a reward worker exited before it loaded {', '.join(self.refs)}: see the log above."
+            ) from None
         if status != "ready":
             await worker.kill()
             raise TaskInputError(value)
@@ -196,7 +204,10 @@ class Scorer:
         if self.pool.conventions[index] == "trl":
             parts = [call]
         else:  # once per sample: one that fails costs only its own sample
-            parts = [replace(call, texts=[t], completion_ids=[c], infos=[i]) for t, c, i in zip(call.texts, call.completion_ids, call.infos)]
+            parts = [
+                replace(call, texts=[t], completion_ids=[c], infos=[i])
+                for t, c, i in zip(call.texts, call.completion_ids, call.infos)
+            ]
         outcomes = await asyncio.gather(*(self.pool.call(index, part) for part in parts), return_exceptions=True)
         values: list[float | None] = []
         failures = []
@@ -216,9 +227,20 @@ class Scorer:
         self.counters[key] = self.counters.get(key, 0) + 1
         if key not in self._logged:  # the first of each kind per reward; the counts say how many followed
             self._logged.add(key)
-            log.error("reward %s failed (%s; scored by reward.on_error=%s, counted in %s):\n%s", spec.ref, failure.kind, self.on_error, key, failure.detail)
+            log.error(
+                "reward %s failed (%s; scored by reward.on_error=%s, counted in %s):\n%s",
+                spec.ref,
+                failure.kind,
+                self.on_error,
+                key,
+                failure.detail,
+            )
 
 
 def scorer_for(task_rewards: list[RewardSpec], reward_cfg) -> Scorer:
     """The run's scorer over its worker pool (started by the actor's `run`, in its event loop)."""
-    return Scorer(task_rewards, RewardPool([r.ref for r in task_rewards], reward_cfg.workers, reward_cfg.timeout_s), reward_cfg.on_error)
+    return Scorer(
+        task_rewards,
+        RewardPool([r.ref for r in task_rewards], reward_cfg.workers, reward_cfg.timeout_s),
+        reward_cfg.on_error,
+    )

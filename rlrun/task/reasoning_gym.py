@@ -36,10 +36,14 @@ def require_library():
     return reasoning_gym
 
 
-def reasoning_gym_rows(task: str | None, task_args: Mapping[str, Any], num_problems: int, seed: int, answer_format: str) -> list[dict]:
+def reasoning_gym_rows(
+    task: str | None, task_args: Mapping[str, Any], num_problems: int, seed: int, answer_format: str
+) -> list[dict]:
     """The rows of the library's task `task`: prompt, answer, entry (the library's), answer_format."""
     if not task:
-        raise ConfigError("dataset=reasoning_gym needs dataset.task: the library's dataset name, e.g. dataset.task=chain_sum.")
+        raise ConfigError(
+            "dataset=reasoning_gym needs dataset.task: the library's dataset name, e.g. dataset.task=chain_sum."
+        )
     if num_problems < 1:
         raise ConfigError(f"dataset.num_problems must be 1 or more, got {num_problems}.")
     if answer_format not in INSTRUCTIONS:
@@ -48,7 +52,9 @@ def reasoning_gym_rows(task: str | None, task_args: Mapping[str, Any], num_probl
     from reasoning_gym.factory import DATASETS
 
     if task not in DATASETS:
-        raise ConfigError(f"dataset.task={task} is not a reasoning-gym task; some it has: {', '.join(sorted(DATASETS)[:40])}, ...")
+        raise ConfigError(
+            f"dataset.task={task} is not a reasoning-gym task; some it has: {', '.join(sorted(DATASETS)[:40])}, ..."
+        )
     try:
         dataset = library.create_dataset(task, seed=seed, size=num_problems, **dict(task_args))
         entries = [dataset[i] for i in range(num_problems)]
@@ -59,7 +65,12 @@ def reasoning_gym_rows(task: str | None, task_args: Mapping[str, Any], num_probl
         ) from None
     instruction = INSTRUCTIONS[answer_format]
     return [
-        {"prompt": f"{entry['question'].rstrip()}\n{instruction}", "answer": str(entry["answer"]), "entry": entry, "answer_format": answer_format}
+        {
+            "prompt": f"{entry['question'].rstrip()}\n{instruction}",
+            "answer": str(entry["answer"]),
+            "entry": entry,
+            "answer_format": answer_format,
+        }
         for entry in entries
     ]
 
@@ -69,7 +80,9 @@ def score(completion: str, entry: Mapping[str, Any], answer_format: str) -> floa
     from reasoning_gym.factory import get_score_answer_fn
 
     try:
-        return float(get_score_answer_fn(entry["metadata"]["source_dataset"])(extractor(answer_format)(completion), entry))
+        return float(
+            get_score_answer_fn(entry["metadata"]["source_dataset"])(extractor(answer_format)(completion), entry)
+        )
     except Exception:  # noqa: BLE001 - a scorer that chokes on a malformed answer: that answer is wrong
         return 0.0
 

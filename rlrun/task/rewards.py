@@ -106,12 +106,14 @@ def load_attribute(ref: str, what: str) -> Any:
         try:
             module = importlib.import_module(where)
         except Exception as exc:  # noqa: BLE001
-            raise TaskInputError(f"{what} {ref}: cannot import module {where!r} ({type(exc).__name__}: {exc}).") from None
+            raise TaskInputError(
+                f"{what} {ref}: cannot import module {where!r} ({type(exc).__name__}: {exc})."
+            ) from None
     return getattr(module, name, None)
 
 
 def convention(function: Callable, ref: str) -> str:
-    """"trl" (a parameter named completions) or "rlrun"; TaskInputError for a signature neither fits."""
+    """ "trl" (a parameter named completions) or "rlrun"; TaskInputError for a signature neither fits."""
     try:
         parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):
@@ -147,7 +149,9 @@ def call_reward(function: Callable, call: GroupCall) -> list[float | None]:
 def _trl_arguments(function: Callable, call: GroupCall) -> dict[str, Any]:
     n = len(call.texts)
     if call.conversational:
-        prompts: list[Any] = [list(call.prompt) if isinstance(call.prompt, tuple) else [{"role": "user", "content": call.prompt}]] * n
+        prompts: list[Any] = [
+            list(call.prompt) if isinstance(call.prompt, tuple) else [{"role": "user", "content": call.prompt}]
+        ] * n
         completions: list[Any] = [[{"role": "assistant", "content": text}] for text in call.texts]
     else:
         prompts, completions = [call.prompt] * n, list(call.texts)

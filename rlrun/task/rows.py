@@ -30,7 +30,9 @@ def read_rows(spec: str, split: str) -> list[Row]:
     elif path.is_file():
         kind = FORMATS.get(path.suffix.lower())
         if kind is None:
-            raise TaskInputError(f"{spec}: rlrun reads .jsonl, .parquet and .csv files or a `datasets` folder, not {path.suffix or 'a file without a suffix'}.")
+            raise TaskInputError(
+                f"{spec}: rlrun reads .jsonl, .parquet and .csv files or a `datasets` folder, not {path.suffix or 'a file without a suffix'}."
+            )
         rows = {"jsonl": _jsonl, "parquet": _parquet, "csv": _csv}[kind](path)
     elif _looks_like_hub_name(spec):
         rows = _hub(spec, split)
@@ -49,7 +51,9 @@ def _jsonl(path: Path) -> list[Row]:
         try:
             row = json.loads(line)
         except ValueError as exc:
-            raise TaskInputError(f"{path}, line {number}: not JSON ({exc}). Each line must be one JSON object.") from None
+            raise TaskInputError(
+                f"{path}, line {number}: not JSON ({exc}). Each line must be one JSON object."
+            ) from None
         if not isinstance(row, dict):
             raise TaskInputError(f"{path}, line {number}: a JSON {type(row).__name__}, not an object of columns.")
         rows.append(row)
@@ -72,7 +76,9 @@ def _csv(path: Path) -> list[Row]:
     rows = []
     for number, row in enumerate(reader, 2):
         if None in row:  # more cells than the header names
-            raise TaskInputError(f"{path}, line {number}: {len(row) - 1 + len(row[None])} cells for {len(reader.fieldnames or [])} columns.")
+            raise TaskInputError(
+                f"{path}, line {number}: {len(row) - 1 + len(row[None])} cells for {len(reader.fieldnames or [])} columns."
+            )
         rows.append(dict(row))
     return rows
 
@@ -84,7 +90,9 @@ def _text(path: Path) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise TaskInputError(f"{path}, line {line}: not UTF-8 text ({exc.reason} at byte {exc.start}). Save the file as UTF-8.") from None
+        raise TaskInputError(
+            f"{path}, line {line}: not UTF-8 text ({exc.reason} at byte {exc.start}). Save the file as UTF-8."
+        ) from None
 
 
 def _datasets_folder(path: Path, split: str) -> list[Row]:
@@ -95,7 +103,9 @@ def _datasets_folder(path: Path, split: str) -> list[Row]:
         raise TaskInputError(f"{path}: not a folder saved by `datasets` (save_to_disk) ({exc}).") from None
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
-            raise TaskInputError(f"{path}: no split {split!r}; it has {', '.join(loaded)}. Set dataset.split (or dataset.eval_split).")
+            raise TaskInputError(
+                f"{path}: no split {split!r}; it has {', '.join(loaded)}. Set dataset.split (or dataset.eval_split)."
+            )
         loaded = loaded[split]
     return loaded.to_list()
 
@@ -112,7 +122,9 @@ def _require_datasets(what: str):
     try:
         import datasets
     except ImportError:
-        raise TaskInputError(f"{what}: a `datasets` folder or hub name needs the datasets package: pip install datasets.") from None
+        raise TaskInputError(
+            f"{what}: a `datasets` folder or hub name needs the datasets package: pip install datasets."
+        ) from None
     return datasets
 
 

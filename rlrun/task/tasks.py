@@ -49,7 +49,9 @@ class PromptRule:
     source_column: str | None = None
 
 
-def load_task(dataset: DatasetConfig, seed: int, reward: RewardConfig | None = None, *, scored_by_environment: bool = False) -> Task:
+def load_task(
+    dataset: DatasetConfig, seed: int, reward: RewardConfig | None = None, *, scored_by_environment: bool = False
+) -> Task:
     """The task `dataset` describes, its rewards from `reward` (None: the dataset's built-in);
     `scored_by_environment`: environment.step gives the rewards (the task needs none of its own)."""
     reward = reward or RewardConfig()
@@ -62,7 +64,9 @@ def load_task(dataset: DatasetConfig, seed: int, reward: RewardConfig | None = N
     eval_where = ", ".join(dataset.eval_files) or f"the held-out rows of {where}"
     eval_problems = [problem(row, rule, f"{eval_where}, row {i + 1}") for i, row in enumerate(eval_rows)]
     if not problems:
-        raise TaskInputError(f"{where}: no training rows are left (dataset.eval_fraction={dataset.eval_fraction} took them all).")
+        raise TaskInputError(
+            f"{where}: no training rows are left (dataset.eval_fraction={dataset.eval_fraction} took them all)."
+        )
     functions = [] if scored_by_environment else list(reward.functions) or builtin
     if not functions and not scored_by_environment:
         raise TaskInputError(
@@ -125,7 +129,7 @@ def problem(row: Row, rule: PromptRule, where: str) -> Problem:
     elif rule.column not in row:
         raise TaskInputError(
             f"{where}: no column {rule.column!r} for the prompt (it has {', '.join(map(str, row)) or 'none'}). "
-            "Set dataset.prompt_column, or dataset.prompt_template=\"...{column}...\"."
+            'Set dataset.prompt_column, or dataset.prompt_template="...{column}...".'
         )
     else:
         prompt = prompt_value(row[rule.column], rule.column, where)
@@ -151,23 +155,33 @@ def prompt_value(value: Any, column: str, where: str) -> str | Messages:
         messages = []
         for m in value:
             if not (isinstance(m, Mapping) and m.get("role") in MESSAGE_ROLES and isinstance(m.get("content"), str)):
-                raise TaskInputError(f"{where}: column {column!r} holds a list, but {m!r} is not a message {{role, content}}.")
+                raise TaskInputError(
+                    f"{where}: column {column!r} holds a list, but {m!r} is not a message {{role, content}}."
+                )
             messages.append({"role": m["role"], "content": m["content"]})
         return tuple(messages)
-    raise TaskInputError(f"{where}: column {column!r} holds {type(value).__name__} {value!r}, not text or chat messages.")
+    raise TaskInputError(
+        f"{where}: column {column!r} holds {type(value).__name__} {value!r}, not text or chat messages."
+    )
 
 
 def fill_template(template: str, row: Row, where: str) -> str:
     try:
         fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
     except ValueError as exc:
-        raise TaskInputError(f"dataset.prompt_template={template!r} is not a template ({exc}); braces meant literally are {{{{ }}}}.") from None
+        raise TaskInputError(
+            f"dataset.prompt_template={template!r} is not a template ({exc}); braces meant literally are {{{{ }}}}."
+        ) from None
     for name in fields:
         column = name.split(".")[0].split("[")[0]
         if not column or column.isdigit():
-            raise TaskInputError(f"dataset.prompt_template={template!r}: every {{}} must name a column, e.g. {{question}}.")
+            raise TaskInputError(
+                f"dataset.prompt_template={template!r}: every {{}} must name a column, e.g. {{question}}."
+            )
         if column not in row:
-            raise TaskInputError(f"{where}: dataset.prompt_template names column {column!r}, which the row lacks (it has {', '.join(map(str, row))}).")
+            raise TaskInputError(
+                f"{where}: dataset.prompt_template names column {column!r}, which the row lacks (it has {', '.join(map(str, row))})."
+            )
     try:
         return template.format_map(row)
     except (KeyError, IndexError, AttributeError, ValueError) as exc:

@@ -26,8 +26,10 @@ ROLES = ("tool", "user")
 # template trims or escapes them.
 USER = {"role": "user", "content": "U"}
 SENTINEL = "TURNSENTINEL7f3a"
-PROBE_TOOL = {"type": "function", "function": {"name": "probetool7f3a", "description": "",
-                                               "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
+PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "probetool7f3a", "description": "", "parameters": {"type": "object", "properties": {}}},
+}
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 CALL_FORMAT = '<tool_call>{"name": <name>, "arguments": <args-json>}</tool_call>'
 
@@ -131,7 +133,9 @@ class ChatTurnFormat(TurnFormat):
             text = self._render(messages, add_generation_prompt=True)
         except jinja2.TemplateError as exc:
             role = observation.role
-            raise ValueError(f"chat template {self.name} refuses a {role!r} message after the model's turn: {exc}") from None
+            raise ValueError(
+                f"chat template {self.name} refuses a {role!r} message after the model's turn: {exc}"
+            ) from None
         if not text.startswith(self._turn):
             raise ValueError(
                 f"chat template {self.name} is not append-only for {observation.role!r} messages: appending one changes "
@@ -192,9 +196,10 @@ def with_tools_described(messages: list[dict], tools: list[dict]) -> list[dict]:
     """`messages` with the tools described in the system message, for templates that ignore
     `tools`: the schemas and the call format parse_tool_calls reads."""
     text = (
-        "You can call these tools (JSON schemas):\n" + "\n".join(json.dumps(tool) for tool in tools)
+        "You can call these tools (JSON schemas):\n"
+        + "\n".join(json.dumps(tool) for tool in tools)
         + f"\n\nTo call one, write {CALL_FORMAT}"
-    )  # fmt: skip
+    )
     if messages and messages[0].get("role") == "system":
         return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
     return [{"role": "system", "content": text}, *messages]

@@ -68,7 +68,11 @@ class _Launch:
 
 
 def split_wall_time(
-    events: list[dict], records: list[dict], now: Optional[float] = None, since: Optional[float] = None, until: Optional[float] = None
+    events: list[dict],
+    records: list[dict],
+    now: Optional[float] = None,
+    since: Optional[float] = None,
+    until: Optional[float] = None,
 ) -> TimeSplit:
     """Split the run's wall time; `now` ends a launch still running (default: its last record).
     `since`/`until` count only the time in [since, until) (RunningEttr sums a run in two parts)."""
@@ -121,7 +125,9 @@ class RunningEttr:
     record so far, whose split is then split_wall_time's over the whole history.
     """
 
-    def __init__(self, events: list[dict], records: list[dict], reload: Callable[[], tuple[list[dict], list[dict]]]) -> None:
+    def __init__(
+        self, events: list[dict], records: list[dict], reload: Callable[[], tuple[list[dict], list[dict]]]
+    ) -> None:
         self._reload = reload
         self.reloads = 0  # how many times the whole history was read again
         self._start(events, records)
@@ -169,7 +175,9 @@ class RunningEttr:
             return True
         if not _is_step(record):
             return False
-        return _begin(record) < self._cut or (self._max_step_before_cut is not None and record["step"] <= self._max_step_before_cut)
+        return _begin(record) < self._cut or (
+            self._max_step_before_cut is not None and record["step"] <= self._max_step_before_cut
+        )
 
     def _advance(self, failures: list[FailureCost], newest_step: int, now: Optional[float]) -> None:
         """Move the cut to the latest record time that leaves CUT_MARGIN records after it and
@@ -192,7 +200,10 @@ class RunningEttr:
             if self._cut is not None and cut <= self._cut:
                 return
             begun = bisect.bisect_left(begins, cut)
-            highest = max([s for s in (self._max_step_before_cut, top_step[begun - 1] if begun else None) if s is not None], default=None)
+            highest = max(
+                [s for s in (self._max_step_before_cut, top_step[begun - 1] if begun else None) if s is not None],
+                default=None,
+            )
             if highest is not None and highest >= newest_step:
                 continue
             launch = next((launch for launch in launches if launch.start <= cut <= launch.end), None)
@@ -205,16 +216,19 @@ class RunningEttr:
             self._move_cut(cut, launch, records, highest, now)
             return
 
-    def _move_cut(self, cut: float, launch: _Launch, records: list[dict], highest: Optional[int], now: Optional[float]) -> None:
+    def _move_cut(
+        self, cut: float, launch: _Launch, records: list[dict], highest: Optional[int], now: Optional[float]
+    ) -> None:
         part = split_wall_time(self._events, records, now=now, since=self._cut, until=cut)
         self._training += part.seconds["training"]
         self._wall += part.wall_s
         self._cut, self._max_step_before_cut = cut, highest
         start = {"time": launch.start, "event": "run_resumed" if launch.resumed else "run_started"}  # the launch so far
         kept = [
-            e for e in self._events
+            e
+            for e in self._events
             if e["time"] >= cut - STALL_LOOKBACK_S and not (e.get("event") == "process_failed" and e["time"] < cut)
-        ]  # fmt: skip
+        ]
         self._events = [start, *kept]
         self._records = [r for r in records if r["time"] >= cut]
 
@@ -253,8 +267,12 @@ def _launches(events: list[dict], records: list[dict], now: Optional[float]) -> 
         if now is not None:
             current.end = max(current.end, now)
         launches.append(current)
-    for earlier, later in zip(launches, launches[1:]):  # a killed launch ends at its last record at most at the next start
-        earlier.end = min(max([earlier.end, *[r["time"] for r in records if earlier.start <= r["time"] < later.start]]), later.start)
+    for earlier, later in zip(
+        launches, launches[1:]
+    ):  # a killed launch ends at its last record at most at the next start
+        earlier.end = min(
+            max([earlier.end, *[r["time"] for r in records if earlier.start <= r["time"] < later.start]]), later.start
+        )
     return launches
 
 
@@ -272,7 +290,11 @@ def _step_parts(record: dict, lost: bool) -> list[tuple[float, float, str]]:
         return [(begin, end, "recovery")]
     wait = min(_num(record.get("wait_s")) or 0.0, end - begin)
     weights = min(_num(record.get("weights_s")) or 0.0, end - begin - wait)
-    return [(begin, begin + wait, "waiting"), (begin + wait, end - weights, "training"), (end - weights, end, "weights")]
+    return [
+        (begin, begin + wait, "waiting"),
+        (begin + wait, end - weights, "training"),
+        (end - weights, end, "weights"),
+    ]
 
 
 def _failures(events: list[dict], records: list[dict], launches: list[_Launch]) -> list[FailureCost]:
@@ -300,10 +322,14 @@ def _failures(events: list[dict], records: list[dict], launches: list[_Launch]) 
 
         costs.append(
             FailureCost(
-                process=str(event.get("process", "?")), time=t, reason=str(event.get("reason", "")),
+                process=str(event.get("process", "?")),
+                time=t,
+                reason=str(event.get("reason", "")),
                 recovery_s=round(after["time"] - t, 3) if after is not None else None,
-                steps_retaken=retakes.get(i, 0), tokens_regenerated=delta("tokens_regenerated"), tokens_reused=delta("tokens_reused") + delta("tokens_kept_on_retry"),
-            )  # fmt: skip
+                steps_retaken=retakes.get(i, 0),
+                tokens_regenerated=delta("tokens_regenerated"),
+                tokens_reused=delta("tokens_reused") + delta("tokens_kept_on_retry"),
+            )
         )
     return costs
 
@@ -311,9 +337,12 @@ def _failures(events: list[dict], records: list[dict], launches: list[_Launch]) 
 def _onset(events: list[dict], failed: dict) -> float:
     """When a failure began: a stall began `quiet_s` before the watchdog declared it."""
     stalls = [
-        e for e in events
-        if e.get("event") == "process_stalled" and e.get("process") == failed.get("process") and 0 <= failed["time"] - e["time"] < 60
-    ]  # fmt: skip
+        e
+        for e in events
+        if e.get("event") == "process_stalled"
+        and e.get("process") == failed.get("process")
+        and 0 <= failed["time"] - e["time"] < 60
+    ]
     if stalls and _num(stalls[-1].get("quiet_s")) is not None:
         return stalls[-1]["time"] - float(stalls[-1]["quiet_s"])
     return failed["time"]

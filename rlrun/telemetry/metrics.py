@@ -68,14 +68,30 @@ FIELDS: dict[str, str] = {
 
 # The actor's counters copied into every record, from its state hash in Redis.
 RECOVERY_COUNTERS = (
-    "tokens_reused", "samples_continued", "tokens_kept_on_retry", "samples_continued_on_retry", "tokens_regenerated",
+    "tokens_reused",
+    "samples_continued",
+    "tokens_kept_on_retry",
+    "samples_continued_on_retry",
+    "tokens_regenerated",
     "prefixes_dropped_stale",
-)  # fmt: skip (`rlrun status` shows these)
+)  # `rlrun status` shows these
 CONVERSATION_COUNTERS = (
-    "env_steps", "env_steps_reused", "env_steps_rerun", "env_steps_interrupted", "env_step_timeouts", "env_step_errors",
+    "env_steps",
+    "env_steps_reused",
+    "env_steps_rerun",
+    "env_steps_interrupted",
+    "env_step_timeouts",
+    "env_step_errors",
     "observations_truncated",
-)  # fmt: skip (the actor's, with environment.step: 0 without)
-ACTOR_COUNTERS = (*RECOVERY_COUNTERS, "groups_published", "requests", "generating_ms", "groups_dropped", *CONVERSATION_COUNTERS)
+)  # the actor's, with environment.step: 0 without
+ACTOR_COUNTERS = (
+    *RECOVERY_COUNTERS,
+    "groups_published",
+    "requests",
+    "generating_ms",
+    "groups_dropped",
+    *CONVERSATION_COUNTERS,
+)
 REWARD_FAILURES = ("reward_errors", "reward_timeouts")  # per reward function: the actor's fields `<kind>.<name>`
 
 NOT_SCALARS = ("step", "time")  # the x axis and the wall time of a scalar, not scalars themselves
@@ -102,7 +118,11 @@ def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     evaluation's figures per source (`per_source`) as `<source>/<field>`."""
 
     def numeric(part: Mapping[str, Any]) -> dict[str, float]:
-        return {k: float(v) for k, v in part.items() if k not in NOT_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return {
+            k: float(v)
+            for k, v in part.items()
+            if k not in NOT_SCALARS and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
 
     out = numeric(record)
     sources = record.get("per_source")

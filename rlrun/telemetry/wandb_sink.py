@@ -38,15 +38,22 @@ def event_line(event: Mapping[str, Any]) -> str:
 class WandbSink:
     """Logs step records, eval records and new supervisor events to one W&B run."""
 
-    def __init__(self, run_dir: RunDir, project: str, mode: Literal["online", "offline"], last_step_time: Optional[float] = None) -> None:
+    def __init__(
+        self, run_dir: RunDir, project: str, mode: Literal["online", "offline"], last_step_time: Optional[float] = None
+    ) -> None:
         require_wandb()
         import wandb
 
         config = yaml.safe_load(run_dir.config.read_text()) if run_dir.config.is_file() else {}
         self._run = wandb.init(
-            project=project, id=run_id(run_dir), resume="allow", dir=str(run_dir.root), mode=mode,
-            name=run_dir.root.name, config=config,
-        )  # fmt: skip
+            project=project,
+            id=run_id(run_dir),
+            resume="allow",
+            dir=str(run_dir.root),
+            mode=mode,
+            name=run_dir.root.name,
+            config=config,
+        )
         self._run.define_metric(EVAL_X)
         self._run.define_metric("eval/*", step_metric=EVAL_X)
         self._since = last_step_time or 0.0  # events up to the last step sent were sent with it

@@ -27,9 +27,14 @@ class BatchReader:
     called while it waits."""
 
     def __init__(
-        self, cfg: RunConfig, stopping: Stopping, parallel: Parallel, vocab_size: int,
-        covered: Optional[dict[str, Position]], heartbeat: Callable[..., None],
-    ) -> None:  # fmt: skip
+        self,
+        cfg: RunConfig,
+        stopping: Stopping,
+        parallel: Parallel,
+        vocab_size: int,
+        covered: Optional[dict[str, Position]],
+        heartbeat: Callable[..., None],
+    ) -> None:
         self.stopping, self.parallel, self.vocab_size, self.heartbeat = stopping, parallel, vocab_size, heartbeat
         self.groups_per_step, self.group_size = cfg.groups_per_step, cfg.algo.group_size
         self.covered = covered
@@ -98,7 +103,9 @@ class BatchReader:
                 try:
                     group = Group.from_dict(decode(fields.get("data", "")), vocab_size=self.vocab_size)
                     if len(group.samples) != self.group_size:
-                        raise MalformedGroup(f"group {group.group_id} has {len(group.samples)} samples, expected {self.group_size}")
+                        raise MalformedGroup(
+                            f"group {group.group_id} has {len(group.samples)} samples, expected {self.group_size}"
+                        )
                 except (MalformedGroup, ValueError) as exc:
                     self.bad_messages += 1
                     log.warning("rejected message %s on %s: %s", message_id, stream, exc)

@@ -35,9 +35,18 @@ DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index, written afte
 TRAINER_FILES = (OK_MARKER, STATE_FILE, OPTIMIZER_FILE, OPTIMIZER_DIR)  # the rest of a checkpoint is the HF model
 # A model folder's tokenizer and chat templates, as transformers saves them (whichever a tokenizer has).
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
-    "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model", "chat_template.jinja", "chat_template.json",
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 CHAT_TEMPLATES_DIR = "additional_chat_templates"  # transformers' named chat templates, a .jinja each
 
 
@@ -73,7 +82,9 @@ class Scan:
 def scan(checkpoints: Path) -> Scan:
     corrupt: list[tuple[Path, str]] = []
     half: list[Path] = []
-    folders = sorted((p for p in checkpoints.glob("step_*") if p.is_dir()), reverse=True) if checkpoints.is_dir() else []
+    folders = (
+        sorted((p for p in checkpoints.glob("step_*") if p.is_dir()), reverse=True) if checkpoints.is_dir() else []
+    )
     for path in folders:
         if not (path / OK_MARKER).is_file():
             log.warning("skipping half-written checkpoint %s (no '%s' marker)", path, OK_MARKER)
@@ -109,7 +120,15 @@ def resume_point(checkpoints: Path) -> Optional[Path]:
 def problem(path: Path) -> Optional[str]:
     """Why the complete checkpoint at `path` cannot be loaded (None: whole): sizes against the `ok`
     manifest, the JSON files, safetensors headers, optimizer.pt's zip directory; never a tensor."""
-    unreadable = (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, zipfile.BadZipFile)  # JSON errors are ValueErrors
+    unreadable = (
+        OSError,
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        zipfile.BadZipFile,
+    )  # JSON errors are ValueErrors
 
     def reading(name: str, check) -> Optional[str]:
         try:
@@ -233,7 +252,9 @@ def has_tokenizer(path: Path) -> bool:
     return any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
 
 
-def save(model, optimizer, state: TrainerState, final: Path, keep: int, parallel, tokenizer_from: Optional[Path] = None) -> None:
+def save(
+    model, optimizer, state: TrainerState, final: Path, keep: int, parallel, tokenizer_from: Optional[Path] = None
+) -> None:
     """Write a checkpoint atomically into `final`, then prune all but the newest `keep`. With several
     ranks every rank calls it: each writes its optimizer shard, rank 0 the rest and `ok` last.
     `tokenizer_from`: the model folder the run started from, whose tokenizer and chat template the

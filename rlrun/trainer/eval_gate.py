@@ -29,10 +29,21 @@ POLL_S = 0.1
 
 class EvalGate:
     def __init__(
-        self, eval_cfg: EvalConfig, last_version: int, stopping: Stopping, heartbeat: Callable[..., None],
-        write: Callable[[dict], None], clock: Callable[[], float] = time.monotonic,
-    ) -> None:  # fmt: skip
-        self.cfg, self.last_version, self.stopping, self.heartbeat, self.write = eval_cfg, last_version, stopping, heartbeat, write
+        self,
+        eval_cfg: EvalConfig,
+        last_version: int,
+        stopping: Stopping,
+        heartbeat: Callable[..., None],
+        write: Callable[[dict], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg, self.last_version, self.stopping, self.heartbeat, self.write = (
+            eval_cfg,
+            last_version,
+            stopping,
+            heartbeat,
+            write,
+        )
         self.clock = clock
         self._recorded: set[int] = set()
         self._lock = threading.Lock()  # an overlapped update's thread and the loop's end may both ask
@@ -56,8 +67,10 @@ class EvalGate:
                 if self.clock() > deadline:
                     log.warning(
                         "no evaluation of policy version %d after eval.wait_s=%g s (is actor 0 running?): the weights move on "
-                        "and that version goes unevaluated", version, self.cfg.wait_s,
-                    )  # fmt: skip
+                        "and that version goes unevaluated",
+                        version,
+                        self.cfg.wait_s,
+                    )
                     self._recorded.add(version)
                     return
                 self.heartbeat(waiting_for=f"the evaluation of policy version {version} (actor 0 samples it)")
@@ -68,6 +81,17 @@ class EvalGate:
         if "abandoned" in result:
             log.warning("evaluation of policy version %d abandoned: %s", version, result["abandoned"])
             return
-        record = {"kind": "eval", "step": version, "policy_version": version, **{k: v for k, v in result.items() if k != "version"}}
+        record = {
+            "kind": "eval",
+            "step": version,
+            "policy_version": version,
+            **{k: v for k, v in result.items() if k != "version"},
+        }
         self.write(record)
-        log.info("eval v%d: reward %.3f, pass@1 %.3f over %d prompts", version, result["reward_mean"], result["pass@1"], result["prompts"])
+        log.info(
+            "eval v%d: reward %.3f, pass@1 %.3f over %d prompts",
+            version,
+            result["reward_mean"],
+            result["pass@1"],
+            result["prompts"],
+        )

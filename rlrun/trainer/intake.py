@@ -34,7 +34,9 @@ class Position:
 
     @classmethod
     def from_json(cls, value) -> "Position":
-        ok = isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], str) and type(value[1]) is int
+        ok = (
+            isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], str) and type(value[1]) is int
+        )
         if not ok or value[1] < 0:
             raise ValueError(f"a stream position is [last entry id, entries read >= 0], got {value!r}")
         return cls(value[0], value[1])
@@ -86,7 +88,9 @@ class GroupIntake:
         pending = int(summary.get("pending") or 0)
         last_id = before(summary["min"]) if pending else str(delivered)
         entries = max(0, int(read) - pending) if read is not None else int(self.redis.xlen(stream))
-        log.warning("%s: the checkpoint records no stream position; continuing after %s (%d entries)", stream, last_id, entries)
+        log.warning(
+            "%s: the checkpoint records no stream position; continuing after %s (%d entries)", stream, last_id, entries
+        )
         return Position(last_id, entries)
 
     def read(self, wanted: int, keep_waiting: Callable[[], bool], block_ms: int = 1000) -> list[tuple[str, str, dict]]:

@@ -46,7 +46,9 @@ def adamw(parameters, t: TrainerConfig):
     fused = all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in params)
     if not fused:
         log.info("AdamW not fused: a parameter is not a floating-point tensor on %s", " or ".join(FUSED_DEVICES))
-    return torch.optim.AdamW(params, lr=t.lr, betas=(t.betas[0], t.betas[1]), weight_decay=t.weight_decay, fused=fused or None)
+    return torch.optim.AdamW(
+        params, lr=t.lr, betas=(t.betas[0], t.betas[1]), weight_decay=t.weight_decay, fused=fused or None
+    )
 
 
 def keep_kernel(optimizer, fused: bool) -> None:
@@ -70,8 +72,16 @@ class Trainer:
     hash: heartbeats, progress, ready, done)."""
 
     def __init__(
-        self, cfg: RunConfig, run_dir: RunDir, redis, model_path: str, vllm: VllmAdmin, parallel: Parallel | None = None,
-        broadcast: "BroadcastSync | None" = None, stop: threading.Event | None = None, shared: "SharedWeights | None" = None,
+        self,
+        cfg: RunConfig,
+        run_dir: RunDir,
+        redis,
+        model_path: str,
+        vllm: VllmAdmin,
+        parallel: Parallel | None = None,
+        broadcast: "BroadcastSync | None" = None,
+        stop: threading.Event | None = None,
+        shared: "SharedWeights | None" = None,
     ) -> None:
         """`stop`: set (by SIGTERM) to stop at the next step boundary with a checkpoint there.
         `broadcast`, `shared`: rank 0's way of handing weights to vLLM (None: folders)."""
@@ -113,8 +123,17 @@ class Trainer:
             self.eval_gate = EvalGate(cfg.eval, t.max_train_steps, self.stopping, heartbeat, self.recorder.write_eval)
         replacing = self.eval_gate.wait_for if self.eval_gate else (lambda version: None)
         self.weights = WeightPublisher(
-            t, run_dir, redis, vllm, self.parallel, broadcast, self.stopping.requested, heartbeat, before_replacing=replacing,
-            updating=self.published.updating, shared=shared,
+            t,
+            run_dir,
+            redis,
+            vllm,
+            self.parallel,
+            broadcast,
+            self.stopping.requested,
+            heartbeat,
+            before_replacing=replacing,
+            updating=self.published.updating,
+            shared=shared,
         )
 
     # --- the loop ------------------------------------------------------------------------------
@@ -138,14 +157,20 @@ class Trainer:
                 break
             waited = time.monotonic() - started
             samples = [(g.prompt_ids, s) for g in groups for s in g.samples]
-            metrics = optimizer_step(self.model, self.optimizer, samples, self.cfg, self.parallel, self.device, self.state.policy_version)
+            metrics = optimizer_step(
+                self.model, self.optimizer, samples, self.cfg, self.parallel, self.device, self.state.policy_version
+            )
             self.state = replace(
-                self.state, step=self.state.step + 1, policy_version=self.state.policy_version + 1,
+                self.state,
+                step=self.state.step + 1,
+                policy_version=self.state.policy_version + 1,
                 samples_processed=self.state.samples_processed + len(samples),
-            )  # fmt: skip
+            )
             pushing = time.monotonic()
             version = self.state.policy_version
-            self.weights.push(self.model, version, self.state.step, overlap=t.overlap_weight_update, replacing=version - 1)
+            self.weights.push(
+                self.model, version, self.state.step, overlap=t.overlap_weight_update, replacing=version - 1
+            )
             metrics["step_time_s"] = round(time.monotonic() - started, 4)
             metrics["wait_s"] = round(waited, 4)
             metrics["weights_s"] = round(time.monotonic() - pushing, 4)
@@ -167,7 +192,11 @@ class Trainer:
             if self.saved_step != self.state.step:
                 self.save_checkpoint()
             if self.main:
-                log.info("stopped on request at step %d; checkpoint %s", self.state.step, self.run_dir.checkpoint(self.state.step))
+                log.info(
+                    "stopped on request at step %d; checkpoint %s",
+                    self.state.step,
+                    self.run_dir.checkpoint(self.state.step),
+                )
             return
         if self.main:
             self.weights.finish()  # the last version is served before the trainer says it is done
@@ -179,9 +208,18 @@ class Trainer:
     def save_checkpoint(self) -> None:
         path = self.run_dir.checkpoint(self.state.step)
         if self.main:  # what a trainer restarted from this checkpoint reads again comes after these
-            self.state = replace(self.state, stream_positions={s: p.to_json() for s, p in self.batches.positions.items()})
-        checkpoint.save(self.model, self.optimizer, self.state, path, keep=self.cfg.trainer.keep_checkpoints, parallel=self.parallel,
-                        tokenizer_from=Path(self.model_path))  # fmt: skip
+            self.state = replace(
+                self.state, stream_positions={s: p.to_json() for s, p in self.batches.positions.items()}
+            )
+        checkpoint.save(
+            self.model,
+            self.optimizer,
+            self.state,
+            path,
+            keep=self.cfg.trainer.keep_checkpoints,
+            parallel=self.parallel,
+            tokenizer_from=Path(self.model_path),
+        )
         self.saved_step = self.state.step
         if not self.main:
             return

@@ -29,7 +29,9 @@ def usable_device(wanted: str) -> str:
     try:
         device = torch.device(wanted)
     except (RuntimeError, ValueError) as exc:
-        raise ConfigError(f"trainer.device={wanted!r} is not a torch device ({' '.join(str(exc).split())}): use cpu or cuda.") from None
+        raise ConfigError(
+            f"trainer.device={wanted!r} is not a torch device ({' '.join(str(exc).split())}): use cpu or cuda."
+        ) from None
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0 or (device.index is not None and device.index >= count):
@@ -88,8 +90,13 @@ def _rendezvous_store(ranks: Ranks, timeout_s: float):
         from rlrun import listen
 
         return listen.serve_store(ranks.master_addr, ranks.master_port, ranks.world_size, timeout_s)
-    return dist.TCPStore(ranks.master_addr, ranks.master_port, ranks.world_size, is_master=False,
-                         timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
+    return dist.TCPStore(
+        ranks.master_addr,
+        ranks.master_port,
+        ranks.world_size,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
 
 
 class Parallel:

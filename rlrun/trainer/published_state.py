@@ -34,7 +34,9 @@ class StatePublisher:
         """Rank 0 hands policy `version` to vLLM from now on (None: that update ended, done or not)."""
         redis = self.stopping.redis
         if version is None:
-            self.stopping.call(lambda: redis.hdel(names.TRAINER_STATE, names.UPDATING_WEIGHTS_TO, names.UPDATING_WEIGHTS_SINCE))
+            self.stopping.call(
+                lambda: redis.hdel(names.TRAINER_STATE, names.UPDATING_WEIGHTS_TO, names.UPDATING_WEIGHTS_SINCE)
+            )
         else:
             mapping = {names.UPDATING_WEIGHTS_TO: version, names.UPDATING_WEIGHTS_SINCE: time.time()}
             self.stopping.call(lambda: redis.hset(names.TRAINER_STATE, mapping=mapping))

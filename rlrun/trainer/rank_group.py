@@ -35,15 +35,28 @@ def free_port(host: str) -> int:
 
 
 def rank_env(
-    rank: int, nproc: int, host: str, port: int, *, first_rank: int = 0, world_size: int | None = None, node_rank: int = 0, nnodes: int = 1
+    rank: int,
+    nproc: int,
+    host: str,
+    port: int,
+    *,
+    first_rank: int = 0,
+    world_size: int | None = None,
+    node_rank: int = 0,
+    nnodes: int = 1,
 ) -> dict[str, str]:
     """torchrun's variables for local rank `rank` of the `nproc` ranks on this node, which are
     global ranks `first_rank`.. of `world_size` (default: a single-node group of `nproc`)."""
     env = {
-        "RANK": str(first_rank + rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size or nproc),
-        "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": str(node_rank), "GROUP_WORLD_SIZE": str(nnodes),
-        "MASTER_ADDR": host, "MASTER_PORT": str(port),
-    }  # fmt: skip
+        "RANK": str(first_rank + rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size or nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_RANK": str(node_rank),
+        "GROUP_WORLD_SIZE": str(nnodes),
+        "MASTER_ADDR": host,
+        "MASTER_PORT": str(port),
+    }
     if host in LOOPBACK and (interface := interface_of(host)):  # gloo's pairs listen there too, not on every interface
         env["GLOO_SOCKET_IFNAME"] = interface
     return env
@@ -62,11 +75,15 @@ def first_failure(codes: list[int | None]) -> int | None:
     return next((code for code in codes if code not in (None, 0)), None)
 
 
-def run(cmd: list[str], nproc: int, host: str = "127.0.0.1", grace_s: float = STOP_GRACE_S, port: int = 0, **layout) -> int:
+def run(
+    cmd: list[str], nproc: int, host: str = "127.0.0.1", grace_s: float = STOP_GRACE_S, port: int = 0, **layout
+) -> int:
     """Run the `nproc` ranks of this node; `layout`: rank_env's multi-node keywords."""
     port = port or free_port(host)
     procs = [
-        subprocess.Popen(cmd, env={**os.environ, **rank_env(rank, nproc, host, port, **layout)}, preexec_fn=die_with_parent)
+        subprocess.Popen(
+            cmd, env={**os.environ, **rank_env(rank, nproc, host, port, **layout)}, preexec_fn=die_with_parent
+        )
         for rank in range(nproc)
     ]
     # The supervisor signals the whole process group, the ranks included: they stop by themselves.
@@ -104,8 +121,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--node-rank", type=int, default=0, help="this node's place among them (0: rank 0's node)")
     parser.add_argument("--first-rank", type=int, default=0, help="the global rank of this node's first rank")
     parser.add_argument("--world-size", type=int, default=0, help="ranks on all nodes (default: --nproc)")
-    parser.add_argument("--master-addr", "--host", dest="host", default="127.0.0.1", help="rank 0's node: the rendezvous address")
-    parser.add_argument("--master-port", type=int, default=0, help="its port (default: a free one; needed with --nnodes > 1)")
+    parser.add_argument(
+        "--master-addr", "--host", dest="host", default="127.0.0.1", help="rank 0's node: the rendezvous address"
+    )
+    parser.add_argument(
+        "--master-port", type=int, default=0, help="its port (default: a free one; needed with --nnodes > 1)"
+    )
     parser.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     args.cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -119,7 +140,17 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def node_command(argv: list[str], *, nproc: int, first_rank: int, node_rank: int, nnodes: int, world_size: int, master_addr: str, master_port: int) -> list[str]:
+def node_command(
+    argv: list[str],
+    *,
+    nproc: int,
+    first_rank: int,
+    node_rank: int,
+    nnodes: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+) -> list[str]:
     """`argv` (`... -m rlrun.trainer.rank_group --nproc N [...] -- CMD`, as a process spec holds
     it) as one node's rank group of a group spread over `nnodes` nodes."""
     at = next((i for i in range(1, len(argv)) if argv[i] == MODULE and argv[i - 1] == "-m"), None)
@@ -132,9 +163,14 @@ def node_command(argv: list[str], *, nproc: int, first_rank: int, node_rank: int
     if world_size != own.world_size:
         raise ValueError(f"the command runs {own.world_size} ranks, the layout {world_size}")
     options = {
-        "--nproc": nproc, "--nnodes": nnodes, "--node-rank": node_rank, "--first-rank": first_rank,
-        "--world-size": world_size, "--master-addr": master_addr, "--master-port": master_port,
-    }  # fmt: skip
+        "--nproc": nproc,
+        "--nnodes": nnodes,
+        "--node-rank": node_rank,
+        "--first-rank": first_rank,
+        "--world-size": world_size,
+        "--master-addr": master_addr,
+        "--master-port": master_port,
+    }
     return [*argv[: at + 1], *(str(x) for item in options.items() for x in item), "--", *own.cmd]
 
 

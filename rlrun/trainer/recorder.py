@@ -81,12 +81,19 @@ class StepRecorder:
                 self.wandb.log(record, self._sent_events)
         with open(self.run_dir.trained_groups, "a") as handle:  # a restarted step appears again, later
             handle.write(json.dumps({"step": state.step, "groups": [g.group_id for g in groups]}) + "\n")
-        self.stopping.call(lambda: redis.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", **record})}, maxlen=10_000))
+        self.stopping.call(
+            lambda: redis.xadd(names.TRAINER_EVENTS, {"event": encode({"type": "step", **record})}, maxlen=10_000)
+        )
         log.info(
             "step %d/%d samples=%d reward=%.3f loss=%.4f clip=%.3f %.2fs",
-            state.step, self.cfg.trainer.max_train_steps, state.samples_processed,
-            record["reward_mean"], record["loss"], record["clip_fraction"], record["step_time_s"],
-        )  # fmt: skip
+            state.step,
+            self.cfg.trainer.max_train_steps,
+            state.samples_processed,
+            record["reward_mean"],
+            record["loss"],
+            record["clip_fraction"],
+            record["step_time_s"],
+        )
         return record
 
     def _history(self) -> tuple[list[dict], list[dict]]:

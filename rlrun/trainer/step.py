@@ -14,7 +14,9 @@ def micro_batches(samples: list, per_pass: int, passes: int, rank: int, world_si
     """This rank's micro-batches: the rank-th contiguous share of the step's `passes`."""
     every = [samples[start : start + per_pass] for start in range(0, len(samples), per_pass)]
     if len(every) != passes or passes % world_size:
-        raise ValueError(f"{len(samples)} samples in {per_pass}-sample passes are not {passes} passes split evenly over {world_size} ranks")
+        raise ValueError(
+            f"{len(samples)} samples in {per_pass}-sample passes are not {passes} passes split evenly over {world_size} ranks"
+        )
     share = passes // world_size
     return every[rank * share : (rank + 1) * share]
 
@@ -41,9 +43,13 @@ def optimizer_step(model, optimizer, samples: list, cfg, parallel: Parallel, dev
         mask, old = batch["mask"][:, first + 1 :], batch["old_logprobs"][:, first + 1 :]
         with parallel.accumulating(model, sync=i == len(mine) - 1), parallel.autocast(t.mixed_precision):
             # Logits of the positions from `first` on only: the prompt's before them are never read.
-            logits = model(input_ids=ids, attention_mask=batch["attention_mask"], logits_to_keep=ids.shape[1] - first).logits
+            logits = model(
+                input_ids=ids, attention_mask=batch["attention_mask"], logits_to_keep=ids.shape[1] - first
+            ).logits
             logprobs = completion_logprobs(logits, ids[:, first:])
-            out = policy_loss(algo.name, logprobs, old, batch["advantages"], mask, algo.clip_eps_low, algo.clip_eps_high)
+            out = policy_loss(
+                algo.name, logprobs, old, batch["advantages"], mask, algo.clip_eps_low, algo.clip_eps_high
+            )
             (out.loss * scale).backward()
         with torch.no_grad():
             same_weights = mask * batch["sampled_by_current"][:, None]
@@ -58,7 +64,9 @@ def optimizer_step(model, optimizer, samples: list, cfg, parallel: Parallel, dev
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor, already reduced over the shards
         grad_norm = grad_norm.full_tensor()
     optimizer.step()
-    loss_sum, clip_sum, ratio_sum, diff_sum, diff_count = parallel.sum([loss_sum, clip_sum, ratio_sum, diff_sum, diff_count])
+    loss_sum, clip_sum, ratio_sum, diff_sum, diff_count = parallel.sum(
+        [loss_sum, clip_sum, ratio_sum, diff_sum, diff_count]
+    )
     (diff_max,) = parallel.max([diff_max])
     passes = t.gradient_accumulation_passes
     return {

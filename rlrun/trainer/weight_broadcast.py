@@ -59,8 +59,16 @@ class WeightBroadcaster:
     """Rank 0 of a broadcast group to `receivers` vLLM workers (ranks 1..receivers), on `store`
     (served at host:port; a new one when None) under `namespace` (see `broadcast.member_of`)."""
 
-    def __init__(self, host: str, port: int, receivers: int, transport: str = "gloo", timeout_s: float = 600.0,
-                 namespace: str = "", store: dist.Store | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        receivers: int,
+        transport: str = "gloo",
+        timeout_s: float = 600.0,
+        namespace: str = "",
+        store: dist.Store | None = None,
+    ) -> None:
         timeout = datetime.timedelta(seconds=timeout_s)
         self.store = store if store is not None else serve_store(host, port, receivers + 1, timeout_s)
         # Blocks until every receiver has joined (each joins in its weight-transfer engine's thread).
@@ -121,7 +129,9 @@ class BroadcastSync:
     servers' VllmAdmin; `host:port`: where rank 0 serves the group's store (on that interface
     only); `prefix`: the run's prefix of its keys (`listen.run_prefix`)."""
 
-    def __init__(self, admin, host: str, port: int, transport: str = "gloo", timeout_s: float = TIMEOUT_S, prefix: str = "") -> None:
+    def __init__(
+        self, admin, host: str, port: int, transport: str = "gloo", timeout_s: float = TIMEOUT_S, prefix: str = ""
+    ) -> None:
         self.admin, self.host, self.port, self.transport, self.timeout_s = admin, host, port, transport, timeout_s
         self.prefix = prefix
         self.membership: Membership | None = None
@@ -132,8 +142,13 @@ class BroadcastSync:
         self._store: dist.Store | None = None
         self.formations = 0
 
-    def update(self, weights: dict[str, torch.Tensor], version: int, publish: Callable[[], None],
-               while_waiting: Callable[[], None] = lambda: None) -> list[str]:  # fmt: skip
+    def update(
+        self,
+        weights: dict[str, torch.Tensor],
+        version: int,
+        publish: Callable[[], None],
+        while_waiting: Callable[[], None] = lambda: None,
+    ) -> list[str]:
         """Broadcast `weights` (a full state dict) as policy `version` to every server that
         answers, then `publish()`; the servers that were down. Raises (RuntimeError, httpx errors;
         WeightSyncTimeout past the timeout) when it failed: nothing published, every server keeps
@@ -158,9 +173,11 @@ class BroadcastSync:
             self._broadcast(weights, version, while_waiting)
         except (WeightSyncTimeout, CollectiveTimeout) as exc:
             self.close()
-            raise WeightSyncTimeout(f"the weight update to policy version {version} ({', '.join(servers)}) is stuck: {exc} "
-                                    f"(trainer.weight_sync_timeout_s={self.timeout_s:g}); a vLLM server stopped taking part, "
-                                    "the trainer exits to be restarted") from exc  # fmt: skip
+            raise WeightSyncTimeout(
+                f"the weight update to policy version {version} ({', '.join(servers)}) is stuck: {exc} "
+                f"(trainer.weight_sync_timeout_s={self.timeout_s:g}); a vLLM server stopped taking part, "
+                "the trainer exits to be restarted"
+            ) from exc
         except Exception as exc:
             self.close()
             raise RuntimeError(f"weight broadcast of v{version} to {', '.join(servers)} failed: {exc}") from exc
@@ -172,12 +189,22 @@ class BroadcastSync:
             self._store = serve_store(self.host, self.port, len(servers) + 1, self.timeout_s)
         self.formations += 1
         namespace, store = f"{self.prefix}formation-{self.formations}/", self._store
-        log.info("forming the weight broadcast group at %s:%d (%s) with %s", self.host, self.port, namespace, ", ".join(servers))
+        log.info(
+            "forming the weight broadcast group at %s:%d (%s) with %s",
+            self.host,
+            self.port,
+            namespace,
+            ", ".join(servers),
+        )
         for rank, url in enumerate(servers, start=1):  # each answers at once and joins in the background
-            self.admin.join_broadcast(url, self.host, self.port, rank, len(servers) + 1, self.transport, self.timeout_s,
-                                      namespace)  # fmt: skip
-        forming = in_thread(lambda: WeightBroadcaster(self.host, self.port, len(servers), self.transport, self.timeout_s,
-                                                      namespace, store))  # fmt: skip
+            self.admin.join_broadcast(
+                url, self.host, self.port, rank, len(servers) + 1, self.transport, self.timeout_s, namespace
+            )
+        forming = in_thread(
+            lambda: WeightBroadcaster(
+                self.host, self.port, len(servers), self.transport, self.timeout_s, namespace, store
+            )
+        )
         since = (time.monotonic(), "forming the group")
         self.sender = self._watched(forming, lambda: since, while_waiting)
         self.membership = Membership(tuple(servers))
@@ -185,8 +212,10 @@ class BroadcastSync:
     def _broadcast(self, weights, version: int, while_waiting) -> None:
         assert self.membership is not None and self.sender is not None
         info = {"timeout_s": self.timeout_s}
-        receiving = [in_thread(functools.partial(self.admin.load, url, info, version, self.timeout_s))
-                     for url in self.membership.servers]  # fmt: skip
+        receiving = [
+            in_thread(functools.partial(self.admin.load, url, info, version, self.timeout_s))
+            for url in self.membership.servers
+        ]
         sender = self.sender
         sent = self._watched(in_thread(lambda: sender.send(weights)), lambda: sender.activity.doing, while_waiting)
         results(receiving, while_waiting)

@@ -41,11 +41,20 @@ class WeightPublisher:
     names a stuck one)."""
 
     def __init__(
-        self, t: TrainerConfig, run_dir: RunDir, redis, vllm: VllmAdmin, parallel: Parallel,
-        broadcast: "BroadcastSync | None", stop: threading.Event, heartbeat: Callable[..., None], vllm_wait_s: float = VLLM_WAIT_S,
-        before_replacing: Callable[[int], None] = lambda version: None, updating: Callable[[int | None], None] = lambda version: None,
+        self,
+        t: TrainerConfig,
+        run_dir: RunDir,
+        redis,
+        vllm: VllmAdmin,
+        parallel: Parallel,
+        broadcast: "BroadcastSync | None",
+        stop: threading.Event,
+        heartbeat: Callable[..., None],
+        vllm_wait_s: float = VLLM_WAIT_S,
+        before_replacing: Callable[[int], None] = lambda version: None,
+        updating: Callable[[int | None], None] = lambda version: None,
         shared: "SharedWeights | None" = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`before_replacing(version)`: called before the weights of `version` are replaced (the
         held-out evaluation of that version finishes first)."""
         self.t, self.run_dir, self.redis, self.vllm, self.parallel = t, run_dir, redis, vllm, parallel
@@ -106,7 +115,9 @@ class WeightPublisher:
 
     def _update_servers(self, bare, weights: dict, version: int, step: int) -> None:
         publish = lambda: self.redis.set(names.POLICY_VERSION, version)  # noqa: E731
-        if self.broadcast is None and self.shared is None:  # first the folder: a server (re)starting from now on loads it
+        if (
+            self.broadcast is None and self.shared is None
+        ):  # first the folder: a server (re)starting from now on loads it
             target = write_weights(self.run_dir, bare, weights, version)
             down = self._until_vllm_answers(lambda: self.vllm.update_from_folder(str(target), version, publish))
         else:
@@ -134,7 +145,9 @@ class WeightPublisher:
             if not copied and disk_copy_due(step, self.t.checkpoint_every, self.t.max_train_steps, down):
                 write_weights(self.run_dir, bare, weights, version)
         if down:
-            log.warning("weights v%d: %s not reachable (restarting: it starts from weights/current)", version, ", ".join(down))
+            log.warning(
+                "weights v%d: %s not reachable (restarting: it starts from weights/current)", version, ", ".join(down)
+            )
 
     def _until_vllm_answers(self, action):
         """Retry a weight update while a vLLM server is down (the supervisor restarts it). A stuck

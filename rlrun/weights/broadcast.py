@@ -53,9 +53,15 @@ def serve_store(host: str, port: int, world_size: int, timeout_s: float) -> dist
 
 
 def join(
-    host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float, still_wanted=lambda: True,
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    backend: str,
+    timeout_s: float,
+    still_wanted=lambda: True,
     namespace: str = "",
-) -> BroadcastGroup:  # fmt: skip
+) -> BroadcastGroup:
     """Join the group rank 0 opens at `host:port` as `rank` (1..world_size-1); blocks until every
     member has joined, or raises after `timeout_s`. `still_wanted()`: false for a join overtaken by
     a newer one (the hf trainer forms its group again on the same port): it claims no rank.
@@ -82,10 +88,16 @@ def member_of(
     if backend == "gloo":
         options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # private, not in torch's stubs
         options._timeout = timeout
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname=host) if host in LOOPBACK
-                            else dist.ProcessGroupGloo.create_default_device()]  # fmt: skip
-        group = bounded(f"forming the group as rank {rank} of {world_size}", timeout,
-                        lambda: dist.ProcessGroupGloo(prefixed, rank, world_size, options))  # fmt: skip
+        options._devices = [
+            dist.ProcessGroupGloo.create_device(hostname=host)
+            if host in LOOPBACK
+            else dist.ProcessGroupGloo.create_default_device()
+        ]
+        group = bounded(
+            f"forming the group as rank {rank} of {world_size}",
+            timeout,
+            lambda: dist.ProcessGroupGloo(prefixed, rank, world_size, options),
+        )
         device = torch.device("cpu")
     elif backend == "nccl":
         device = torch.device("cuda", torch.cuda.current_device())
@@ -165,4 +177,3 @@ class _HeaderUnpickler(pickle.Unpickler):
         if module == "torch" and name in _DTYPES:
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"a weight header may not name {module}.{name}")
-

@@ -95,7 +95,9 @@ class SharedWeights:
         """Copy every tensor of `state` into its place; the bytes written."""
         if self.layout is None:
             self._create(layout_of(state))
-        elif [(e.name, e.dtype, e.shape) for e in layout_of(state)] != [(e.name, e.dtype, e.shape) for e in self.layout]:
+        elif [(e.name, e.dtype, e.shape) for e in layout_of(state)] != [
+            (e.name, e.dtype, e.shape) for e in self.layout
+        ]:
             raise ValueError(f"the weights no longer have the layout of {self.path} (names, dtypes or shapes changed)")
         with torch.no_grad():
             for name, tensor in state.items():
@@ -110,9 +112,11 @@ class SharedWeights:
         self.path.unlink(missing_ok=True)
         free = shutil.disk_usage(self.path.parent).free
         if free < size:
-            raise ConfigError(f"trainer.weight_transfer=shm: {self.path.parent} has {free / 1e6:.0f} MB free, the weights need "
-                              f"{size / 1e6:.0f} MB. Give the machine (a container: --shm-size) more shared memory, or use "
-                              "trainer.weight_transfer=disk.")  # fmt: skip
+            raise ConfigError(
+                f"trainer.weight_transfer=shm: {self.path.parent} has {free / 1e6:.0f} MB free, the weights need "
+                f"{size / 1e6:.0f} MB. Give the machine (a container: --shm-size) more shared memory, or use "
+                "trainer.weight_transfer=disk."
+            )
         os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
         self._views = _views(_map(self.path, size), layout)
         text = json.dumps({"size": size, "tensors": [[e.name, e.dtype, list(e.shape), e.offset] for e in layout]})
@@ -134,7 +138,9 @@ def layout_path(path: Path) -> Path:
 
 def read_layout(path: Path) -> tuple[int, list[Entry]]:
     data = json.loads(layout_path(path).read_text())
-    return int(data["size"]), [Entry(name, dtype, tuple(shape), int(offset)) for name, dtype, shape, offset in data["tensors"]]
+    return int(data["size"]), [
+        Entry(name, dtype, tuple(shape), int(offset)) for name, dtype, shape, offset in data["tensors"]
+    ]
 
 
 class SharedReader:

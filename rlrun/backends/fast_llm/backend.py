@@ -39,7 +39,9 @@ class FastLlmLayout:
     name = "fast_llm"
 
     def looks_like(self, path: Path) -> bool:
-        return (path / fl_checkpoints.METADATA_FILE).is_file() or (path.name.isdigit() and path.parent.name == fl_checkpoints.CHECKPOINT_DIR)
+        return (path / fl_checkpoints.METADATA_FILE).is_file() or (
+            path.name.isdigit() and path.parent.name == fl_checkpoints.CHECKPOINT_DIR
+        )
 
     def candidates(self, run: RunDir) -> list[Candidate]:
         return [
@@ -97,18 +99,34 @@ class FastLlmBackend:
         host, f = self.cfg.inference.host, self.cfg.trainer.fast_llm
         port = str(f.broadcast_port) if f.broadcast_port else sockets.PICKED
         store = {
-            "rlrun": sockets.tcp_store("weights", "Fast-LLM's weight broadcast (the weight follower serves it)", host, port),
-            "trainer": sockets.Listener("trainer", "torch TCPStore: Fast-LLM's weight broadcast (Fast-LLM's rank 0 serves it)",
-                                        ":: (every interface: torch's own; trainer.fast_llm.broadcast_store=rlrun keeps it on "
-                                        f"{host} where Fast-LLM's torch lets its rank 0 be a client)", port,
-                                        "nothing: TCPStore has no authentication"),
-            "auto": sockets.Listener("trainer or weights", "torch TCPStore: Fast-LLM's weight broadcast (whoever "
-                                     "trainer.fast_llm.broadcast_store=auto finds at start)", f"{host} (the weight follower) or :: "
-                                     "(Fast-LLM's rank 0)", port, "nothing: TCPStore has no authentication"),
+            "rlrun": sockets.tcp_store(
+                "weights", "Fast-LLM's weight broadcast (the weight follower serves it)", host, port
+            ),
+            "trainer": sockets.Listener(
+                "trainer",
+                "torch TCPStore: Fast-LLM's weight broadcast (Fast-LLM's rank 0 serves it)",
+                ":: (every interface: torch's own; trainer.fast_llm.broadcast_store=rlrun keeps it on "
+                f"{host} where Fast-LLM's torch lets its rank 0 be a client)",
+                port,
+                "nothing: TCPStore has no authentication",
+            ),
+            "auto": sockets.Listener(
+                "trainer or weights",
+                "torch TCPStore: Fast-LLM's weight broadcast (whoever "
+                "trainer.fast_llm.broadcast_store=auto finds at start)",
+                f"{host} (the weight follower) or :: (Fast-LLM's rank 0)",
+                port,
+                "nothing: TCPStore has no authentication",
+            ),
         }[f.broadcast_store]
         pairs = sockets.gloo_pairs("every vllm-N (the weight broadcast)", host)
-        own = sockets.Listener("trainer", "Fast-LLM's own (torchrun's rendezvous, its ranks' and its broadcast's gloo or NCCL)",
-                               "Fast-LLM's and torch's choice", sockets.EPHEMERAL, "Fast-LLM's")  # fmt: skip
+        own = sockets.Listener(
+            "trainer",
+            "Fast-LLM's own (torchrun's rendezvous, its ranks' and its broadcast's gloo or NCCL)",
+            "Fast-LLM's and torch's choice",
+            sockets.EPHEMERAL,
+            "Fast-LLM's",
+        )
         return [store, pairs, own]
 
     def redis_default_user(self) -> str:
@@ -133,9 +151,14 @@ class FastLlmBackend:
     def check_resumable(self, run_dir: RunDir) -> None:
         return None  # half-written checkpoints are moved aside before every start; none at all means step 0
 
-    def specs(self, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe, events: EventLog) -> list[ProcessSpec]:
+    def specs(
+        self, run_dir: RunDir, endpoints: Endpoints, model_path: str, probe: RedisProbe, events: EventLog
+    ) -> list[ProcessSpec]:
         cfg = self.cfg
-        return [follower_spec(cfg, run_dir, endpoints, probe), trainer_spec(cfg, run_dir, endpoints, model_path, probe, events)]
+        return [
+            follower_spec(cfg, run_dir, endpoints, probe),
+            trainer_spec(cfg, run_dir, endpoints, model_path, probe, events),
+        ]
 
     def completion_check(self, progress) -> Callable[[dict[str, Optional[int]]], RunVerdict]:
         """`completion.fast_llm_finished` over what the trainer announced; an exit 0 before the last
@@ -151,15 +174,19 @@ class FastLlmBackend:
             try:
                 if "events" not in reader:
                     reader["events"] = EventsReader(
-                        progress.redis(), stream, cfg.trainer.max_train_steps,
+                        progress.redis(),
+                        stream,
+                        cfg.trainer.max_train_steps,
                         skips_possible=cfg.model.dtype == "float16",
                         on_rejected=lambda i, why: progress.note_rejected_event(stream, i, why),
-                    )  # fmt: skip
+                    )
                 reader["events"].poll()
             except Exception:  # Redis restarting: decide on what was read so far
                 reader.pop("events", None)
             events = reader.get("events")
-            if events is not None and events.last_weights_ready_step is not None:  # `rlrun status`, the live line, the watchdog
+            if (
+                events is not None and events.last_weights_ready_step is not None
+            ):  # `rlrun status`, the live line, the watchdog
                 progress.note_trainer_step(events.last_weights_ready_step, events.documents_seen)
             obs = completion.TrainerObservation(
                 samples_processed=(events.documents_seen or 0) if events else 0,
@@ -182,7 +209,6 @@ class FastLlmBackend:
     def metrics_hint(self, run_dir: RunDir) -> Optional[str]:
         logs = run_dir.launch_logs(max(run_dir.launches(), default=None))
         return f"Fast-LLM's log, {logs / 'trainer.log'}"
-
 
 
 def trainer_spec(
@@ -225,14 +251,23 @@ def trainer_spec(
         # The new trainer opens its broadcast group at start and waits there for the vLLM servers.
         start_step = fl_checkpoints.latest_complete_step(experiment_dir) or 0  # what it resumes from
         if not probe.call(lambda client: attempt_after.update(id=request_join(client, f.events_stream, start_step))):
-            log.warning("could not ask the weight follower to join the trainer's broadcast (Redis unreachable); "
-                        "the trainer waits for it up to trainer.fast_llm.timeout_s, then is restarted")  # fmt: skip
+            log.warning(
+                "could not ask the weight follower to join the trainer's broadcast (Redis unreachable); "
+                "the trainer waits for it up to trainer.fast_llm.timeout_s, then is restarted"
+            )
         rewind_documents()
         revision = choose_revision(cfg, model_path, experiment_dir)  # asked in preflight: remembered
         write_config(
-            cfg, revision, config_path, redis_host=redis_host, redis_port=int(redis_port), experiment_dir=experiment_dir,
-            model_path=model_path, broadcast_host=endpoints.host("trainer", cfg.inference.host), broadcast_port=endpoints.broadcast_port,
-        )  # fmt: skip
+            cfg,
+            revision,
+            config_path,
+            redis_host=redis_host,
+            redis_port=int(redis_port),
+            experiment_dir=experiment_dir,
+            model_path=model_path,
+            broadcast_host=endpoints.host("trainer", cfg.inference.host),
+            broadcast_port=endpoints.broadcast_port,
+        )
 
     started: dict[int, str] = {}
 
@@ -246,7 +281,10 @@ def trainer_spec(
         return probe.stream_has_event_after(f.events_stream, started[pid], '"weights_ready"')
 
     return role_spec(
-        cfg, run_dir, "trainer", "trainer",
+        cfg,
+        run_dir,
+        "trainer",
+        "trainer",
         argv=launch_argv(cfg, config_path),
         env={**child_env(cfg.trainer.threads), **LAUNCH_ENV},
         ready=ready,
@@ -264,14 +302,23 @@ def follower_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, probe: 
     """trainer=fast_llm: the process that has the vLLM servers load what Fast-LLM broadcasts
     (rlrun/backends/fast_llm/follower.py, started by rlrun/entrypoints/weights.py). Started before the trainer, which waits for it."""
     argv, write_role_file = role_command(
-        run_dir, "rlrun.entrypoints.weights", "weights", redis_url=endpoints.redis_url, model_path="",
-        vllm_urls=endpoints.vllm_urls, broadcast_host=endpoints.host("trainer", cfg.inference.host), broadcast_port=endpoints.broadcast_port,
-    )  # fmt: skip
+        run_dir,
+        "rlrun.entrypoints.weights",
+        "weights",
+        redis_url=endpoints.redis_url,
+        model_path="",
+        vllm_urls=endpoints.vllm_urls,
+        broadcast_host=endpoints.host("trainer", cfg.inference.host),
+        broadcast_port=endpoints.broadcast_port,
+    )
     return role_spec(
-        cfg, run_dir, "weights", "weights",
+        cfg,
+        run_dir,
+        "weights",
+        "weights",
         argv=argv,
         before_start=write_role_file,
         env=child_env(1),
         ready=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),
         alive=lambda pid: probe.heartbeat(names.WEIGHTS_STATE, pid),
-    )  # fmt: skip
+    )

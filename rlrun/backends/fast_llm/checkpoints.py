@@ -73,7 +73,9 @@ def read_metadata(path: Path) -> CheckpointMetadata:
         raise CheckpointError(f"cannot read Fast-LLM checkpoint metadata {file}: {exc}") from None
     trainer = data.get("metadata") if isinstance(data, dict) else None
     if not isinstance(trainer, dict):
-        raise CheckpointError(f"{file} has no `metadata:` mapping (the trainer's completed_steps): not a Fast-LLM checkpoint")
+        raise CheckpointError(
+            f"{file} has no `metadata:` mapping (the trainer's completed_steps): not a Fast-LLM checkpoint"
+        )
     steps, seen = trainer.get("completed_steps"), trainer.get("documents_seen")
     if type(steps) is not int or steps < 0:
         raise CheckpointError(f"{file}: completed_steps must be a count, got {steps!r}")
@@ -82,9 +84,7 @@ def read_metadata(path: Path) -> CheckpointMetadata:
     return CheckpointMetadata(completed_steps=steps, documents_seen=seen)
 
 
-def move_aside_incomplete(
-    experiment_dir: Path, *, clock: Callable[[], float] = time.time
-) -> list[Path]:
+def move_aside_incomplete(experiment_dir: Path, *, clock: Callable[[], float] = time.time) -> list[Path]:
     """Move every step directory without `ok` to `checkpoint_incomplete/<step>.incomplete-<time>`;
     their new paths. Other entries are only warned about (Fast-LLM fails on them; not ours to move)."""
     experiment_dir = Path(experiment_dir)
@@ -101,14 +101,18 @@ def move_aside_incomplete(
         os.rename(path, target)
         log.warning(
             "Fast-LLM checkpoint %s has no '%s' marker (half-written): moved to %s; the trainer "
-            "resumes from the last complete checkpoint", path, OK_MARKER, target,
+            "resumes from the last complete checkpoint",
+            path,
+            OK_MARKER,
+            target,
         )
         moved.append(target)
     strays = [p.name for p in root.iterdir() if not (p.is_dir() and p.name.isdigit())]
     if strays:
         log.warning(
-            "%s holds entries that are not step directories (%s): Fast-LLM fails on them; move them "
-            "out of that folder", root, ", ".join(sorted(strays)),
+            "%s holds entries that are not step directories (%s): Fast-LLM fails on them; move them out of that folder",
+            root,
+            ", ".join(sorted(strays)),
         )
     return moved
 

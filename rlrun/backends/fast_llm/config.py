@@ -71,8 +71,10 @@ def config_problems(cfg: RunConfig) -> list[str]:
         "trainer.fast_llm.stream and trainer.fast_llm.events_stream must be two different non-empty names "
         f"(got {f.stream!r}, {f.events_stream!r}).",
     )
-    need(bool(f.experiment_dir_name) and "/" not in f.experiment_dir_name,
-         f"trainer.fast_llm.experiment_dir_name must be a plain folder name (got {f.experiment_dir_name!r}).")
+    need(
+        bool(f.experiment_dir_name) and "/" not in f.experiment_dir_name,
+        f"trainer.fast_llm.experiment_dir_name must be a plain folder name (got {f.experiment_dir_name!r}).",
+    )
     return problems
 
 
@@ -244,7 +246,11 @@ def write_config(cfg: RunConfig, revision: Revision, path: Path, **endpoints: An
 def launch_argv(cfg: RunConfig, config_path: Path) -> list[str]:
     """`trainer.fast_llm.command` with {nproc}, {config} and {data_parallel} filled in."""
     f = cfg.trainer.fast_llm
-    values = {"{nproc}": str(f.nproc_per_node), "{config}": str(config_path), "{data_parallel}": str(data_parallel(cfg))}
+    values = {
+        "{nproc}": str(f.nproc_per_node),
+        "{config}": str(config_path),
+        "{data_parallel}": str(data_parallel(cfg)),
+    }
     argv = []
     for arg in f.command:
         for placeholder, value in values.items():

@@ -30,7 +30,11 @@ def weights_ready_problem(
     """Why a `weights_ready` of `step` does not fit the current attempt, or None when it does."""
     if last_step is None:  # its first: the step it resumed from (past train_iters after a lowered target)
         if start_step is not None:
-            return None if step == start_step else f"the trainer started from step {start_step}, its first announcement cannot be step {step}"
+            return (
+                None
+                if step == start_step
+                else f"the trainer started from step {start_step}, its first announcement cannot be step {step}"
+            )
         return None if step <= train_iters else f"step {step} is past train_iters ({train_iters})"
     if step > train_iters:
         return f"step {step} is past train_iters ({train_iters})"
@@ -73,8 +77,13 @@ class EventJudge:
         except MalformedEvent as exc:
             return None, str(exc)
         if isinstance(event, WeightsReady):
-            why = weights_ready_problem(event.step, last_step=a.last_step, start_step=a.start_step,
-                                        train_iters=self.train_iters, skips_possible=self.skips_possible)  # fmt: skip
+            why = weights_ready_problem(
+                event.step,
+                last_step=a.last_step,
+                start_step=a.start_step,
+                train_iters=self.train_iters,
+                skips_possible=self.skips_possible,
+            )
             if why is not None:
                 return None, f"weights_ready does not fit the run: {why}"
             a.last_step, a.finished = event.step, False
@@ -94,9 +103,13 @@ class EventsReader:
     for every event that does not fit (also counted in `rejected`)."""
 
     def __init__(
-        self, redis, stream: str, train_iters: int, skips_possible: bool = False,
+        self,
+        redis,
+        stream: str,
+        train_iters: int,
+        skips_possible: bool = False,
         on_rejected: Optional[Callable[[str, str], None]] = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.redis, self.stream = redis, stream
         self.judge = EventJudge(train_iters, skips_possible)
         self.on_rejected = on_rejected

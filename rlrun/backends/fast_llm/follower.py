@@ -75,7 +75,9 @@ class VllmBroadcastAdmin(VllmAdmin):
         heartbeat) is called about once a second meanwhile."""
         missing = [url for url in self.urls if url not in servers]
         if missing:
-            raise RuntimeError(f"vLLM {', '.join(missing)} does not answer: Fast-LLM's broadcast needs every server of its group")
+            raise RuntimeError(
+                f"vLLM {', '.join(missing)} does not answer: Fast-LLM's broadcast needs every server of its group"
+            )
         info = {"timeout_s": self.receive_timeout_s}
         calls = [lambda url=url: self.load(url, info, step, self.receive_timeout_s) for url in servers]
         results([in_thread(call) for call in calls], while_waiting)
@@ -84,9 +86,14 @@ class VllmBroadcastAdmin(VllmAdmin):
 
 class WeightFollower:
     def __init__(
-        self, cfg: RunConfig, redis, admin: VllmBroadcastAdmin, broadcast_host: str, broadcast_port: int,
+        self,
+        cfg: RunConfig,
+        redis,
+        admin: VllmBroadcastAdmin,
+        broadcast_host: str,
+        broadcast_port: int,
         host_store: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cfg, self.redis, self.admin = cfg, redis, admin
         self.host_store = host_store
         self._store: object | None = None  # the broadcast's TCP store, when this process serves it
@@ -94,7 +101,10 @@ class WeightFollower:
         self.stream = cfg.trainer.fast_llm.events_stream
         state = redis.hgetall(names.WEIGHTS_STATE) or {}
         self.last_id = state.get("last_event_id", "0")
-        self.counters = {key: int(state.get(key, 0)) for key in ("broadcasts_loaded", "broadcasts_failed", "joins", "events_rejected")}
+        self.counters = {
+            key: int(state.get(key, 0))
+            for key in ("broadcasts_loaded", "broadcasts_failed", "joins", "events_rejected")
+        }
         self.judge = EventJudge(cfg.trainer.max_train_steps, skips_possible=cfg.model.dtype == "float16")
         self._last_heartbeat = 0.0
         self._join_pending: tuple[str, list[str]] | None = None  # (request, servers still to ask)
@@ -131,8 +141,13 @@ class WeightFollower:
         if pending is None:
             if self.host_store:
                 self._serve_store(host, port, len(self.admin.urls) + 1)
-            log.info("asking %d vLLM server(s) to join the trainer's broadcast group at %s:%d (%s)",
-                     len(self.admin.urls), host, port, backend)  # fmt: skip
+            log.info(
+                "asking %d vLLM server(s) to join the trainer's broadcast group at %s:%d (%s)",
+                len(self.admin.urls),
+                host,
+                port,
+                backend,
+            )
         failed = self.admin.join(host, port, backend, timeout_s, servers=pending)
         if failed:  # a server down (restarting): asked again at the next turn
             self._join_pending = (request, failed)

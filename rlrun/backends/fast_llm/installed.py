@@ -61,9 +61,9 @@ def choose_revision(cfg: RunConfig, model_path: str, experiment_dir: Path) -> Re
     tried = "; ".join(f"revision '{r.name}': {why}" for r, why in refusals)
     hint = (
         "Set trainer.fast_llm.version=auto to let rlrun find the revision, or install one of the "
-        "revisions rlrun supports (docs/operations.md, \"Fast-LLM\")"
+        'revisions rlrun supports (docs/operations.md, "Fast-LLM")'
         if f.version != "auto"
-        else "Install one of the revisions rlrun supports (docs/operations.md, \"Fast-LLM\"), or fix the key "
+        else 'Install one of the revisions rlrun supports (docs/operations.md, "Fast-LLM"), or fix the key '
         "through trainer.fast_llm.extra if it came from there"
     )
     raise ConfigError(f"Fast-LLM refuses the config rlrun generated for this run ({tried}). {hint}.")
@@ -89,9 +89,14 @@ def _refusal(argv: tuple[str, ...], config_text: str) -> Optional[str]:
         config.write_text(config_text)
         try:
             done = subprocess.run(
-                [arg.replace(_CONFIG, str(config)) for arg in argv], env={**os.environ, **LAUNCH_ENV}, cwd=tmp,
-                capture_output=True, text=True, timeout=VALIDATE_TIMEOUT_S, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+                [arg.replace(_CONFIG, str(config)) for arg in argv],
+                env={**os.environ, **LAUNCH_ENV},
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                timeout=VALIDATE_TIMEOUT_S,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             return f"its validation ({' '.join(argv)}) did not finish in {VALIDATE_TIMEOUT_S:.0f} s"
     if done.returncode == 0:
@@ -124,7 +129,9 @@ def refusal_summary(output: str, limit: int = 6) -> str:
         if match.group("kind") == "Unknown field":
             leaves.append(f"`{path}`: unknown key ({_short_class(rest)})")
             continue
-        if rest.strip() == ":" or (" of type " in rest and rest.rstrip().endswith(":")):  # a level: its failures follow, deeper
+        if rest.strip() == ":" or (
+            " of type " in rest and rest.rstrip().endswith(":")
+        ):  # a level: its failures follow, deeper
             stack.append((indent, name))
             continue
         message = rest.split(":", 1)[1].strip() if ":" in rest else ""
@@ -189,8 +196,9 @@ def store_host(cfg: RunConfig) -> StoreHost:
         log.warning(
             "could not find the Python that runs Fast-LLM (%s) to ask its torch who hosts the weight broadcast's "
             "store; assuming Fast-LLM's rank 0 does (torch >= 2.14). Set trainer.fast_llm.broadcast_store=rlrun "
-            "if Fast-LLM runs on torch <= 2.13.", " ".join(argv),
-        )  # fmt: skip
+            "if Fast-LLM runs on torch <= 2.13.",
+            " ".join(argv),
+        )
         return "trainer"
     return _probe_store(python)
 
@@ -198,8 +206,13 @@ def store_host(cfg: RunConfig) -> StoreHost:
 @functools.lru_cache(maxsize=4)
 def _probe_store(python: str) -> StoreHost:
     try:
-        done = subprocess.run([python, "-c", _STORE_PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
+        done = subprocess.run(
+            [python, "-c", _STORE_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.warning("the store probe in %s failed (%s); assuming Fast-LLM's rank 0 hosts the store", python, exc)
         return "trainer"
@@ -208,8 +221,11 @@ def _probe_store(python: str) -> StoreHost:
         log.info("Fast-LLM's torch (%s) makes rank 0 a client under torchrun: rlrun hosts the broadcast store", python)
         return "rlrun"
     if answer[0] != "rank0-hosts":
-        log.warning("the store probe in %s said %r; assuming Fast-LLM's rank 0 hosts the store", python,
-                    (done.stdout + done.stderr)[-300:])  # fmt: skip
+        log.warning(
+            "the store probe in %s said %r; assuming Fast-LLM's rank 0 hosts the store",
+            python,
+            (done.stdout + done.stderr)[-300:],
+        )
     return "trainer"
 
 

@@ -27,7 +27,18 @@ _WRAPPERS: dict[str, set[str]] = {
     "stdbuf": {"-i", "-o", "-e"},
     "ionice": {"-c", "-n", "-p", "--class", "--classdata"},
     "taskset": set(),  # its mask is positional: handled below
-    "numactl": {"-C", "-N", "-m", "-p", "-i", "--physcpubind", "--cpunodebind", "--membind", "--preferred", "--interleave"},
+    "numactl": {
+        "-C",
+        "-N",
+        "-m",
+        "-p",
+        "-i",
+        "--physcpubind",
+        "--cpunodebind",
+        "--membind",
+        "--preferred",
+        "--interleave",
+    },
     "timeout": {"-s", "--signal", "-k", "--kill-after"},
     "time": {"-f", "--format", "-o", "--output"},
     "chrt": set(),
@@ -36,15 +47,60 @@ _WRAPPERS: dict[str, set[str]] = {
 # Wrappers with one positional argument before the program (the duration, the CPU mask, the priority).
 _POSITIONAL = {"timeout": 1, "taskset": 1, "chrt": 1}
 _TORCHRUN_VALUED = {
-    "--nproc_per_node", "--nproc-per-node", "--nnodes", "--node_rank", "--node-rank", "--master_addr",
-    "--master-addr", "--master_port", "--master-port", "--rdzv_backend", "--rdzv-backend", "--rdzv_endpoint",
-    "--rdzv-endpoint", "--rdzv_id", "--rdzv-id", "--rdzv_conf", "--rdzv-conf", "--max_restarts", "--max-restarts",
-    "--monitor_interval", "--monitor-interval", "--start_method", "--start-method", "--role", "--log_dir", "--log-dir",
-    "-r", "--redirects", "-t", "--tee", "--local_addr", "--local-addr", "--logs_specs", "--logs-specs",
-    "--local-ranks-filter", "--local_ranks_filter",
-}  # fmt: skip
+    "--nproc_per_node",
+    "--nproc-per-node",
+    "--nnodes",
+    "--node_rank",
+    "--node-rank",
+    "--master_addr",
+    "--master-addr",
+    "--master_port",
+    "--master-port",
+    "--rdzv_backend",
+    "--rdzv-backend",
+    "--rdzv_endpoint",
+    "--rdzv-endpoint",
+    "--rdzv_id",
+    "--rdzv-id",
+    "--rdzv_conf",
+    "--rdzv-conf",
+    "--max_restarts",
+    "--max-restarts",
+    "--monitor_interval",
+    "--monitor-interval",
+    "--start_method",
+    "--start-method",
+    "--role",
+    "--log_dir",
+    "--log-dir",
+    "-r",
+    "--redirects",
+    "-t",
+    "--tee",
+    "--local_addr",
+    "--local-addr",
+    "--logs_specs",
+    "--logs-specs",
+    "--local-ranks-filter",
+    "--local_ranks_filter",
+}
 _SHELLS = {"sh", "bash", "dash", "zsh"}
-_SHELL_BUILTINS = {"cd", ".", "source", "export", "set", "ulimit", "umask", "eval", "trap", "unset", "shopt", "declare", ":", "module"}
+_SHELL_BUILTINS = {
+    "cd",
+    ".",
+    "source",
+    "export",
+    "set",
+    "ulimit",
+    "umask",
+    "eval",
+    "trap",
+    "unset",
+    "shopt",
+    "declare",
+    ":",
+    "module",
+}
 
 
 def missing(argv: list[str], python: str = sys.executable) -> list[str]:
@@ -116,7 +172,7 @@ def _after_wrapper(name: str, rest: list[str]) -> list[str]:
         i += 1
     if name == "env":
         return _skip_assignments(rest[i:])
-    return rest[i + _POSITIONAL.get(name, 0):]
+    return rest[i + _POSITIONAL.get(name, 0) :]
 
 
 def torchrun_target(rest: list[str]) -> tuple[list[str], bool, bool]:

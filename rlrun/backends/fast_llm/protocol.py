@@ -49,7 +49,9 @@ def document(prompt_ids: list[int], sample: Sample, span_end: SpanEnd = "exclusi
     """The Fast-LLM document of one sample (plain data, before JSON): the loss masks the prompt
     and each observation (multi-turn tokens the model did not sample), one span each."""
     if len(sample.logprobs) != len(sample.completion_ids):
-        raise ValueError(f"sample {sample.index}: {len(sample.completion_ids)} tokens but {len(sample.logprobs)} log-probs")
+        raise ValueError(
+            f"sample {sample.index}: {len(sample.completion_ids)} tokens but {len(sample.logprobs)} log-probs"
+        )
     shift = len(prompt_ids)  # completion offsets to document positions
     last = 0 if span_end == "exclusive" else 1  # an inclusive span ends on its last token, not after it
     observations = [[shift + start, shift + end - last] for start, end in sample.observation_spans]
@@ -92,4 +94,3 @@ def parse_event(fields: Mapping) -> Event:
 
 def _is_count(value: object) -> TypeGuard[int]:
     return type(value) is int and value >= 0  # bool is an int in Python: refuse `true`
-

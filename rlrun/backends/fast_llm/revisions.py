@@ -17,7 +17,9 @@ class Revision:
     name: str  # the value of trainer.fast_llm.version that selects it
     checked_against: tuple[str, ...]  # commits (and what they are) this entry was checked against
     docs_per_step: bool  # `schedule.docs_per_step` exists (the RL branches); else documents per step follow from token micro-batches
-    broken: tuple[tuple[str, str], ...] = ()  # (algo.name, what happens): losses that fail at this revision, refused before the run
+    broken: tuple[
+        tuple[str, str], ...
+    ] = ()  # (algo.name, what happens): losses that fail at this revision, refused before the run
 
 
 REVISIONS: tuple[Revision, ...] = (
@@ -35,8 +37,13 @@ REVISIONS: tuple[Revision, ...] = (
         name="main",
         checked_against=("7d61a1ba (main, 2026-07-20)",),
         docs_per_step=False,
-        broken=(("gspo", "its GSPO loss crashes on the first padded micro-batch (IndexError: index out of range in "
-                 "self; padding tokens get document index = number of documents), an upstream bug"),),
+        broken=(
+            (
+                "gspo",
+                "its GSPO loss crashes on the first padded micro-batch (IndexError: index out of range in "
+                "self; padding tokens get document index = number of documents), an upstream bug",
+            ),
+        ),
     ),
 )
 

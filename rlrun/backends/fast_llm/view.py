@@ -33,7 +33,12 @@ class FastLlmView:
     def window(self, in_flight: int) -> Window:
         unread = self._unread_documents()
         limit = (1 + self.cfg.actor.max_steps_ahead) * self.docs_per_step
-        detail = {"stream": self.f.stream, "unread_documents": unread, "in_flight_groups": in_flight, "docs_per_step": self.docs_per_step}
+        detail = {
+            "stream": self.f.stream,
+            "unread_documents": unread,
+            "in_flight_groups": in_flight,
+            "docs_per_step": self.docs_per_step,
+        }
         return Window("documents", unread + in_flight * self.cfg.algo.group_size, limit, detail)
 
     def _unread_documents(self) -> int:
