@@ -99,8 +99,7 @@ class Trainer:
         self.state = TrainerState(step=0, samples_processed=0, policy_version=0, config_hash=run_dir.config_hash())
         resume_from = checkpoint.resume_point(run_dir.checkpoints)  # damaged ones skipped, with a warning
         source = str(resume_from) if resume_from else model_path
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, cfg.model.dtype))
-        model = model.to(self.device)  # type: ignore[arg-type]  # transformers' stubs type .to() wrongly
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, cfg.model.dtype)).to(self.device)
         model.train()
         t = cfg.trainer
         self.model = self.parallel.wrap(model, t.mixed_precision, t.activation_checkpointing)
