@@ -1,5 +1,5 @@
-"""The run directory: the one place that names every path a run writes (the README's table says
-what each holds), so a run is inspected, resumed or deleted as a unit.
+"""The run directory: the one place that names every path a run writes (docs/operations.md's
+table says what each holds), so a run is inspected, resumed or deleted as a unit.
 """
 
 from __future__ import annotations

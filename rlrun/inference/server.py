@@ -92,6 +92,9 @@ LISTEN_AND_AUTH_FLAGS = (
     "--root-path",
     "--config",
 )
+# vLLM's short aliases of flags rlrun passes (world=local places a server's GPUs by its
+# inference.tensor_parallel_size: a -tp of its own would take GPUs another process was given).
+SHORT_FLAGS = {"-tp": "--tensor-parallel-size"}
 # Where the config key for a flag rlrun passes is not plain to see from the flag.
 CONFIG_KEY_OF_FLAG = {
     "--host": "inference.host",
@@ -118,9 +121,13 @@ def extra_args_problems(extra_args: list[str]) -> list[str]:
     owned = owned_flags()
     out = []
     for arg in map(str, extra_args):
-        if not arg.startswith("--") or len(arg) == 2:
+        short = arg.split("=", 1)[0]
+        if short in SHORT_FLAGS:  # vLLM's one-dash aliases of flags rlrun sets
+            name = SHORT_FLAGS[short][2:]
+        elif not arg.startswith("--") or len(arg) == 2:
             continue
-        name = arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
+        else:
+            name = arg[2:].split("=", 1)[0].split(".", 1)[0].replace("_", "-")
         hits = sorted(flag for flag in owned if flag.startswith(f"--{name}"))  # argparse takes unique prefixes
         if not hits:
             continue

@@ -542,6 +542,7 @@ BATTERY = [
     ("extra-args-api-key", ["inference.extra_args=[--api_key,guess]"], 2, ["cannot hold '--api_key'", "the run's key"]),
     ("extra-args-middleware", ["inference.extra_args=[--middleware,x.Y]"], 2, ["cannot hold '--middleware'"]),
     ("extra-args-config-file", ["inference.extra_args=[--config,serve.yaml]"], 2, ["cannot hold '--config'"]),
+    ("extra-args-short-tp", ["inference.extra_args=[-tp,2]"], 2, ["cannot hold '-tp' (vLLM's --tensor-parallel-size)", "inference.tensor_parallel_size"]),
     ("extra-args-port", ['inference.extra_args=["--port=1"]'], 2, ["cannot hold '--port=1'"]),
     ("newline-in-run-dir", ["run.dir='{work}/a\nb'"], 2, ["run.dir holds a control character", "one line"]),
     ("read-only-model-cache", ["model.cache_dir={read_only}/models"], 3,
