@@ -96,6 +96,8 @@ def test_an_optional_count_left_unset_is_fine_and_free_form_values_are_not_check
         (["--config", "serve.yaml"], "--config"),
         (["--weight-transfer-config.backend", "nccl"], "--weight-transfer-config"),
         (["--max-model-len", "9"], "--max-model-len"),
+        (["-tp", "2"], "--tensor-parallel-size"),  # vLLM's short alias: a server's GPUs are placed by inference.tensor_parallel_size
+        (["-tp=2"], "--tensor-parallel-size"),
     ],
 )
 def test_extra_args_cannot_set_what_rlrun_sets(args, flag):
@@ -104,4 +106,4 @@ def test_extra_args_cannot_set_what_rlrun_sets(args, flag):
 
 
 def test_extra_args_that_rlrun_does_not_set_pass():
-    assert extra_args_problems(["--max-num-seqs", "4", "--tokenizer-mode", "auto", "-tp", "2", "--", "x"]) == []
+    assert extra_args_problems(["--max-num-seqs", "4", "--tokenizer-mode", "auto", "-pp", "2", "--", "x"]) == []
