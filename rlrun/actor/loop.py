@@ -386,14 +386,14 @@ class Actor:
         from its prefix. Tokens come tagged with `version` (the policy published now) until vLLM's
         spans on each choice's last chunk say which weights sampled them."""
         prefix = samples[0].completion_ids if len(samples) == 1 else []
-        start, actor = len(prefix), self.cfg.actor
+        actor, talking = self.cfg.actor, self.conversations is not None
         for sample in samples:
             sample.finish_reason = None  # an interrupted sample being continued
-        talking = self.conversations is not None
         if self.conversations is not None:  # the rest of this turn's budget, within the conversation's
-            start = len(prefix) - samples[0].turn_start
+            already = len(prefix) - samples[0].turn_start  # this turn's tokens so far
             max_tokens = turn_budget(samples[0], self.conversations.limits)
         else:
+            already = len(prefix)
             max_tokens = remaining_budget(samples[0], group.max_new_tokens)
         self.counters["requests"] += 1
         if self.audit_path is not None:
@@ -417,7 +417,7 @@ class Actor:
                 max_tokens=max_tokens,
                 temperature=actor.temperature,
                 timeout_s=actor.request_timeout_s,
-                min_tokens=max(0, actor.min_new_tokens - start),
+                min_tokens=max(0, actor.min_new_tokens - already),
                 stream=max_tokens > actor.journal_flush_tokens,  # else the journal needs nothing before the end
                 cache_salt=f"v{version}",  # no prompt KV reused from before the last update (architecture.md)
             ):
@@ -425,8 +425,8 @@ class Actor:
                 sample.append(delta.token_ids, delta.logprobs, version)
                 self.counters["tokens_generated"] += len(delta.token_ids)
                 if delta.finish_reason is not None:  # the choice's last chunk: its versions
-                    first = len(prefix)
-                    sample.relabel(first, token_versions(delta.spans, len(sample.completion_ids) - first, version))
+                    sent = len(prefix)  # its tokens before this request's
+                    sample.relabel(sent, token_versions(delta.spans, len(sample.completion_ids) - sent, version))
                     if not talking:
                         sample.finish_reason = delta.finish_reason
                     elif delta.finish_reason in FINAL_REASONS:  # the turn ended: the environment answers it next
