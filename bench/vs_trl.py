@@ -1,6 +1,7 @@
 """rlrun against TRL's GRPOTrainer on the same task, model and machine: reward over wall-clock time.
 
     python bench/vs_trl.py [--budget-s 300] [--systems trl-gspo,rlrun-gspo,rlrun-gspo-sync,trl-grpo,rlrun-grpo]
+                           [--recipe smollm2_grpo]
                            [--rounds N] [--baseline DIR] [--out DIR] [--window 10] [--trl-threads N]
                            [hydra overrides for every system...]
 
@@ -22,19 +23,26 @@ PNG (reward against wall-clock seconds, one curve per run):
   base-gspo / base-gspo-sync   with --baseline DIR: rlrun-gspo(-sync) run from another checkout
                             (`git worktree add DIR <commit>`), for before/after figures alternated
                             in one bench
+  trl-smollm2 / rlrun-smollm2  the real model: `recipe=smollm2_grpo` (SmolLM2-135M-Instruct,
+                            one-digit sums, bf16 autocast; `--recipe smollm2_grpo` picks these two);
+                            rlrun-smollm2-shm: with trainer.weight_transfer=shm;
+                            rlrun-smollm2-shared: with world.cpu_affinity=none and
+                            trainer.threads=2 (the trainer may use every core); base-smollm2 with
+                            --baseline DIR
 
-The same for all: the tiny warm-started model rlrun builds (rlrun.models.tiny, same folder), the
-arithmetic prompts in the actor's seeded order (rlrun.task.tasks.problem_index; TRL's sampler
-with shuffle_dataset=False), group size, samples per optimizer step (one generation = one step
-for TRL: per_device_train_batch_size = samples per step, steps_per_generation = 1,
-num_iterations = 1), learning rate, AdamW betas, weight decay, gradient clipping, a constant
-learning rate, the clip range, temperature, max new tokens, and the exact-answer reward. TRL's
-losses are set to the ones rlrun computes (tests/unit/test_losses_vs_trl.py checks them on
-identical tensors): GRPO = loss_type "dapo" (token mean), GSPO = importance_sampling_level
-"sequence" with loss_type "grpo" (mean over sequences). Known differences, not corrected: TRL's
-advantages divide by the Bessel-corrected group std (3-7 % smaller), TRL samples with transformers
-(rlrun with vLLM), and TRL uses --trl-threads torch threads (default: every core, as a user would)
-where rlrun splits the cores between its processes.
+The same for all: the recipe's model (the tiny warm-started model rlrun builds, rlrun.models.tiny,
+or SmolLM2 from its package; the same folder), the arithmetic prompts in the actor's seeded order
+(rlrun.task.tasks.problem_index; TRL's sampler with shuffle_dataset=False), group size, samples per
+optimizer step (one generation = one step for TRL: per_device_train_batch_size = samples per step,
+steps_per_generation = 1, num_iterations = 1), learning rate, AdamW betas, weight decay, gradient
+clipping, a constant learning rate, the clip range, temperature, max new tokens, the task's reward,
+the chat template (prompts as conversations when the recipe sets model.chat_template) and bf16
+autocast when it sets trainer.mixed_precision=bf16. TRL's losses are set to the ones rlrun computes
+(tests/unit/test_losses_vs_trl.py checks them on identical tensors): GRPO = loss_type "dapo" (token
+mean), GSPO = importance_sampling_level "sequence" with loss_type "grpo" (mean over sequences).
+Known differences, not corrected: TRL's advantages divide by the Bessel-corrected group std (3-7 %
+smaller), TRL samples with transformers (rlrun with vLLM), and TRL uses --trl-threads torch threads
+(default: every core, as a user would) where rlrun splits the cores between its processes.
 
 Figures, per system, all in seconds from its launch: the time its reward first reaches 0.5, 0.7,
 0.8, 0.9 (the mean over the last --window steps, full windows only: one lucky step does not
@@ -79,8 +87,15 @@ SYSTEMS = {  # name -> (kind, recipe, extra overrides)
     "rlrun-grpo-sync": ("rlrun", "math_grpo", ["actor.max_steps_ahead=0"]),
     "base-gspo": ("base", "math_gspo", []),
     "base-gspo-sync": ("base", "math_gspo", ["actor.max_steps_ahead=0"]),
+    # the real model (recipe=smollm2_grpo): SmolLM2-135M-Instruct, one-digit sums, bf16 autocast
+    "trl-smollm2": ("trl", "smollm2_grpo", []),
+    "rlrun-smollm2": ("rlrun", "smollm2_grpo", []),
+    "rlrun-smollm2-shm": ("rlrun", "smollm2_grpo", ["trainer.weight_transfer=shm"]),
+    "rlrun-smollm2-shared": ("rlrun", "smollm2_grpo", ["world.cpu_affinity=none", "trainer.threads=2"]),
+    "base-smollm2": ("base", "smollm2_grpo", []),
 }
 DEFAULT_SYSTEMS = "trl-gspo,rlrun-gspo,rlrun-gspo-sync,trl-grpo,rlrun-grpo"
+RECIPE_SYSTEMS = {"smollm2_grpo": "trl-smollm2,rlrun-smollm2"}  # --recipe R: these systems by default
 
 
 @dataclass(frozen=True)
@@ -252,6 +267,19 @@ def trl_points(path: Path) -> tuple[list[Point], float]:
     return points, (starts[0]["seconds"] if starts else 0.0)
 
 
+def trl_split(path: Path) -> dict | None:
+    """A TRL step's time (between step ends) and its generation with scoring, medians over steps 2.."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    steps = [r for r in rows if r.get("kind") == "step"]
+    if len(steps) < 3:
+        return None
+    durations = [b["seconds"] - a["seconds"] for a, b in zip(steps[1:], steps[2:])]
+    generating = [r["generating_s"] for r in steps[2:] if r.get("generating_s") is not None]
+    step = median(durations)
+    gen = median(generating)
+    return {"step_s": step, "generating_s": gen, "train_s": step - gen if step is not None and gen is not None else None}
+
+
 def run_system(name: str, out: Path, budget_s: float, overrides: list[str], trl_threads: int, round_: int = 1,
                baseline: Path | None = None) -> dict:  # fmt: skip
     kind, recipe, extra = SYSTEMS[name]
@@ -276,7 +304,7 @@ def run_system(name: str, out: Path, budget_s: float, overrides: list[str], trl_
     rlrun = kind in ("rlrun", "base")
     points, first_start = rlrun_points(folder / "run", launched) if rlrun else trl_points(folder / "steps.jsonl")
     points = within(points, budget_s)
-    split = step_split(folder / "run", recipe) if rlrun else None
+    split = step_split(folder / "run", recipe) if rlrun else trl_split(folder / "steps.jsonl")
     print(f"[{name} #{round_}] exit {code} after {wall:.0f} s, {len(points)} steps; load {load()}", flush=True)
     return {"name": name, "round": round_, "kind": kind, "recipe": recipe, "code": code, "wall_s": wall,
             "first_step_s": first_start, "points": points, "load": f"{before} -> {load()}", "split": split}  # fmt: skip
@@ -308,11 +336,20 @@ def trl_worker(args, overrides: list[str]) -> int:
     per_step = t.samples_per_step
     groups = cfg.groups_per_step * t.max_train_steps
     order = [problem_index(c, len(task.problems), cfg.run.seed) for c in range(groups)]
-    dataset = Dataset.from_dict({"prompt": [task.problems[i].prompt for i in order], "problem": order})
+    chat = cfg.model.chat_template  # rlrun renders the prompt with the model's chat template; TRL does for messages
+
+    def as_prompt(prompt):
+        return ([{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)) if chat else prompt
+
+    dataset = Dataset.from_dict({"prompt": [as_prompt(task.problems[i].prompt) for i in order], "problem": order})
     rewards: list[float] = []
+    generating = [0.0]  # seconds in TRL's generation (and scoring) since the last step
+
+    def text_of(completion) -> str:  # a chat completion is [{"role": "assistant", "content": ...}]
+        return completion[0]["content"] if chat else completion
 
     def reward(prompts, completions, problem, **_):
-        scores = [score(text, task.problems[i].prompt, task.problems[i].row) for text, i in zip(completions, problem)]
+        scores = [score(text_of(c), task.problems[i].prompt, task.problems[i].row) for c, i in zip(completions, problem)]
         rewards.extend(scores)
         return scores
 
@@ -329,8 +366,9 @@ def trl_worker(args, overrides: list[str]) -> int:
         def on_step_end(self, _args, state, control, **_):
             batch = rewards[-per_step:]
             write({"kind": "step", "step": state.global_step, "samples": state.global_step * per_step,
-                   "reward": sum(batch) / max(len(batch), 1)})  # fmt: skip
+                   "reward": sum(batch) / max(len(batch), 1), "generating_s": round(generating[0], 3)})  # fmt: skip
             rewards.clear()
+            generating[0] = 0.0
             if time.time() - args.launched >= args.budget_s - 5.0:  # stop cleanly before the cap
                 control.should_training_stop = True
 
@@ -368,10 +406,20 @@ def trl_worker(args, overrides: list[str]) -> int:
         logging_steps=10,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        bf16=cfg.trainer.mixed_precision == "bf16",  # autocast over float32 weights, as rlrun's trainer
     )
+
+    class TimedGRPOTrainer(GRPOTrainer):  # the step split: generation (with scoring) vs the rest
+        def _generate_and_score_completions(self, inputs):
+            started = time.monotonic()
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                generating[0] += time.monotonic() - started
+
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
+    trainer = TimedGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer,
                           callbacks=[Progress()])  # fmt: skip
     trainer.train()
     steps_file.close()
@@ -410,6 +458,9 @@ def report(results: list[dict], window: int) -> str:
     equal_t = min(ends) if ends else 0.0
     names = list(dict.fromkeys(r["name"] for r in results))
     runs = {n: [r for r in results if r["name"] == n] for n in names}
+
+    def trl_of(recipe: str) -> str:  # the TRL system of a recipe, the reference of its ratios
+        return next((n for n, (kind, r, _) in SYSTEMS.items() if kind == "trl" and r == recipe), "")
     figures = {n: [figures_of(r, window, equal_t) for r in runs[n]] for n in names}
 
     def med(name: str, pick) -> float | None:
@@ -418,18 +469,19 @@ def report(results: list[dict], window: int) -> str:
 
     rounds = max(len(v) for v in runs.values()) if runs else 0
     header = (f"{'system':<16} | {'runs':>4} | {'startup s':>11} | " + " | ".join(f"{'to ' + str(th):>13}" for th in THRESHOLDS)
-              + f" | {'reward@' + format(equal_t, '.0f') + 's':>11} | {'samples/s':>16} | {'steps':>5} | {'to 0.8 / TRL':>12} | load before -> after")  # fmt: skip
+              + f" | {'reward@' + format(equal_t, '.0f') + 's':>11} | {'samples/s':>16} | {'steps':>5} | {'last step s':>13} | {'to 0.8 / TRL':>12} | load before -> after")  # fmt: skip
     lines = ["", f"seconds from each system's launch (startup included); reward = mean of the last {window} steps; "
                  f"median of {rounds} round(s) (min-max)", header, "-" * len(header)]  # fmt: skip
     for name in names:
         fs, rs = figures[name], runs[name]
-        trl = f"trl-{rs[0]['recipe'].split('_')[1]}"
+        trl = trl_of(rs[0]["recipe"])
         mine, theirs = med(name, lambda f: f["times"][0.8]), med(trl, lambda f: f["times"][0.8])
         lines.append(
             f"{name:<16} | {len(rs):>4} | {spread([r['first_step_s'] for r in rs]):>11} | "
             + " | ".join(f"{spread([f['times'][th] for f in fs]):>13}" for th in THRESHOLDS)
             + f" | {spread([f['reward_at'] for f in fs], 3):>11} | {spread([f['sps'] for f in fs]):>16} | "
-            f"{spread([len(r['points']) for r in rs]):>5} | {fmt(mine / theirs if mine and theirs else None, 2):>12} | "
+            f"{spread([len(r['points']) for r in rs]):>5} | {spread([r['points'][-1].seconds if r['points'] else None for r in rs]):>13} | "
+            f"{fmt(mine / theirs if mine and theirs else None, 2):>12} | "
             + "; ".join(r["load"] for r in rs)
         )  # fmt: skip
     lines.append("(to 0.8 / TRL: this system's median time to 0.8 over TRL's, same algorithm; <= 1.0 = no later than TRL)")
@@ -446,19 +498,23 @@ def report(results: list[dict], window: int) -> str:
                       "prefill again: tokens", head, "-" * len(head)]  # fmt: skip
         for name, sp in split_rows:
             lines.append(f"{name:<16} | " + " | ".join(f"{spread([x.get(key) for x in sp], d):>14}" for _, key, d in cols))
-    for algo in ("gspo", "grpo"):
-        a, sync, trl = f"rlrun-{algo}", f"rlrun-{algo}-sync", f"trl-{algo}"
-        mine, theirs = med(a, lambda f: f["times"][0.8]), med(trl, lambda f: f["times"][0.8])
-        if a in figures and trl in figures:
+    for a in names:
+        kind, recipe, _ = SYSTEMS[a]
+        trl, sync = trl_of(recipe), f"{a}-sync"
+        if kind != "rlrun":
+            continue
+        mine = med(a, lambda f: f["times"][0.8])
+        if trl in figures:
+            theirs = med(trl, lambda f: f["times"][0.8])
             goal = "met" if mine is not None and theirs is not None and mine <= theirs else "NOT met"
-            lines.append(f"goal {algo}: rlrun reaches 0.8 no later than TRL (ratio <= 1.0): {goal} "
-                         f"(rlrun {fmt(mine)} s, TRL {fmt(theirs)} s, ratio {fmt(mine / theirs if mine and theirs else None, 2)})")  # fmt: skip
-        if a in figures and sync in figures:
+            lines.append(f"goal {a}: reaches 0.8 no later than {trl} (ratio <= 1.0): {goal} "
+                         f"({fmt(mine)} s vs {fmt(theirs)} s, ratio {fmt(mine / theirs if mine and theirs else None, 2)})")  # fmt: skip
+        if sync in figures:
             slow = med(sync, lambda f: f["times"][0.8])
             worth = slow / mine if mine and slow else None
             sps = (med(a, lambda f: f["sps"]), med(sync, lambda f: f["sps"]))
             goal = "met" if worth is not None and worth >= 1.3 else "NOT met"
-            lines.append(f"goal {algo}: asynchrony worth >= 1.3x over rlrun-synchronous (time to 0.8): {goal} ({fmt(worth, 2)}x; "
+            lines.append(f"goal {a}: asynchrony worth >= 1.3x over {sync} (time to 0.8): {goal} ({fmt(worth, 2)}x; "
                          f"samples/s {fmt(sps[0], 1)} vs {fmt(sps[1], 1)}, {fmt(sps[0] / sps[1] if all(sps) else None, 2)}x)")  # fmt: skip
     return "\n".join(lines)
 
@@ -482,14 +538,16 @@ def draw(results: list[dict], window: int, out: Path) -> None:
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    ax.set_title("rlrun vs TRL GRPOTrainer: tiny model, arithmetic, same settings")
+    recipes = ", ".join(dict.fromkeys(r["recipe"] for r in results))
+    ax.set_title(f"rlrun vs TRL GRPOTrainer: recipe {recipes}, same settings")
     fig.savefig(out, format="png")
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=300.0, help="wall time per system, startup included (default 300)")
-    parser.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma-separated, from {','.join(SYSTEMS)}")
+    parser.add_argument("--systems", default=None, help=f"comma-separated, from {','.join(SYSTEMS)} (default {DEFAULT_SYSTEMS})")
+    parser.add_argument("--recipe", choices=sorted(RECIPE_SYSTEMS), help="the recipe's systems: " + "; ".join(f"{r}: {v}" for r, v in RECIPE_SYSTEMS.items()))
     parser.add_argument("--out", type=Path, default=None, help="where runs, logs, results.json and vs_trl.png go")
     parser.add_argument("--window", type=int, default=10, help="steps in the reward's trailing mean (default 10)")
     parser.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1, help="torch threads of the TRL process")
@@ -507,7 +565,8 @@ def main(argv: list[str]) -> int:
         print(report(results, args.window))
         draw(results, args.window, args.report.with_name("vs_trl.png"))
         return 0
-    names = [n.strip() for n in args.systems.split(",") if n.strip()]
+    systems = args.systems or (RECIPE_SYSTEMS[args.recipe] if args.recipe else DEFAULT_SYSTEMS)
+    names = [n.strip() for n in systems.split(",") if n.strip()]
     unknown = sorted(set(names) - set(SYSTEMS))
     if unknown:
         parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
