@@ -18,7 +18,6 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.syntax import Syntax
 from rich.table import Table
 
 from rlrun.cli import plot as plotting
@@ -141,6 +140,7 @@ def train(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
     """Compose the config, start Redis, vLLM, the trainer and the actor, and supervise them to the end."""
+    from rlrun.cli.dry_run import print_dry_run
     from rlrun.config import compose
     from rlrun.run import launch, preflight
     from rlrun.run.built import build
@@ -151,7 +151,7 @@ def train(
         cfg, resolved = compose(overrides)
         built = build(cfg)
         if dry_run:
-            _print_dry_run(built, resolved, launch)
+            print_dry_run(console, launch.preview(built), resolved)
             return
         if _outside_allocation(cfg):
             preflight.check_settings(built)  # a setting to fix (exit 2) is said before where to run it (exit 3)
@@ -177,6 +177,7 @@ def submit(
     """Submit the run as a SLURM batch job (world=slurm): create its run directory, write the batch
     script from the config, sbatch it and print the job id. The job requeues itself before its time
     limit; `rlrun status/logs RUN` watch it, `rlrun resume RUN` submits it again after a cancel."""
+    from rlrun.cli.dry_run import print_dry_run
     from rlrun.config import compose
     from rlrun.run import launch
     from rlrun.run.built import build
@@ -193,7 +194,7 @@ def submit(
                 "rlrun submit sends the run to SLURM: add world=slurm (and world.nodes=..., world.time=..., world.partition=...)."
             )
         if dry_run:
-            _print_dry_run(built, resolved, launch)
+            print_dry_run(console, launch.preview(built), resolved)
             return
         run_dir, job = launch.submit(built, resolved, overrides)
     _print_submitted(run_dir, job)
@@ -204,139 +205,6 @@ def _print_submitted(run_dir, job: str) -> None:
     console.print(
         f"watch it: rlrun status {run_dir.root}   rlrun logs {run_dir.root} -f   squeue -j {job}", highlight=False
     )
-
-
-def _print_dry_run(built, resolved: str, launch) -> None:
-    from rlrun.actor.partition import ownership
-    from rlrun.parts import sockets
-    from rlrun.run import preflight
-
-    cfg = built.cfg
-    run_dir = RunDir(launch.run_root(cfg))
-    preflight.check(built, run_dir.root, fresh=True, cheap=True)  # what `train` would refuse, refused now
-    gpus = launch.gpu_plan(built, preview=True)  # and more GPUs than this machine shows
-    console.print(Syntax(resolved, "yaml", theme="ansi_dark", background_color="default"))
-    table = Table(title=f"processes rlrun would start (run directory {run_dir.root})")
-    for column in ("name", "command", "notable env", "log"):
-        table.add_column(column, overflow="fold")
-    for spec in launch.plan_specs(built, run_dir, gpus):
-        env = [f"{k}={v}" for k, v in spec.env.items()] + [f"{k}=<{p}>" for k, p in spec.secret_env.items()]
-        table.add_row(spec.name, " ".join(spec.argv), " ".join(env), str(spec.log_path))
-    console.print(table)
-    owners = Table(
-        title="which actor sends to which vLLM servers"
-        + (" (and runs on the node of the first)" if cfg.world.kind == "ray" else "")
-    )
-    for column in ("actor", "vLLM servers", "prompts (positions in the run's prompt order)"):
-        owners.add_column(column)
-    k_all = cfg.actor.num_actors
-    for k, (actor, servers) in enumerate(ownership(k_all, cfg.inference.num_servers).items()):
-        owners.add_row(actor, ", ".join(servers), f"{k}, {k + k_all}, {k + 2 * k_all}, ..." if k_all > 1 else "all")
-    console.print(owners)
-    listening = Table(title='sockets the run will listen on (docs/operations.md, "What a run listens on")')
-    for column in ("process", "what", "host", "port", "a client needs"):
-        listening.add_column(column, overflow="fold")
-    backend = built.backend
-    for listener in sockets.planned(cfg, backend.redis_default_user(), backend.listeners()):
-        listening.add_row(listener.process, listener.what, listener.host, listener.port, listener.secret)
-    console.print(listening)
-    if cfg.world.kind == "local":
-        from rlrun.cluster.world import local_cores
-
-        cores = local_cores(cfg)
-        where = "; ".join(f"{name or 'the others'}: {','.join(map(str, c))}" for name, c in cores.items())
-        console.print(f"CPU cores (world.cpu_affinity={cfg.world.cpu_affinity}): {where or 'any process on any core'}")
-        _print_gpu_plan(built, gpus)
-    if cfg.world.kind == "slurm":
-        _print_slurm_plan(built, run_dir, launch)
-    if cfg.world.kind == "ray":
-        placed = Table(title="where the processes go (world=ray: one placement group, reserved before anything starts)")
-        for column in ("process", "ranks", "bundle reserved", "runs on"):
-            placed.add_column(column, overflow="fold")
-        for row in built.world.placement_rows():
-            placed.add_row(*row)
-        console.print(placed)
-    console.print("[dim]ports marked 0 are chosen when the run starts; nothing was started.[/]")
-
-
-def _print_gpu_plan(built, gpus) -> None:
-    """world=local: each process's GPUs (CUDA_VISIBLE_DEVICES), or why none are placed."""
-    if not gpus.on_gpus:
-        device = built.cfg.trainer.device
-        console.print(
-            f"GPUs: none placed ({gpus.visible.source}): vLLM as its build runs, the trainer on trainer.device={device}",
-            highlight=False,
-            markup=False,
-        )
-        if device.startswith("cuda"):
-            console.print(
-                f"[yellow]`rlrun train` here would refuse trainer.device={device}: no GPU visible.[/] Preview a GPU machine's "
-                "plan with CUDA_VISIBLE_DEVICES=0,1,... before the command.",
-                highlight=False,
-            )
-        return
-    table = Table(title=f"GPUs of each process (world=local; {gpus.visible.source})")
-    for column in ("process", "GPUs (CUDA_VISIBLE_DEVICES)", "shared with another process"):
-        table.add_column(column, overflow="fold")
-    for name, ids in gpus.gpus.items():
-        table.add_row(name, ",".join(ids) or "none", "yes" if gpus.use(name) == "shared" else "-")
-    console.print(table)
-
-
-def _print_slurm_plan(built, run_dir, launch) -> None:
-    """world=slurm: the batch script, then each process's node, ranks, GPUs and srun step."""
-    from rlrun.cluster import slurm_job, slurm_plan
-    from rlrun.cluster.world import allocation_nodes
-
-    cfg = built.cfg
-    job = slurm_job.JobEnv.from_env(os.environ)
-    if job is None:
-        nodes = slurm_plan.nodes_wanted(cfg.world)
-        where = f"the {cfg.world.nodes} node(s) the job asks for, named node0.. until SLURM names them; node0 runs the batch step"
-        console.print(
-            Syntax(
-                slurm_job.batch_script(
-                    cfg.world, run_dir.root, f"rlrun-{run_dir.root.name}", sys.executable, run_dir.slurm / "job-%j.out"
-                ),
-                "bash",
-                theme="ansi_dark",
-                background_color="default",
-            )
-        )
-    else:
-        nodes = allocation_nodes(cfg, job, os.environ.get("SLURMD_NODENAME"))
-        where = f"the nodes of SLURM job {job.job_id}"
-    try:
-        plan = built.world.slurm_plan(nodes)
-    except slurm_plan.DoesNotFit as exc:
-        from rlrun.errors import ConfigError
-
-        raise ConfigError(
-            f"the run does not fit {where}: {exc}. Change world.nodes, world.gpus_per_node or world.<role>.gpus/cpus."
-        ) from None
-    table = Table(title=f"where the processes go (world=slurm: {where})")
-    for column in ("process", "node", "ranks", "GPUs (indices on the node)"):
-        table.add_column(column, overflow="fold")
-    for name in plan.placed:
-        table.add_row(name, *slurm_plan.describe(plan, name))
-    console.print(table)
-    console.print(
-        "srun steps (each with --overlap: rlrun divides the nodes; a local process is a subprocess of rlrun in the batch step):"
-    )
-    specs = {spec.name: spec for spec in launch.plan_specs(built, run_dir)}
-    for name, placed in plan.placed.items():
-        if not placed.local:
-            record = run_dir.slurm_steps / f"{name}.<id>.json"
-            argv = slurm_plan.srun_argv(
-                plan,
-                name,
-                specs[name].argv,
-                job_id=job.job_id if job else "$SLURM_JOB_ID",
-                record=record,
-                log=specs[name].log_path,
-                srun_args=list(cfg.world.srun_args),
-            )
-            console.print(f"  {name}: {' '.join(argv)}", highlight=False, markup=False, soft_wrap=True)
 
 
 @app.command()

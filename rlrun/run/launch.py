@@ -1,4 +1,4 @@
-"""`rlrun train` as a library call: prepare the run directory, build the specs, supervise, stop.
+"""`rlrun train` as a library call: prepare the run directory, build the plan, supervise, stop.
 The CLI renders; this module decides; the trainer backend, bound once into the built run
 (`rlrun.run.built`), says its processes and how its completion is judged.
 """
@@ -17,19 +17,16 @@ from typing import Callable, Optional
 
 import yaml
 
-from rlrun.cluster.gpus import NOT_PLACED, GpuPlan, GroupsSeen, end_leftovers, find_visible
+from rlrun.cluster.gpus import GroupsSeen, end_leftovers
 from rlrun.config import RunConfig
 from rlrun.errors import ProcessFailed, RunDirError
-from rlrun.inference.server import base_url
-from rlrun.models.source import model_path
 from rlrun.parts.progress import Progress, ProgressReader
-from rlrun.parts.role_parts import Endpoints
 from rlrun.run import preflight, runlock
 from rlrun.run.built import BuiltRun
-from rlrun.run.roles import build_specs
+from rlrun.run.plan import RunPlan, build_plan, gpu_plan, plan_endpoints
 from rlrun.rundir import RunDir
 from rlrun.streams import server as redis_server
-from rlrun.supervisor import EventLog, ProcessSpec, ProcessStatus, ProgressWatch, Supervisor
+from rlrun.supervisor import EventLog, ProcessStatus, ProgressWatch, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -69,50 +66,12 @@ def create_run(built: BuiltRun, resolved_yaml: str, overrides: list[str], root: 
         return run_dir
 
 
-def plan_endpoints(
-    built: BuiltRun, pick_port: Callable[[str], int], hosts: Optional[dict[str, str]] = None
-) -> Endpoints:
-    """Ports picked free here (on inference.host / streams.host); `hosts`: the servers that listen
-    on another address (their node's: `Spawner.server_hosts`), which their URLs then name."""
-    cfg, hosts = built.cfg, dict(hosts or {})
-    if cfg.streams.url:
-        from rlrun.streams.external import process_url
-
-        redis_url, redis_port = process_url(cfg.streams.url, cfg.streams.password_file is not None), None
-    else:
-        redis_port = pick_port(cfg.streams.host)
-        redis_url = redis_server.redis_url(hosts.get("redis", cfg.streams.host), redis_port)
-    vllm_urls = [
-        base_url(hosts.get(f"vllm-{i}", cfg.inference.host), pick_port(cfg.inference.host))
-        for i in range(cfg.inference.num_servers)
-    ]
-    broadcast_port = built.backend.broadcast_port(pick_port)
-    return Endpoints(
-        redis_url=redis_url, redis_port=redis_port, vllm_urls=vllm_urls, broadcast_port=broadcast_port, hosts=hosts
-    )
-
-
-def gpu_plan(built: BuiltRun, environ: Optional[dict[str, str]] = None, preview: bool = False) -> GpuPlan:
-    """The GPUs of each process on this machine (world=local; `rlrun/cluster/gpus.py`), found from
-    `environ` (default: ours) or NVML. ConfigError when the run asks for more than it shows;
-    `preview` (a dry run) on a machine that shows none: not placed, not refused (a GPU run previewed
-    on a laptop)."""
-    if built.cfg.world.kind != "local":
-        return NOT_PLACED
-    visible = find_visible(os.environ if environ is None else environ)
-    if preview and not visible.ids:
-        return GpuPlan(visible)
-    return built.world.gpu_plan(visible)
-
-
-def plan_specs(built: BuiltRun, run_dir: RunDir, gpus: Optional[GpuPlan] = None) -> list[ProcessSpec]:
-    """The specs `train` would start (for --dry-run): ports are placeholders, nothing is built;
-    `gpus`: default, this machine's plan."""
-    endpoints = plan_endpoints(built, pick_port=lambda host: 0)
-    gpus = gpu_plan(built) if gpus is None else gpus
-    return build_specs(
-        built, run_dir, endpoints, model_path(built.cfg, build=False), EventLog(None), gpus
-    )  # nothing runs: nothing recorded
+def preview(built: BuiltRun) -> RunPlan:
+    """`--dry-run`: what `train` would refuse, refused now (the cheap checks), and the plan it would
+    start, built in the run directory it would create; nothing is created or started."""
+    run_dir = RunDir(run_root(built.cfg))
+    preflight.check(built, run_dir.root, fresh=True, cheap=True)
+    return build_plan(built, run_dir, preview=True)
 
 
 PORT_ATTEMPTS = 3  # a service losing its port to another process at start gets new ports
@@ -131,7 +90,8 @@ def train(
     run_dir = run_dir.for_new_launch()  # logs/launch-<n>/: each train/resume keeps its own logs
     if cfg.streams.url is not None:
         _use_external_redis(cfg, run_dir)
-    path = model_path(cfg, build=True)
+    plan = build_plan(built, run_dir)  # the model built, the GPUs placed: started as planned
+    path = plan.model_path
     run_dir.ensure_secret(run_dir.vllm_api_key)
     if not run_dir.current_weights.exists():
         run_dir.point_current_weights(Path(path))  # vLLM starts from the base model
@@ -149,7 +109,7 @@ def train(
     progress: Optional[ProgressReader] = None
     try:
         spawner = built.world.spawner(run_dir)  # one per launch: a retry keeps its placement
-        gpus = gpu_plan(built)  # this machine's, at every launch (a resume may run on another)
+        gpus = plan.gpus  # this machine's, at every launch (a resume may run on another)
         if gpus.on_gpus:
             spawner = GroupsSeen(spawner)  # its groups: what of the run may hold a GPU after the stop
         if gpus.on_gpus:  # what `rlrun status` shows beside each process
@@ -173,7 +133,7 @@ def train(
             if on_tick is not None:
                 tick = lambda processes, progress=progress: on_tick(processes, progress.read(cfg))  # noqa: E731
             supervisor = Supervisor(
-                build_specs(built, run_dir, endpoints, path, events, gpus),
+                plan.specs_on(endpoints, events),
                 events,
                 spawner=spawner,
                 poll_interval_s=cfg.supervisor.poll_interval_s,

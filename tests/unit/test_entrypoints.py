@@ -12,14 +12,14 @@ import pytest
 from rlrun.config import compose
 from rlrun.errors import ExitCode
 from rlrun.run.built import build
-from rlrun.run.launch import plan_specs
+from rlrun.run.plan import build_plan
 from rlrun.rundir import RunDir
 
 
 def rlrun_modules(cfg, tmp_path) -> dict[str, str]:
     """Each process started as `python -m rlrun...`: its name and module (after any wrapper)."""
     out = {}
-    for spec in plan_specs(build(cfg), RunDir(tmp_path)):
+    for spec in build_plan(build(cfg), RunDir(tmp_path), preview=True).specs:
         starts = [i for i, arg in enumerate(spec.argv[:-1]) if arg == "-m" and spec.argv[i + 1].startswith("rlrun.")]
         if starts:
             out[spec.name] = spec.argv[starts[-1] + 1]  # a rank group wraps the trainer's own command

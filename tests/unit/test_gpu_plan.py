@@ -20,6 +20,7 @@ from rlrun.config import compose
 from rlrun.errors import ConfigError
 from rlrun.run import launch
 from rlrun.run.built import build
+from rlrun.run.plan import build_plan
 from rlrun.rundir import RunDir
 from rlrun.supervisor.local import LocalSpawner
 
@@ -34,7 +35,7 @@ def plan_of(n: int, *overrides: str) -> gpus.GpuPlan:
 
 def vllm_flag(tmp_path, plan: gpus.GpuPlan, overrides: list[str], flag: str, server: str = "vllm-0") -> str:
     built = build(compose(overrides)[0])
-    spec = next(s for s in launch.plan_specs(built, RunDir(tmp_path), plan) if s.name == server)
+    spec = next(s for s in build_plan(built, RunDir(tmp_path), plan, preview=True).specs if s.name == server)
     return spec.argv[spec.argv.index(flag) + 1]
 
 
@@ -78,7 +79,7 @@ def test_eight_gpus_two_servers_of_tensor_parallel_2_and_four_ranks(tmp_path):
         "redis": (), "vllm-0": ("0", "1"), "vllm-1": ("2", "3"), "trainer": ("4", "5", "6", "7"), "actor-0": (), "actor-1": (),
     }  # fmt: skip
     assert vllm_flag(tmp_path, plan, overrides, "--tensor-parallel-size", "vllm-1") == "2"  # vLLM told its size
-    specs = {s.name: s for s in launch.plan_specs(build(compose(overrides)[0]), RunDir(tmp_path), plan)}
+    specs = {s.name: s for s in build_plan(build(compose(overrides)[0]), RunDir(tmp_path), plan, preview=True).specs}
     assert specs["trainer"].env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"  # rank r takes cuda:r among them
 
 
@@ -163,7 +164,7 @@ def test_each_spawned_process_reads_its_own_gpus_from_its_environment(tmp_path, 
     overrides = [*CUDA, "trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2", "inference.num_servers=2",
                  "inference.tensor_parallel_size=2"]  # fmt: skip
     built = build(compose(overrides)[0])
-    specs = launch.plan_specs(built, RunDir(tmp_path / "run"), launch.gpu_plan(built))
+    specs = build_plan(built, RunDir(tmp_path / "run"), launch.gpu_plan(built), preview=True).specs
     spawner = LocalSpawner()
     handles = {}
     for spec in specs:  # the spec as the supervisor gets it, its command swapped for one that reads its environment
@@ -303,7 +304,7 @@ def test_without_nvml_a_restart_is_not_held_back_and_says_why():
 def test_each_process_on_gpus_waits_for_its_own_gpus_before_its_own_hook(tmp_path):
     built = build(compose(CUDA)[0])
     plan = plan_of(2, *CUDA)
-    specs = {s.name: s for s in launch.plan_specs(built, RunDir(tmp_path), plan)}
+    specs = {s.name: s for s in build_plan(built, RunDir(tmp_path), plan, preview=True).specs}
     assert specs["redis"].before_start is None and specs["actor"].before_start is not None  # untouched: no GPU
     calls: list = []
     nvml = RecordedNvml({"0": [[]], "1": [[DEAD], []]})
@@ -422,7 +423,7 @@ def test_a_real_leftover_in_one_of_the_run_s_groups_is_ended(tmp_path):
     from rlrun.supervisor.local import LocalSpawner
 
     seen = gpus.GroupsSeen(LocalSpawner())
-    spec = launch.plan_specs(build(compose([])[0]), RunDir(tmp_path), gpus.NOT_PLACED)[0]
+    spec = build_plan(build(compose([])[0]), RunDir(tmp_path), gpus.NOT_PLACED, preview=True).specs[0]
     handle = seen.spawn(dataclasses.replace(spec, argv=[sys.executable, "-c", "import time; time.sleep(300)"], secret_env={},
                                             log_path=tmp_path / "left.log"))  # fmt: skip (not stdin: CI has none, so a read ends at once)
     assert seen.groups == {handle.pid}

@@ -10,7 +10,7 @@ import pytest
 from rlrun.cluster import placement
 from rlrun.config import compose
 from rlrun.errors import ConfigError
-from rlrun.run.launch import plan_specs
+from rlrun.run.plan import build_plan
 from rlrun.run.built import build
 from rlrun.rundir import RunDir
 from rlrun.supervisor.local import LocalSpawner
@@ -47,7 +47,7 @@ def test_world_ray_bundles_follow_the_config():
 )
 def test_process_names_are_the_ones_the_roles_build(overrides, tmp_path):
     cfg, _ = compose(overrides)
-    assert build(cfg).world.process_names() == [spec.name for spec in plan_specs(build(cfg), RunDir(tmp_path))]
+    assert build(cfg).world.process_names() == [spec.name for spec in build_plan(build(cfg), RunDir(tmp_path), preview=True).specs]
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 
 from rlrun.config import compose
 from rlrun.errors import ConfigError
-from rlrun.run.launch import plan_specs
+from rlrun.run.plan import build_plan
 from rlrun.run.preflight import check_settings
 from rlrun.run.built import build
 from rlrun.parts.role_parts import RedisProbe
@@ -21,7 +21,7 @@ from rlrun.trainer.parallel import Ranks
 
 def trainer_spec(tmp_path, *overrides):
     cfg, _ = compose(list(overrides))
-    return next(spec for spec in plan_specs(build(cfg), RunDir(tmp_path)) if spec.name == "trainer")
+    return next(spec for spec in build_plan(build(cfg), RunDir(tmp_path), preview=True).specs if spec.name == "trainer")
 
 
 def test_one_rank_is_the_plain_trainer_process(tmp_path):

@@ -16,9 +16,9 @@ import torch
 from rlrun.config import compose
 from rlrun.errors import ConfigError
 from rlrun.inference.admin import VllmAdmin
-from rlrun.run.launch import plan_specs
 from rlrun.parts.role_file import read_role_file
 from rlrun.run.built import build
+from rlrun.run.plan import build_plan
 from rlrun.rundir import RunDir
 from rlrun.trainer import weight_broadcast
 from rlrun.trainer.parallel import collective_backend
@@ -76,7 +76,7 @@ def test_broadcast_gets_a_port_on_the_inference_host_and_the_trainer_is_told(tmp
     run = RunDir(tmp_path)
     run.root.mkdir(exist_ok=True)
     run.config.write_text(json.dumps({"trainer": {"weight_transfer": "broadcast"}}))
-    trainer = next(spec for spec in plan_specs(built, run) if spec.name == "trainer")
+    trainer = next(spec for spec in build_plan(built, run, preview=True).specs if spec.name == "trainer")
     trainer.before_start()
     role = read_role_file(run.role_file("trainer"))
     assert role.broadcast_host == "127.0.0.1" and role.broadcast_port == 0  # --dry-run: a placeholder port
