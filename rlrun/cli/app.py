@@ -23,11 +23,9 @@ from rich.table import Table
 from rlrun.cli import plot as plotting
 from rlrun.cli import status as run_status
 from rlrun.errors import (
-    EnvironmentProblem,
     ExitCode,
     Interrupted,
     ProcessFailed,
-    RestartsExhausted,
     RlrunError,
     RunDirError,
 )
@@ -76,59 +74,33 @@ def _errors(debug: bool, run: bool = False) -> Iterator[None]:
 
 
 def _supervise(built, run_dir, resumed: bool = False) -> None:
-    """Run to the end under the live view, then report how it ended. In a SLURM job (world=slurm)
-    the signal before its time limit stops the run too, and the job requeues itself."""
+    """Run to the end under the live view, then report how it ended. SIGTERM (and, in a SLURM job,
+    the signal before its time limit) stops the run in order; `StopSignals` says what each means."""
     from rlrun.cli.live import LiveView
-    from rlrun.cluster import slurm_job
     from rlrun.run import launch
+    from rlrun.run.stop_signals import StopSignals
 
-    cfg = built.cfg
-    job = slurm_job.JobEnv.from_env(os.environ) if cfg.world.kind == "slurm" else None
-    stops: list[str] = []
-    outcomes: list = []
+    stops = StopSignals.of(built, run_dir, os.environ)
 
-    def stop(signum, frame) -> None:  # the first one starts the orderly stop; later ones must not cut it short
-        stops.append(signal.Signals(signum).name.removeprefix("SIG"))
-        if len(stops) > 1:
-            return
-        if job is not None and stops[0] == "TERM":
-            # SLURM is ending the job (scancel, preemption, the limit): it has signalled every process
-            # and kills what is left, rlrun included, KillWait later. Say so now, then stop in order.
-            outcomes.append(
-                slurm_job.after_stop(run_dir, job, cfg.world, "TERM", launch.checkpoint_step(built, run_dir))
-            )
-        raise KeyboardInterrupt
+    def stop(signum, frame) -> None:
+        if stops.received_signal(signal.Signals(signum).name.removeprefix("SIG")):
+            raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop)
-    if job is not None:
-        signal.signal(getattr(signal, f"SIG{slurm_job.TIME_LIMIT_SIGNAL}"), stop)
-        slurm_job.record_start(run_dir, job, cfg.world, launch.checkpoint_step(built, run_dir))
+    for name in stops.names:
+        signal.signal(getattr(signal, f"SIG{name}"), stop)
+    stops.started()
     try:
-        with LiveView(console, live=cfg.supervisor.live_view) as view:
+        with LiveView(console, live=built.cfg.supervisor.live_view) as view:
             reason = launch.train(built, run_dir, on_tick=view.update, resumed=resumed)
     except KeyboardInterrupt:
-        if job is None:
+        if stops.job is None:
             raise
-        for ignored in (signal.SIGTERM, getattr(signal, f"SIG{slurm_job.TIME_LIMIT_SIGNAL}")):
-            signal.signal(ignored, signal.SIG_IGN)  # a requeue signals the batch step: the job is ours to end
-        if outcomes:  # said at the signal; the orderly stop wrote "interrupted" over it since
-            outcome = outcomes[0]
-            run_dir.write_state(status=outcome.status)
-        else:
-            outcome = slurm_job.after_stop(
-                run_dir, job, cfg.world, stops[0] if stops else "INT", launch.checkpoint_step(built, run_dir)
-            )
-        if outcome.no_progress:
-            raise RestartsExhausted(outcome.message, process="slurm job") from None
+        for name in stops.names:  # a requeue signals the batch step: the job is ours to end
+            signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
+        outcome = stops.after_stop()
         err_console.print(f"[yellow]{outcome.status}:[/] {escape(outcome.message)}", highlight=False)
         raise typer.Exit(int(Interrupted.exit_code)) from None
     _report_end(built, run_dir, reason)
-
-
-def _outside_allocation(cfg) -> bool:
-    from rlrun.cluster import slurm_job
-
-    return cfg.world.kind == "slurm" and not slurm_job.in_allocation()
 
 
 @app.command(context_settings={"allow_extra_args": False})
@@ -142,7 +114,7 @@ def train(
     """Compose the config, start Redis, vLLM, the trainer and the actor, and supervise them to the end."""
     from rlrun.cli.dry_run import print_dry_run
     from rlrun.config import compose
-    from rlrun.run import launch, preflight
+    from rlrun.run import launch
     from rlrun.run.built import build
 
     overrides = list(overrides or [])
@@ -153,12 +125,7 @@ def train(
         if dry_run:
             print_dry_run(console, launch.preview(built), resolved)
             return
-        if _outside_allocation(cfg):
-            preflight.check_settings(built)  # a setting to fix (exit 2) is said before where to run it (exit 3)
-            raise EnvironmentProblem(
-                "world=slurm runs inside a SLURM job: `rlrun submit ...` (same arguments) submits it as a batch job, "
-                "or start `rlrun train` within `salloc`."
-            )
+        launch.refuse_outside_allocation(built)
         with launch.new_run(built, resolved, overrides) as run_dir:  # owned until it ends
             console.print(f"run directory: [bold]{run_dir.root}[/]")
             _supervise(built, run_dir)
@@ -215,6 +182,7 @@ def resume(
 ) -> None:
     """Continue a stopped or crashed run: Redis from its AOF, the trainer from its last complete
     checkpoint, vLLM with the current weights, the actor from its token journal."""
+    from rlrun.run import launch
     from rlrun.run import resume as resuming
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(name)s: %(message)s")
@@ -226,7 +194,7 @@ def resume(
             if plan.already_finished:
                 console.print(f"{run_dir} already finished; nothing to do.")
                 return
-            as_job = _outside_allocation(plan.built.cfg)  # a SLURM run continues as a job: submitted again
+            as_job = launch.outside_allocation(plan.built.cfg)  # a SLURM run continues as a job: submitted again
             if as_job:
                 resuming.check_job_gone(plan.run_dir)
             resuming.apply(plan)
@@ -234,8 +202,6 @@ def resume(
                 console.print(f"{'starting' if plan.fresh else 'resuming'} run directory: [bold]{plan.run_dir.root}[/]")
                 _supervise(plan.built, plan.run_dir, resumed=not plan.fresh)
                 return
-        from rlrun.run import launch
-
         _print_submitted(
             plan.run_dir, launch.submit_job(plan.built.cfg, plan.run_dir)
         )  # let go first: the job owns the run

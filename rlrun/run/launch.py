@@ -19,7 +19,7 @@ import yaml
 
 from rlrun.cluster.gpus import GroupsSeen, end_leftovers
 from rlrun.config import RunConfig
-from rlrun.errors import ProcessFailed, RunDirError
+from rlrun.errors import EnvironmentProblem, ProcessFailed, RunDirError
 from rlrun.parts.progress import Progress, ProgressReader
 from rlrun.run import preflight, runlock
 from rlrun.run.built import BuiltRun
@@ -34,6 +34,24 @@ log = logging.getLogger(__name__)
 def run_root(cfg: RunConfig) -> Path:
     name = cfg.run.name or f"{cfg.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
     return Path(cfg.run.dir).expanduser() if cfg.run.dir else Path(cfg.run.runs_root) / name
+
+
+def outside_allocation(cfg: RunConfig) -> bool:
+    """world=slurm, but not inside a SLURM job: the run goes to SLURM as a batch job."""
+    from rlrun.cluster import slurm_job
+
+    return cfg.world.kind == "slurm" and not slurm_job.in_allocation()
+
+
+def refuse_outside_allocation(built: BuiltRun) -> None:
+    """`rlrun train` of world=slurm starts inside a SLURM job; outside one, EnvironmentProblem naming
+    `rlrun submit`, after any setting to fix (exit 2 is said before where to run it, exit 3)."""
+    if outside_allocation(built.cfg):
+        preflight.check_settings(built)
+        raise EnvironmentProblem(
+            "world=slurm runs inside a SLURM job: `rlrun submit ...` (same arguments) submits it as a batch job, "
+            "or start `rlrun train` within `salloc`."
+        )
 
 
 @contextmanager
@@ -211,12 +229,6 @@ def _use_external_redis(cfg: RunConfig, run_dir: RunDir) -> None:
         run_dir.write_secret(run_dir.redis_password, password)
     elif run_dir.redis_password.exists():
         run_dir.redis_password.unlink()  # none now: an old one would be sent to a server that wants none
-
-
-def checkpoint_step(built: BuiltRun, run_dir: RunDir) -> int:
-    """The step a restart of the trainer would resume from (0: none yet), by its backend's rule."""
-    usable = [c.step for c in built.backend.layout.candidates(run_dir) if c.skipped_because is None]
-    return max(usable, default=0)
 
 
 def submit(built: BuiltRun, resolved_yaml: str, overrides: list[str]) -> tuple[RunDir, str]:
