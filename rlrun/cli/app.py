@@ -476,7 +476,3 @@ def _report_end(built, run_dir, reason: str) -> None:
         console.print(f"plot:    {plotting.plot_run(run_dir).path}", soft_wrap=True)
     except Exception as exc:  # noqa: BLE001 - the run is done; a missing picture is not a failure
         err_console.print(f"[yellow]warning:[/] no plot written: {exc}", highlight=False)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
