@@ -192,6 +192,28 @@ def rlrun_points(run_dir: Path, launched: float) -> tuple[list[Point], float]:
     return points, first_start
 
 
+def startup_split(run_dir: Path, launched: float) -> dict | None:
+    """Where an rlrun run's start went, seconds from its launch (events.jsonl, metrics.jsonl): the
+    supervisor up (the CLI composed the config, made the run directory), Redis, the trainer and
+    vLLM ready, the actor started, the first step's groups arrived, the first step done."""
+    path = run_dir / "events.jsonl"
+    if not path.is_file():
+        return None
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def first(event: str, process: str = "") -> float | None:
+        hit = next((e for e in events if e.get("event") == event and e.get("process", "") == process), None)
+        return hit["time"] - launched if hit else None
+
+    points, groups_at = rlrun_points(run_dir, launched)
+    return {
+        "supervisor_s": first("run_started"), "redis_s": first("process_ready", "redis"),
+        "trainer_s": first("process_ready", "trainer"), "vllm_s": first("process_ready", "vllm-0"),
+        "actor_s": first("process_started", "actor"), "groups_s": groups_at if points else None,
+        "first_step_s": points[0].seconds if points else None,
+    }  # fmt: skip
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """Linear-interpolated percentile, q in [0, 100]; None for no values."""
     ordered = sorted(values)
@@ -305,9 +327,11 @@ def run_system(name: str, out: Path, budget_s: float, overrides: list[str], trl_
     points, first_start = rlrun_points(folder / "run", launched) if rlrun else trl_points(folder / "steps.jsonl")
     points = within(points, budget_s)
     split = step_split(folder / "run", recipe) if rlrun else trl_split(folder / "steps.jsonl")
+    startup = startup_split(folder / "run", launched) if rlrun else None
     print(f"[{name} #{round_}] exit {code} after {wall:.0f} s, {len(points)} steps; load {load()}", flush=True)
     return {"name": name, "round": round_, "kind": kind, "recipe": recipe, "code": code, "wall_s": wall,
-            "first_step_s": first_start, "points": points, "load": f"{before} -> {load()}", "split": split}  # fmt: skip
+            "first_step_s": first_start, "points": points, "load": f"{before} -> {load()}", "split": split,
+            "startup": startup}  # fmt: skip
 
 
 # --- TRL, in its own process (--worker) ------------------------------------------------------------
@@ -498,6 +522,17 @@ def report(results: list[dict], window: int) -> str:
                       "prefill again: tokens", head, "-" * len(head)]  # fmt: skip
         for name, sp in split_rows:
             lines.append(f"{name:<16} | " + " | ".join(f"{spread([x.get(key) for x in sp], d):>14}" for _, key, d in cols))
+    start_rows = [(n, [r["startup"] for r in runs[n] if r.get("startup")]) for n in names]
+    start_rows = [(n, st) for n, st in start_rows if st]
+    if start_rows:
+        cols = [("supervisor up", "supervisor_s"), ("redis ready", "redis_s"), ("trainer ready", "trainer_s"),
+                ("vllm ready", "vllm_s"), ("actor started", "actor_s"), ("groups in", "groups_s"),
+                ("first step", "first_step_s")]  # fmt: skip
+        head = f"{'startup':<16} | " + " | ".join(f"{c[0]:>13}" for c in cols)
+        lines += ["", "seconds from launch at which each rlrun run reached each point (events.jsonl), median (min-max)",
+                  head, "-" * len(head)]  # fmt: skip
+        for name, st in start_rows:
+            lines.append(f"{name:<16} | " + " | ".join(f"{spread([x.get(key) for x in st], 1):>13}" for _, key in cols))
     for a in names:
         kind, recipe, _ = SYSTEMS[a]
         trl, sync = trl_of(recipe), f"{a}-sync"
