@@ -67,7 +67,8 @@ from rlrun.task.tasks import load_task
 from rlrun.inference.auth import bearer_header
 from rlrun.inference.server import HealthCheck, base_url, server_argv, server_env
 from rlrun.journal.store import KEY_PREFIX
-from rlrun.run.launch import create_run, model_path
+from rlrun.models.source import model_path
+from rlrun.run.launch import create_run
 from rlrun.run.built import build
 from rlrun.streams import names
 from rlrun.streams.server import connect, pick_free_port

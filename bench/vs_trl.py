@@ -233,7 +233,7 @@ def mean_prompt_tokens(recipe: str) -> float:
     from rlrun.actor.tokenizer import load_tokenizer
     from rlrun.config import compose
     from rlrun.task.tasks import load_task
-    from rlrun.run.launch import model_path
+    from rlrun.models.source import model_path
 
     cfg, _ = compose([f"recipe={recipe}"])
     tokenizer, task = load_tokenizer(model_path(cfg, build=True)), load_task(cfg.dataset, cfg.run.seed)
@@ -349,7 +349,7 @@ def trl_worker(args, overrides: list[str]) -> int:
     from rlrun.config import compose
     from rlrun.task.rewards import reward_in_process
     from rlrun.task.tasks import load_task, problem_index
-    from rlrun.run.launch import model_path
+    from rlrun.models.source import model_path
 
     torch.set_num_threads(args.trl_threads)
     cfg, _ = compose(overrides)

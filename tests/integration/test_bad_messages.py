@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from rlrun.run import launch
+from rlrun.run import launch, plan
 from rlrun.actor.ledger import JournalLedger
 from rlrun.actor.loop import Actor
 from rlrun.task.pool import scorer_for
@@ -257,15 +257,15 @@ def test_a_port_taken_at_start_is_retried_on_fresh_ports(tmp_path, monkeypatch):
             return lambda exits: RunVerdict(True, "Redis is up")
 
     built = dataclasses.replace(built, backend=RedisIsEnough(cfg))
-    real_pick, real_specs = launch.redis_server.pick_free_port, launch.build_specs
+    real_pick, real_specs = launch.redis_server.pick_free_port, plan.build_specs
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         picks = iter([port])
         monkeypatch.setattr(launch.redis_server, "pick_free_port", lambda host: next(picks, None) or real_pick(host))
-        monkeypatch.setattr(launch, "model_path", lambda cfg, build: str(tmp_path / "model"))
-        monkeypatch.setattr(launch, "build_specs", lambda *a, **k: [s for s in real_specs(*a, **k) if s.name == "redis"])
+        monkeypatch.setattr(plan, "model_path", lambda cfg, build: str(tmp_path / "model"))
+        monkeypatch.setattr(plan, "build_specs", lambda *a, **k: [s for s in real_specs(*a, **k) if s.name == "redis"])
         assert launch.train(built, run_dir) == "Redis is up"
     recorded = [json.loads(line) for line in run_dir.events.read_text().splitlines()]
     assert [(e["process"], e["attempt"]) for e in recorded if e["event"] == "port_taken"] == [("redis", 1)]
