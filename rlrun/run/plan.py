@@ -41,6 +41,8 @@ class SlurmSteps:
 
 @dataclass(frozen=True)
 class RunPlan:
+    """What a run starts and where; built before anything starts, changed by nothing after."""
+
     built: BuiltRun
     run_dir: RunDir
     model_path: str  # the folder (or hub id) vLLM and the trainer load

@@ -33,13 +33,13 @@ def client(server):
 @pytest.fixture
 def nothing_starts(monkeypatch):
     """`rlrun train` run in-process may refuse, never start: the launch's supervisor and model build fail the test."""
-    from rlrun.run import launch
+    from rlrun.run import launch, plan
 
     def refuse(*args, **kwargs):
         raise AssertionError("the preflight let this run through: something would have been started")
 
     monkeypatch.setattr(launch, "Supervisor", refuse)
-    monkeypatch.setattr(launch, "model_path", refuse)
+    monkeypatch.setattr(plan, "model_path", refuse)
     handler = signal.getsignal(signal.SIGTERM)  # the CLI installs its own before supervising
     yield
     signal.signal(signal.SIGTERM, handler)
