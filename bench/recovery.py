@@ -10,7 +10,7 @@ tests/e2e/test_recovery.py, `actor.audit=true`, more steps so the run lasts), an
      in flight (groups not delivered yet);
   2. once vLLM is ready again and two more optimizer steps are done, samples for `--sample-s`
      seconds (1 s interval, psutil) the CPU % and RSS of the `rlrun train` process itself, of its
-     guard processes (its `rlrun.supervisor.guard` children), and of the whole process tree;
+     guard processes (its `rlrun.entrypoints.guard` children), and of the whole process tree;
   3. then, once >= 200 tokens are in flight again, SIGKILLs the actor (`--actor-kills K`: K times,
      each once the previous new actor has journaled tokens and a step was taken; the actor's
      `healthy_after_s` is then 2 s so every kill gets the first failure's backoff, 0.25 s);
@@ -196,7 +196,7 @@ def sample_overhead(root_pid: int, seconds: float, interval: float = 1.0) -> dic
         guards = []
         for child in children:
             with contextlib.suppress(psutil.Error):
-                if "rlrun.supervisor.guard" in " ".join(child.cmdline()):
+                if "rlrun.entrypoints.guard" in " ".join(child.cmdline()):
                     guards.append(proc(child))
         row = {"rlrun_cpu": 0.0, "rlrun_rss": 0, "guard_cpu": 0.0, "guard_rss": 0, "guard_rss_max_one": 0, "tree_cpu": 0.0, "tree_rss": 0, "guards": 0}
         with contextlib.suppress(psutil.Error):

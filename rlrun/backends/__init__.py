@@ -75,7 +75,7 @@ class TrainerBackend(Protocol):
     def trainer_ranks(self) -> int: ...  # world=ray reserves world.trainer.cpus/gpus per rank
 
     # world=ray: its ranks may run on several nodes, one bundle each (its trainer command is a
-    # `rlrun.trainer.rank_group`, started once per node); False: all on one node, in one bundle.
+    # `rlrun.entrypoints.rank_group`, started once per node); False: all on one node, in one bundle.
     ranks_span_nodes: bool
 
     def config_problems(self) -> list[str]:

@@ -77,7 +77,7 @@ class HfBackend:
     cfg: RunConfig
     name: ClassVar[str] = "hf"
     layout: ClassVar[HfLayout] = HfLayout()
-    ranks_span_nodes: ClassVar[bool] = True  # its rank group is started per node (rlrun.trainer.rank_group)
+    ranks_span_nodes: ClassVar[bool] = True  # its rank group is started per node (rlrun.entrypoints.rank_group)
 
     def roles(self) -> list[str]:
         return ["trainer"]
@@ -158,7 +158,7 @@ class HfBackend:
         )
         nproc = cfg.trainer.nproc_per_node
         if nproc > 1:  # one supervised process: a rank that fails takes the group down (rank_group.py)
-            argv = [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", str(nproc), "--", *argv]
+            argv = [sys.executable, "-m", "rlrun.entrypoints.rank_group", "--nproc", str(nproc), "--", *argv]
         others = tuple(names.rank_heartbeat(rank) for rank in range(1, nproc))  # the watchdog sees every rank
         # A fresh trainer needs only Redis before its first step: it loads torch and the model while
         # vLLM starts. One resuming from a checkpoint first hands its weights to vLLM: it waits.

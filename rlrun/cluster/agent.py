@@ -57,7 +57,7 @@ class NodeAgent:
         child_env.update(env)
         with open(log_path, "ab", buffering=0) as log_file:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "rlrun.cluster.holder", str(os.getpid()), "--", *argv],  # guard in a guard
+                [sys.executable, "-m", "rlrun.entrypoints.holder", str(os.getpid()), "--", *argv],  # guard in a guard
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

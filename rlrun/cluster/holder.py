@@ -1,4 +1,5 @@
-"""Two guards for a process on a Ray node: `python -m rlrun.cluster.holder AGENT_PID -- CMD...`.
+"""Two guards for a process on a Ray node, started as
+`python -m rlrun.entrypoints.holder AGENT_PID -- CMD...`.
 
 Why: Ray SIGKILLs the direct children of a worker that exits, so a guard the agent started
 directly would die before killing its group. The agent starts this outer guard, which runs the
@@ -8,20 +9,15 @@ guard then SIGKILLs the group. Exit statuses pass through; this one leads the gr
 
 from __future__ import annotations
 
+import os
 import sys
 
 from rlrun.supervisor import guard
 
-
-def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m rlrun.cluster.holder AGENT_PID -- CMD...", file=sys.stderr)
-        return 2
-    import os
-
-    inner = [sys.executable, "-m", "rlrun.supervisor.guard", str(os.getpid()), "--", *argv[2:]]
-    return guard.main([argv[0], "--", *inner])
+GUARD_MODULE = "rlrun.entrypoints.guard"
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def run(agent: int, cmd: list[str]) -> int:
+    """Guard the inner guard of `cmd` against `agent`'s death; exit as `cmd` did."""
+    inner = [sys.executable, "-m", GUARD_MODULE, str(os.getpid()), "--", *cmd]
+    return guard.run(agent, inner)

@@ -25,7 +25,7 @@ from typing import Optional
 from rlrun.cluster import placement
 from rlrun.config.schema import WorldConfig
 
-STEP_MODULE = "rlrun.cluster.slurm_step"
+STEP_MODULE = "rlrun.entrypoints.slurm_step"
 
 
 class DoesNotFit(ValueError):

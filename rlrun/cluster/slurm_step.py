@@ -1,6 +1,6 @@
 """The start of every srun step of a world=slurm run, on each of its nodes:
 
-    python -m rlrun.cluster.slurm_step --record PATH [--gpus 0,1 | --layout JSON] -- CMD...
+    python -m rlrun.entrypoints.slurm_step --record PATH [--gpus 0,1 | --layout JSON] -- CMD...
 
 It makes this task lead its process group (the probes compare a process's `os.getpgrp()` with the
 pid the supervisor tracks), narrows CUDA_VISIBLE_DEVICES to the GPUs the plan gave it (the step
@@ -19,7 +19,6 @@ process of the step and kills them with it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -101,31 +100,24 @@ def _wait_for_port(path: Path, deadline: float) -> int:
     raise TimeoutError(f"no rendezvous port from the first node in {path} after {PORT_WAIT_S:g} s")
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rlrun::slurm-step")
-    parser.add_argument("--record", type=Path, required=True, help="where the first node's task records its pid")
-    parser.add_argument("--gpus", default="", help="GPU indices (among the step's) of this one-node step")
-    parser.add_argument("--layout", default="", help="ranks per node of a process spanning nodes (JSON)")
-    parser.add_argument("cmd", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    if not cmd:
-        parser.error("need a command after --")
+def run_step(record_path: Path, gpus: str, layout_json: str, cmd: list[str]) -> int:
+    """This node's task of the step: record, narrow the GPUs, run `cmd` (its rank group with
+    `layout_json`) and exit as it did; 2 when the plan does not fit the job, as a config error."""
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     if os.getpgrp() != os.getpid():
         os.setpgid(0, 0)
     try:
-        planned = [int(g) for g in args.gpus.split(",") if g]
+        planned = [int(g) for g in gpus.split(",") if g]
         first, node_rank = True, 0
-        if args.layout:
+        if layout_json:
             from rlrun.trainer.rank_group import free_port
 
-            layout = json.loads(args.layout)
+            layout = json.loads(layout_json)
             for_node(layout, node, cmd, 0)  # a node not in the layout: said now, not after the wait
             mine = layout["nodes"][node]
             planned, node_rank = mine["gpus"], mine["node_rank"]
             first = node_rank == 0
-            ports = port_file(args.record)
+            ports = port_file(record_path)
             if first:
                 port = free_port(layout["master_addr"])
                 _write(ports, str(port))
@@ -145,14 +137,14 @@ def main(argv: list[str]) -> int:
                 "job": os.environ.get("SLURM_JOB_ID"),
                 "step": os.environ.get("SLURM_STEP_ID"),
             }
-            _write(args.record, json.dumps(record) + "\n")
+            _write(record_path, json.dumps(record) + "\n")
     except (ValueError, KeyError) as exc:  # a plan that does not fit the job: a restart would meet it again
         print(f"rlrun slurm step on {node}: {exc}", file=sys.stderr, flush=True)
         return 2  # as a configuration error: the supervisor does not retry it
     except (TimeoutError, OSError) as exc:
         print(f"rlrun slurm step on {node}: {exc}", file=sys.stderr, flush=True)
         return 1
-    return run(cmd, exit_file(args.record, node_rank))
+    return run(cmd, exit_file(record_path, node_rank))
 
 
 def run(cmd: list[str], exit_path: Path) -> int:
@@ -176,7 +168,3 @@ def run(cmd: list[str], exit_path: Path) -> int:
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -3,7 +3,7 @@
     spawner = SlurmSpawner(slurm_plan.plan(...), job_id, run_dir.slurm_steps)
     Supervisor(specs, events, spawner=spawner)   # same restart policy, completion rule, journal
 
-Owns: starting a placed process as `srun --overlap ... python -m rlrun.cluster.slurm_step -- ARGV`
+Owns: starting a placed process as `srun --overlap ... python -m rlrun.entrypoints.slurm_step -- ARGV`
 on its planned nodes (one task per node), waiting for the step's record of its pid, and signalling
 the step through SLURM (`scancel --signal`): a step's every process, on every node, gets it. A
 process beside the supervisor (`world.<role>.local`, Redis by default) starts through the local

@@ -1,6 +1,6 @@
 """The configuration reference (docs/config-reference.md), generated from the typed config.
 
-    python -m rlrun.config.reference > docs/config-reference.md
+    python -m rlrun.entrypoints.config_reference > docs/config-reference.md
 
 Every field of the schema with its type, its default, what `rlrun train` without overrides uses
 where that differs, and the comment written after it in the source (read with `tokenize` and `ast`);
@@ -23,7 +23,7 @@ from rlrun.config import schema
 from rlrun.config.bounds import range_of
 from rlrun.config.compose import GROUPS, composed, conf_dir, group_options
 
-COMMAND = "python -m rlrun.config.reference > docs/config-reference.md"
+COMMAND = "python -m rlrun.entrypoints.config_reference > docs/config-reference.md"  # how it is regenerated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,7 +252,3 @@ def _changes(shipped: dict, defaults: dict[str, str]) -> list[str]:
                 out.append("- (no change)")
             out.append("")
     return out
-
-
-if __name__ == "__main__":
-    print(render(), end="")

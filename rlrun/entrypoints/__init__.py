@@ -1,28 +1,38 @@
-"""Where each of rlrun's own role processes starts: `python -m rlrun.entrypoints.<role> ROLE_FILE`,
-the role file being `<run>/roles/<name>.yaml` (`rlrun/role_file.py`): rerun any role by hand with it.
+"""Where each of rlrun's processes starts: `python -m rlrun.entrypoints.<name>`. Every `python -m`
+main of rlrun is here; the library modules hold none and read no argv.
 
-Each `main()` reads its role file, builds the role's objects, runs them and always closes them, and
-turns what a restart would meet again (a config, a checkpoint, a full disk) into exit 2, which the
-supervisor never retries. The library modules they build hold no `main` and read no argv. Started
-as a module, an entry point first names its process (`rlrun:<role>` in `ps`: `proctitle`) and
+The roles (actor, trainer, weights, reward_worker) take a role file, `<run>/roles/<name>.yaml`
+(`rlrun/parts/role_file.py`): rerun any role by hand with it. Each role's `main()` reads its role file,
+builds the role's objects, runs them and always closes them, and turns what a restart would meet
+again (a config, a checkpoint, a full disk) into exit 2, which the supervisor never retries.
+Started as a module, a role first names its process (`rlrun:<role>` in `ps`: `proctitle`) and
 arms its stack dump (`kill -USR1`: `stackdump`).
+
+The process mechanics below the roles: `guard` (the guard of each child), `holder` (a process's
+two guards on a Ray node), `rank_group` (a trainer's ranks as one process), `slurm_step` (each
+srun step); and `config_reference`, which writes docs/config-reference.md. They parse their argv
+and call one library function. This package imports nothing heavy at its top (a guard starts
+before every child): asyncio and logging are imported where they are used.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import logging
 import os
 import signal
-from collections.abc import Coroutine
-from typing import Any, Callable, NoReturn
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import logging
+    from collections.abc import Coroutine
+    from typing import Any, Callable, NoReturn
 
 QUIET_LOGGERS = ("httpx",)  # a line per HTTP request (five per weight update and server) would bury the role's own
 
 
 def configure_logging() -> None:
     """A role's log lines (its stderr goes to its log file); QUIET_LOGGERS only say what went wrong."""
+    import logging
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -34,6 +44,8 @@ def exit_2_on(
     """`main`'s errors that a restart would meet again (a config, damaged checkpoints, a full disk):
     logged in one line and turned into exit 2, which the supervisor never retries (the run stops at
     once with exit 5, naming the role's log). Whatever `main` opened it closes itself first."""
+    import functools
+
     from rlrun.errors import ExitCode
 
     def wrap(main: Callable[..., int]) -> Callable[..., int]:
@@ -66,6 +78,8 @@ def run_until_sigterm(main: Coroutine[Any, Any, None], on_stop: Callable[[], Non
     code between two waits: a group handed to the trainer is also in the audit, a journal append is
     whole. `on_stop` runs first (e.g. Redis clients stop retrying: a Redis stopping with us is not
     waited for). The caller closes what it opened, then `die_of(SIGTERM)`."""
+    import asyncio
+
     stopped = False
 
     async def until_sigterm() -> None:

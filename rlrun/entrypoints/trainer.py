@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         role = role_from_argv("rlrun::trainer", argv)
         cfg, run_dir = role.load_config(), role.run
-        # One rank unless a launcher (rlrun.trainer.rank_group, torchrun) set RANK/WORLD_SIZE.
+        # One rank unless a launcher (rlrun.entrypoints.rank_group, torchrun) set RANK/WORLD_SIZE.
         ranks = Ranks.from_env(os.environ)
         device = usable_device(ranks.device(cfg.trainer.device))  # no such device here: exit 2
         checkpoint.resume_point(run_dir.checkpoints)  # damaged checkpoints: exit 2 before any server is asked

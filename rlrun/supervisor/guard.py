@@ -1,4 +1,5 @@
-"""A tiny guard between the supervisor and each child: `python -m rlrun.supervisor.guard PPID [--cpus 0,1] -- CMD...`.
+"""A tiny guard between the supervisor and each child, started as
+`python -m rlrun.entrypoints.guard PPID [--cpus 0,1] -- CMD...`.
 
 The parent-death signal reaches only a direct child, and vLLM's engine core outlives a SIGKILLed
 API server. The guard leads the child's process group and kills the whole group when the
@@ -11,27 +12,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 POLL_S = 0.2
 
 
-def main(argv: list[str]) -> int:
-    cpus: set[int] = set()
-    if len(argv) > 2 and argv[1] == "--cpus":
-        cpus = {int(core) for core in argv[2].split(",")}
-        argv = [argv[0], *argv[3:]]
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m rlrun.supervisor.guard PARENT_PID [--cpus 0,1] -- CMD...", file=sys.stderr)
-        return 2
-    parent = int(argv[0])
+def run(parent: int, cmd: list[str], cpus: set[int] | frozenset[int] = frozenset()) -> int:
+    """Run `cmd` in this process's group, killing the group should `parent` disappear; exit as it did."""
     if cpus:
         os.sched_setaffinity(0, cpus)  # inherited by CMD and all it starts
     # SIGTERM from the supervisor reaches the whole group, the child included: the guard itself
     # only waits for the child to finish its own shutdown.
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)
-    child = subprocess.Popen(argv[2:])
+    child = subprocess.Popen(cmd)
     while True:
         try:  # wakes the moment the child exits (a restart starts sooner), else every POLL_S
             code = child.wait(timeout=POLL_S)
@@ -45,7 +38,3 @@ def main(argv: list[str]) -> int:
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

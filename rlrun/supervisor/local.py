@@ -112,7 +112,7 @@ class LocalSpawner:
         pin = ["--cpus", ",".join(map(str, cores))] if cores else []
         with open(spec.log_path, "ab", buffering=0) as log_file:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "rlrun.supervisor.guard", str(os.getpid()), *pin, "--", *spec.argv],
+                [sys.executable, "-m", "rlrun.entrypoints.guard", str(os.getpid()), *pin, "--", *spec.argv],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

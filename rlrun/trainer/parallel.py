@@ -65,7 +65,7 @@ class Ranks:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> "Ranks":
-        """This process's rank as its launcher (rlrun.trainer.rank_group or torchrun) set it."""
+        """This process's rank as its launcher (rlrun.entrypoints.rank_group or torchrun) set it."""
         if "WORLD_SIZE" not in env or int(env["WORLD_SIZE"]) <= 1:
             return cls()
         master = env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", "0"))

@@ -1,4 +1,4 @@
-"""The trainer's ranks as one process: `python -m rlrun.trainer.rank_group --nproc N -- CMD...`.
+"""The trainer's ranks as one process, started as `python -m rlrun.entrypoints.rank_group --nproc N -- CMD...`.
 
 Starts N copies of CMD with torchrun's environment (a free loopback port per attempt) and
 torchrun's `--max-restarts 0` semantics: one rank fails, the others are stopped (SIGTERM, a grace,
@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 from rlrun.listen import LOOPBACK, interface_of
@@ -25,7 +24,7 @@ from rlrun.listen import LOOPBACK, interface_of
 POLL_S = 0.1
 STOP_GRACE_S = 10.0  # a rank told to stop (SIGTERM) is SIGKILLed after this long
 PR_SET_PDEATHSIG = 1
-MODULE = "rlrun.trainer.rank_group"  # how a process spec runs it: `python -m MODULE ...`
+MODULE = "rlrun.entrypoints.rank_group"  # how a process spec runs it: `python -m MODULE ...`
 
 
 def free_port(host: str) -> int:
@@ -114,7 +113,7 @@ def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
             p.wait()
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
+def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="rlrun::trainer-ranks")
     parser.add_argument("--nproc", type=int, required=True, help="ranks on this node")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes of the group (one rank group each)")
@@ -151,13 +150,13 @@ def node_command(
     master_addr: str,
     master_port: int,
 ) -> list[str]:
-    """`argv` (`... -m rlrun.trainer.rank_group --nproc N [...] -- CMD`, as a process spec holds
+    """`argv` (`... -m rlrun.entrypoints.rank_group --nproc N [...] -- CMD`, as a process spec holds
     it) as one node's rank group of a group spread over `nnodes` nodes."""
     at = next((i for i in range(1, len(argv)) if argv[i] == MODULE and argv[i - 1] == "-m"), None)
     if at is None:
         raise ValueError(f"not a rank group command (no -m {MODULE}): {argv[:6]}")
     try:
-        own = _parse(argv[at + 1 :])
+        own = parse(argv[at + 1 :])
     except SystemExit:  # argparse's way of refusing: here a ValueError, never an exit
         raise ValueError(f"not a valid rank group command: {argv[at + 1 : at + 8]}") from None
     if world_size != own.world_size:
@@ -172,16 +171,3 @@ def node_command(
         "--master-port": master_port,
     }
     return [*argv[: at + 1], *(str(x) for item in options.items() for x in item), "--", *own.cmd]
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parse(sys.argv[1:] if argv is None else argv)
-    layout = dict(first_rank=args.first_rank, world_size=args.world_size, node_rank=args.node_rank, nnodes=args.nnodes)
-    return run(args.cmd, args.nproc, args.host, port=args.master_port, **layout)
-
-
-if __name__ == "__main__":
-    from rlrun.telemetry import proctitle
-
-    proctitle.name("trainer-ranks")
-    sys.exit(main())

@@ -26,7 +26,7 @@ from .conftest import RunProcesses, events, read_jsonl, steps_done, wait_for
 pytestmark = pytest.mark.e2e
 
 STEPS = 6
-RUN_MARKERS = ("rlrun.cluster.holder", "ray::NodeAgent")  # a run's processes on a node: its agents, and what they start
+RUN_MARKERS = ("rlrun.entrypoints.holder", "ray::NodeAgent")  # a run's processes on a node: its agents, and what they start
 
 
 def started_pid(run_dir: Path, process: str) -> int:
@@ -52,7 +52,7 @@ def trainer_ranks_by_node(cluster: LocalRayCluster) -> dict[int, str]:
 def process_under(pid: int) -> psutil.Process:
     """The process itself, below its guards."""
     proc = psutil.Process(pid)
-    while any(m in " ".join(proc.cmdline()) for m in ("rlrun.cluster.holder", "rlrun.supervisor.guard")):
+    while any(m in " ".join(proc.cmdline()) for m in ("rlrun.entrypoints.holder", "rlrun.entrypoints.guard")):
         proc = proc.children()[0]
     return proc
 

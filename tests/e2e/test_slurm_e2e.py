@@ -192,7 +192,7 @@ def test_every_process_was_a_step_of_the_job_and_none_is_left(slurm_run):
     _, facts = slurm_run
     assert facts["left"] == []
     shown = "\n".join(facts["cmdlines"])
-    for marker in ("rlrun resume", "rlrun.cluster.slurm_step", "vllm.entrypoints.openai.api_server", "rlrun.entrypoints.trainer", "rlrun.entrypoints.actor"):
+    for marker in ("rlrun resume", "rlrun.entrypoints.slurm_step", "vllm.entrypoints.openai.api_server", "rlrun.entrypoints.trainer", "rlrun.entrypoints.actor"):
         assert marker in shown, marker
 
 

@@ -39,7 +39,7 @@ time.sleep(60)
 
 def launch(tmp_path: Path, action: str, nproc: int = 3, options: tuple[str, ...] = ()) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", str(nproc), *options, "--", sys.executable, "-c", RANK,
+        [sys.executable, "-m", "rlrun.entrypoints.rank_group", "--nproc", str(nproc), *options, "--", sys.executable, "-c", RANK,
          str(tmp_path), action],  # fmt: skip
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
         start_new_session=True,  # as the supervisor's guard: the group leads its own process group
@@ -147,7 +147,7 @@ def test_the_ranks_store_and_gloo_pairs_listen_on_loopback_only(tmp_path):
     the host name's: rank 0 serves the store on MASTER_ADDR and the ranks' gloo pairs use its
     interface (GLOO_SOCKET_IFNAME)."""
     group = subprocess.Popen(
-        [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", "2", "--", sys.executable, "-c", PARALLEL, str(tmp_path)],
+        [sys.executable, "-m", "rlrun.entrypoints.rank_group", "--nproc", "2", "--", sys.executable, "-c", PARALLEL, str(tmp_path)],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, start_new_session=True,
     )  # fmt: skip
     assert group.wait(timeout=120) == 0

@@ -59,7 +59,7 @@ def world(cluster, timeout_s: float = 30.0) -> WorldConfig:
 def child_of(guard_pid: int) -> psutil.Process:
     """The process itself, under its guards (on this machine, as every node of the test is)."""
     proc, deadline = psutil.Process(guard_pid), time.time() + 30
-    while any(m in " ".join(proc.cmdline()) for m in ("rlrun.supervisor.guard", "rlrun.cluster.holder")):
+    while any(m in " ".join(proc.cmdline()) for m in ("rlrun.entrypoints.guard", "rlrun.entrypoints.holder")):
         children = proc.children()
         if children:
             proc = children[0]
@@ -282,7 +282,7 @@ if action == "rank1-fails":
 
 
 def rank_group_spec(tmp_path, action: str, nproc: int = 2) -> ProcessSpec:
-    argv = [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", str(nproc), "--", sys.executable, "-c", RANK, str(tmp_path), action]
+    argv = [sys.executable, "-m", "rlrun.entrypoints.rank_group", "--nproc", str(nproc), "--", sys.executable, "-c", RANK, str(tmp_path), action]
     return ProcessSpec("trainer", argv, tmp_path / "trainer.log")
 
 

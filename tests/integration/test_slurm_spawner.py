@@ -196,7 +196,7 @@ def test_a_trainer_spanning_two_nodes_is_one_step_whose_ranks_meet_at_the_first(
             spawner = SlurmSpawner(plan, job, tmp_path / "steps", start_timeout_s=60)
             out = tmp_path / "ranks"
             out.mkdir()
-            argv = [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", "2", "--", sys.executable, "-c", RANK, str(out)]
+            argv = [sys.executable, "-m", "rlrun.entrypoints.rank_group", "--nproc", "2", "--", sys.executable, "-c", RANK, str(out)]
             handle = spawner.spawn(ProcessSpec(name="trainer", argv=argv, log_path=tmp_path / "trainer.log"))
             assert wait_exit(handle, timeout=120) == 0, (tmp_path / "trainer.log").read_text()[-2000:]
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]

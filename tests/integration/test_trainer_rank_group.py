@@ -1,4 +1,4 @@
-"""Two real trainer ranks under rlrun.trainer.rank_group, fed through the run's Redis, no vLLM:
+"""Two real trainer ranks under rlrun.entrypoints.rank_group, fed through the run's Redis, no vLLM:
 every rank heartbeats, the checkpoint holds one optimizer shard per rank with `ok` last, a
 SIGKILLed rank fails the group, whose restart resumes from that checkpoint, a SIGTERM stops the
 ranks together at a step boundary with a checkpoint there, and the run ends at the requested step
@@ -56,7 +56,7 @@ def start(run_dir, server, tmp_path) -> subprocess.Popen:
     write_role_file()  # as the supervisor does before every (re)start
     log = open(tmp_path / "trainer.log", "ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", "2", "--", *argv],
+        [sys.executable, "-m", "rlrun.entrypoints.rank_group", "--nproc", "2", "--", *argv],
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"},
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )

@@ -61,12 +61,12 @@ def test_the_plan_of_4_nodes_of_8_gpus_puts_vllm_on_two_and_16_trainer_ranks_on_
         "srun", "--jobid=4242", "--job-name=trainer", "--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
         "--nodelist=gpu-a03,gpu-a04", "--kill-on-bad-exit=1", "--export=ALL", "--input=none", f"--output={log}", "--open-mode=append",
     ]  # fmt: skip
-    assert srun[wrapper + 1 : wrapper + 5] == ["-m", "rlrun.cluster.slurm_step", "--record", str(record)]
+    assert srun[wrapper + 1 : wrapper + 5] == ["-m", "rlrun.entrypoints.slurm_step", "--record", str(record)]
     layout = json.loads(srun[srun.index("--layout") + 1])
     assert layout["master_addr"] == "10.1.0.3" and layout["world_size"] == 16  # rank 0's node is the rendezvous
     assert srun[srun.index("--") + 1 :] == specs["trainer"].argv  # the spec's own command, rewritten per node on the node
     second = slurm_step.for_node(layout, "gpu-a04", specs["trainer"].argv, port=29511)
-    options = second[second.index("rlrun.trainer.rank_group") + 1 : second.index("--")]
+    options = second[second.index("rlrun.entrypoints.rank_group") + 1 : second.index("--")]
     assert dict(zip(options[::2], options[1::2])) == {
         "--nproc": "8", "--nnodes": "2", "--node-rank": "1", "--first-rank": "8", "--world-size": "16",
         "--master-addr": "10.1.0.3", "--master-port": "29511",
@@ -268,7 +268,7 @@ def test_the_step_wrapper_records_its_pid_and_the_commands_exit(tmp_path):
            "PYTHONPATH": ":".join(sys.path)}  # fmt: skip
 
     def step(code: str) -> subprocess.CompletedProcess:
-        argv = [sys.executable, "-m", "rlrun.cluster.slurm_step", "--record", str(record), "--gpus", "1", "--", sys.executable, "-c", code]
+        argv = [sys.executable, "-m", "rlrun.entrypoints.slurm_step", "--record", str(record), "--gpus", "1", "--", sys.executable, "-c", code]
         return subprocess.run(argv, capture_output=True, text=True, env=env, start_new_session=True)
 
     probe = step("import os; print(os.getpid(), os.getpgrp(), os.environ['CUDA_VISIBLE_DEVICES'])")

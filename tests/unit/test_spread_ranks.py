@@ -13,13 +13,13 @@ import pytest
 from rlrun.cluster.ray_world import SpreadHandle
 from rlrun.trainer.rank_group import node_command, rank_env
 
-CMD = [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", "3", "--", sys.executable, "-m", "rlrun.entrypoints.trainer", "--x", "1"]
+CMD = [sys.executable, "-m", "rlrun.entrypoints.rank_group", "--nproc", "3", "--", sys.executable, "-m", "rlrun.entrypoints.trainer", "--x", "1"]
 
 
 def test_one_nodes_command_carries_torchruns_multi_node_options_and_the_same_program():
     argv = node_command(CMD, nproc=2, first_rank=1, node_rank=1, nnodes=2, world_size=3, master_addr="10.0.0.7", master_port=29511)
     assert argv == [
-        sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", "2", "--nnodes", "2", "--node-rank", "1",
+        sys.executable, "-m", "rlrun.entrypoints.rank_group", "--nproc", "2", "--nnodes", "2", "--node-rank", "1",
         "--first-rank", "1", "--world-size", "3", "--master-addr", "10.0.0.7", "--master-port", "29511",
         "--", sys.executable, "-m", "rlrun.entrypoints.trainer", "--x", "1",
     ]  # fmt: skip

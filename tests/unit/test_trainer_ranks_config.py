@@ -30,7 +30,7 @@ def test_one_rank_is_the_plain_trainer_process(tmp_path):
 
 def test_two_ranks_are_one_supervised_rank_group(tmp_path):
     spec = trainer_spec(tmp_path, "trainer.nproc_per_node=2", "trainer.gradient_accumulation_passes=2")
-    assert spec.argv[:6] == [sys.executable, "-m", "rlrun.trainer.rank_group", "--nproc", "2", "--"]
+    assert spec.argv[:6] == [sys.executable, "-m", "rlrun.entrypoints.rank_group", "--nproc", "2", "--"]
     assert spec.argv[6:9] == [sys.executable, "-m", "rlrun.entrypoints.trainer"]
 
 
