@@ -15,7 +15,7 @@ ranks meet across nodes. One run, three starts, serves every test here:
    up where it was (the audit of test_recovery.py), and no process of any start is left.
 
 SLURM holds a requeued job for ~2 minutes before it may start again; the test lets it start at
-once (`scontrol update StartTime=now`). Skipped, with the reason in the session's summary, where
+once (`scontrol update StartTime=now+2`). Skipped, with the reason in the session's summary, where
 SLURM cannot be started (not installed, not root): ./scripts/setup-env installs it as root.
 """
 
@@ -136,8 +136,9 @@ def slurm_run(tmp_path_factory):
             mark = time.monotonic()
             # The job's limit back to world.time (a requeued job keeps the limit of its last start: the
             # one brought near would signal the new start again before it had trained a step) and no
-            # 2-minute hold in a test.
-            slurm.run("scontrol", "update", f"JobId={job_b}", "TimeLimit=30", "StartTime=now")
+            # 2-minute hold in a test. Not `now`: slurmd revokes the requeued start's credential to the
+            # second, and a start in that same second is refused ("Job credential revoked").
+            slurm.run("scontrol", "update", f"JobId={job_b}", "TimeLimit=30", "StartTime=now+2")
             wait_for(lambda: slurm.job_state(job_b) not in ACTIVE, 900, "the requeued job B to finish")
             facts["timing"]["B requeued"] = time.monotonic() - mark
             facts["restarts"] = slurm.job_field(job_b, "Restarts")
