@@ -207,6 +207,11 @@ class RunDir:
         return self.root / "metrics.jsonl"
 
     @property
+    def generation_flags(self) -> Path:
+        """world.cpu_affinity=by_need: a byte per actor, 1 while it has a request in flight."""
+        return self.root / "generating"
+
+    @property
     def tensorboard(self) -> Path:
         return self.root / "tensorboard"
 

@@ -73,6 +73,7 @@ class Actor:
         render_prompt: Callable[[str | Messages], str] | None = None,
         evaluator: Evaluator | None = None,
         conversations: Conversations | None = None,
+        generating: Callable[[bool], None] | None = None,
     ) -> None:
         self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
         self.scorer, self.evaluator = scorer, evaluator  # the rewards' worker pool; actor 0's evaluation (None: none)
@@ -93,6 +94,8 @@ class Actor:
             {},
         )  # when it last logged progress, and its counters then
         self._in_flight, self._busy_since = 0, 0.0  # requests in flight, and since when some were
+        self._generating = generating or (lambda busy: None)  # told on each change (world.cpu_affinity=by_need)
+        self._generating(False)  # a restarted actor has nothing in flight, whatever its predecessor said
         self._held_since = 0.0  # since when back-pressure has kept it from opening a group (0: it is not)
         self.counters = {  # whole-run counts, published in ACTOR_STATE (see _continue_counters)
             "groups_published": 0,
@@ -407,6 +410,7 @@ class Actor:
             )
         if self._in_flight == 0:
             self._busy_since = time.monotonic()
+            self._generating(True)
         self._in_flight += 1
         try:
             async for delta in generate(
@@ -437,6 +441,7 @@ class Actor:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self.counters["generating_ms"] += round((time.monotonic() - self._busy_since) * 1000)
+                self._generating(False)
             self._flush(group, samples)
 
     def _flush(self, group: LiveGroup, samples: list[SampleState]) -> None:

@@ -162,7 +162,11 @@ def local_cores(cfg: RunConfig, available: set[int] | None = None) -> dict[str, 
     if cfg.world.cpu_affinity == "none":
         return {}
     servers = [f"vllm-{i}" for i in range(cfg.inference.num_servers)]
-    return cores_by_process(os.sched_getaffinity(0) if available is None else available, servers, cfg.inference.threads)
+    cores = os.sched_getaffinity(0) if available is None else available
+    split = cores_by_process(cores, servers, cfg.inference.threads)
+    if split and cfg.world.cpu_affinity == "by_need":  # the trainer also takes the servers' cores while they idle
+        split["trainer"] = tuple(sorted(cores))
+    return split
 
 
 def actor_anchors(cfg: RunConfig) -> dict[str, str]:

@@ -338,6 +338,18 @@ def _validate_streams(cfg: RunConfig, need) -> None:
 
 def _validate_world(cfg: RunConfig, need) -> None:
     w = cfg.world
+    need(
+        w.cpu_affinity != "by_need"
+        or (
+            w.kind == "local"
+            and cfg.trainer.backend == "hf"
+            and cfg.trainer.nproc_per_node == 1
+            and cfg.trainer.device == "cpu"
+        ),
+        "world.cpu_affinity=by_need lends the vLLM servers' idle CPU cores to one hf trainer rank on CPU, on the "
+        "servers' machine: it needs world=local, trainer=hf, trainer.nproc_per_node=1 and trainer.device=cpu. Use "
+        "world.cpu_affinity=auto.",
+    )
     if w.kind == "slurm":
         _validate_slurm(cfg, need)
         return

@@ -242,7 +242,7 @@ class WorldConfig:
     """Where the run's processes run (`world=local` | `world=ray` | `world=slurm`); see rlrun/cluster/."""
 
     kind: Literal["local", "ray", "slurm"] = "local"  # local: subprocesses of rlrun; ray: on the nodes of an existing Ray cluster; slurm: srun steps of a SLURM job (`rlrun submit`)
-    cpu_affinity: Literal["auto", "none"] = "auto"  # local: auto gives each vLLM server CPU cores of its own (its worker's threads + 2, leaving one) and the other processes the rest (rlrun/cluster/cores.py); none: any process on any core
+    cpu_affinity: Literal["auto", "by_need", "none"] = "auto"  # local: auto gives each vLLM server CPU cores of its own (its worker's threads + 2, leaving one) and the other processes the rest (rlrun/cluster/cores.py); by_need: the same, but one hf trainer rank may also run on the servers' cores, with a torch thread more per core while no generation request is in flight (rlrun/trainer/core_share.py); none: any process on any core
     share_gpus: bool = False  # local: the trainer's ranks on the vLLM servers' GPUs, from the first (one GPU for a server and the trainer: the single-GPU set-up); false: every process on GPUs of its own, more than the machine shows refused (rlrun/cluster/gpus.py)
     gpu_release_timeout_s: Seconds = 60.0  # local: a process on GPUs is restarted once NVML lists none of a dead process's memory on them, or after this long (an event names what still holds it)
     address: Optional[str] = None  # ray: the cluster to join, HOST:PORT of its head or "auto" (the one this machine is in)

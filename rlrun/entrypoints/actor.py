@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import signal
+from functools import partial
 
 from rlrun.actor.conversation import conversations_for
 from rlrun.actor.evaluator import evaluator_for
@@ -15,6 +16,7 @@ from rlrun.actor.tokenizer import load_tokenizer
 from rlrun.entrypoints import configure_logging, die_of, exit_2_on, run_process, run_until_sigterm
 from rlrun.errors import ConfigError, ExitCode
 from rlrun.models.chat import chat_renderer
+from rlrun.parts.generation_flags import GenerationFlags
 from rlrun.parts.role_file import role_from_argv
 from rlrun.run.built import build
 from rlrun.streams import names
@@ -40,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return int(ExitCode.USAGE)
     redis = connect(role.redis_url, run_dir.read_redis_password())
+    flags = (
+        GenerationFlags(run_dir.generation_flags, cfg.actor.num_actors) if cfg.world.cpu_affinity == "by_need" else None
+    )
     try:
         tokenizer = load_tokenizer(role.model_path)  # not transformers: see tokenizer.py
         view = build(cfg).backend.trainer_view(redis, k)  # the role's run, built once
@@ -66,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             render_prompt=render_prompt,
             evaluator=evaluator,
             conversations=conversations,
+            generating=partial(flags.set, k) if flags is not None else None,
         )
         if cfg.actor.audit:
             run_dir.audit.mkdir(exist_ok=True)
@@ -73,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         stopped = run_until_sigterm(actor.run(), on_stop=lambda: stop_retrying(redis))
     finally:
         redis.close()
+        if flags is not None:
+            flags.close()
     if stopped:
         die_of(signal.SIGTERM)
     return 0

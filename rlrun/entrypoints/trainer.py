@@ -26,7 +26,7 @@ log = logging.getLogger("rlrun.trainer")
 @exit_2_on(log, ConfigError, checkpoint.CorruptCheckpoint, DiskFull)
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
-    redis = vllm = parallel = broadcast = shared = trainer = None
+    redis = vllm = parallel = broadcast = shared = trainer = flags = None
     stop = (
         threading.Event()
     )  # SIGTERM (the supervisor's orderly stop, a SLURM job's end): stop at the next step boundary
@@ -65,10 +65,17 @@ def main(argv: list[str] | None = None) -> int:
             from rlrun.weights.shared import SharedWeights, shared_path
 
             shared = SharedWeights(shared_path(run_prefix(run_dir.read_vllm_api_key())))
-        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast, stop, shared)
+        threads = None
+        if cfg.world.cpu_affinity == "by_need":
+            from rlrun.parts.generation_flags import GenerationFlags
+            from rlrun.trainer.core_share import threads_by_need
+
+            flags = GenerationFlags(run_dir.generation_flags, cfg.actor.num_actors)
+            threads = threads_by_need(flags, cfg.trainer.threads)
+        trainer = Trainer(cfg, run_dir, redis, role.model_path, vllm, parallel, broadcast, stop, shared, threads)
         trainer.train()
     finally:
-        for part in (trainer, broadcast, shared, vllm, parallel, redis):
+        for part in (trainer, broadcast, shared, vllm, parallel, redis, flags):
             if part is not None:
                 part.close()
     return 0

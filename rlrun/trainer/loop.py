@@ -25,6 +25,7 @@ from rlrun.trainer.stopping import Stopping
 from rlrun.trainer.weight_publisher import WeightPublisher
 
 if TYPE_CHECKING:
+    from rlrun.trainer.core_share import ThreadsByNeed
     from rlrun.trainer.weight_broadcast import BroadcastSync
     from rlrun.weights.shared import SharedWeights
 
@@ -82,9 +83,11 @@ class Trainer:
         broadcast: "BroadcastSync | None" = None,
         stop: threading.Event | None = None,
         shared: "SharedWeights | None" = None,
+        threads: "ThreadsByNeed | None" = None,
     ) -> None:
         """`stop`: set (by SIGTERM) to stop at the next step boundary with a checkpoint there.
-        `broadcast`, `shared`: rank 0's way of handing weights to vLLM (None: folders)."""
+        `broadcast`, `shared`: rank 0's way of handing weights to vLLM (None: folders). `threads`:
+        torch threads set by what vLLM is doing (world.cpu_affinity=by_need; None: trainer.threads)."""
         import torch
         from transformers import AutoModelForCausalLM
 
@@ -103,6 +106,8 @@ class Trainer:
         model.train()
         t = cfg.trainer
         self.model = self.parallel.wrap(model, t.mixed_precision, t.activation_checkpointing)
+        if threads is not None:  # world.cpu_affinity=by_need: the servers' cores while they idle
+            threads.attach(self.model)
         self.optimizer = adamw(self.model.parameters(), t)
         covered: dict | None = {}  # what the loaded checkpoint's steps read (the base model: nothing)
         if resume_from:
