@@ -52,9 +52,10 @@ def test_the_table_compares_each_system_with_trl_of_the_same_algorithm():
     rows = {line.split("|")[0].strip(): [c.strip() for c in line.split("|")] for line in text.splitlines() if "|" in line}
     # the window of 3 first holds three 0.85 at step 8: rlrun at 30 + 7 = 37 s, TRL at 10 + 28 = 38 s
     assert rows["rlrun-gspo"][5] == "37" and rows["trl-gspo"][5] == "38"
-    assert rows["rlrun-gspo"][10] == f"{37 / 38:.2f}"  # to 0.8 / TRL
-    assert rows["trl-gspo"][10] == "1.00"
-    assert "goal gspo: rlrun reaches 0.8 no later than TRL (ratio <= 1.0): met (rlrun 37 s, TRL 38 s, ratio 0.97)" in text
+    assert rows["rlrun-gspo"][10] == "54" and rows["trl-gspo"][10] == "106"  # the last step: 30 + 24, 10 + 96
+    assert rows["rlrun-gspo"][11] == f"{37 / 38:.2f}"  # to 0.8 / TRL
+    assert rows["trl-gspo"][11] == "1.00"
+    assert "goal rlrun-gspo: reaches 0.8 no later than trl-gspo (ratio <= 1.0): met (37 s vs 38 s, ratio 0.97)" in text
 
 
 def test_rounds_are_reported_as_their_median_and_spread_and_async_is_judged_against_sync():
@@ -69,7 +70,7 @@ def test_rounds_are_reported_as_their_median_and_spread_and_async_is_judged_agai
     # time to 0.8 = 10 + 7 * every_s: 17, 31, 24 s over three rounds
     assert rows["rlrun-gspo"][1] == "3" and rows["rlrun-gspo"][5] == "24 (17-31)"
     assert rows["rlrun-gspo-sync"][5] == "24 (24-24)"
-    assert "asynchrony worth >= 1.3x over rlrun-synchronous (time to 0.8): NOT met (1.00x" in text
+    assert "goal rlrun-gspo: asynchrony worth >= 1.3x over rlrun-gspo-sync (time to 0.8): NOT met (1.00x" in text
 
 
 def test_the_split_of_a_step_comes_from_the_runs_metrics(tmp_path, monkeypatch):
@@ -92,3 +93,21 @@ def test_the_split_of_a_step_comes_from_the_runs_metrics(tmp_path, monkeypatch):
 def test_steps_after_the_budget_do_not_count():
     pts = points([0.5] * 5, every_s=10.0, start_s=250.0)  # 250, 260, ..., 290 s
     assert [p.step for p in vs_trl.within(pts, 270.0)] == [1, 2, 3]
+
+
+def test_a_real_model_system_is_compared_with_trl_on_its_recipe_and_trl_steps_are_split(tmp_path):
+    fast = points([0.2] * 5 + [0.85] * 20, every_s=1.0, start_s=30.0)
+    slow = points([0.2] * 5 + [0.85] * 20, every_s=4.0, start_s=10.0)
+    results = [
+        {"name": "trl-smollm2", "recipe": "smollm2_grpo", "first_step_s": 9.0, "points": slow, "load": "-"},
+        {"name": "trl-grpo", "recipe": "math_grpo", "first_step_s": 9.0, "points": fast, "load": "-"},
+        {"name": "rlrun-smollm2-fast", "recipe": "smollm2_grpo", "first_step_s": 29.0, "points": fast, "load": "-"},
+    ]
+    text = vs_trl.report(results, window=3)
+    assert "goal rlrun-smollm2-fast: reaches 0.8 no later than trl-smollm2 (ratio <= 1.0): met (37 s vs 38 s" in text
+    steps = tmp_path / "steps.jsonl"
+    rows = [{"kind": "train_begin", "seconds": 5.0}] + [
+        {"kind": "step", "step": i, "seconds": 10.0 + 6.0 * i, "generating_s": 2.0 + (i == 1) * 9} for i in range(1, 6)
+    ]
+    steps.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert vs_trl.trl_split(steps) == {"step_s": 6.0, "generating_s": 2.0, "train_s": 4.0}  # step 1 left out
