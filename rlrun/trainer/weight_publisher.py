@@ -22,6 +22,7 @@ from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.trainer.disk import temporary_folder
 from rlrun.trainer.parallel import Parallel
+from rlrun.trainer.stopping import Stopping
 
 if TYPE_CHECKING:
     from rlrun.trainer.weight_broadcast import BroadcastSync
@@ -114,7 +115,11 @@ class WeightPublisher:
             self.updating(None)
 
     def _update_servers(self, bare, weights: dict, version: int, step: int) -> None:
-        publish = lambda: self.redis.set(names.POLICY_VERSION, version)  # noqa: E731
+        # Under the stop rule: a SLURM job's cancel signals every process at once, so the run's Redis
+        # may be gone by the time vLLM has the weights; its error would end the trainer before the
+        # checkpoint at this step boundary. The version is not published then (a restart does it).
+        stopping = Stopping(self.redis, self.stop)
+        publish = lambda: stopping.call(lambda: self.redis.set(names.POLICY_VERSION, version))  # noqa: E731
         if (
             self.broadcast is None and self.shared is None
         ):  # first the folder: a server (re)starting from now on loads it

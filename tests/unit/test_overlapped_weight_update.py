@@ -137,3 +137,41 @@ def test_a_stuck_update_is_not_retried_and_the_trainer_said_which_version_it_was
     assert time.monotonic() - started < 1.5  # not retried (a retry waits 2 s first)
     assert said == [4, ("during", [4]), None]  # the state says "updating to 4" while it lasts, and no longer after
     assert names.POLICY_VERSION not in redis.strings
+
+
+class GoneRedis:
+    """The run's Redis after it stopped: every write is a lost connection."""
+
+    def set(self, key, value):
+        import redis
+
+        raise redis.ConnectionError("Error 111 connecting to the run's Redis. Connection refused.")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_redis_gone_while_stopping_leaves_the_update_unpublished_not_the_trainer_dead(tmp_path, overlap):
+    """A SLURM cancel signals every process at once: vLLM may take the weights after Redis stopped.
+    The trainer, asked to stop, goes on to its checkpoint; the version is not published."""
+    sent, stop = [], threading.Event()
+    stop.set()
+    weights = WeightPublisher(
+        TrainerConfig(weight_transfer="broadcast", overlap_weight_update=overlap), RunDir(Path(tmp_path)), GoneRedis(),
+        vllm=None, parallel=Parallel(Ranks()), broadcast=Broadcast(lambda w, version: sent.append(version)), stop=stop,
+        heartbeat=lambda **_: None,
+    )  # fmt: skip
+    weights.push(Model(), version=1, step=1, overlap=overlap)
+    weights.finish()
+    assert sent == [1]
+
+
+def test_a_redis_lost_while_training_is_the_trainers_failure(tmp_path, monkeypatch):
+    monkeypatch.setattr("rlrun.trainer.stopping.STOP_RACE_S", 0.05)  # no SIGTERM follows
+    import redis
+
+    weights = WeightPublisher(
+        TrainerConfig(weight_transfer="broadcast"), RunDir(Path(tmp_path)), GoneRedis(), vllm=None,
+        parallel=Parallel(Ranks()), broadcast=Broadcast(lambda w, version: None), stop=threading.Event(),
+        heartbeat=lambda **_: None,
+    )  # fmt: skip
+    with pytest.raises(redis.ConnectionError):
+        weights.push(Model(), version=1, step=1)
