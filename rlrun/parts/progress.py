@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from rlrun.config import RunConfig
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams import server as redis_server
@@ -31,8 +30,20 @@ class Progress:
 
 
 class ProgressReader:
-    def __init__(self, url: str, run_dir: RunDir, events: Optional[EventLog] = None) -> None:
+    """Reads the run's Redis at `url`; `num_actors` and `max_train_steps` (actor.num_actors,
+    trainer.max_train_steps) are all it needs of the config."""
+
+    def __init__(
+        self,
+        url: str,
+        run_dir: RunDir,
+        events: Optional[EventLog] = None,
+        *,
+        num_actors: int,
+        max_train_steps: int,
+    ) -> None:
         self._url = url
+        self.num_actors, self.max_train_steps = num_actors, max_train_steps
         self.run_dir = run_dir
         self._client = None
         self._events = events
@@ -67,9 +78,9 @@ class ProgressReader:
         if self._events is not None:
             self._events.emit("trainer_step", step=step, samples=samples)
 
-    def read(self, cfg: RunConfig) -> Progress:
+    def read(self) -> Progress:
         t = self._hash(names.TRAINER_STATE)
-        actors = [self._hash(key) for key in names.actor_states(cfg.actor.num_actors)]
+        actors = [self._hash(key) for key in names.actor_states(self.num_actors)]
         reward = t.get("reward_mean")
         step, samples = int(t.get("step", 0)), int(t.get("samples_processed", 0))
         version = int(t.get("policy_version", 0))
@@ -79,7 +90,7 @@ class ProgressReader:
             step, samples, version = self.reported[0], self.reported[1] or 0, self._policy_version(version)
         return Progress(
             step=step,
-            max_train_steps=cfg.trainer.max_train_steps,
+            max_train_steps=self.max_train_steps,
             samples=samples,
             reward_mean=float(reward) if reward is not None else None,
             policy_version=version,
@@ -93,13 +104,13 @@ class ProgressReader:
             self._client = None
             return last
 
-    def stall_state(self, cfg: RunConfig, trainer_view: Callable[[Any, int], Any]) -> dict:
+    def stall_state(self, trainer_view: Callable[[Any, int], Any]) -> dict:
         """Where the trainer and each actor wait, and the back-pressure between them, as plain data
         (the diagnostics of a stalled run). Never raises: what cannot be read is said.
         `trainer_view(client, k)`: actor k's view of the trainer (the run's bound backend's)."""
         from rlrun.streams.names import actor_name
 
-        now, k_all = time.time(), cfg.actor.num_actors
+        now, k_all = time.time(), self.num_actors
         state: dict = {"waits": {}}
         try:
             client = self.redis()

@@ -146,10 +146,16 @@ def train(
                     cfg.streams.appendfsync,
                     default_user=backend.redis_default_user(),
                 )
-            progress = ProgressReader(endpoints.redis_url, run_dir, events)
+            progress = ProgressReader(
+                endpoints.redis_url,
+                run_dir,
+                events,
+                num_actors=cfg.actor.num_actors,
+                max_train_steps=cfg.trainer.max_train_steps,
+            )
             tick = None
             if on_tick is not None:
-                tick = lambda processes, progress=progress: on_tick(processes, progress.read(cfg))  # noqa: E731
+                tick = lambda processes, progress=progress: on_tick(processes, progress.read())  # noqa: E731
             supervisor = Supervisor(
                 plan.specs_on(endpoints, events),
                 events,
@@ -178,7 +184,7 @@ def train(
         if supervisor is not None:
             supervisor.stop_all()
             if on_tick and progress is not None:
-                on_tick(supervisor.processes, progress.read(cfg))
+                on_tick(supervisor.processes, progress.read())
         if isinstance(spawner, GroupsSeen):  # nothing of the run left on its GPUs
             end_leftovers(gpus, spawner.groups, events.emit)
         if spawner is not None:
@@ -197,11 +203,11 @@ def progress_watch(built: BuiltRun, run_dir: RunDir, progress: ProgressReader) -
     cfg = built.cfg
     k_all = cfg.actor.num_actors
     return ProgressWatch(
-        marker=lambda: progress.read(cfg).step,
+        marker=lambda: progress.read().step,
         timeout_s=cfg.supervisor.progress_timeout_s,
         suspects=("trainer", *(actor_name(k, k_all) for k in range(k_all))),
         report=lambda why: write_report(
-            run_dir.diagnostics, "run-stalled", why, progress.stall_state(cfg, built.backend.trainer_view)
+            run_dir.diagnostics, "run-stalled", why, progress.stall_state(built.backend.trainer_view)
         ),
         setting="supervisor.progress_timeout_s",
     )

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 def test_the_completion_check_and_the_actor_read_the_trainers_one_done_signal(server, client):
     cfg, _ = compose(["trainer.max_train_steps=4"])
     backend = build(cfg).backend
-    check = backend.completion_check(ProgressReader(server.url, server.run_dir))
+    check = backend.completion_check(ProgressReader(server.url, server.run_dir, num_actors=cfg.actor.num_actors, max_train_steps=cfg.trainer.max_train_steps))
     view = backend.trainer_view(client)  # the actor's view of the trainer
     published = StatePublisher(Stopping(client), rank=0, max_train_steps=4)
     short = TrainerState(step=3, samples_processed=10, policy_version=3)  # far below the samples target

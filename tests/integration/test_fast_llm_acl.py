@@ -195,7 +195,7 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
 
         admin = RecordingAdmin()
         follower = WeightFollower(cfg, rlrun, admin, "127.0.0.1", 29555)
-        progress = ProgressReader(server.url, run, EventLog(run.events, clock=time.time))
+        progress = ProgressReader(server.url, run, EventLog(run.events, clock=time.time), num_actors=cfg.actor.num_actors, max_train_steps=cfg.trainer.max_train_steps)
         verdict = backend.completion_check(progress)
 
         def outcome(trainer_exit):

@@ -30,9 +30,9 @@ def test_the_report_names_what_the_trainer_and_the_actor_wait_for(server, client
                                               "heartbeat": now, "waiting_for": f"groups (0 of {per_step} for step 18)"})  # fmt: skip
     client.set(names.POLICY_VERSION, 17)
     client.hset(names.ACTOR_STATE, mapping={"heartbeat": now, "in_flight": 0, "held_by_backpressure_since": now - 93, "groups_published": 432})
-    progress = ProgressReader(server.url, server.run_dir)
+    progress = ProgressReader(server.url, server.run_dir, num_actors=cfg.actor.num_actors, max_train_steps=cfg.trainer.max_train_steps)
 
-    path = write_report(server.run_dir.diagnostics, "run-stalled", "no progress for 93 s", progress.stall_state(cfg, build(cfg).backend.trainer_view))
+    path = write_report(server.run_dir.diagnostics, "run-stalled", "no progress for 93 s", progress.stall_state(build(cfg).backend.trainer_view))
     taken_s = time.time() - now  # the report says how long the actor has been held as of its own now
 
     text = path.read_text()
@@ -60,15 +60,15 @@ def test_the_report_names_a_weight_update_that_is_stuck(server, client):
     published.updating(18)
     published.heartbeat()
     client.hset(names.TRAINER_STATE, names.UPDATING_WEIGHTS_SINCE, time.time() - 300)  # as if it began 5 minutes ago
-    progress = ProgressReader(server.url, server.run_dir)
+    progress = ProgressReader(server.url, server.run_dir, num_actors=cfg.actor.num_actors, max_train_steps=cfg.trainer.max_train_steps)
 
-    path = write_report(server.run_dir.diagnostics, "run-stalled", "no progress for 300 s", progress.stall_state(cfg, build(cfg).backend.trainer_view))
+    path = write_report(server.run_dir.diagnostics, "run-stalled", "no progress for 300 s", progress.stall_state(build(cfg).backend.trainer_view))
 
     report = yaml.safe_load(path.read_text().split("\n\n", 1)[1])
     assert re.match(r"its weight update to policy version 18, in progress for 30\d s \(since ", report["waits"]["trainer"]), report["waits"]
     assert report["trainer"][names.UPDATING_WEIGHTS_TO] == "18"
     published.updating(None)  # the update ended: the report no longer names it
-    assert progress.stall_state(cfg, build(cfg).backend.trainer_view)["waits"]["trainer"].startswith("nothing it says")
+    assert progress.stall_state(build(cfg).backend.trainer_view)["waits"]["trainer"].startswith("nothing it says")
 
 
 def test_the_report_says_so_when_redis_cannot_be_read(tmp_path):
@@ -77,7 +77,7 @@ def test_the_report_says_so_when_redis_cannot_be_read(tmp_path):
     cfg, _ = compose([])
     run = RunDir(tmp_path / "run")
     run.create({"name": "t"})
-    state = ProgressReader("redis://127.0.0.1:1/0", run).stall_state(cfg, build(cfg).backend.trainer_view)
+    state = ProgressReader("redis://127.0.0.1:1/0", run, num_actors=cfg.actor.num_actors, max_train_steps=cfg.trainer.max_train_steps).stall_state(build(cfg).backend.trainer_view)
     assert state["error"].startswith("cannot read the run's Redis")
 
 
@@ -86,12 +86,12 @@ def test_a_trainer_without_a_state_of_its_own_has_its_announced_steps_read_and_r
     the watchdog read them, and events.jsonl keeps them for `rlrun status` and `rlrun runs`."""
     cfg, _ = compose(["trainer=fast_llm", "trainer.max_train_steps=6"])
     events = EventLog(tmp_path / "events.jsonl")
-    progress = ProgressReader(server.url, server.run_dir, events)
+    progress = ProgressReader(server.url, server.run_dir, events, num_actors=cfg.actor.num_actors, max_train_steps=cfg.trainer.max_train_steps)
     client.set(names.POLICY_VERSION, 3)
-    assert progress.read(cfg).step == 0  # nothing announced yet, no trainer state
+    assert progress.read().step == 0  # nothing announced yet, no trainer state
     progress.note_trainer_step(3, 790)
     progress.note_trainer_step(3, 790)  # the same announcement read again: one event
-    read = progress.read(cfg)
+    read = progress.read()
     assert (read.step, read.samples, read.policy_version, read.max_train_steps) == (3, 790, 3, 6)
     recorded = [line for line in (tmp_path / "events.jsonl").read_text().splitlines() if "trainer_step" in line]
     assert len(recorded) == 1 and '"step": 3' in recorded[0] and '"samples": 790' in recorded[0]

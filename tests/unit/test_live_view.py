@@ -37,17 +37,17 @@ def test_the_progress_after_redis_stopped_is_the_last_one_read(tmp_path, monkeyp
         names.ACTOR_STATE: {"groups_published": "1950"},
     })  # fmt: skip
     monkeypatch.setattr(progress.redis_server, "connect", lambda *a, **k: fake)
-    reader = ProgressReader("redis://127.0.0.1:1/0", RunDir(tmp_path))
-    running = reader.read(cfg)
+    reader = ProgressReader("redis://127.0.0.1:1/0", RunDir(tmp_path), num_actors=cfg.actor.num_actors, max_train_steps=cfg.trainer.max_train_steps)
+    running = reader.read()
     fake.stop()  # the end of the run: everything was stopped, the view draws once more
-    final = reader.read(cfg)
+    final = reader.read()
     assert final == running
     assert progress_line(final) == "step 60/60  samples 15360  reward 0.812  policy v60  groups 1950"
 
 
 def test_nothing_read_yet_shows_nothing():
     cfg, _ = compose(["trainer.max_train_steps=60"])
-    assert progress_line(ProgressReader("redis://127.0.0.1:1/0", RunDir(__import__("pathlib").Path("/nonexistent"))).read(cfg)).startswith("step 0/60")
+    assert progress_line(ProgressReader("redis://127.0.0.1:1/0", RunDir(__import__("pathlib").Path("/nonexistent")), num_actors=cfg.actor.num_actors, max_train_steps=cfg.trainer.max_train_steps).read()).startswith("step 0/60")
 
 
 def test_live_view_off_prints_plain_lines_on_a_terminal():
