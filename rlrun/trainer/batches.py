@@ -9,7 +9,6 @@ import json
 import logging
 from typing import Callable, Optional
 
-from rlrun.config import RunConfig
 from rlrun.streams import names
 from rlrun.streams.codec import decode
 from rlrun.streams.rollouts import Group, MalformedGroup
@@ -24,23 +23,27 @@ class BatchReader:
     """`rewind` once (rank 0), then `take` each step's groups (every rank), `ack_covered` at each
     checkpoint. `covered`: the stream positions the loaded checkpoint covers ({}: the base model;
     None: a checkpoint written before positions were recorded). `heartbeat(waiting_for=...)` is
-    called while it waits."""
+    called while it waits. Of the config it reads the step's size (`RunConfig.groups_per_step`,
+    algo.group_size) and actor.num_actors (one stream each)."""
 
     def __init__(
         self,
-        cfg: RunConfig,
         stopping: Stopping,
         parallel: Parallel,
         vocab_size: int,
         covered: Optional[dict[str, Position]],
         heartbeat: Callable[..., None],
+        *,
+        groups_per_step: int,
+        group_size: int,
+        num_actors: int,
     ) -> None:
         self.stopping, self.parallel, self.vocab_size, self.heartbeat = stopping, parallel, vocab_size, heartbeat
-        self.groups_per_step, self.group_size = cfg.groups_per_step, cfg.algo.group_size
+        self.groups_per_step, self.group_size = groups_per_step, group_size
         self.covered = covered
         self.main = parallel.ranks.is_main
         # One stream per actor, read one at a time: one XREADGROUP cannot span Redis Cluster slots.
-        streams = names.groups_streams(cfg.actor.num_actors)
+        streams = names.groups_streams(num_actors)
         self.intake = GroupIntake(stopping.redis, streams, names.TRAINER_GROUP) if self.main else None
         self.bad_messages = 0
         # Acked once a checkpoint covers them (a restart finds its place from the checkpoint's positions).

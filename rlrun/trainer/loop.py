@@ -119,9 +119,28 @@ class Trainer:
         self.saved_step = self.state.step  # the step of the newest checkpoint (0: the base model)
         self.published = StatePublisher(self.stopping, self.parallel.ranks.rank, t.max_train_steps)
         heartbeat = self.published.heartbeat
-        self.batches = BatchReader(cfg, self.stopping, self.parallel, model.config.vocab_size, covered, heartbeat)
+        self.batches = BatchReader(
+            self.stopping,
+            self.parallel,
+            model.config.vocab_size,
+            covered,
+            heartbeat,
+            groups_per_step=cfg.groups_per_step,
+            group_size=cfg.algo.group_size,
+            num_actors=cfg.actor.num_actors,
+        )
         # Rank 0 alone writes metrics (metrics.jsonl, TensorBoard, W&B).
-        self.recorder = StepRecorder(cfg, run_dir, self.stopping) if self.main else None
+        self.recorder = (
+            StepRecorder(
+                cfg.metrics,
+                run_dir,
+                self.stopping,
+                num_actors=cfg.actor.num_actors,
+                max_train_steps=t.max_train_steps,
+            )
+            if self.main
+            else None
+        )
         self.eval_gate = None  # rank 0, with eval.every_steps: evaluated weights stay until their result is in
         if self.recorder is not None and cfg.eval.every_steps:  # rank 0
             self.eval_gate = EvalGate(cfg.eval, t.max_train_steps, self.stopping, heartbeat, self.recorder.write_eval)

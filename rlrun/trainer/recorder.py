@@ -12,7 +12,7 @@ import statistics
 import threading
 import time
 
-from rlrun.config import RunConfig
+from rlrun.config.schema import MetricsConfig
 from rlrun.rundir import RunDir
 from rlrun.streams import names
 from rlrun.streams.codec import encode
@@ -28,20 +28,26 @@ log = logging.getLogger("rlrun.trainer")
 
 
 class StepRecorder:
-    def __init__(self, cfg: RunConfig, run_dir: RunDir, stopping: Stopping) -> None:
-        self.cfg, self.run_dir, self.stopping = cfg, run_dir, stopping
-        self.metrics = MetricsWriter(run_dir.metrics, run_dir.tensorboard if cfg.metrics.tensorboard else None)
+    """`metrics`: where the records go besides metrics.jsonl; `num_actors` (whose counters each
+    record sums) and `max_train_steps` (the log line's target) are the rest it reads of the config."""
+
+    def __init__(
+        self, metrics: MetricsConfig, run_dir: RunDir, stopping: Stopping, *, num_actors: int, max_train_steps: int
+    ) -> None:
+        self.run_dir, self.stopping = run_dir, stopping
+        self.num_actors, self.max_train_steps = num_actors, max_train_steps
+        self.metrics = MetricsWriter(run_dir.metrics, run_dir.tensorboard if metrics.tensorboard else None)
         self.wandb = None
         self._writing = threading.Lock()  # an evaluation may be written from an overlapped weight update's thread
         # ETTR over every record and event so far, this run's earlier launches too, read once here:
         # each step then reads only the events appended since (constant cost per step)
         events, history = self._history()
         self.ettr = RunningEttr(events, history, reload=self._history)
-        if cfg.metrics.wandb:  # the same W&B run for every trainer attempt and every launch of this run
+        if metrics.wandb:  # the same W&B run for every trainer attempt and every launch of this run
             from rlrun.telemetry.wandb_sink import WandbSink
 
             last = history[-1]["time"] if history else None
-            self.wandb = WandbSink(run_dir, cfg.metrics.wandb_project, cfg.metrics.wandb_mode, last_step_time=last)
+            self.wandb = WandbSink(run_dir, metrics.wandb_project, metrics.wandb_mode, last_step_time=last)
 
     def record(self, state: TrainerState, metrics: dict, groups: list[Group], bad_messages: int) -> dict:
         """The step `state` has just taken, from its optimizer `metrics` and the `groups` it trained;
@@ -50,7 +56,7 @@ class StepRecorder:
         rewards = [s.reward for g in groups for s in g.samples]
         # The model's tokens only: observations (multi-turn) were not sampled, by any version.
         versions = [v for g in groups for s in g.samples for v in s.sampled(s.versions)]
-        actors = names.actor_states(self.cfg.actor.num_actors)
+        actors = names.actor_states(self.num_actors)
         record = {
             "step": state.step,
             "samples": state.samples_processed,
@@ -87,7 +93,7 @@ class StepRecorder:
         log.info(
             "step %d/%d samples=%d reward=%.3f loss=%.4f clip=%.3f %.2fs",
             state.step,
-            self.cfg.trainer.max_train_steps,
+            self.max_train_steps,
             state.samples_processed,
             record["reward_mean"],
             record["loss"],

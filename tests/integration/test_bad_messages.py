@@ -77,7 +77,8 @@ def batch_reader(client, cfg):
     from rlrun.trainer.parallel import Parallel, Ranks
     from rlrun.trainer.stopping import Stopping
 
-    reader = BatchReader(cfg, Stopping(client), Parallel(Ranks()), vocab_size=32, covered={}, heartbeat=lambda **_: None)
+    reader = BatchReader(Stopping(client), Parallel(Ranks()), vocab_size=32, covered={}, heartbeat=lambda **_: None,
+                         groups_per_step=cfg.groups_per_step, group_size=cfg.algo.group_size, num_actors=cfg.actor.num_actors)
     reader.rewind()  # as the trainer does first
     return reader
 

@@ -151,7 +151,7 @@ def test_the_trainer_record_has_every_documented_field_and_the_actor_counters(tm
     run_dir = RunDir(Path(tmp_path))
     redis = FakeRedis({"tokens_reused": "40", "tokens_regenerated": "3", "samples_continued": "5", "prefixes_dropped_stale": "1", "pid": "9",
                        "tokens_kept_on_retry": "6", "samples_continued_on_retry": "2"})  # fmt: skip
-    recorder = StepRecorder(cfg, run_dir, Stopping(redis))
+    recorder = StepRecorder(cfg.metrics, run_dir, Stopping(redis), num_actors=cfg.actor.num_actors, max_train_steps=cfg.trainer.max_train_steps)
     started = time.time() - 10  # the run started 10 s ago, and its only step took 0.5 s of optimizer work
     (Path(tmp_path) / "events.jsonl").write_text(json.dumps({"time": started, "event": "run_started"}) + "\n")
     samples = [Sample(i, [1, 2, 3], [-0.1] * 3, [0, 1, 1], "stop", float(i % 2), 0.0) for i in range(4)]
@@ -187,7 +187,7 @@ def test_the_trainer_record_counts_and_ages_the_models_tokens_not_the_observatio
 
     cfg, _ = compose(["trainer.max_train_steps=3"])
     run_dir = RunDir(Path(tmp_path))
-    recorder = StepRecorder(cfg, run_dir, Stopping(FakeRedis({})))
+    recorder = StepRecorder(cfg.metrics, run_dir, Stopping(FakeRedis({})), num_actors=cfg.actor.num_actors, max_train_steps=cfg.trainer.max_train_steps)
     # 5 tokens each, 2 of them an observation: 3 sampled tokens, all by version 2
     samples = [Sample(i, [1, 2, 3, 4, 5], [-0.1, 0.0, 0.0, -0.2, -0.3], [2, 0, 0, 2, 2], "stop", 1.0, 0.0, [[1, 3]]) for i in range(2)]
     written = recorder.record(TrainerState(step=3, samples_processed=4, policy_version=3),
@@ -235,7 +235,7 @@ def test_the_recorders_write_eval_goes_to_metrics_jsonl_tensorboard_and_wandb(tm
 
     cfg, _ = compose(["metrics.tensorboard=true"])
     run_dir = RunDir(Path(tmp_path))
-    recorder = StepRecorder(cfg, run_dir, Stopping(FakeRedis({})))
+    recorder = StepRecorder(cfg.metrics, run_dir, Stopping(FakeRedis({})), num_actors=cfg.actor.num_actors, max_train_steps=cfg.trainer.max_train_steps)
     recorder.wandb = sink = Sink()
     recorder.write_eval(EVAL)
     recorder.close()
