@@ -165,7 +165,7 @@ class HfBackend:
         fresh = checkpoint.latest_complete(run_dir.checkpoints) is None
         after = ("redis",) if endpoints.redis_port is not None else ()
         trainer = role_spec(
-            cfg,
+            cfg.supervisor,
             run_dir,
             "trainer",
             "trainer",

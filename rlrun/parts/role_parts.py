@@ -11,7 +11,7 @@ from typing import Callable
 
 import yaml
 
-from rlrun.config.schema import RoleSupervision, RunConfig
+from rlrun.config.schema import RoleSupervision, SupervisorConfig
 from rlrun.rundir import RunDir
 from rlrun.streams import server as redis_server
 from rlrun.supervisor.policy import RestartPolicy
@@ -41,10 +41,9 @@ def child_env(threads: int) -> dict[str, str]:
     return {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
 
 
-def role_spec(cfg: RunConfig, run_dir: RunDir, name: str, role: str, **spec) -> ProcessSpec:
+def role_spec(sup: SupervisorConfig, run_dir: RunDir, name: str, role: str, **spec) -> ProcessSpec:
     """Process `name`'s spec with its log file and role's settings (`supervisor.<role>`, and the
     supervisor's readiness deadline and stop grace) unless `spec` gives them."""
-    sup = cfg.supervisor
     settings: RoleSupervision = getattr(sup, role)
     policy = {f.name: getattr(settings, f.name) for f in fields(settings) if f.name != "stall_timeout_s"}
     policy["backoff_max_s"] = max(settings.backoff_max_s, settings.backoff_initial_s)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlrun.config import RunConfig
+from rlrun.config.schema import InferenceConfig, StreamsConfig
 
 PICKED = "picked free at start"
 EPHEMERAL = "ephemeral"
@@ -26,23 +26,24 @@ class Listener:
     secret: str  # what a client must present
 
 
-def planned(cfg: RunConfig, redis_default_user: str, trainer: list[Listener]) -> list[Listener]:
-    """The sockets a run of `cfg` will listen on, in start order; its trainer backend's answers
-    given: the ACL line of Redis's `default` user, and the trainer's own listeners."""
+def planned(
+    streams: StreamsConfig, inference: InferenceConfig, redis_default_user: str, trainer: list[Listener]
+) -> list[Listener]:
+    """The sockets a run with these `streams` and `inference` sections will listen on, in start
+    order; its trainer backend's answers given: the ACL line of Redis's `default` user, and the
+    trainer's own listeners."""
     from rlrun.streams.server import DEFAULT_USER_OFF
 
     out: list[Listener] = []
-    if cfg.streams.url is None:
+    if streams.url is None:
         redis_auth = "the run's password (ACL user; the `default` user is off)"
         if redis_default_user != DEFAULT_USER_OFF:
             redis_auth = "the run's password; without one only what the trainer's passwordless `default` user may touch"
-        out.append(Listener("redis", "Redis (valkey)", cfg.streams.host, PICKED, redis_auth))
-    for i in range(cfg.inference.num_servers):
+        out.append(Listener("redis", "Redis (valkey)", streams.host, PICKED, redis_auth))
+    for i in range(inference.num_servers):
         name = f"vllm-{i}"
         out.append(
-            Listener(
-                name, "vLLM OpenAI server", cfg.inference.host, PICKED, "the run's API key (every route but /health)"
-            )
+            Listener(name, "vLLM OpenAI server", inference.host, PICKED, "the run's API key (every route but /health)")
         )
         out.append(
             Listener(

@@ -40,12 +40,14 @@ def build_specs(
     if endpoints.redis_port is not None:
         binary = redis_server.find_server_binary(cfg.streams.server)
         argv = redis_server.server_argv(binary, run_dir)
-        specs.append(role_spec(cfg, run_dir, "redis", "redis", argv=argv, ready=probe.ping, alive=probe.ping))
+        specs.append(
+            role_spec(cfg.supervisor, run_dir, "redis", "redis", argv=argv, ready=probe.ping, alive=probe.ping)
+        )
     for i, url in enumerate(endpoints.vllm_urls):
         port = int(url.rsplit(":", 1)[1])
         specs.append(
             role_spec(
-                cfg,
+                cfg.supervisor,
                 run_dir,
                 f"vllm-{i}",
                 "vllm",
@@ -83,7 +85,7 @@ def build_specs(
         )
         specs.append(
             role_spec(
-                cfg,
+                cfg.supervisor,
                 run_dir,
                 name,
                 "actor",

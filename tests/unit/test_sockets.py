@@ -16,7 +16,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "127.0.0.1 (vLLM's own; measured with vLLM 0.32)"
 def plan(*overrides: str) -> list[sockets.Listener]:
     cfg, _ = compose(list(overrides))
     backend = build(cfg).backend
-    return sockets.planned(cfg, backend.redis_default_user(), backend.listeners())
+    return sockets.planned(cfg.streams, cfg.inference, backend.redis_default_user(), backend.listeners())
 
 
 @pytest.mark.parametrize("overrides", [

@@ -281,7 +281,7 @@ def trainer_spec(
         return probe.stream_has_event_after(f.events_stream, started[pid], '"weights_ready"')
 
     return role_spec(
-        cfg,
+        cfg.supervisor,
         run_dir,
         "trainer",
         "trainer",
@@ -312,7 +312,7 @@ def follower_spec(cfg: RunConfig, run_dir: RunDir, endpoints: Endpoints, probe: 
         broadcast_port=endpoints.broadcast_port,
     )
     return role_spec(
-        cfg,
+        cfg.supervisor,
         run_dir,
         "weights",
         "weights",
