@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Literal, Optional, Union, cast
 
 from rlrun.config import bounds
+from rlrun.config.problems import NeedFn, Problems, refuse
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
 from rlrun.listen import LOOPBACK
@@ -175,15 +176,9 @@ DEVICE = re.compile(r"(cpu|cuda|xpu|mps|npu|hpu|xla)(:\d+)?")  # torch's device 
 def validate(cfg: RunConfig) -> None:
     """Every key within the range its schema annotation gives (rlrun/config/bounds.py), then the
     rules between keys (which may assume those ranges)."""
-    out_of_range = bounds.problems(cfg)
-    if out_of_range:
-        raise ConfigError("invalid configuration: " + " ".join(out_of_range))
-    problems: list[str] = []
-
-    def need(ok: bool, message: str) -> None:
-        if not ok:
-            problems.append(message)
-
+    refuse(bounds.problems(cfg))
+    problems = Problems()
+    need = problems.need
     t, a, act = cfg.trainer, cfg.algo, cfg.actor
     need(
         t.train_batch_size % a.group_size == 0,
@@ -302,8 +297,7 @@ def validate(cfg: RunConfig) -> None:
     )
     _validate_streams(cfg, need)
     _validate_world(cfg, need)
-    if problems:
-        raise ConfigError("invalid configuration: " + " ".join(problems))
+    refuse(problems)
 
 
 def _sharded_vllm(extra_args) -> bool:
@@ -321,7 +315,7 @@ def _sharded_vllm(extra_args) -> bool:
     return False
 
 
-def _validate_streams(cfg: RunConfig, need) -> None:
+def _validate_streams(cfg: RunConfig, need: NeedFn) -> None:
     s = cfg.streams  # (the URL itself: rlrun.streams.external.url_problems, asked by preflight)
     if s.url is None:
         need(
@@ -336,7 +330,7 @@ def _validate_streams(cfg: RunConfig, need) -> None:
     )
 
 
-def _validate_world(cfg: RunConfig, need) -> None:
+def _validate_world(cfg: RunConfig, need: NeedFn) -> None:
     w = cfg.world
     need(
         w.cpu_affinity != "by_need"
@@ -370,7 +364,7 @@ def _validate_world(cfg: RunConfig, need) -> None:
         )
 
 
-def _validate_slurm(cfg: RunConfig, need) -> None:
+def _validate_slurm(cfg: RunConfig, need: NeedFn) -> None:
     w = (
         cfg.world
     )  # (each key's own range: rlrun/config/bounds.py; its time and options: rlrun.cluster.slurm_job.config_problems)

@@ -25,6 +25,7 @@ from rlrun.config.build import (
     unwrap_optional,
     validate,
 )
+from rlrun.config.problems import refuse
 from rlrun.config.relevance import ignored_overrides, rule_for
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
@@ -68,9 +69,7 @@ def compose(overrides: list[str]) -> tuple[RunConfig, str]:
         raise ConfigError(_explain(exc, overrides)) from None
     absolute_task_paths(data)
     cfg = config_from_data(data, source="the composed config")
-    ignored = ignored_overrides(cfg, list(overrides))
-    if ignored:
-        raise ConfigError("invalid configuration: " + " ".join(ignored))
+    refuse(ignored_overrides(cfg, list(overrides)))
     return cfg, yaml.safe_dump(data, sort_keys=False)
 
 

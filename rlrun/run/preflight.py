@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlrun.config import RunConfig
+from rlrun.config.problems import refuse
 from rlrun.errors import ConfigError, EnvironmentProblem, RunDirError
 from rlrun.rundir import RunDir
 
@@ -69,8 +70,7 @@ def check_settings(built: "BuiltRun") -> None:
         problems += [problem + "." for problem in url_problems(cfg.streams.url)]
     if cfg.world.kind == "slurm":
         problems += slurm_job.config_problems(cfg.world)
-    if problems:
-        raise ConfigError("invalid configuration: " + " ".join(problems))
+    refuse(problems)
 
 
 def check_dependencies(cfg: RunConfig) -> None:

@@ -14,6 +14,7 @@ from typing import Any, cast
 import yaml
 
 from rlrun.backends.fast_llm.revisions import Revision
+from rlrun.config.problems import Problems
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
 from rlrun.rundir import write_atomic
@@ -32,12 +33,8 @@ def config_problems(cfg: RunConfig) -> list[str]:
     from rlrun.backends.fast_llm.revisions import AUTO, NAMES
 
     t, f = cfg.trainer, cfg.trainer.fast_llm
-    problems: list[str] = []
-
-    def need(ok: bool, message: str) -> None:
-        if not ok:
-            problems.append(message)
-
+    problems = Problems()
+    need = problems.need
     need(
         cfg.eval.every_steps == 0,
         f"eval.every_steps={cfg.eval.every_steps}: held-out evaluation holds rlrun's trainer's weight updates while a version "
