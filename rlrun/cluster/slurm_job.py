@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
+from rlrun.config.problems import Problems
 from rlrun.config.schema import WorldConfig
 from rlrun.errors import EnvironmentProblem, RestartsExhausted
 from rlrun.rundir import RunDir, read_jsonl
@@ -87,10 +88,36 @@ def own_option_problems(lines: list[str]) -> list[str]:
     return [line for line in lines if line.strip().split("=", 1)[0].split(" ", 1)[0] in OWN_OPTIONS]
 
 
-def config_problems(world) -> list[str]:
-    """What SLURM's rules say of a world=slurm config (`WorldConfig`), one sentence each (asked by
-    preflight): its time limit, the signal's lead before it, options that would undo rlrun's own."""
-    problems = []
+def config_problems(world: WorldConfig, tensor_parallel_size: int) -> list[str]:
+    """What SLURM's rules say of a world=slurm config, one sentence each (asked by preflight): each
+    option line, each role's GPUs on a node (a vLLM server's `tensor_parallel_size` workers among
+    them), the time limit, the signal's lead before it, options that would undo rlrun's own. (Each
+    key's own range: rlrun/config/bounds.py.)"""
+    w = world
+    problems = Problems()
+    need = problems.need
+    for key, lines in (("world.sbatch_lines", w.sbatch_lines), ("world.srun_args", w.srun_args)):
+        for line in lines:
+            need(
+                str(line).startswith("-") and "\n" not in str(line),
+                f"{key}: {line!r} is not one sbatch/srun option (e.g. --qos=high): give each option as one item starting with '-'.",
+            )
+    for role in ("redis", "vllm", "trainer", "actor"):
+        place = getattr(w, role)
+        need(
+            float(place.gpus).is_integer(),
+            f"world.{role}.gpus must be a whole number of GPUs under world=slurm (got {place.gpus}).",
+        )
+        need(
+            place.local or place.gpus <= w.gpus_per_node,
+            f"world.{role}.gpus={place.gpus:g} is more than a node has (world.gpus_per_node={w.gpus_per_node}).",
+        )
+    tp = tensor_parallel_size
+    need(
+        w.vllm.gpus == 0 or w.vllm.gpus >= tp,
+        f"world.vllm.gpus={w.vllm.gpus:g} is fewer than inference.tensor_parallel_size={tp}: each server runs one "
+        f"worker per GPU; set world.vllm.gpus={tp}.",
+    )
     limit = time_limit_s(world.time)
     if limit is None:
         problems.append(

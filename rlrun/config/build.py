@@ -344,9 +344,13 @@ def _validate_world(cfg: RunConfig, need: NeedFn) -> None:
         "servers' machine: it needs world=local, trainer=hf, trainer.nproc_per_node=1 and trainer.device=cpu. Use "
         "world.cpu_affinity=auto.",
     )
-    if w.kind == "slurm":
-        _validate_slurm(cfg, need)
-        return
+    if w.kind == "slurm":  # Ray's keys, said before relevance's notice; SLURM's own rules: slurm_job.config_problems
+        for role in ("redis", "vllm", "trainer", "actor"):
+            need(
+                getattr(w, role).resources is None,
+                f"world.{role}.resources names Ray resources, which SLURM does not have: remove it (world.{role}.gpus and "
+                f"world.{role}.cpus place the role; world.srun_args or world.sbatch_lines pass SLURM options).",
+            )
     if w.kind != "ray":
         return
     need(
@@ -362,36 +366,3 @@ def _validate_world(cfg: RunConfig, need: NeedFn) -> None:
             f"(world.{role}.cpus=1, world.{role}.gpus=1 or world.{role}.resources={{NAME: 1}}), "
             f"or run it on this machine with world.{role}.local=true.",
         )
-
-
-def _validate_slurm(cfg: RunConfig, need: NeedFn) -> None:
-    w = (
-        cfg.world
-    )  # (each key's own range: rlrun/config/bounds.py; its time and options: rlrun.cluster.slurm_job.config_problems)
-    for key, lines in (("world.sbatch_lines", w.sbatch_lines), ("world.srun_args", w.srun_args)):
-        for line in lines:
-            need(
-                str(line).startswith("-") and "\n" not in str(line),
-                f"{key}: {line!r} is not one sbatch/srun option (e.g. --qos=high): give each option as one item starting with '-'.",
-            )
-    for role in ("redis", "vllm", "trainer", "actor"):
-        place = getattr(w, role)
-        need(
-            place.resources is None,
-            f"world.{role}.resources names Ray resources, which SLURM does not have: remove it (world.{role}.gpus and "
-            f"world.{role}.cpus place the role; world.srun_args or world.sbatch_lines pass SLURM options).",
-        )
-        need(
-            float(place.gpus).is_integer(),
-            f"world.{role}.gpus must be a whole number of GPUs under world=slurm (got {place.gpus}).",
-        )
-        need(
-            place.local or place.gpus <= w.gpus_per_node,
-            f"world.{role}.gpus={place.gpus:g} is more than a node has (world.gpus_per_node={w.gpus_per_node}).",
-        )
-    tp = cfg.inference.tensor_parallel_size
-    need(
-        w.vllm.gpus == 0 or w.vllm.gpus >= tp,
-        f"world.vllm.gpus={w.vllm.gpus:g} is fewer than inference.tensor_parallel_size={tp}: each server runs one "
-        f"worker per GPU; set world.vllm.gpus={tp}.",
-    )

@@ -69,7 +69,7 @@ def check_settings(built: "BuiltRun") -> None:
     if cfg.streams.url is not None:
         problems += [problem + "." for problem in url_problems(cfg.streams.url)]
     if cfg.world.kind == "slurm":
-        problems += slurm_job.config_problems(cfg.world)
+        problems += slurm_job.config_problems(cfg.world, cfg.inference.tensor_parallel_size)
     refuse(problems)
 
 

@@ -22,7 +22,9 @@ from rlrun.run import launch
 from rlrun.run.built import build
 from rlrun.run.plan import build_plan
 from rlrun.rundir import RunDir
+from rlrun.run.preflight import check_settings
 from rlrun.supervisor.local import LocalSpawner
+from tests.refusals import settings_refusal
 
 
 def visible(n: int) -> gpus.Visible:
@@ -215,9 +217,10 @@ def test_a_gpu_run_previewed_where_no_gpu_is_visible_is_shown_not_refused(monkey
 def test_the_tensor_parallel_size_is_checked_where_it_cannot_work():
     with pytest.raises(ConfigError, match=r"one vLLM worker per server.*inference.tensor_parallel_size=1"):
         compose(["trainer.weight_transfer=broadcast", "inference.tensor_parallel_size=2"])  # each server joins as one rank
-    with pytest.raises(ConfigError, match=r"world.vllm.gpus=1 is fewer than inference.tensor_parallel_size=2"):
-        compose(["world=slurm", "world.gpus_per_node=8", "world.vllm.gpus=1", "inference.tensor_parallel_size=2"])
-    compose(["world=slurm", "world.gpus_per_node=8", "world.vllm.gpus=2", "inference.tensor_parallel_size=2"])
+    # world=slurm's rule is the SLURM job's, asked by preflight before anything is submitted or started
+    settings_refusal(["world=slurm", "world.gpus_per_node=8", "world.vllm.gpus=1", "inference.tensor_parallel_size=2"],
+                     "world.vllm.gpus=1 is fewer than inference.tensor_parallel_size=2")  # fmt: skip
+    check_settings(build(compose(["world=slurm", "world.gpus_per_node=8", "world.vllm.gpus=2", "inference.tensor_parallel_size=2"])[0]))
 
 
 # --- memory back before a restart (a recorded NVML: this machine has none) ------------------------------

@@ -141,8 +141,9 @@ def test_slurm_commands_outside_a_job_say_what_to_run(monkeypatch):
     ],
 )
 def test_bad_slurm_settings_are_named(overrides, expected):
-    """Config validation names what it knows; SLURM's own rules (the time limit, the signal's lead,
-    rlrun's own sbatch options) are asked by preflight, before anything is submitted or started."""
+    """Config validation names what it knows (each key's range, what has no effect here); SLURM's
+    own rules (option lines, GPUs per node, the time limit, the signal's lead, rlrun's own sbatch
+    options) are asked by preflight, before anything is submitted or started."""
     settings_refusal(overrides, expected)
 
 
