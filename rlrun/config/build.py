@@ -241,12 +241,6 @@ def validate(cfg: RunConfig) -> None:
     )
     k = act.num_actors
     need(
-        k <= 1 or t.backend != "fast_llm",
-        f"actor.num_actors={k} needs trainer=hf: Fast-LLM reads one stream, and each actor delivers into its "
-        "own (so that its journal and its stream share one Redis Cluster slot). Use actor.num_actors=1 with "
-        "trainer=fast_llm.",
-    )
-    need(
         k <= 1 or act.journal,
         f"actor.num_actors={k} needs actor.journal=true (the journal is what keeps actors apart).",
     )
@@ -288,13 +282,6 @@ def validate(cfg: RunConfig) -> None:
         f"trainer.device={t.device!r} is not a torch device: use cpu, cuda (a GPU per rank), cuda:K (one GPU), "
         "or another torch device type such as xpu or mps.",
     )
-    need(
-        t.fast_llm.train_iters is None or t.fast_llm.train_iters == t.max_train_steps,
-        f"trainer.fast_llm.train_iters ({t.fast_llm.train_iters}) disagrees with trainer.max_train_steps "
-        f"({t.max_train_steps}): rlrun sets Fast-LLM's training.train_iters from "
-        "trainer.max_train_steps, and the run is complete only when Fast-LLM reaches it. Set "
-        "trainer.max_train_steps to the step count you want and remove trainer.fast_llm.train_iters.",
-    )
     _validate_streams(cfg, need)
     _validate_world(cfg, need)
     refuse(problems)
@@ -317,16 +304,9 @@ def _sharded_vllm(extra_args) -> bool:
 
 def _validate_streams(cfg: RunConfig, need: NeedFn) -> None:
     s = cfg.streams  # (the URL itself: rlrun.streams.external.url_problems, asked by preflight)
-    if s.url is None:
-        need(
-            s.password_file is None,
-            "streams.password_file is the password of an external Redis: set streams.url too, or remove it.",
-        )
-        return
     need(
-        cfg.trainer.backend != "fast_llm",
-        "trainer=fast_llm needs the run's own Redis (it grants Fast-LLM's passwordless clients a restricted user "
-        "of their own): unset streams.url.",
+        s.url is not None or s.password_file is None,
+        "streams.password_file is the password of an external Redis: set streams.url too, or remove it.",
     )
 
 

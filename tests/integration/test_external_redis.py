@@ -51,7 +51,6 @@ def test_the_processes_url_names_the_default_user_only_when_a_password_is_sent()
     "overrides, fragment",
     [
         (["streams.password_file=/tmp/p"], "set streams.url too"),
-        (["streams.url=redis://10.0.0.5:6379/0", "trainer=fast_llm", "trainer.device=cpu"], "needs the run's own Redis"),
     ],
 )
 def test_inconsistent_streams_settings_are_refused(overrides, fragment):

@@ -91,7 +91,6 @@ def test_each_actor_runs_ahead_by_its_share_of_a_step():
     "overrides, fragment",
     [
         (["actor.num_actors=0"], "actor.num_actors must be at least 1"),
-        (["actor.num_actors=2", "inference.num_servers=2", "trainer=fast_llm", "trainer.device=cpu"], "needs trainer=hf"),
         (["actor.num_actors=2", "inference.num_servers=2", "actor.journal=false"], "needs actor.journal=true"),
     ],
 )

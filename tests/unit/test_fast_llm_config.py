@@ -177,8 +177,6 @@ def test_launch_argv_fills_the_command_template(tmp_path):
 @pytest.mark.parametrize(
     "overrides, expected",
     [
-        (["trainer=fast_llm", "trainer.max_train_steps=400", "trainer.fast_llm.train_iters=393"],
-         ["trainer.fast_llm.train_iters (393)", "trainer.max_train_steps (400)"]),
         (["trainer=fast_llm", "trainer.fast_llm.docs_per_step=0"], ["trainer.fast_llm.docs_per_step must be at least 1"]),
         (["trainer=fast_llm", 'inference.extra_args=["--tensor-parallel-size","2"]'], ["one vLLM worker per server"]),
         (["trainer=fast_llm", 'inference.extra_args=["--pipeline-parallel-size=2"]'], ["inference.num_servers"]),
@@ -198,6 +196,10 @@ def test_inconsistent_fast_llm_config_is_refused_before_anything_starts(override
         (["trainer.fast_llm.version=jlp"], ["trainer.fast_llm.version=jlp", "auto", "gspo, main"]),
         (["trainer.fast_llm.events_stream=fast_llm_streaming"], ["two different"]),
         (["trainer.fast_llm.experiment_dir_name=a/b"], ["trainer.fast_llm.experiment_dir_name must be a plain folder name", "'a/b'"]),
+        (["trainer.max_train_steps=400", "trainer.fast_llm.train_iters=393"],
+         ["trainer.fast_llm.train_iters (393)", "trainer.max_train_steps (400)"]),
+        (["actor.num_actors=2", "inference.num_servers=2", "trainer.device=cpu"], ["actor.num_actors=2 needs trainer=hf"]),
+        (["streams.url=redis://10.0.0.5:6379/0", "trainer.device=cpu"], ["needs the run's own Redis"]),
     ],
 )
 def test_fast_llm_settings_its_backend_refuses_are_refused_by_preflight_before_anything_else(overrides, expected):

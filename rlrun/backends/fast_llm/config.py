@@ -29,7 +29,8 @@ CONVERTERS = ("llama", "qwen2", "mistral", "mixtral")
 
 
 def config_problems(cfg: RunConfig) -> list[str]:
-    """What trainer=fast_llm's own settings get wrong, one sentence each (asked by preflight)."""
+    """What trainer=fast_llm's own settings get wrong, and what it cannot run with (several actors,
+    an external Redis), one sentence each (asked by preflight)."""
     from rlrun.backends.fast_llm.revisions import AUTO, NAMES
 
     t, f = cfg.trainer, cfg.trainer.fast_llm
@@ -71,6 +72,25 @@ def config_problems(cfg: RunConfig) -> list[str]:
     need(
         bool(f.experiment_dir_name) and "/" not in f.experiment_dir_name,
         f"trainer.fast_llm.experiment_dir_name must be a plain folder name (got {f.experiment_dir_name!r}).",
+    )
+    need(
+        f.train_iters is None or f.train_iters == t.max_train_steps,
+        f"trainer.fast_llm.train_iters ({f.train_iters}) disagrees with trainer.max_train_steps "
+        f"({t.max_train_steps}): rlrun sets Fast-LLM's training.train_iters from "
+        "trainer.max_train_steps, and the run is complete only when Fast-LLM reaches it. Set "
+        "trainer.max_train_steps to the step count you want and remove trainer.fast_llm.train_iters.",
+    )
+    k = cfg.actor.num_actors
+    need(
+        k <= 1,
+        f"actor.num_actors={k} needs trainer=hf: Fast-LLM reads one stream, and each actor delivers into its "
+        "own (so that its journal and its stream share one Redis Cluster slot). Use actor.num_actors=1 with "
+        "trainer=fast_llm.",
+    )
+    need(
+        cfg.streams.url is None,
+        "trainer=fast_llm needs the run's own Redis (it grants Fast-LLM's passwordless clients a restricted user "
+        "of their own): unset streams.url.",
     )
     return problems
 
