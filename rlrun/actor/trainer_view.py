@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rlrun.actor.partition import share
-from rlrun.config import RunConfig
+from rlrun.config.schema import ActorConfig
 from rlrun.streams import names
 from rlrun.streams.codec import encode
 from rlrun.streams.rollouts import Group
@@ -41,11 +41,14 @@ class TrainerView(Protocol):
 
 
 class HfView:
-    def __init__(self, cfg: RunConfig, redis, actor: int = 0) -> None:
-        self.cfg, self.redis = cfg, redis
-        k = cfg.actor.num_actors
+    """Actor `actor`'s view of rlrun's own trainer; `settings`: the actor section (how many actors,
+    how far ahead they may run), `groups_per_step`: the run's (`RunConfig.groups_per_step`)."""
+
+    def __init__(self, settings: ActorConfig, groups_per_step: int, redis, actor: int = 0) -> None:
+        self.redis, self.max_steps_ahead = redis, settings.max_steps_ahead
+        k = settings.num_actors
         self.stream = names.actor_stream(actor, k)
-        self.groups_per_step = share(cfg.groups_per_step, actor, k)  # this actor's part of a step
+        self.groups_per_step = share(groups_per_step, actor, k)  # this actor's part of a step
 
     def destination(self, group: Group) -> tuple[str, list[str]]:
         return self.stream, [encode(group.to_dict())]
@@ -66,7 +69,7 @@ class HfView:
         served = min(step, self.policy_version())
         trained = int(state.get(names.trained_entries(self.stream), 0))
         delivered = int(self.redis.xlen(self.stream))
-        limit = (served - step + 1 + self.cfg.actor.max_steps_ahead) * self.groups_per_step
+        limit = (served - step + 1 + self.max_steps_ahead) * self.groups_per_step
         detail = {
             "stream": self.stream,
             "entries": delivered,

@@ -198,7 +198,7 @@ class HfBackend:
     def trainer_view(self, redis, actor: int = 0):
         from rlrun.actor.trainer_view import HfView
 
-        return HfView(self.cfg, redis, actor)
+        return HfView(self.cfg.actor, self.cfg.groups_per_step, redis, actor)
 
     def metrics_hint(self, run_dir: RunDir) -> Optional[str]:
         return None  # metrics.jsonl, written by the trainer

@@ -83,7 +83,7 @@ def test_each_actor_process_gets_its_index_and_only_its_servers_in_its_role_file
 def test_each_actor_runs_ahead_by_its_share_of_a_step():
     cfg, _ = compose(["actor.num_actors=3", "inference.num_servers=3", "trainer.train_batch_size=40", "algo.group_size=8"])
     assert cfg.groups_per_step == 5
-    views = [HfView(cfg, None, k) for k in range(3)]
+    views = [HfView(cfg.actor, cfg.groups_per_step, None, k) for k in range(3)]
     assert [v.groups_per_step for v in views] == [2, 2, 1] and [v.stream for v in views] == names.groups_streams(3)
 
 

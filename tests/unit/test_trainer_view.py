@@ -61,7 +61,7 @@ def test_max_steps_ahead_0_opens_only_the_step_the_trainer_waits_for():
     per_step = cfg.groups_per_step
     assert per_step == 16  # 256 samples per step / groups of 16
     redis = FakeRedis()
-    view = HfView(cfg, redis)
+    view = HfView(cfg.actor, cfg.groups_per_step, redis)
     assert view.window(per_step - 1).room and not view.window(per_step).room  # no trainer state yet: step 0
     assert run_in_lockstep(view, redis, per_step, 4) == [per_step] * 4  # one step's groups, then the next
 
@@ -70,7 +70,7 @@ def test_max_steps_ahead_1_keeps_one_more_step_in_flight():
     cfg, _ = compose(["recipe=math_grpo", "actor.max_steps_ahead=1"])
     per_step = cfg.groups_per_step
     redis = FakeRedis()
-    view = HfView(cfg, redis)
+    view = HfView(cfg.actor, cfg.groups_per_step, redis)
     assert run_in_lockstep(view, redis, per_step, 3) == [2 * per_step, per_step, per_step]
     redis.trainer_at(5, 5 * per_step)
     redis.lengths[names.GROUPS_STREAM] = 5 * per_step
@@ -84,7 +84,7 @@ def test_a_step_counts_once_vllm_serves_its_weights():
         cfg, _ = compose(["recipe=math_grpo", f"actor.max_steps_ahead={ahead}"])
         per_step = cfg.groups_per_step
         redis = FakeRedis()
-        view = HfView(cfg, redis)
+        view = HfView(cfg.actor, cfg.groups_per_step, redis)
         redis.lengths[names.GROUPS_STREAM] = 5 * per_step
         redis.trainer_at(5, 5 * per_step, served=4)
         assert groups_the_actor_may_open(view, redis) == ahead * per_step
@@ -100,7 +100,7 @@ def test_a_trainer_set_back_to_an_older_checkpoint_is_fed_again_then_the_actor_g
     cfg, _ = compose(["recipe=math_grpo", "actor.max_steps_ahead=1"])
     per_step = cfg.groups_per_step
     redis = FakeRedis()
-    view = HfView(cfg, redis)
+    view = HfView(cfg.actor, cfg.groups_per_step, redis)
     redis.lengths[names.GROUPS_STREAM] = 26 * per_step  # delivered while the first trainer ran
     redis.trainer_at(24, 24 * per_step)
     assert groups_the_actor_may_open(view, redis) == 0  # two steps ahead already

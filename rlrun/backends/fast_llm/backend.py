@@ -12,7 +12,7 @@ from typing import Callable, ClassVar, Optional
 
 from rlrun.backends import HALF, Candidate, recorded_fields, run_verdict
 from rlrun.backends.fast_llm import checkpoints as fl_checkpoints
-from rlrun.backends.fast_llm.config import LAUNCH_ENV, config_problems, launch_argv, write_config
+from rlrun.backends.fast_llm.config import LAUNCH_ENV, config_problems, docs_per_step, launch_argv, write_config
 from rlrun.backends.fast_llm.follower import last_id, request_join
 from rlrun.backends.fast_llm.installed import choose_revision
 from rlrun.backends.fast_llm.rewind import rewind_group
@@ -201,10 +201,17 @@ class FastLlmBackend:
 
         return check
 
-    def trainer_view(self, redis, actor: int = 0):  # one actor only (config validation)
+    def trainer_view(self, redis, actor: int = 0):  # one actor only (config_problems)
         from rlrun.backends.fast_llm.view import FastLlmView
 
-        return FastLlmView(self.cfg, redis)
+        cfg = self.cfg
+        return FastLlmView(
+            cfg.trainer.fast_llm,
+            redis,
+            docs_per_step=docs_per_step(cfg),
+            max_steps_ahead=cfg.actor.max_steps_ahead,
+            group_size=cfg.algo.group_size,
+        )
 
     def metrics_hint(self, run_dir: RunDir) -> Optional[str]:
         logs = run_dir.launch_logs(max(run_dir.launches(), default=None))

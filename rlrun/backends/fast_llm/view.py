@@ -6,22 +6,21 @@ serves; back-pressure counts Fast-LLM's unread documents.
 from __future__ import annotations
 
 from rlrun.actor.trainer_view import Window
-from rlrun.backends.fast_llm.config import docs_per_step
 from rlrun.backends.fast_llm.protocol import encode_group
-from rlrun.config import RunConfig
+from rlrun.config.schema import FastLlmConfig
 from rlrun.streams import names
 from rlrun.streams.rollouts import Group
 
 
 class FastLlmView:
     """Fast-LLM takes more than `docs_per_step` documents per step, so back-pressure keeps the unread
-    ones (the group's lag) plus those in flight under (1 + max_steps_ahead) × docs_per_step."""
+    ones (the group's lag) plus those in flight under (1 + max_steps_ahead) × docs_per_step.
+    `f`: trainer.fast_llm; `group_size` (algo.group_size): the documents of a group in flight."""
 
-    def __init__(self, cfg: RunConfig, redis) -> None:
-        self.cfg, self.redis = cfg, redis
-        self.f = cfg.trainer.fast_llm
+    def __init__(self, f: FastLlmConfig, redis, *, docs_per_step: int, max_steps_ahead: int, group_size: int) -> None:
+        self.f, self.redis = f, redis
         self.stream = self.f.stream
-        self.docs_per_step = docs_per_step(cfg)
+        self.docs_per_step, self.max_steps_ahead, self.group_size = docs_per_step, max_steps_ahead, group_size
 
     def destination(self, group: Group) -> tuple[str, list[str]]:
         return self.f.stream, encode_group(group, self.f.loss_masking_span_end)
@@ -32,14 +31,14 @@ class FastLlmView:
 
     def window(self, in_flight: int) -> Window:
         unread = self._unread_documents()
-        limit = (1 + self.cfg.actor.max_steps_ahead) * self.docs_per_step
+        limit = (1 + self.max_steps_ahead) * self.docs_per_step
         detail = {
             "stream": self.f.stream,
             "unread_documents": unread,
             "in_flight_groups": in_flight,
             "docs_per_step": self.docs_per_step,
         }
-        return Window("documents", unread + in_flight * self.cfg.algo.group_size, limit, detail)
+        return Window("documents", unread + in_flight * self.group_size, limit, detail)
 
     def _unread_documents(self) -> int:
         try:
