@@ -42,7 +42,7 @@ class TrainerView(Protocol):
 
 class HfView:
     """Actor `actor`'s view of rlrun's own trainer; `settings`: the actor section (how many actors,
-    how far ahead they may run), `groups_per_step`: the run's (`RunConfig.groups_per_step`)."""
+    how far ahead they may run); `groups_per_step`: the whole run's, all actors together."""
 
     def __init__(self, settings: ActorConfig, groups_per_step: int, redis, actor: int = 0) -> None:
         self.redis, self.max_steps_ahead = redis, settings.max_steps_ahead

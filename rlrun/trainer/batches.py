@@ -23,7 +23,7 @@ class BatchReader:
     """`rewind` once (rank 0), then `take` each step's groups (every rank), `ack_covered` at each
     checkpoint. `covered`: the stream positions the loaded checkpoint covers ({}: the base model;
     None: a checkpoint written before positions were recorded). `heartbeat(waiting_for=...)` is
-    called while it waits. Of the config it reads the step's size (`RunConfig.groups_per_step`,
+    called while it waits. Of the config it reads the step's size (groups per step,
     algo.group_size) and actor.num_actors (one stream each)."""
 
     def __init__(
