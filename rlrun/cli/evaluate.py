@@ -61,7 +61,7 @@ def evaluate(run_root: Path, step: Optional[int] = None) -> Evaluation:
     warnings: list[str] = []
     source = chosen_checkpoint(run, step, warnings)
     version = checkpoint.read_state(source).policy_version
-    base = model_path(cfg, build=False)
+    base = model_path(cfg.model, build=False, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand)
     tokenizer = load_tokenizer(source if checkpoint.has_tokenizer(source) else base)
     render = chat_renderer(source if checkpoint.has_tokenizer(source) else base) if cfg.model.chat_template else None
     scorer = scorer_for(task.rewards, cfg.reward)

@@ -156,7 +156,7 @@ def _model_folder(run: RunDir) -> Optional[Path]:
             assert cfg.model.path is not None  # the config's check: set unless model.source=tiny
             folder = Path(snapshot_download(cfg.model.path, local_files_only=True))
         else:
-            folder = Path(model_path(cfg, build=False))
+            folder = Path(model_path(cfg.model, build=False, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand))
     except Exception as exc:  # noqa: BLE001 - an unreadable config, a model not here (huggingface_hub's own errors): no folder
         log.debug("no model folder for %s: %s", run.root, exc)
         return None

@@ -5,29 +5,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlrun.config import RunConfig
+from rlrun.config.schema import DatasetConfig, ModelConfig
 from rlrun.errors import EnvironmentProblem
 from rlrun.models import tiny
 from rlrun.models.gguf import built_folder, ensure_gguf_model
 from rlrun.models.tiny import TinyBuild, ensure_tiny_model
 
 
-def config_problems(cfg: RunConfig) -> list[str]:
+def config_problems(m: ModelConfig, dataset: DatasetConfig) -> list[str]:
     """What the model the config chooses says of the config, one sentence each (asked by preflight)."""
-    m = cfg.model
     if m.source == "tiny":
-        return tiny.config_problems(m.max_model_len, cfg.dataset.name, cfg.dataset.max_operand)
+        return tiny.config_problems(m.max_model_len, dataset.name, dataset.max_operand)
     return []
 
 
-def model_path(cfg: RunConfig, build: bool) -> str:
-    """The folder (or hub id) vLLM and the trainer load. Builds the tiny or GGUF model if asked to."""
-    m = cfg.model
+def model_path(m: ModelConfig, build: bool, *, seed: int, max_operand: int) -> str:
+    """The folder (or hub id) vLLM and the trainer load. Builds the tiny or GGUF model if asked to.
+    `seed` (run.seed) and `max_operand` (dataset.max_operand) make the tiny model; others ignore them."""
     if m.source == "tiny":
         args = dict(
-            seed=cfg.run.seed,
+            seed=seed,
             warm_start_steps=m.warm_start_steps,
-            max_operand=cfg.dataset.max_operand,
+            max_operand=max_operand,
             max_model_len=m.max_model_len,
         )
         if not build:

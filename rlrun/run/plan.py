@@ -65,7 +65,7 @@ def build_plan(built: BuiltRun, run_dir: RunDir, gpus: Optional[GpuPlan] = None,
     shown on a machine without GPUs, and world=slurm's nodes and srun steps are previewed (a launch
     leaves those to the spawner, on the allocation it finds)."""
     cfg, backend = built.cfg, built.backend
-    path = model_path(cfg, build=not preview)
+    path = model_path(cfg.model, build=not preview, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand)
     gpus = gpu_plan(built, preview=preview) if gpus is None else gpus
     specs = build_specs(built, run_dir, plan_endpoints(built, pick_port=lambda host: 0), path, EventLog(None), gpus)
     slurm = _slurm_steps(built, run_dir, specs, os.environ) if preview and cfg.world.kind == "slurm" else None

@@ -65,7 +65,11 @@ def check_settings(built: "BuiltRun") -> None:
     from rlrun.streams.external import url_problems
 
     cfg = built.cfg
-    problems = config_problems(cfg) + built.backend.config_problems() + extra_args_problems(cfg.inference.extra_args)
+    problems = (
+        config_problems(cfg.model, cfg.dataset)
+        + built.backend.config_problems()
+        + extra_args_problems(cfg.inference.extra_args)
+    )
     if cfg.streams.url is not None:
         problems += [problem + "." for problem in url_problems(cfg.streams.url)]
     if cfg.world.kind == "slurm":
@@ -252,7 +256,10 @@ def check_model_cache(cfg: RunConfig) -> bool:
     from rlrun.models.source import model_path
     from rlrun.models.tiny import MARKER as TINY_BUILT
 
-    if (Path(model_path(cfg, build=False)) / (GGUF_BUILT if cfg.model.source == "gguf" else TINY_BUILT)).is_file():
+    if (
+        Path(model_path(cfg.model, build=False, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand))
+        / (GGUF_BUILT if cfg.model.source == "gguf" else TINY_BUILT)
+    ).is_file():
         return False  # built: read only
     cache = Path(cfg.model.cache_dir).expanduser().absolute()
     existing = _nearest_existing(cache)

@@ -48,7 +48,7 @@ def cfg():
 
 @pytest.fixture(scope="module")
 def folder(cfg) -> Path:
-    return Path(model_path(cfg, build=True))
+    return Path(model_path(cfg.model, build=True, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand))
 
 
 def test_the_folder_is_an_ordinary_hf_model_with_its_head_tied(folder):

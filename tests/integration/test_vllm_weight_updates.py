@@ -85,7 +85,7 @@ class VllmProcess:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     cfg, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu"])
-    model = tied_copy(model_path(cfg, build=True), tmp_path_factory.mktemp("tied"))
+    model = tied_copy(model_path(cfg.model, build=True, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand), tmp_path_factory.mktemp("tied"))
     vllm = VllmProcess(model, tmp_path_factory.mktemp("vllm"))
     try:
         vllm.start()

@@ -36,7 +36,8 @@ ANSWER = "The sum is 5."
 
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
-    return Path(model_path(compose(["recipe=smollm2_grpo"])[0], build=True))
+    cfg, _ = compose(["recipe=smollm2_grpo"])
+    return Path(model_path(cfg.model, build=True, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand))
 
 
 @pytest.fixture(scope="module")

@@ -146,7 +146,11 @@ class FastLlmBackend:
 
         cfg = self.cfg
         ensure_launchable(launch_argv(cfg, Path("fast_llm.yaml")))
-        choose_revision(cfg, model_path(cfg, build=True), experiment_dir_of(cfg, root))
+        choose_revision(
+            cfg,
+            model_path(cfg.model, build=True, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand),
+            experiment_dir_of(cfg, root),
+        )
 
     def check_resumable(self, run_dir: RunDir) -> None:
         return None  # half-written checkpoints are moved aside before every start; none at all means step 0
