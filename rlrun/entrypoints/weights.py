@@ -27,7 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         host_store = store_host(cfg) == "rlrun"  # who serves the broadcast's store: the installed Fast-LLM says
-        WeightFollower(cfg, redis, admin, role.broadcast_host, role.broadcast_port, host_store).run_forever()
+        WeightFollower(
+            cfg.trainer,
+            redis,
+            admin,
+            role.broadcast_host,
+            role.broadcast_port,
+            host_store,
+            model_dtype=cfg.model.dtype,
+        ).run_forever()
     finally:
         admin.close()
         redis.close()

@@ -194,7 +194,7 @@ def test_forged_events_change_neither_the_served_weights_nor_the_verdict(tmp_pat
         assert refusals(anyone) == dict.fromkeys(REFUSED, "refused")
 
         admin = RecordingAdmin()
-        follower = WeightFollower(cfg, rlrun, admin, "127.0.0.1", 29555)
+        follower = WeightFollower(cfg.trainer, rlrun, admin, "127.0.0.1", 29555, model_dtype=cfg.model.dtype)
         progress = ProgressReader(server.url, run, EventLog(run.events, clock=time.time), num_actors=cfg.actor.num_actors, max_train_steps=cfg.trainer.max_train_steps)
         verdict = backend.completion_check(progress)
 

@@ -61,7 +61,7 @@ LOADED = ["pause", "start_weight_update", "update_weights"]  # + finish_weight_u
 
 def follower(client, admin) -> WeightFollower:
     cfg, _ = compose(["recipe=math_grpo", "trainer=fast_llm", "trainer.device=cpu"])
-    return WeightFollower(cfg, client, admin, "127.0.0.1", 29555)
+    return WeightFollower(cfg.trainer, client, admin, "127.0.0.1", 29555, model_dtype=cfg.model.dtype)
 
 
 def weights_ready(client, step: int) -> str:

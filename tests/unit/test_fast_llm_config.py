@@ -118,7 +118,7 @@ def test_explicit_docs_per_step_backend_and_extra_keys():
     )
     out = fast_llm_config(cfg, GSPO, **FIXED)
     assert out["schedule"]["docs_per_step"] == 100
-    assert broadcast_backend(cfg) == "gloo" == out["callbacks"]["streaming"]["broadcast"]["backend"]
+    assert broadcast_backend(cfg.trainer) == "gloo" == out["callbacks"]["streaming"]["broadcast"]["backend"]
     assert out["training"]["logs"] == {"interval": 1}
     assert out["training"]["train_iters"] == cfg.trainer.max_train_steps  # merged, not replaced
     assert out["data"]["micro_batch_size"] == 128 and out["data"]["datasets"]["training"]["type"] == "streaming"

@@ -15,7 +15,7 @@ import yaml
 
 from rlrun.backends.fast_llm.revisions import Revision
 from rlrun.config.problems import Problems
-from rlrun.config.schema import RunConfig
+from rlrun.config.schema import RunConfig, TrainerConfig
 from rlrun.errors import ConfigError
 from rlrun.rundir import write_atomic
 
@@ -145,11 +145,13 @@ def data_parallel(cfg: RunConfig) -> int:
     return f.nproc_per_node if f.data_parallel is None else f.data_parallel
 
 
-def broadcast_backend(cfg: RunConfig) -> str:
+def broadcast_backend(t: TrainerConfig) -> str:
+    """The weight broadcast's collective backend: trainer.fast_llm.broadcast_backend, or with `auto`
+    the one trainer.device calls for."""
     from rlrun.trainer.parallel import collective_backend
 
-    chosen = cfg.trainer.fast_llm.broadcast_backend
-    return collective_backend(cfg.trainer.device) if chosen == "auto" else chosen
+    chosen = t.fast_llm.broadcast_backend
+    return collective_backend(t.device) if chosen == "auto" else chosen
 
 
 def fast_llm_config(
@@ -220,7 +222,7 @@ def fast_llm_config(
                 "broadcast": {
                     "host": broadcast_host,
                     "port": broadcast_port,
-                    "backend": broadcast_backend(cfg),
+                    "backend": broadcast_backend(cfg.trainer),
                     # the receivers: one rank per vLLM server (Fast-LLM's rank 0 makes it +1)
                     "external_world_size": cfg.inference.num_servers,
                 },

@@ -17,7 +17,7 @@ import httpx
 from rlrun.backends.fast_llm.config import broadcast_backend
 from rlrun.backends.fast_llm.events import EventJudge, stream_id_after
 from rlrun.backends.fast_llm.protocol import WeightsReady
-from rlrun.config import RunConfig
+from rlrun.config.schema import TrainerConfig
 from rlrun.inference.admin import VllmAdmin, in_thread, results
 from rlrun.streams import names
 
@@ -85,27 +85,32 @@ class VllmBroadcastAdmin(VllmAdmin):
 
 
 class WeightFollower:
+    """`trainer`: the trainer section (trainer.fast_llm's broadcast and events stream, the step
+    target); `model_dtype` (model.dtype): float16 lets Fast-LLM skip steps (loss scaling)."""
+
     def __init__(
         self,
-        cfg: RunConfig,
+        trainer: TrainerConfig,
         redis,
         admin: VllmBroadcastAdmin,
         broadcast_host: str,
         broadcast_port: int,
         host_store: bool = False,
+        *,
+        model_dtype: str,
     ) -> None:
-        self.cfg, self.redis, self.admin = cfg, redis, admin
+        self.redis, self.admin = redis, admin
         self.host_store = host_store
         self._store: object | None = None  # the broadcast's TCP store, when this process serves it
-        self.broadcast = (broadcast_host, broadcast_port, broadcast_backend(cfg), cfg.trainer.fast_llm.timeout_s)
-        self.stream = cfg.trainer.fast_llm.events_stream
+        self.broadcast = (broadcast_host, broadcast_port, broadcast_backend(trainer), trainer.fast_llm.timeout_s)
+        self.stream = trainer.fast_llm.events_stream
         state = redis.hgetall(names.WEIGHTS_STATE) or {}
         self.last_id = state.get("last_event_id", "0")
         self.counters = {
             key: int(state.get(key, 0))
             for key in ("broadcasts_loaded", "broadcasts_failed", "joins", "events_rejected")
         }
-        self.judge = EventJudge(cfg.trainer.max_train_steps, skips_possible=cfg.model.dtype == "float16")
+        self.judge = EventJudge(trainer.max_train_steps, skips_possible=model_dtype == "float16")
         self._last_heartbeat = 0.0
         self._join_pending: tuple[str, list[str]] | None = None  # (request, servers still to ask)
 
