@@ -307,7 +307,7 @@ def verdict(per_round: list[float], tolerance: float) -> str:
 
 
 async def run_phases(cfg, redis, tokenizer, task, url: str, run_name: str, groups: int, rounds: int, api_key: str) -> list[tuple[str, dict]]:
-    probe = Actor(cfg, redis, tokenizer, task, [url], MemoryLedger(redis), run_name=run_name,
+    probe = Actor(cfg.actor, cfg.algo, redis, tokenizer, task, [url], MemoryLedger(redis), run_name=run_name, seed=cfg.run.seed,
                   trainer=build(cfg).backend.trainer_view(redis), scorer=scorer_for(task.rewards, cfg.reward))  # only for its prompt order
     horizon = groups + 4 * cfg.actor.max_concurrent_groups
     prompts = [tokenizer.encode(task.problems[probe._problem_index(c)].prompt, add_special_tokens=False) for c in range(horizon)]

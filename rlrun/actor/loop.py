@@ -31,7 +31,7 @@ from rlrun.actor.replay import resume
 from rlrun.actor.sampling import LiveGroup, SampleState, close_if_spent, count_kept, remaining_budget, token_versions
 from rlrun.actor.trainer_view import TrainerView
 from rlrun.actor.vllm_client import generate
-from rlrun.config import RunConfig
+from rlrun.config.schema import ActorConfig, AlgoConfig
 from rlrun.errors import ConfigError
 from rlrun.inference.auth import bearer_header
 from rlrun.journal.plan import is_stale, plan_replay
@@ -56,9 +56,13 @@ def _text(prompt: str | Messages) -> str:
 
 
 class Actor:
+    """`settings`: the actor section; `algo`: the group size and how advantages are normalised;
+    `seed` (run.seed): the order of the problems. The rest of the config it never reads."""
+
     def __init__(
         self,
-        cfg: RunConfig,
+        settings: ActorConfig,
+        algo: AlgoConfig,
         redis,
         tokenizer,
         task: Task,
@@ -67,6 +71,7 @@ class Actor:
         run_name: str,
         api_key: str = "",
         *,
+        seed: int,
         trainer: TrainerView,
         scorer: Scorer,
         actor_index: int = 0,
@@ -75,13 +80,14 @@ class Actor:
         conversations: Conversations | None = None,
         generating: Callable[[bool], None] | None = None,
     ) -> None:
-        self.cfg, self.redis, self.tokenizer, self.task = cfg, redis, tokenizer, task
+        self.settings, self.algo, self.seed = settings, algo, seed
+        self.redis, self.tokenizer, self.task = redis, tokenizer, task
         self.scorer, self.evaluator = scorer, evaluator  # the rewards' worker pool; actor 0's evaluation (None: none)
         self.render_prompt = render_prompt or _text  # model.chat_template: the model's chat format
         self.conversations = conversations  # environment.step: rollouts of several turns (None: one turn)
         self.trainer = trainer  # the run's bound backend's view (built once, by the role's entry point)
-        self.index, self.num_actors = actor_index, cfg.actor.num_actors
-        self.state_key = names.actor_state(actor_index, cfg.actor.num_actors)  # its own progress hash
+        self.index, self.num_actors = actor_index, settings.num_actors
+        self.state_key = names.actor_state(actor_index, settings.num_actors)  # its own progress hash
         self.urls = server_urls
         self.ledger = ledger
         self.run_name = run_name
@@ -129,14 +135,12 @@ class Actor:
         self._continue_counters()
         self._last_progress = (time.time(), dict(self.counters))
         resumed = self._replay_plan()
-        limits = httpx.Limits(max_connections=self.cfg.actor.max_concurrent_groups * self.cfg.algo.group_size)
+        limits = httpx.Limits(max_connections=self.settings.max_concurrent_groups * self.algo.group_size)
         headers = bearer_header(self.api_key) if self.api_key else {}
         await self.scorer.pool.start()
         if self.conversations is not None:
             await self.conversations.pool.start()
-        async with httpx.AsyncClient(
-            limits=limits, timeout=self.cfg.actor.request_timeout_s, headers=headers
-        ) as client:
+        async with httpx.AsyncClient(limits=limits, timeout=self.settings.request_timeout_s, headers=headers) as client:
             running: set[asyncio.Task] = set()
             evaluating: set[asyncio.Task] = set()
 
@@ -159,7 +163,7 @@ class Actor:
                             task = asyncio.create_task(self._evaluate(client, version))
                             evaluating.add(task)
                             task.add_done_callback(evaluating.discard)
-                    if len(running) >= self.cfg.actor.max_concurrent_groups:
+                    if len(running) >= self.settings.max_concurrent_groups:
                         # Wake as soon as a slot frees up, not on a timer: groups are short.
                         await asyncio.wait(running, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
                         continue
@@ -223,7 +227,7 @@ class Actor:
 
     def _problem_index(self, cursor: int) -> int:
         position = prompt_position(cursor, self.index, self.num_actors)
-        return problem_index(position, len(self.task.problems), self.cfg.run.seed)
+        return problem_index(position, len(self.task.problems), self.seed)
 
     def _prompt_ids(self, problem_index: int) -> list[int]:
         prompt = self.task.problems[problem_index].prompt
@@ -236,11 +240,11 @@ class Actor:
     @property
     def _budget(self) -> int:
         """A group's token budget per sample: a conversation's whole, or one completion's."""
-        return self.conversations.limits.max_total_tokens if self.conversations else self.cfg.actor.max_new_tokens
+        return self.conversations.limits.max_total_tokens if self.conversations else self.settings.max_new_tokens
 
     def _open_group(self) -> LiveGroup:
         h = self.ledger.open_next(
-            self._problem_index, self._prompt_ids, self.cfg.algo.group_size, self._budget, self.run_name
+            self._problem_index, self._prompt_ids, self.algo.group_size, self._budget, self.run_name
         )
         samples = [SampleState(index=i) for i in range(h.group_size)]
         return LiveGroup(h.group_id, h.cursor, h.prompt_index, list(h.prompt_ids), h.max_new_tokens, samples)
@@ -258,7 +262,7 @@ class Actor:
                 what = "that sample is generated again"
             log.warning("journal record %s is unreadable (%s): %s", key, reason, what)
         self.counters["journal_corrupt_records"] += len(corrupt)
-        version, staleness = self.trainer.policy_version(), self.cfg.actor.max_prefix_staleness
+        version, staleness = self.trainer.policy_version(), self.settings.max_prefix_staleness
         talking = self.conversations is not None
         plan = plan_replay(groups, current_version=version, max_prefix_staleness=staleness, conversations=talking)
         resumed = resume(plan, conversations=talking)
@@ -293,7 +297,7 @@ class Actor:
                 await self._answer_turns(group)
             else:
                 for sample in group.samples:
-                    if failures and is_stale(sample, version, self.cfg.actor.max_prefix_staleness):
+                    if failures and is_stale(sample, version, self.settings.max_prefix_staleness):
                         self._drop_stale(group, sample)  # (a replay's prefixes were judged by its plan)
                     close_if_spent(sample, budget)  # recorded by the flush below
             pending = [s for s in group.samples if not s.finished]
@@ -389,7 +393,7 @@ class Actor:
         from its prefix. Tokens come tagged with `version` (the policy published now) until vLLM's
         spans on each choice's last chunk say which weights sampled them."""
         prefix = samples[0].completion_ids if len(samples) == 1 else []
-        actor, talking = self.cfg.actor, self.conversations is not None
+        actor, talking = self.settings, self.conversations is not None
         for sample in samples:
             sample.finish_reason = None  # an interrupted sample being continued
         if self.conversations is not None:  # the rest of this turn's budget, within the conversation's
@@ -520,7 +524,7 @@ class Actor:
         self._deliver(group, score.rewards)
 
     def _deliver(self, group: LiveGroup, rewards: list[float]) -> None:
-        advantages = group_advantages(rewards, self.cfg.algo.normalize_advantage_std)
+        advantages = group_advantages(rewards, self.algo.normalize_advantage_std)
         message = Group(
             group_id=group.group_id,
             prompt_index=group.prompt_index,

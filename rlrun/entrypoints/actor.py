@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                 cfg, task.eval_problems, tokenizer, render_prompt, scorer, redis, role.vllm_urls, conversations
             )
         actor = Actor(
-            cfg,
+            cfg.actor,
+            cfg.algo,
             redis,
             tokenizer,
             task,
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             ledger,
             run_name=group_namespace(run_dir.root.name, k, cfg.actor.num_actors),
             api_key=run_dir.read_vllm_api_key(),
+            seed=cfg.run.seed,
             trainer=view,
             scorer=scorer,
             actor_index=k,

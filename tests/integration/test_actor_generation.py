@@ -113,7 +113,7 @@ def actor_with(client, vllm: Vllm, version: int, *overrides: str) -> tuple[Actor
     cfg, _ = compose(["recipe=math_grpo", "algo.group_size=4", "trainer.train_batch_size=8", *overrides])
     ledger = JournalLedger(client)
     task = load_task(cfg.dataset, 0)
-    actor = Actor(cfg, client, Characters(), task, [URL], ledger, run_name="run", api_key="key",
+    actor = Actor(cfg.actor, cfg.algo, client, Characters(), task, [URL], ledger, run_name="run", seed=cfg.run.seed, api_key="key",
                   trainer=View(version), scorer=scorer_for(task.rewards, cfg.reward))  # fmt: skip
     actor._prompt_ids = lambda index: list(PROMPT)
     return actor, ledger

@@ -164,7 +164,7 @@ def test_a_restarted_actor_counts_and_logs_each_corrupt_journal_record(client, c
     journal.append_many([Append(group.group_id, 1, 2, [], [], 0, "stop")])
     damage(client, group.group_id)
 
-    actor = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run",
+    actor = Actor(cfg.actor, cfg.algo, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run", seed=cfg.run.seed,
                   trainer=build(cfg).backend.trainer_view(client), scorer=_scorer(cfg))  # what main() builds
     replayed = actor._replay_plan()
 
@@ -173,7 +173,7 @@ def test_a_restarted_actor_counts_and_logs_each_corrupt_journal_record(client, c
     assert f"{KEY_PREFIX}{key_kind}{group.group_id}" in line and consequence in line
     if kept is None:
         assert replayed == [] and journal.quarantined() == [group.group_id]
-        again = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], JournalLedger(client), run_name="run",
+        again = Actor(cfg.actor, cfg.algo, client, None, None, ["http://127.0.0.1:1"], JournalLedger(client), run_name="run", seed=cfg.run.seed,
                       trainer=build(cfg).backend.trainer_view(client), scorer=_scorer(cfg))
         assert again._replay_plan() == [] and again.counters["journal_corrupt_records"] == 0  # reported once
         assert client.exists(group_key(group.group_id))  # kept for a person to read
@@ -194,7 +194,7 @@ def _restarted_actor(client, damage=None):
     ledger.append_many([Append(group.group_id, 1, 2, [], [], 0, "stop")])
     if damage is not None:
         damage(client, group.group_id)
-    actor = Actor(cfg, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run", trainer=build(cfg).backend.trainer_view(client),
+    actor = Actor(cfg.actor, cfg.algo, client, None, None, ["http://127.0.0.1:1"], ledger, run_name="run", seed=cfg.run.seed, trainer=build(cfg).backend.trainer_view(client),
                   scorer=_scorer(cfg))
     return actor, actor._replay_plan(), group.group_id
 

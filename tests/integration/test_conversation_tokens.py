@@ -151,7 +151,7 @@ def actor_for(client, chat: Chat) -> Actor:
     pool = RewardPool([STEP], env.workers, env.timeout_s, environment=True)  # rerun_interrupted: the default
     talk = Conversations(pool, chat.turns, limits, [ADD] if chat.folder else [], env.timeout_s)
     task = Task([Problem(PROMPT, {"answer": 5})], [], [])
-    return Actor(cfg, client, chat.tokenizer, task, ["http://127.0.0.1:9"], JournalLedger(client), run_name="run",
+    return Actor(cfg.actor, cfg.algo, client, chat.tokenizer, task, ["http://127.0.0.1:9"], JournalLedger(client), run_name="run", seed=cfg.run.seed,
                  trainer=View(0), scorer=scorer_for([], cfg.reward), conversations=talk)  # fmt: skip
 
 
