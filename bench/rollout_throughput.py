@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"load average at start: {load()}", flush=True)
     cfg, resolved_yaml = compose(list(args.overrides))
-    path = model_path(cfg, build=True)
+    path = model_path(cfg.model, build=True, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand)
     tokenizer = AutoTokenizer.from_pretrained(path)
     task = load_task(cfg.dataset, cfg.run.seed)
     with tempfile.TemporaryDirectory(prefix="rlrun-bench-") as tmp:

@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, _ = compose(["recipe=smollm2_grpo", *args.overrides])
     new_tokens = args.new_tokens or cfg.actor.max_new_tokens
     samples = args.samples or cfg.trainer.train_batch_size
-    folder = Path(model_path(cfg, build=True))
+    folder = Path(model_path(cfg.model, build=True, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand))
     batch = make_batch(cfg, folder, samples, new_tokens, args.min_new_tokens or new_tokens, args.seed)
     prompts = sorted({len(p) for p, _ in batch})
     lengths = [len(p) + len(s.completion_ids) for p, s in batch]

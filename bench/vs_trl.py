@@ -239,7 +239,7 @@ def mean_prompt_tokens(recipe: str) -> float:
     from rlrun.models.source import model_path
 
     cfg, _ = compose([f"recipe={recipe}"])
-    tokenizer, task = load_tokenizer(model_path(cfg, build=True)), load_task(cfg.dataset, cfg.run.seed)
+    tokenizer, task = load_tokenizer(model_path(cfg.model, build=True, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand)), load_task(cfg.dataset, cfg.run.seed)
     return sum(len(tokenizer.encode(p.prompt, add_special_tokens=False)) for p in task.problems) / len(task.problems)
 
 
@@ -356,7 +356,7 @@ def trl_worker(args, overrides: list[str]) -> int:
 
     torch.set_num_threads(args.trl_threads)
     cfg, _ = compose(overrides)
-    path = model_path(cfg, build=True)
+    path = model_path(cfg.model, build=True, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand)
     task = load_task(cfg.dataset, cfg.run.seed, cfg.reward)
     score = reward_in_process(task.rewards)
     t, algo = cfg.trainer, cfg.algo

@@ -222,10 +222,11 @@ def model_folder(size: str, root: Path) -> tuple[str, str]:
     from rlrun.models.source import model_path
 
     if size == "smollm2":
-        smollm2 = model_path(compose(["recipe=smollm2_grpo"])[0], build=True)
+        real = compose(["recipe=smollm2_grpo"])[0]
+        smollm2 = model_path(real.model, build=True, seed=real.run.seed, max_operand=real.dataset.max_operand)
         return smollm2, smollm2
     cfg, _ = compose(["recipe=math_grpo"])
-    tiny = model_path(cfg, build=True)
+    tiny = model_path(cfg.model, build=True, seed=cfg.run.seed, max_operand=cfg.dataset.max_operand)
     if size == "tiny":
         return tiny, tiny
     folder = root / size
