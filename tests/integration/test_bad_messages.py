@@ -265,7 +265,7 @@ def test_a_port_taken_at_start_is_retried_on_fresh_ports(tmp_path, monkeypatch):
         port = taken.getsockname()[1]
         picks = iter([port])
         monkeypatch.setattr(launch.redis_server, "pick_free_port", lambda host: next(picks, None) or real_pick(host))
-        monkeypatch.setattr(plan, "model_path", lambda cfg, build: str(tmp_path / "model"))
+        monkeypatch.setattr(plan, "model_path", lambda model, build, **_: str(tmp_path / "model"))
         monkeypatch.setattr(plan, "build_specs", lambda *a, **k: [s for s in real_specs(*a, **k) if s.name == "redis"])
         assert launch.train(built, run_dir) == "Redis is up"
     recorded = [json.loads(line) for line in run_dir.events.read_text().splitlines()]
