@@ -82,8 +82,14 @@ class WeightPublisher:
         bare = self.parallel.unwrapped(model)
         if not overlap:
             return self._hand_over(bare, weights, version, step, replacing)
-        # The next step changes the parameters in place: the thread sends a copy taken now.
-        weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}
+        # The next step changes the parameters in place: the thread sends a copy taken now. With shm
+        # the file is that copy (0.1 s into pages that exist, not ~1 s into fresh ones): the servers
+        # read it only inside the update, and the next write waits for it (finish above).
+        if self.shared is not None:
+            self.shared.write(weights)
+            weights = self.shared.views
+        else:
+            weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}
 
         def timed() -> float:
             started = time.monotonic()
@@ -130,7 +136,8 @@ class WeightPublisher:
 
             copied: list[Path] = []  # a folder for the servers that start cold, written at most once per version
             if self.shared is not None:  # before the pause: the servers read the file only in their update
-                self.shared.write(weights)
+                if weights is not self.shared.views:  # (an overlapped push wrote it already)
+                    self.shared.write(weights)
                 send = lambda: self.vllm.update_from_shared(str(self.shared.path), version, publish)  # noqa: E731
             else:
                 broadcast = self.broadcast

@@ -91,6 +91,11 @@ class SharedWeights:
         self.layout: list[Entry] | None = None
         self._views: dict[str, torch.Tensor] = {}
 
+    @property
+    def views(self) -> dict[str, torch.Tensor]:
+        """The file's tensors as written last (the same dict each time until the file is made anew)."""
+        return self._views
+
     def write(self, state: dict[str, torch.Tensor]) -> int:
         """Copy every tensor of `state` into its place; the bytes written."""
         if self.layout is None:

@@ -175,3 +175,40 @@ def test_a_redis_lost_while_training_is_the_trainers_failure(tmp_path, monkeypat
     )  # fmt: skip
     with pytest.raises(redis.ConnectionError):
         weights.push(Model(), version=1, step=1)
+
+
+class SharedVllm:
+    """Stands in for VllmAdmin with trainer.weight_transfer=shm: the update reads the file the way a
+    vLLM worker does (SharedReader), once `release` is set."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release, self.read = release, []
+
+    def update_from_shared(self, path, version, publish):
+        from rlrun.weights.shared import SharedReader
+
+        self.release.wait(10)
+        self.read.append(({name: t.clone() for name, t in SharedReader().tensors(path)}, version))
+        publish()
+        return []
+
+
+def test_with_shm_the_file_is_the_copy_and_the_next_step_leaves_it_alone(tmp_path):
+    from rlrun.weights.shared import SharedWeights
+
+    release = threading.Event()
+    vllm, shared = SharedVllm(release), SharedWeights(tmp_path / "weights")
+    weights = WeightPublisher(
+        TrainerConfig(weight_transfer="shm", overlap_weight_update=True), RunDir(Path(tmp_path)), Redis(), vllm,
+        parallel=Parallel(Ranks()), broadcast=None, stop=threading.Event(), heartbeat=lambda **_: None, shared=shared,
+    )  # fmt: skip
+    model = Model()
+    weights.push(model, version=1, step=1, overlap=True)  # the file written now, vLLM updated in a thread
+    with torch.no_grad():
+        model.weight.add_(5.0)  # the next step, while vLLM loads
+    release.set()
+    weights.finish()
+    assert torch.equal(vllm.read[0][0]["weight"], torch.zeros(1, 3)) and vllm.read[0][1] == 1
+    weights.push(model, version=2, step=2, overlap=True)
+    weights.finish()
+    assert torch.equal(vllm.read[1][0]["weight"], torch.full((1, 3), 5.0)) and vllm.read[1][1] == 2
