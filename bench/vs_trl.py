@@ -28,7 +28,8 @@ PNG (reward against wall-clock seconds, one curve per run):
                             rlrun-smollm2-shm: with trainer.weight_transfer=shm;
                             rlrun-smollm2-shared: with world.cpu_affinity=none and
                             trainer.threads=2 (the trainer may use every core); -byneed: with
-                            world.cpu_affinity=by_need; -fast: by_need and shm; base-smollm2 with
+                            world.cpu_affinity=by_need; -fast: by_need and shm; -overlap: -fast
+                            with trainer.overlap_weight_update=true; base-smollm2 with
                             --baseline DIR
 
 The same for all: the recipe's model (the tiny warm-started model rlrun builds, rlrun.models.tiny,
@@ -95,6 +96,11 @@ SYSTEMS = {  # name -> (kind, recipe, extra overrides)
     "rlrun-smollm2-shared": ("rlrun", "smollm2_grpo", ["world.cpu_affinity=none", "trainer.threads=2"]),
     "rlrun-smollm2-byneed": ("rlrun", "smollm2_grpo", ["world.cpu_affinity=by_need"]),
     "rlrun-smollm2-fast": ("rlrun", "smollm2_grpo", ["world.cpu_affinity=by_need", "trainer.weight_transfer=shm"]),
+    "rlrun-smollm2-overlap": (
+        "rlrun",
+        "smollm2_grpo",
+        ["world.cpu_affinity=by_need", "trainer.weight_transfer=shm", "trainer.overlap_weight_update=true"],
+    ),
     "base-smollm2": ("base", "smollm2_grpo", []),
 }
 DEFAULT_SYSTEMS = "trl-gspo,rlrun-gspo,rlrun-gspo-sync,trl-grpo,rlrun-grpo"
