@@ -25,6 +25,7 @@ from rlrun.config.build import (
     unwrap_optional,
     validate,
 )
+from rlrun.config.choices import resolve_auto
 from rlrun.config.problems import refuse
 from rlrun.config.relevance import ignored_overrides, rule_for
 from rlrun.config.schema import RunConfig
@@ -119,7 +120,7 @@ def config_from_data(data: object, source: str) -> RunConfig:
     """A resolved config already read (config.yaml, a role file) → the checked RunConfig."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source} holds no config mapping (got {type(data).__name__}).")
-    cfg = from_dict(RunConfig, data)
+    cfg = resolve_auto(from_dict(RunConfig, data))
     validate(cfg)
     return cfg
 
