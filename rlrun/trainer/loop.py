@@ -158,6 +158,8 @@ class Trainer:
             updating=self.published.updating,
             shared=shared,
         )
+        if threads is not None:  # a server reloading beside the step is a server at work
+            threads.also_busy_while(self.weights.in_flight)
 
     # --- the loop ------------------------------------------------------------------------------
     def train(self) -> None:

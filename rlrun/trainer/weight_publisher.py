@@ -98,6 +98,10 @@ class WeightPublisher:
 
         self._update = in_thread(timed)  # its failure is re-raised by finish()
 
+    def in_flight(self) -> bool:
+        """An overlapped update is still running (its server reloads beside the step)."""
+        return self._update is not None and not self._update.done()
+
     def finish(self) -> None:
         """Wait for the update in flight, if any (its failure raised here)."""
         update, self._update = self._update, None

@@ -83,6 +83,22 @@ def test_the_update_runs_beside_the_next_step_and_sends_that_steps_weights(tmp_p
     assert weights.last_update_s() is not None and weights.last_update_s() is None  # taken once
 
 
+def test_the_trainer_takes_the_servers_cores_only_once_their_update_is_over(tmp_path):
+    """world.cpu_affinity=by_need: an overlapped update counts as vLLM at work, like a request."""
+    from rlrun.trainer.core_share import ThreadsByNeed
+
+    release = threading.Event()
+    weights, _ = publisher(tmp_path, lambda w, v: release.wait(10))
+    share = ThreadsByNeed(lambda: False, busy_threads=1, idle_threads=2)  # no request in flight
+    share.also_busy_while(weights.in_flight)
+    assert not weights.in_flight() and not share.busy()
+    weights.push(Model(), version=1, step=1, overlap=True)
+    assert weights.in_flight() and share.busy()  # the servers reload on their cores
+    release.set()
+    weights.finish()
+    assert not weights.in_flight() and not share.busy()
+
+
 def test_a_second_update_waits_for_the_first(tmp_path):
     order, first_may_end = [], threading.Event()
 
