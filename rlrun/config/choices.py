@@ -5,14 +5,10 @@ config is loaded (`compose.config_from_data`), so every process of a run makes t
   the trainer also runs on the servers' cores while no request is in flight), `split` elsewhere.
 - `trainer.weight_transfer=auto`: `shm` where it applies (world=local, an hf trainer on CPU: the
   servers on the trainer's host map one file), `disk` elsewhere.
-- `trainer.overlap_weight_update` unset: true with by_need (the servers reload beside the next step
-  while the trainer keeps to its own core), false elsewhere.
 
 Why these are the defaults (bench/README.md, "vs_trl.py recipe=smollm2_grpo"): on 2 cores with
 SmolLM2-135M, by_need and shm took rlrun's time to reward 0.8 from 0.89 to 0.71 of TRL's and its
-weight update from 1.27 s to 0.60 s; the overlapped update then took the trainer's time in it to
-0.055 s and 80 steps from 523 / 424 s to 465 / 408 s (2026-12-06, two rounds). GPU trainers keep
-disk, split and no overlap until measured on a GPU.
+weight update from 1.27 s to 0.60 s. GPU trainers keep disk and split until measured on a GPU.
 """
 
 from __future__ import annotations
@@ -33,15 +29,11 @@ def shares_memory_with_servers(world: WorldConfig, trainer: TrainerConfig) -> bo
 
 
 def resolve_auto(cfg: RunConfig) -> RunConfig:
-    """`cfg` with world.cpu_affinity and trainer.weight_transfer `auto` and trainer.overlap_weight_update
-    unset replaced by their choice."""
+    """`cfg` with world.cpu_affinity and trainer.weight_transfer `auto` replaced by their choice."""
     world, trainer = cfg.world, cfg.trainer
     if world.cpu_affinity == "auto":
         world = dataclasses.replace(world, cpu_affinity="by_need" if lends_servers_cores(world, trainer) else "split")
     if trainer.weight_transfer == "auto":
         shm = shares_memory_with_servers(cfg.world, trainer)
         trainer = dataclasses.replace(trainer, weight_transfer="shm" if shm else "disk")
-    if trainer.overlap_weight_update is None:
-        overlap = trainer.backend == "hf" and world.cpu_affinity == "by_need"
-        trainer = dataclasses.replace(trainer, overlap_weight_update=overlap)
     return dataclasses.replace(cfg, world=world, trainer=trainer)

@@ -164,7 +164,6 @@ class Trainer:
     # --- the loop ------------------------------------------------------------------------------
     def train(self) -> None:
         t = self.cfg.trainer
-        overlap = bool(t.overlap_weight_update)  # chosen when the config was loaded (config/choices.py)
         self.published.heartbeat()
         if self.main:  # the groups after what the checkpoint covers are read again, none twice
             positions = self.batches.rewind()
@@ -194,12 +193,14 @@ class Trainer:
             )
             pushing = time.monotonic()
             version = self.state.policy_version
-            self.weights.push(self.model, version, self.state.step, overlap=overlap, replacing=version - 1)
+            self.weights.push(
+                self.model, version, self.state.step, overlap=t.overlap_weight_update, replacing=version - 1
+            )
             metrics["step_time_s"] = round(time.monotonic() - started, 4)
             metrics["wait_s"] = round(waited, 4)
             metrics["weights_s"] = round(time.monotonic() - pushing, 4)
             # The last whole update: overlapped, the one that finished during this step (none yet at the first).
-            update_s = self.weights.last_update_s() if overlap else metrics["weights_s"]
+            update_s = self.weights.last_update_s() if t.overlap_weight_update else metrics["weights_s"]
             metrics["weights_update_s"] = round(update_s, 4) if update_s is not None else None
             paused_s = self.vllm.last_pause_s
             metrics["vllm_paused_s"] = round(paused_s, 4) if paused_s is not None else None

@@ -15,20 +15,10 @@ def chosen(*overrides: str) -> tuple[str, str]:
     return cfg.world.cpu_affinity, cfg.trainer.weight_transfer
 
 
-def overlapped(*overrides: str) -> bool | None:
-    return compose(list(overrides))[0].trainer.overlap_weight_update
-
-
 def test_one_cpu_trainer_beside_its_servers_borrows_their_cores_and_shares_memory():
     assert chosen() == ("by_need", "shm")  # the default: world=local, trainer=hf on CPU, one rank
     assert chosen("recipe=smollm2_grpo") == ("by_need", "shm")
     assert local_cores(compose([])[0], available={0, 1})["trainer"] == (0, 1)
-    assert overlapped() is True  # by_need: the servers reload beside the next step
-
-
-@pytest.mark.parametrize("overrides", [["world.cpu_affinity=split"], ["trainer.device=cuda"], ["world=ray"]])
-def test_without_by_need_the_step_waits_for_the_update(overrides):
-    assert overlapped(*overrides) is False
 
 
 @pytest.mark.parametrize(
@@ -50,18 +40,14 @@ def test_elsewhere_auto_keeps_the_servers_cores_their_own_and_weights_on_disk(ov
 def test_an_explicit_choice_is_kept():
     assert chosen("world.cpu_affinity=split", "trainer.weight_transfer=disk") == ("split", "disk")
     assert chosen("world.cpu_affinity=none", "trainer.weight_transfer=broadcast") == ("none", "broadcast")
-    assert overlapped("trainer.overlap_weight_update=false") is False
-    assert overlapped("world.cpu_affinity=split", "trainer.overlap_weight_update=true") is True
 
 
 def test_a_role_file_and_a_saved_config_resolve_the_same_way():
     _, text = compose([])
     data = yaml.safe_load(text)
     assert data["world"]["cpu_affinity"] == "auto" and data["trainer"]["weight_transfer"] == "auto"  # saved as written
-    assert data["trainer"]["overlap_weight_update"] is None
     loaded = config_from_data(data, source="config.yaml")
     assert (loaded.world.cpu_affinity, loaded.trainer.weight_transfer) == ("by_need", "shm")
-    assert loaded.trainer.overlap_weight_update is True
 
 
 def test_resolving_twice_changes_nothing():
