@@ -84,7 +84,6 @@ SYSTEMS = {  # name -> (kind, recipe, extra overrides)
     "trl-gspo": ("trl", "math_gspo", []),
     "rlrun-gspo": ("rlrun", "math_gspo", []),
     "rlrun-gspo-sync": ("rlrun", "math_gspo", ["actor.max_steps_ahead=0"]),
-    "rlrun-gspo-split": ("rlrun", "math_gspo", ["world.cpu_affinity=split", "trainer.weight_transfer=disk"]),
     "trl-grpo": ("trl", "math_grpo", []),
     "rlrun-grpo": ("rlrun", "math_grpo", []),
     "rlrun-grpo-sync": ("rlrun", "math_grpo", ["actor.max_steps_ahead=0"]),
@@ -92,13 +91,16 @@ SYSTEMS = {  # name -> (kind, recipe, extra overrides)
     "base-gspo-sync": ("base", "math_gspo", ["actor.max_steps_ahead=0"]),
     # the real model (recipe=smollm2_grpo): SmolLM2-135M-Instruct, one-digit sums, bf16 autocast
     "trl-smollm2": ("trl", "smollm2_grpo", []),
-    "rlrun-smollm2": ("rlrun", "smollm2_grpo", []),  # auto: by_need and shm on a CPU-only machine
-    # the defaults before auto chose by_need and shm, and each of the two alone
-    "rlrun-smollm2-split": ("rlrun", "smollm2_grpo", ["world.cpu_affinity=split", "trainer.weight_transfer=disk"]),
-    "rlrun-smollm2-shm": ("rlrun", "smollm2_grpo", ["world.cpu_affinity=split", "trainer.weight_transfer=shm"]),
+    "rlrun-smollm2": ("rlrun", "smollm2_grpo", []),
+    "rlrun-smollm2-shm": ("rlrun", "smollm2_grpo", ["trainer.weight_transfer=shm"]),
     "rlrun-smollm2-shared": ("rlrun", "smollm2_grpo", ["world.cpu_affinity=none", "trainer.threads=2"]),
-    "rlrun-smollm2-byneed": ("rlrun", "smollm2_grpo", ["world.cpu_affinity=by_need", "trainer.weight_transfer=disk"]),
-    "rlrun-smollm2-overlap": ("rlrun", "smollm2_grpo", ["trainer.overlap_weight_update=true"]),
+    "rlrun-smollm2-byneed": ("rlrun", "smollm2_grpo", ["world.cpu_affinity=by_need"]),
+    "rlrun-smollm2-fast": ("rlrun", "smollm2_grpo", ["world.cpu_affinity=by_need", "trainer.weight_transfer=shm"]),
+    "rlrun-smollm2-overlap": (
+        "rlrun",
+        "smollm2_grpo",
+        ["world.cpu_affinity=by_need", "trainer.weight_transfer=shm", "trainer.overlap_weight_update=true"],
+    ),
     "base-smollm2": ("base", "smollm2_grpo", []),
 }
 DEFAULT_SYSTEMS = "trl-gspo,rlrun-gspo,rlrun-gspo-sync,trl-grpo,rlrun-grpo"

@@ -1,4 +1,4 @@
-"""Which CPU cores each local process may run on (world=local, `world.cpu_affinity=split` or `by_need`): the vLLM
+"""Which CPU cores each local process may run on (world=local, `world.cpu_affinity=auto`): the vLLM
 servers get cores of their own, everything else (trainer, actor, Redis, the weight follower)
 shares the rest. Pure; the guard applies it (`rlrun/supervisor/guard.py --cpus`).
 

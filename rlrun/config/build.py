@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any, Literal, Optional, Union, cast
 
 from rlrun.config import bounds
-from rlrun.config.choices import lends_servers_cores
 from rlrun.config.problems import NeedFn, Problems, refuse
 from rlrun.config.schema import RunConfig
 from rlrun.errors import ConfigError
@@ -314,10 +313,16 @@ def _validate_streams(cfg: RunConfig, need: NeedFn) -> None:
 def _validate_world(cfg: RunConfig, need: NeedFn) -> None:
     w = cfg.world
     need(
-        w.cpu_affinity != "by_need" or lends_servers_cores(w, cfg.trainer),
+        w.cpu_affinity != "by_need"
+        or (
+            w.kind == "local"
+            and cfg.trainer.backend == "hf"
+            and cfg.trainer.nproc_per_node == 1
+            and cfg.trainer.device == "cpu"
+        ),
         "world.cpu_affinity=by_need lends the vLLM servers' idle CPU cores to one hf trainer rank on CPU, on the "
         "servers' machine: it needs world=local, trainer=hf, trainer.nproc_per_node=1 and trainer.device=cpu. Use "
-        "world.cpu_affinity=auto (by_need where it applies) or split.",
+        "world.cpu_affinity=auto.",
     )
     if w.kind == "slurm":  # Ray's keys, said before relevance's notice; SLURM's own rules: slurm_job.config_problems
         for role in ("redis", "vllm", "trainer", "actor"):

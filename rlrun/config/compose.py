@@ -25,7 +25,6 @@ from rlrun.config.build import (
     unwrap_optional,
     validate,
 )
-from rlrun.config.choices import resolve_auto
 from rlrun.config.problems import refuse
 from rlrun.config.relevance import ignored_overrides, rule_for
 from rlrun.config.schema import RunConfig
@@ -120,7 +119,7 @@ def config_from_data(data: object, source: str) -> RunConfig:
     """A resolved config already read (config.yaml, a role file) → the checked RunConfig."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source} holds no config mapping (got {type(data).__name__}).")
-    cfg = resolve_auto(from_dict(RunConfig, data))
+    cfg = from_dict(RunConfig, data)
     validate(cfg)
     return cfg
 

@@ -75,7 +75,7 @@ def test_processes_started_in_order_and_nothing_is_left(short_run):
 
 
 def test_every_socket_the_run_listened_on_was_on_loopback(short_run):
-    """trainer.weight_transfer=auto (shm here); the broadcast's are checked in test_trainer_ranks_e2e.py."""
+    """trainer.weight_transfer=disk (the default); the broadcast's are checked in test_trainer_ranks_e2e.py."""
     result, _ = short_run
     owners = " ".join(result.listening.values())
     assert "valkey-server" in owners and "vllm.entrypoints.openai.api_server" in owners, result.listening  # it did look

@@ -182,7 +182,7 @@ def test_the_vllm_health_probe_keeps_one_connection(tmp_path):
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to pin one process apart from another")
 def test_a_pinned_process_and_everything_it_starts_run_on_its_cores_only(tmp_path):
-    """world.cpu_affinity=split as the spawner applies it: the guard pins before it starts the child,
+    """world.cpu_affinity=auto as the spawner applies it: the guard pins before it starts the child,
     so the child's own children (vLLM's engine core and worker) inherit the cores."""
     from rlrun.supervisor.local import LocalSpawner
 

@@ -101,10 +101,10 @@ def test_a_real_model_system_is_compared_with_trl_on_its_recipe_and_trl_steps_ar
     results = [
         {"name": "trl-smollm2", "recipe": "smollm2_grpo", "first_step_s": 9.0, "points": slow, "load": "-"},
         {"name": "trl-grpo", "recipe": "math_grpo", "first_step_s": 9.0, "points": fast, "load": "-"},
-        {"name": "rlrun-smollm2-split", "recipe": "smollm2_grpo", "first_step_s": 29.0, "points": fast, "load": "-"},
+        {"name": "rlrun-smollm2-fast", "recipe": "smollm2_grpo", "first_step_s": 29.0, "points": fast, "load": "-"},
     ]
     text = vs_trl.report(results, window=3)
-    assert "goal rlrun-smollm2-split: reaches 0.8 no later than trl-smollm2 (ratio <= 1.0): met (37 s vs 38 s" in text
+    assert "goal rlrun-smollm2-fast: reaches 0.8 no later than trl-smollm2 (ratio <= 1.0): met (37 s vs 38 s" in text
     steps = tmp_path / "steps.jsonl"
     rows = [{"kind": "train_begin", "seconds": 5.0}] + [
         {"kind": "step", "step": i, "seconds": 10.0 + 6.0 * i, "generating_s": 2.0 + (i == 1) * 9} for i in range(1, 6)

@@ -69,10 +69,10 @@ def test_blocks_are_the_longest_module_list():
 def test_by_need_gives_the_trainer_every_core_and_the_servers_theirs():
     cfg = compose(["world.cpu_affinity=by_need"])[0]
     cores = local_cores(cfg, available={0, 1})
-    assert cores["vllm-0"] == (0,) and cores[""] == (1,)  # as split
+    assert cores["vllm-0"] == (0,) and cores[""] == (1,)  # as auto
     assert cores["trainer"] == (0, 1)
-    split = local_cores(compose(["world.cpu_affinity=split"])[0], available={0, 1})
-    assert split == {"vllm-0": (0,), "": (1,)}  # nobody borrows the server's core
+    auto = local_cores(compose([])[0], available={0, 1})
+    assert "trainer" not in auto
 
 
 @pytest.mark.parametrize("overrides", [["trainer.nproc_per_node=2"], ["trainer.device=cuda"]])

@@ -244,8 +244,7 @@ def test_the_run_asks_for_pinning_by_default_and_can_turn_it_off():
     from rlrun.config import compose
     from rlrun.errors import ConfigError
 
-    assert local_cores(compose([])[0], {0, 1}) == {"vllm-0": (0,), "": (1,), "trainer": (0, 1)}  # auto: by_need
-    assert local_cores(compose(["world.cpu_affinity=split"])[0], {0, 1}) == {"vllm-0": (0,), "": (1,)}
+    assert local_cores(compose([])[0], {0, 1}) == {"vllm-0": (0,), "": (1,)}
     assert local_cores(compose(["world.cpu_affinity=none"])[0], {0, 1}) == {}
     with pytest.raises(ConfigError, match="world.cpu_affinity has no effect here: Ray or SLURM places the processes"):
         compose(["world=ray", "world.cpu_affinity=none"])

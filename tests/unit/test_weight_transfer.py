@@ -52,9 +52,8 @@ def test_gloo_on_cpu_nccl_on_gpus():
 
 
 # --- the key ---------------------------------------------------------------------------------
-def test_auto_is_the_default_and_broadcast_a_choice():
-    assert compose([])[0].trainer.weight_transfer == "shm"  # auto, for a CPU trainer beside its servers
-    assert compose(["world=ray"])[0].trainer.weight_transfer == "disk"  # auto, servers on other hosts
+def test_disk_is_the_default_and_broadcast_a_choice():
+    assert compose([])[0].trainer.weight_transfer == "disk"
     assert compose(["trainer.weight_transfer=broadcast"])[0].trainer.weight_transfer == "broadcast"
 
 
